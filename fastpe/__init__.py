@@ -1,0 +1,28 @@
+"""fastpe: fast, exact transformer positional encodings for NumPy.
+
+Sinusoidal tables, learned position tables, RoPE (with linear, dynamic NTK,
+YaRN, LongRoPE and Llama 3 scaling) and ALiBi, computed in place on NumPy
+arrays by compiled OpenMP kernels, with a pure-NumPy twin of every function in
+``fastpe.reference``.
+"""
+
+from . import reference
+from ._backend import backend, use_backend
+from ._info import info
+from ._threads import get_num_threads, set_num_threads
+from ._version import __version__
+from .learned import add_learned
+from .sinusoidal import add_sinusoidal, sinusoidal_table
+
+__all__ = [
+    "__version__",
+    "add_learned",
+    "add_sinusoidal",
+    "backend",
+    "get_num_threads",
+    "info",
+    "reference",
+    "set_num_threads",
+    "sinusoidal_table",
+    "use_backend",
+]

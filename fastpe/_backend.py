@@ -1,0 +1,79 @@
+"""The one place that decides which backend runs the loops.
+
+"cython" is the compiled extension (``fastpe._kernels``), used whenever it
+imports; "numpy" is ``fastpe.reference``. ``FASTPE_BACKEND=numpy|cython`` sets
+the process default; ``use_backend`` overrides it for a block of code (per
+thread and per asyncio task: it is a context variable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from types import ModuleType
+
+BACKENDS = ("cython", "numpy")
+
+BUILD_HINT = (
+    "build it with `pip install .` (or `pip install -e .`) from a source checkout, "
+    "which needs a C compiler; or set FASTPE_BACKEND=numpy to use the pure-NumPy backend"
+)
+
+compiled: ModuleType | None
+import_error: ImportError | None
+try:
+    from ._kernels import kernels as compiled
+except ImportError as exc:  # not built, or a variant that cannot load
+    compiled = None
+    import_error = exc
+else:
+    import_error = None
+
+
+def _initial_backend() -> str:
+    requested = os.environ.get("FASTPE_BACKEND", "").strip().lower()
+    if requested and requested not in BACKENDS:
+        raise ImportError(f"FASTPE_BACKEND={requested!r}: expected 'cython' or 'numpy'")
+    if requested == "cython" and compiled is None:
+        raise ImportError(
+            f"FASTPE_BACKEND=cython but the compiled kernels did not import ({import_error}); "
+            + BUILD_HINT
+        )
+    if requested:
+        return requested
+    return "cython" if compiled is not None else "numpy"
+
+
+_current: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "fastpe_backend", default=_initial_backend()
+)
+
+
+def backend() -> str:
+    """The backend that runs the loops here and now: "cython" or "numpy"."""
+    return _current.get()
+
+
+def kernels() -> ModuleType | None:
+    """The compiled kernel module when the cython backend is active, else None."""
+    return compiled if _current.get() == "cython" else None
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run the enclosed block on backend `name` ("cython" or "numpy").
+
+    >>> with fastpe.use_backend("numpy"):
+    ...     fastpe.apply_rope(q, k)        # the pure-NumPy loops
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"name must be 'cython' or 'numpy', got {name!r}")
+    if name == "cython" and compiled is None:
+        raise ImportError(f"the compiled kernels did not import ({import_error}); " + BUILD_HINT)
+    token = _current.set(name)
+    try:
+        yield
+    finally:
+        _current.reset(token)

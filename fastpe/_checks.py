@@ -1,0 +1,189 @@
+"""Argument validation and normalisation shared by both backends.
+
+Everything here runs before anything is written, so a rejected call leaves
+the caller's arrays exactly as they were. Messages name the argument and what
+was expected. Errors follow one rule: TypeError for a wrong type or dtype or a
+read-only buffer, ValueError for shapes and values, IndexError for a position
+outside a table.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _backend
+
+try:  # bfloat16 is an optional dtype
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # pragma: no cover - depends on the environment
+    _ml_dtypes = None
+
+# Storage codes the compiled kernels switch on (kernels.pyx: CODE_*).
+F32, F64, F16, BF16 = 0, 1, 2, 3
+DTYPE_CODES: dict[np.dtype, int] = {
+    np.dtype(np.float32): F32,
+    np.dtype(np.float64): F64,
+    np.dtype(np.float16): F16,
+}
+if _ml_dtypes is not None:
+    DTYPE_CODES[np.dtype(_ml_dtypes.bfloat16)] = BF16
+SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """Arithmetic dtype for a storage dtype: float64 for float64, else float32."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def dtype_code(dtype: np.dtype, name: str) -> int:
+    code = DTYPE_CODES.get(dtype)
+    if code is None and not dtype.isnative:
+        code = DTYPE_CODES.get(dtype.newbyteorder("="))
+    if code is None:
+        hint = "" if _ml_dtypes is not None else " (bfloat16 needs the ml_dtypes package)"
+        raise TypeError(f"{name} must have a floating dtype ({SUPPORTED_DTYPES}){hint}; "
+                        f"got {dtype}")
+    return code
+
+
+def float_dtype(dtype: object, name: str) -> np.dtype:
+    """A supported storage dtype from anything np.dtype() takes."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be a dtype ({SUPPORTED_DTYPES}), got {dtype!r}") from None
+    dtype_code(dt, name)
+    return dt
+
+
+def array(x: object, name: str, ndims: Sequence[int], *, writable: bool) -> np.ndarray:
+    """x as an ndarray of a supported float dtype with one of `ndims` dimensions.
+
+    Outputs (writable=True) must already be NumPy arrays: converting them
+    would write into a copy the caller never sees.
+    """
+    if not isinstance(x, np.ndarray):
+        if writable:
+            raise TypeError(f"{name} must be a numpy.ndarray (written in place), "
+                            f"got {type(x).__name__}")
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of floats: {exc}") from None
+    dtype_code(x.dtype, name)
+    if x.ndim not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        raise ValueError(f"{name} must have {want} dimensions, got shape {x.shape}")
+    if writable:
+        writable_array(x, name)
+    return x
+
+
+def writable_array(x: np.ndarray, name: str) -> None:
+    if not x.flags.writeable:
+        raise TypeError(f"{name} is read-only; fastpe writes it in place")
+    for n, s in zip(x.shape, x.strides):
+        if s == 0 and n > 1:
+            raise ValueError(f"{name} has overlapping elements (a zero stride, as from "
+                             f"broadcasting); in-place results would be ill-defined")
+
+
+def count(n: object, name: str, *, minimum: int = 0) -> int:
+    if isinstance(n, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(n)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def real(v: object, name: str, *, positive: bool = False) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    value = float(v)
+    if not math.isfinite(value) or (positive and value <= 0):
+        kind = "a finite number > 0" if positive else "a finite number"
+        raise ValueError(f"{name} must be {kind}, got {v!r}")
+    return value
+
+
+def choice(value: object, name: str, options: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+    return value
+
+
+class Positions:
+    """Normalised token positions: either `offset + t` (array None) or an
+    int64 C-contiguous (rows, seq) array with rows 1 (shared) or batch."""
+
+    __slots__ = ("array", "offset", "max")
+
+    def __init__(self, array: np.ndarray | None, offset: int, maximum: int):
+        self.array = array
+        self.offset = offset
+        self.max = maximum  # largest position, -1 when there are none
+
+    def as_array(self, seq: int) -> np.ndarray:
+        """The positions as a (rows, seq) int64 array, whichever form they came in."""
+        if self.array is not None:
+            return self.array
+        return (self.offset + np.arange(seq, dtype=np.int64))[None, :]
+
+
+def int64_range(a: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty C-contiguous int64 array."""
+    compiled = _backend.compiled
+    if compiled is not None:
+        return compiled.int64_range(a)
+    return int(a.min()), int(a.max())
+
+
+def positions(positions: object, offset: object, batch: int, seq: int,
+              name: str = "positions") -> Positions:
+    """Validate `positions` for a (batch, seq, ...) input, or `offset` when None."""
+    offset = count(offset, "offset")
+    if positions is None:
+        if seq and offset + seq - 1 > INT64_MAX:
+            raise ValueError(f"offset {offset} + seq {seq} is past the int64 range")
+        return Positions(None, offset, offset + seq - 1 if seq else -1)
+    if offset:
+        raise ValueError(f"give either {name} or offset, not both (offset={offset})")
+    pos = positions if isinstance(positions, np.ndarray) else np.asarray(positions)
+    if pos.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
+    if pos.ndim == 1:
+        rows = 1
+    elif pos.ndim == 2 and pos.shape[0] in (1, batch):
+        rows = pos.shape[0]
+    else:
+        raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {pos.shape}")
+    if pos.shape[-1] != seq:
+        raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {pos.shape}")
+    if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:
+        raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
+    pos = np.ascontiguousarray(pos.reshape(rows, seq), dtype=np.int64)
+    if pos.size == 0:
+        return Positions(pos, 0, -1)
+    lo, hi = int64_range(pos)
+    if lo < 0:
+        raise ValueError(f"{name} must be >= 0, got {lo}")
+    return Positions(pos, 0, hi)
+
+
+def kernel_view(x: np.ndarray) -> np.ndarray:
+    """x itself when the compiled loops can address it (native byte order,
+    aligned, strides a multiple of the item size), else an aligned native copy
+    the caller writes back with ``x[...] = copy``."""
+    if x.dtype.isnative and x.flags.aligned and all(s % x.itemsize == 0 for s in x.strides):
+        return x
+    return np.array(x, dtype=x.dtype.newbyteorder("="), order="C")

@@ -1,0 +1,42 @@
+"""fastpe.info(): what this installation runs."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+from . import _backend, _checks, _threads
+from ._version import __version__
+
+
+def info() -> dict:
+    """Version, active backend, OpenMP, threads, and the compiled build's details.
+
+    Keys: version, backend, openmp (bool), num_threads, compiled (bool),
+    isa (the kernel variant running: baseline, avx2 or avx512), isa_available,
+    compile_flags, half_conversion, bfloat16 (ml_dtypes present), numpy,
+    python, machine; import_error when the extension did not load.
+    """
+    compiled = _backend.compiled
+    out = {
+        "version": __version__,
+        "backend": _backend.backend(),
+        "openmp": bool(compiled is not None and compiled.OPENMP),
+        "num_threads": _threads.get_num_threads(),
+        "compiled": compiled is not None,
+        "isa": compiled.ISA if compiled is not None else None,
+        "isa_available": (
+            [v for v in ("baseline", "avx2", "avx512") if compiled.cpu_supports(v)]
+            if compiled is not None else []
+        ),
+        "compile_flags": compiled.COMPILE_FLAGS if compiled is not None else None,
+        "half_conversion": compiled.HALF_CONVERSION if compiled is not None else None,
+        "bfloat16": _checks.BF16 in _checks.DTYPE_CODES.values(),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    if compiled is None:
+        out["import_error"] = str(_backend.import_error)
+    return out

@@ -1,0 +1,197 @@
+# Shared declarations of the kernels: storage types, conversions, the thread
+# pattern. Included by kernels.pyx, so every ISA variant compiles its own copy.
+
+cdef extern from "fastpe_math.h" nogil:
+    ctypedef struct fpe_f16:
+        uint16_t bits
+    ctypedef struct fpe_bf16:
+        uint16_t bits
+    float fpe_f16_load(fpe_f16 h)
+    fpe_f16 fpe_f16_make(float f)
+    float fpe_bf16_load(fpe_bf16 h)
+    fpe_bf16 fpe_bf16_make(float f)
+    void fpe_sincos_row(double p, const double *w, double *s, double *c,
+                        Py_ssize_t n, double scale)
+    int fpe_cpu_has_avx2()
+    int fpe_cpu_has_avx512()
+    const char *FASTPE_ISA
+    const char *FASTPE_COMPILE_FLAGS
+    int FPE_HALF_NATIVE
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    #define FPE_OPENMP 1
+    #else
+    #define FPE_OPENMP 0
+    static int omp_get_max_threads(void) { return 1; }
+    static int omp_get_thread_num(void) { return 0; }
+    #endif
+    """
+    int FPE_OPENMP
+    int omp_get_max_threads() nogil
+    int omp_get_thread_num() nogil
+
+# Storage dtypes, as the codes fastpe._checks hands over.
+cdef enum:
+    CODE_F32 = 0
+    CODE_F64 = 1
+    CODE_F16 = 2
+    CODE_BF16 = 3
+
+# Rows of consecutive positions share one seed of sin/cos every BLOCK_TOKENS
+# tokens (an angle-addition step between). Blocks start at fixed token indices,
+# and a thread always takes whole blocks, so every thread count gives
+# bit-identical results.
+cdef enum:
+    BLOCK_TOKENS = 32
+
+ctypedef fused store_t:
+    float
+    double
+    fpe_f16
+    fpe_bf16
+
+ctypedef fused real_t:
+    float
+    double
+
+
+cdef inline real_t load(const store_t *p, Py_ssize_t i, real_t kind) noexcept nogil:
+    """p[i] as real_t; `kind` only picks the specialisation."""
+    if store_t is fpe_f16:
+        return <real_t>fpe_f16_load(p[i])
+    elif store_t is fpe_bf16:
+        return <real_t>fpe_bf16_load(p[i])
+    else:
+        return <real_t>p[i]
+
+
+cdef inline void store(store_t *p, Py_ssize_t i, real_t v) noexcept nogil:
+    if store_t is fpe_f16:
+        p[i] = fpe_f16_make(<float>v)
+    elif store_t is fpe_bf16:
+        p[i] = fpe_bf16_make(<float>v)
+    else:
+        p[i] = <store_t>v
+
+
+cdef inline void gather(const store_t *src, Py_ssize_t stride, real_t *dst,
+                        Py_ssize_t n) noexcept nogil:
+    """dst[j] = src[j * stride] for j < n, converted to real_t."""
+    cdef Py_ssize_t j
+    cdef real_t kind = 0
+    if stride == 1:
+        for j in range(n):
+            dst[j] = load(src, j, kind)
+    else:
+        for j in range(n):
+            dst[j] = load(src, j * stride, kind)
+
+
+cdef inline void scatter(const real_t *src, store_t *dst, Py_ssize_t stride,
+                         Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t j
+    if stride == 1:
+        for j in range(n):
+            store(dst, j, src[j])
+    else:
+        for j in range(n):
+            store(dst, j * stride, src[j])
+
+
+cdef inline void gather_code(const char *src, int code, Py_ssize_t stride, real_t *dst,
+                             Py_ssize_t n) noexcept nogil:
+    """gather() from a buffer whose storage type is only known at run time."""
+    if code == CODE_F32:
+        gather(<const float *>src, stride, dst, n)
+    elif code == CODE_F64:
+        gather(<const double *>src, stride, dst, n)
+    elif code == CODE_F16:
+        gather(<const fpe_f16 *>src, stride, dst, n)
+    else:
+        gather(<const fpe_bf16 *>src, stride, dst, n)
+
+
+cdef inline Py_ssize_t ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    return (a + b - 1) // b
+
+
+cdef inline Py_ssize_t round_up(Py_ssize_t n, Py_ssize_t to) noexcept nogil:
+    return ceil_div(n, to) * to
+
+
+cdef struct Work:
+    char *base               # 64-byte aligned
+    Py_ssize_t per_thread    # bytes, a multiple of 64
+
+
+cdef inline char *work_for(Work w, int thread) noexcept nogil:
+    return w.base + w.per_thread * thread
+
+
+cdef class Scratch:
+    """Per-thread work space, allocated with the GIL held so that running out
+    of memory is a MemoryError before any write, not a silent skip."""
+    cdef char *data
+    cdef Work work
+
+    def __cinit__(self, Py_ssize_t per_thread_bytes, int nthreads):
+        self.data = <char *>malloc(round_up(max(per_thread_bytes, 64), 64) * nthreads + 64)
+        if self.data == NULL:
+            raise MemoryError("fastpe: could not allocate kernel work space")
+        # 64-byte aligned slices, a cache line apart at least: no false sharing.
+        self.work.base = <char *>((<size_t>self.data + 63) & ~(<size_t>63))
+        self.work.per_thread = round_up(max(per_thread_bytes, 64), 64)
+
+    def __dealloc__(self):
+        free(self.data)
+
+
+cdef inline int units_threads(Py_ssize_t nunits, int num_threads) noexcept nogil:
+    """Never more threads than work units."""
+    if nunits < num_threads:
+        return <int>max(nunits, 1)
+    return num_threads
+
+
+cdef inline Py_ssize_t elem_stride(cnp.ndarray a, int axis) noexcept:
+    return cnp.PyArray_STRIDES(a)[axis] // cnp.PyArray_ITEMSIZE(a)
+
+
+cdef inline const int64_t *positions_ptr(object positions):
+    if positions is None:
+        return NULL
+    return <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>positions)
+
+
+cdef inline int64_t position_at(const int64_t *pos, Py_ssize_t row, Py_ssize_t s,
+                                Py_ssize_t t, int64_t offset) noexcept nogil:
+    """Position of token t of row `row` of a (rows, s) positions array, or offset + t."""
+    if pos == NULL:
+        return offset + t
+    return pos[row * s + t]
+
+
+cdef inline void advance_angles(double *s, double *c, const double *step_s,
+                                const double *step_c, Py_ssize_t n) noexcept nogil:
+    """(s, c) of angle a -> (s, c) of a + step, by the angle-addition formulas."""
+    cdef Py_ssize_t i
+    cdef double si, ci
+    for i in range(n):
+        si = s[i]
+        ci = c[i]
+        s[i] = si * step_c[i] + ci * step_s[i]
+        c[i] = ci * step_c[i] - si * step_s[i]
+
+
+cdef inline void angles_for_token(double *s, double *c, const double *w,
+                                  const double *step_s, const double *step_c,
+                                  Py_ssize_t n, int64_t p, int64_t prev_p,
+                                  bint first_in_block) noexcept nogil:
+    """Advance (s, c) = (sin, cos)(p * w) from the previous token's, or seed it."""
+    if first_in_block or p != prev_p + 1:
+        fpe_sincos_row(<double>p, w, s, c, n, 1.0)
+    else:
+        advance_angles(s, c, step_s, step_c, n)

@@ -1,0 +1,192 @@
+/*
+ * Scalar helpers for the kernels in kernels.pyx: half and bfloat16
+ * conversions, and a vectorisable double-precision sin/cos of a row of angles.
+ *
+ * Everything here is static inline so that each ISA variant of the extension
+ * (kernels_baseline, kernels_avx2, kernels_avx512) compiles it with its own
+ * instruction set and the loops that call it vectorise.
+ */
+#ifndef FASTPE_MATH_H
+#define FASTPE_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(_MSC_VER)
+#include <intrin.h>
+#elif defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#ifndef FASTPE_ISA
+#define FASTPE_ISA "baseline"
+#endif
+#ifndef FASTPE_COMPILE_FLAGS
+#define FASTPE_COMPILE_FLAGS ""
+#endif
+
+/* Storage types the Cython fused types tell apart: 16-bit patterns, not numbers. */
+typedef struct { uint16_t bits; } fpe_f16;
+typedef struct { uint16_t bits; } fpe_bf16;
+
+static inline uint32_t fpe_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float fpe_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- IEEE half ------------------------------------------------------------
+ * With F16C (the avx2/avx512 variants) or on AArch64 the compiler's own
+ * _Float16 conversions become single vector instructions. Elsewhere a
+ * branch-free software conversion, round-to-nearest-even like the hardware.
+ */
+#if defined(__FLT16_MANT_DIG__) && (defined(__F16C__) || defined(__aarch64__))
+#define FPE_HALF_NATIVE 1
+static inline float fpe_f16_load(fpe_f16 h) { _Float16 v; memcpy(&v, &h.bits, 2); return (float)v; }
+static inline fpe_f16 fpe_f16_make(float f) { _Float16 v = (_Float16)f; fpe_f16 h; memcpy(&h.bits, &v, 2); return h; }
+#else
+#define FPE_HALF_NATIVE 0
+static inline float fpe_f16_load(fpe_f16 h)
+{
+    uint32_t sign = (uint32_t)(h.bits & 0x8000u) << 16;
+    uint32_t em = h.bits & 0x7fffu;
+    uint32_t normal = (em << 13) + ((uint32_t)(127 - 15) << 23);
+    uint32_t infnan = (em << 13) | 0x7f800000u;
+    /* subnormal halves are exact multiples of 2^-24 */
+    uint32_t sub = fpe_f32_bits((float)em * 5.9604644775390625e-08f);
+    uint32_t mag = em >= 0x7c00u ? infnan : (em >= 0x0400u ? normal : sub);
+    return fpe_bits_f32(sign | mag);
+}
+
+static inline fpe_f16 fpe_f16_make(float f)
+{
+    uint32_t x = fpe_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    /* |f| >= 65536 (or inf/nan): inf, or a quiet nan */
+    uint32_t big = ax > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    /* |f| < 2^-14: adding 0.5 puts the half's subnormal ulp (2^-24) in the
+     * float's last mantissa bit, so the FPU does the rounding */
+    uint32_t tiny = fpe_f32_bits(fpe_bits_f32(ax) + 0.5f) - 0x3f000000u;
+    /* normal: rebias the exponent, round to nearest even on the 13 dropped bits */
+    uint32_t normal = (ax + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;
+    uint32_t mag = ax >= 0x47800000u ? big : (ax < 0x38800000u ? tiny : normal);
+    fpe_f16 h;
+    h.bits = (uint16_t)(sign | mag);
+    return h;
+}
+#endif
+
+/* ---- bfloat16: the top half of a float ----------------------------------- */
+static inline float fpe_bf16_load(fpe_bf16 h) { return fpe_bits_f32((uint32_t)h.bits << 16); }
+
+static inline fpe_bf16 fpe_bf16_make(float f)
+{
+    uint32_t x = fpe_f32_bits(f);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (x >> 16) | 0x40u;
+    fpe_bf16 h;
+    h.bits = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    return h;
+}
+
+/* ---- sin and cos of p * w[i] ----------------------------------------------
+ * Angles are formed in double and reduced modulo pi/2 with a three-part
+ * Cody-Waite split of pi/2 (33 significant bits each, so n * part is exact
+ * for quadrant counts n < 2^20); the remainder |r| <= pi/4 goes through
+ * minimax polynomials (the classic fdlibm kernel coefficients). The error
+ * is about one double ulp, far below what a float32 result can show, and
+ * the loop is branch-free so it vectorises. Rows whose largest angle is past
+ * FPE_FAST_ANGLE_LIMIT fall back to libm, which reduces any argument exactly.
+ */
+#define FPE_FAST_ANGLE_LIMIT 1.0e6
+
+#define FPE_TWO_OVER_PI 6.36619772367581382433e-01
+#define FPE_PIO2_A 1.57079632673412561417e+00
+#define FPE_PIO2_B 6.07710050630396597660e-11
+#define FPE_PIO2_C 2.02226624871116645580e-21
+#define FPE_PIO2_D 8.47842766036889956997e-32
+/* 1.5 * 2^52: adding and subtracting it rounds a double to an integer */
+#define FPE_ROUND_MAGIC 6755399441055744.0
+
+static inline void fpe_sincos_reduced(double r, double *s, double *c)
+{
+    const double z = r * r;
+    const double sp = -1.66666666666666324348e-01 + z * (8.33333333332248946124e-03
+        + z * (-1.98412698298579493134e-04 + z * (2.75573137070700676789e-06
+        + z * (-2.50507602534068634195e-08 + z * 1.58969099521155010221e-10))));
+    const double cp = 4.16666666666666019037e-02 + z * (-1.38888888888741095749e-03
+        + z * (2.48015872894767294178e-05 + z * (-2.75573143513906633035e-07
+        + z * (2.08757232129817482790e-09 + z * -1.13596475577881948265e-11))));
+    *s = r + r * z * sp;
+    *c = 1.0 - 0.5 * z + z * z * cp;
+}
+
+/* s[i] = scale * sin(p * w[i]), c[i] = scale * cos(p * w[i]) for i < n; w[i] >= 0. */
+static inline void fpe_sincos_row(double p, const double *w, double *s, double *c,
+                                  Py_ssize_t n, double scale)
+{
+    double wmax = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        wmax = w[i] > wmax ? w[i] : wmax;
+    if (fabs(p) * wmax > FPE_FAST_ANGLE_LIMIT) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const double x = p * w[i];
+            s[i] = scale * sin(x);
+            c[i] = scale * cos(x);
+        }
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const double x = p * w[i];
+        const double fn = (x * FPE_TWO_OVER_PI + FPE_ROUND_MAGIC) - FPE_ROUND_MAGIC;
+        const double r = (((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C) - fn * FPE_PIO2_D;
+        const int q = (int)fn;
+        double sr, cr;
+        fpe_sincos_reduced(r, &sr, &cr);
+        /* quadrant q: sin(x) = (s, c, -s, -c)[q & 3], cos(x) = (c, -s, -c, s)[q & 3] */
+        const double so = (q & 1) ? cr : sr;
+        const double co = (q & 1) ? sr : cr;
+        s[i] = ((q & 2) ? -scale : scale) * so;
+        c[i] = (((q + 1) & 2) ? -scale : scale) * co;
+    }
+}
+
+/* ---- CPU features, for choosing the variant at import --------------------- */
+static inline int fpe_cpu_has_avx2(void)
+{
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+    int r[4];
+    __cpuid(r, 0);
+    if (r[0] < 7) return 0;
+    __cpuid(r, 1);
+    const int osxsave = (r[2] >> 27) & 1, fma = (r[2] >> 12) & 1, f16c = (r[2] >> 29) & 1;
+    if (!(osxsave && fma && f16c) || (_xgetbv(0) & 6) != 6) return 0;
+    __cpuidex(r, 7, 0);
+    return ((r[1] >> 5) & 1) && ((r[1] >> 8) & 1);  /* avx2, bmi2 */
+#else
+    return 0;
+#endif
+}
+
+static inline int fpe_cpu_has_avx512(void)
+{
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    return fpe_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+    int r[4];
+    if (!fpe_cpu_has_avx2() || (_xgetbv(0) & 0xe6) != 0xe6) return 0;
+    __cpuidex(r, 7, 0);
+    /* avx512f (16), dq (17), bw (30), vl (31) */
+    return ((r[1] >> 16) & 1) && ((r[1] >> 17) & 1) && ((r[1] >> 30) & 1) && ((r[1] >> 31) & 1);
+#else
+    return 0;
+#endif
+}
+
+#endif /* FASTPE_MATH_H */

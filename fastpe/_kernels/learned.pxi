@@ -1,0 +1,84 @@
+# Learned position tables: x[b, t] += table[pos[b, t]].
+
+cdef struct LearnedCall:
+    Py_ssize_t batch, seq, dim
+    Py_ssize_t sb, ss, sd       # x element strides
+    Py_ssize_t tr, td           # table element strides
+    const int64_t *pos          # (pos_rows, seq) or NULL for offset + t
+    Py_ssize_t pos_rows
+    int64_t offset
+
+
+cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
+                               Py_ssize_t td, Py_ssize_t dim) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef float kind = 0
+    if store_t is float or store_t is double:
+        if sd == 1 and td == 1:
+            for j in range(dim):
+                row[j] = row[j] + trow[j]
+            return
+        for j in range(dim):
+            row[j * sd] = row[j * sd] + trow[j * td]
+    else:
+        # half and bfloat16 add in float32, rounding once
+        for j in range(dim):
+            store(row, j * sd, load(row, j * sd, kind) + load(trow, j * td, kind))
+
+
+cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
+                       Py_ssize_t unit) noexcept nogil:
+    cdef Py_ssize_t nblocks = ceil_div(a.seq, BLOCK_TOKENS)
+    cdef Py_ssize_t prow = unit // nblocks
+    cdef Py_ssize_t t0 = (unit % nblocks) * BLOCK_TOKENS
+    cdef Py_ssize_t t1 = min(t0 + BLOCK_TOKENS, a.seq)
+    cdef Py_ssize_t b0 = 0 if a.pos_rows == 1 else prow
+    cdef Py_ssize_t b1 = a.batch if a.pos_rows == 1 else prow + 1
+    cdef Py_ssize_t t, b
+    cdef const store_t *trow
+    for t in range(t0, t1):
+        trow = table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr
+        for b in range(b0, b1):
+            add_table_row(x + b * a.sb + t * a.ss, a.sd, trow, a.td, a.dim)
+
+
+cdef void learned_run(const LearnedCall *a, store_t *x, const store_t *table,
+                      int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, nunits = a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS)
+    if nthreads > 1:
+        for u in prange(nunits, schedule="static", num_threads=nthreads):
+            learned_unit(a, x, table, u)
+    else:
+        for u in range(nunits):
+            learned_unit(a, x, table, u)
+
+
+def learned(cnp.ndarray x, int code, cnp.ndarray table, object positions, int64_t offset,
+            int num_threads):
+    """x[b, t] += table[pos[b, t]], in place.
+
+    x: writable (batch, seq, dim) view of storage `code`; table: (rows, dim) of
+    the same storage, every position already checked to be < rows; positions:
+    None (offset + t) or C-contiguous int64 (1 or batch, seq).
+    """
+    cdef LearnedCall a
+    cdef char *xp = <char *>cnp.PyArray_DATA(x)
+    cdef const char *tp = <const char *>cnp.PyArray_DATA(table)
+    a.batch, a.seq, a.dim = x.shape[0], x.shape[1], x.shape[2]
+    a.sb, a.ss, a.sd = elem_stride(x, 0), elem_stride(x, 1), elem_stride(x, 2)
+    a.tr, a.td = elem_stride(table, 0), elem_stride(table, 1)
+    a.pos = positions_ptr(positions)
+    a.pos_rows = 1 if positions is None else (<cnp.ndarray>positions).shape[0]
+    a.offset = offset
+    if a.batch == 0 or a.seq == 0 or a.dim == 0:
+        return
+    cdef int nthreads = units_threads(a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS), num_threads)
+    with nogil:
+        if code == CODE_F32:
+            learned_run(&a, <float *>xp, <const float *>tp, nthreads)
+        elif code == CODE_F64:
+            learned_run(&a, <double *>xp, <const double *>tp, nthreads)
+        elif code == CODE_F16:
+            learned_run(&a, <fpe_f16 *>xp, <const fpe_f16 *>tp, nthreads)
+        else:
+            learned_run(&a, <fpe_bf16 *>xp, <const fpe_bf16 *>tp, nthreads)

@@ -1,0 +1,154 @@
+# Sinusoidal encodings: write PE rows (a table) or fuse x = x * scale + PE[pos].
+
+cdef struct SinusoidalCall:
+    char *x                   # (batch, seq, dim) view, element strides below
+    Py_ssize_t batch, seq, dim
+    Py_ssize_t sb, ss, sd
+    const int64_t *pos        # (pos_rows, seq) or NULL for offset + t
+    Py_ssize_t pos_rows
+    int64_t offset
+    const double *w           # inverse wavelengths, nfreq = ceil(dim / 2)
+    const double *step_s      # sin(w), cos(w): one token's angle step
+    const double *step_c
+    Py_ssize_t nfreq
+    bint split                # [sin | cos] halves instead of interleaved pairs
+    bint accumulate           # x * scale + PE, else PE
+    double scale
+
+
+cdef inline void pe_row(const double *s, const double *c, real_t *pe, Py_ssize_t dim,
+                        Py_ssize_t nfreq, bint split) noexcept nogil:
+    """One row of the encoding from the sin/cos of its angles."""
+    cdef Py_ssize_t i
+    cdef Py_ssize_t ncos = dim // 2
+    if split:
+        for i in range(nfreq):
+            pe[i] = <real_t>s[i]
+        for i in range(ncos):
+            pe[nfreq + i] = <real_t>c[i]
+    else:
+        for i in range(ncos):
+            pe[2 * i] = <real_t>s[i]
+            pe[2 * i + 1] = <real_t>c[i]
+        if nfreq > ncos:
+            pe[dim - 1] = <real_t>s[nfreq - 1]
+
+
+cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
+                         bint accumulate, real_t scale) noexcept nogil:
+    """row = row * scale + pe (accumulate) or row = pe."""
+    cdef Py_ssize_t j
+    cdef real_t kind = 0
+    if store_t is float or store_t is double:
+        if sd == 1:
+            if not accumulate:
+                for j in range(dim):
+                    row[j] = <store_t>pe[j]
+            elif scale == 1:
+                for j in range(dim):
+                    row[j] = <store_t>(row[j] + pe[j])
+            else:
+                for j in range(dim):
+                    row[j] = <store_t>(row[j] * scale + pe[j])
+            return
+    if not accumulate:
+        scatter(pe, row, sd, dim)
+    else:
+        for j in range(dim):
+            store(row, j * sd, load(row, j * sd, kind) * scale + pe[j])
+
+
+cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
+                          char *work) noexcept nogil:
+    """One block of tokens of one positions row: its PE rows, then every x row
+    that uses them, batch by batch, so each batch row streams one contiguous run."""
+    cdef Py_ssize_t nblocks = ceil_div(a.seq, BLOCK_TOKENS)
+    cdef Py_ssize_t prow = unit // nblocks
+    cdef Py_ssize_t t0 = (unit % nblocks) * BLOCK_TOKENS
+    cdef Py_ssize_t t1 = min(t0 + BLOCK_TOKENS, a.seq)
+    cdef Py_ssize_t b0 = 0 if a.pos_rows == 1 else prow
+    cdef Py_ssize_t b1 = a.batch if a.pos_rows == 1 else prow + 1
+    cdef double *s = <double *>work
+    cdef double *c = s + a.nfreq
+    cdef float *pe_f = <float *>(c + a.nfreq)
+    cdef double *pe_d = c + a.nfreq
+    cdef Py_ssize_t t, b, r
+    cdef int64_t p, prev = 0
+    # A table row of float32/float64 with unit stride is written in place.
+    cdef bint direct = ((store_t is float or store_t is double) and not a.accumulate
+                        and a.sd == 1 and b1 - b0 == 1)
+    for t in range(t0, t1):
+        p = position_at(a.pos, prow, a.seq, t, a.offset)
+        angles_for_token(s, c, a.w, a.step_s, a.step_c, a.nfreq, p, prev, t == t0)
+        prev = p
+        if store_t is double:
+            pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct
+                   else pe_d + (t - t0) * a.dim, a.dim, a.nfreq, a.split)
+        elif store_t is float:
+            pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct
+                   else pe_f + (t - t0) * a.dim, a.dim, a.nfreq, a.split)
+        else:
+            pe_row(s, c, pe_f + (t - t0) * a.dim, a.dim, a.nfreq, a.split)
+    if direct:
+        return
+    for b in range(b0, b1):
+        for t in range(t0, t1):
+            r = (t - t0) * a.dim
+            if store_t is double:
+                add_row(x + b * a.sb + t * a.ss, a.sd, pe_d + r, a.dim, a.accumulate, a.scale)
+            else:
+                add_row(x + b * a.sb + t * a.ss, a.sd, pe_f + r, a.dim, a.accumulate,
+                        <float>a.scale)
+
+
+cdef void sinusoidal_run(const SinusoidalCall *a, store_t *x, Work work,
+                         int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, nunits = a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS)
+    if nthreads > 1:
+        for u in prange(nunits, schedule="static", num_threads=nthreads):
+            sinusoidal_unit(a, x, u, work_for(work, omp_get_thread_num()))
+    else:
+        for u in range(nunits):
+            sinusoidal_unit(a, x, u, work_for(work, 0))
+
+
+def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
+               cnp.ndarray inv_freq, bint split, bint accumulate, double scale,
+               int num_threads):
+    """x[b, t] = x[b, t] * scale + PE[pos[b, t]] (accumulate), else PE[pos[b, t]].
+
+    x: writable (batch, seq, dim) view of storage `code`; positions: None
+    (offset + t) or C-contiguous int64 (1 or batch, seq); inv_freq:
+    C-contiguous float64 (ceil(dim / 2),). Arguments are validated by the caller.
+    """
+    cdef SinusoidalCall a
+    a.x = <char *>cnp.PyArray_DATA(x)
+    a.batch, a.seq, a.dim = x.shape[0], x.shape[1], x.shape[2]
+    a.sb, a.ss, a.sd = elem_stride(x, 0), elem_stride(x, 1), elem_stride(x, 2)
+    a.pos = positions_ptr(positions)
+    a.pos_rows = 1 if positions is None else (<cnp.ndarray>positions).shape[0]
+    a.offset = offset
+    a.w = <const double *>cnp.PyArray_DATA(inv_freq)
+    a.nfreq = inv_freq.shape[0]
+    a.split = split
+    a.accumulate = accumulate
+    a.scale = scale
+    if a.batch == 0 or a.seq == 0 or a.dim == 0:
+        return
+    cdef Py_ssize_t nunits = a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS)
+    cdef int nthreads = units_threads(nunits, num_threads)
+    cdef Scratch steps = Scratch(2 * a.nfreq * sizeof(double), 1)
+    cdef Scratch scratch = Scratch((2 * a.nfreq + BLOCK_TOKENS * a.dim) * sizeof(double),
+                                    nthreads)
+    a.step_s = <const double *>steps.work.base
+    a.step_c = a.step_s + a.nfreq
+    with nogil:
+        fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)
+        if code == CODE_F32:
+            sinusoidal_run(&a, <float *>a.x, scratch.work, nthreads)
+        elif code == CODE_F64:
+            sinusoidal_run(&a, <double *>a.x, scratch.work, nthreads)
+        elif code == CODE_F16:
+            sinusoidal_run(&a, <fpe_f16 *>a.x, scratch.work, nthreads)
+        else:
+            sinusoidal_run(&a, <fpe_bf16 *>a.x, scratch.work, nthreads)

@@ -1,0 +1,35 @@
+"""Learned position tables (BERT, GPT-2): ``x += table[positions]``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _args, _backend, _checks, _threads, reference
+
+
+def add_learned(x, table, positions=None, *, offset=0, num_threads=None) -> np.ndarray:
+    """``x += table[positions]`` in place, in one pass; returns x.
+
+    x is (seq, dim) or (batch, seq, dim); table is (max_len, dim) with x's
+    dtype. positions: None for ``offset + arange(seq)``, or integers of shape
+    (seq,) or (batch, seq). A position at or past max_len is an IndexError: a
+    learned table has no rows for longer sequences.
+
+    >>> table = np.random.default_rng(0).standard_normal((512, 64)).astype(np.float32)
+    >>> x = np.zeros((1, 10, 64), np.float32)
+    >>> np.array_equal(fastpe.add_learned(x, table)[0], table[:10])
+    True
+    """
+    plan = _args.add_learned(x, table, positions, offset, num_threads)
+    kern = _backend.kernels()
+    if kern is None:
+        reference.run_learned(plan)
+        return x
+    x3 = plan.x
+    work = _checks.kernel_view(x3)
+    table = _checks.kernel_view(plan.table)
+    kern.learned(work, _checks.dtype_code(work.dtype, "x"), table, plan.positions.array,
+                 plan.positions.offset, _threads.resolve(plan.num_threads, 2 * x3.nbytes))
+    if work is not x3:
+        x3[...] = work
+    return x

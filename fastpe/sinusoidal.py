@@ -1,0 +1,76 @@
+"""Sinusoidal position encodings (Vaswani et al., 2017, section 3.5).
+
+``PE[p, 2i] = sin(p * w_i)`` and ``PE[p, 2i + 1] = cos(p * w_i)`` with
+``w_i = base^(-2i / dim)``; the "split" layout puts all sines first, then all
+cosines (fairseq, GPT-J). An odd ``dim`` ends on a sine column.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _args, _backend, _checks, _threads, reference
+
+
+def _run(plan: _args.SinusoidalPlan) -> None:
+    kern = _backend.kernels()
+    if kern is None:
+        reference.run_sinusoidal(plan)
+        return
+    x = plan.x
+    work = _checks.kernel_view(x)
+    kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"), plan.positions.array,
+                    plan.positions.offset, plan.inv_freq, plan.split, plan.accumulate,
+                    plan.scale, _threads.resolve(plan.num_threads, x.size * x.itemsize))
+    if work is not x:
+        x[...] = work
+
+
+def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved",
+                     dtype="float32", out=None, num_threads=None) -> np.ndarray:
+    """The (length, dim) table of encodings for positions offset .. offset + length - 1.
+
+    Parameters
+    ----------
+    length, dim : int
+        Rows (positions) and features. ``dim`` may be odd.
+    base : float
+        The wavelength base, 10000 in the original Transformer.
+    offset : int
+        Position of the first row.
+    layout : {"interleaved", "split"}
+        sin/cos in alternate columns, or a block of sines then a block of cosines.
+    dtype : dtype
+        float32 (default), float64, float16 or bfloat16 (with ml_dtypes).
+        Ignored when ``out`` is given, unless it contradicts it.
+    out : ndarray, optional
+        A writable (length, dim) array to fill instead of allocating one.
+    num_threads : int, optional
+        Threads; default ``fastpe.get_num_threads()``.
+
+    Values are exact to the output precision for every position up to 2**20
+    (float32: within 1.5e-7): angles are formed and reduced in float64.
+
+    >>> fastpe.sinusoidal_table(4, 6, dtype="float64")[1, :2]  # sin(1), cos(1)
+    array([0.84147098, 0.54030231])
+    """
+    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads)
+    _run(plan)
+    return plan.x[0]
+
+
+def add_sinusoidal(x, positions=None, *, offset=0, base=10000.0, layout="interleaved",
+                   scale=1.0, num_threads=None) -> np.ndarray:
+    """``x = x * scale + PE[positions]`` in place, in one pass; returns x.
+
+    x is (seq, dim) or (batch, seq, dim), any float dtype and strides.
+    positions: None for ``offset + arange(seq)``, or integers of shape (seq,)
+    shared by the batch or (batch, seq) per sequence. ``scale`` is the
+    embedding multiplier (sqrt(dim) in the original Transformer).
+
+    >>> x = np.zeros((2, 16, 64), np.float32)
+    >>> fastpe.add_sinusoidal(x, scale=8.0) is x
+    True
+    """
+    _run(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads))
+    return x

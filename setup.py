@@ -1,0 +1,223 @@
+"""Build the compiled kernels of fastpe.
+
+One Cython source, ``fastpe/_kernels/kernels.pyx``, is compiled once per
+instruction-set level: ``kernels_baseline`` everywhere, plus ``kernels_avx2``
+and ``kernels_avx512`` on x86-64. ``fastpe._kernels`` picks the best one the
+CPU supports at import time, so a wheel stays portable (no ``-march=native``)
+while still running wide vector code.
+
+Environment variables read here:
+
+FASTPE_FAIL_NO_OPENMP=1
+    Fail the build when the compiler cannot build OpenMP code (CI sets it).
+    Without it a compiler lacking OpenMP only warns and builds serial kernels.
+FASTPE_DISABLE_OPENMP=1
+    Build serial kernels on purpose.
+FASTPE_ISA_VARIANTS=baseline,avx2,avx512
+    Which variants to build (default: all the platform supports).
+FASTPE_DEBUG=1
+    Cython bounds checks and wraparound back on, ``-O0 -g``: slow, for debugging.
+FASTPE_SANITIZE=address,undefined
+    Build with those sanitizers (``-fsanitize=...``); see README "Development".
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import warnings
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+KERNEL_SOURCE = "fastpe/_kernels/kernels.pyx"
+
+# Flags per variant and compiler family. x86-64 baselines are SSE2 (the ABI
+# minimum); the wider variants only run after a CPUID check at import.
+ISA_FLAGS = {
+    "unix": {
+        "baseline": [],
+        "avx2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2"],
+        "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2",
+                   "-mfma", "-mf16c", "-mbmi2", "-mprefer-vector-width=512"],
+    },
+    "msvc": {
+        "baseline": [],
+        "avx2": ["/arch:AVX2"],
+        "avx512": ["/arch:AVX512"],
+    },
+}
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_x86_64():
+    machine = platform.machine().lower()
+    # cibuildwheel cross-builds macOS arm64 on x86 hosts (and back) through ARCHFLAGS.
+    archflags = os.environ.get("ARCHFLAGS", "")
+    if sys.platform == "darwin" and archflags:
+        return "x86_64" in archflags and "arm64" not in archflags
+    return machine in ("x86_64", "amd64")
+
+
+def _variants():
+    wanted = os.environ.get("FASTPE_ISA_VARIANTS")
+    available = ["baseline", "avx2", "avx512"] if _is_x86_64() else ["baseline"]
+    if not wanted:
+        return available
+    names = [v.strip() for v in wanted.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(available))
+    if unknown or "baseline" not in names:
+        raise SystemExit(f"FASTPE_ISA_VARIANTS={wanted!r}: must include 'baseline' and only "
+                         f"name variants this platform supports: {available}")
+    return names
+
+
+OPENMP_PROBE = textwrap.dedent(
+    """
+    #include <omp.h>
+    #include <stdio.h>
+    int main(void) {
+        int n = 0;
+        #pragma omp parallel reduction(+:n)
+        n += 1;
+        printf("%d\\n", n > 0 && omp_get_max_threads() > 0);
+        return 0;
+    }
+    """
+)
+
+
+def _openmp_flags(compiler):
+    """(compile args, link args) that give OpenMP with this compiler."""
+    if compiler.compiler_type == "msvc":
+        return ["/openmp"], []
+    if sys.platform == "darwin":
+        # Apple clang has no -fopenmp driver flag; libomp comes from Homebrew
+        # (cibuildwheel installs it in before-all and delocate bundles it).
+        prefix = os.environ.get("FASTPE_LIBOMP_PREFIX") or _brew_libomp_prefix()
+        cflags = ["-Xpreprocessor", "-fopenmp"]
+        ldflags = ["-lomp"]
+        if prefix:
+            cflags.append(f"-I{prefix}/include")
+            ldflags = [f"-L{prefix}/lib", "-lomp", f"-Wl,-rpath,{prefix}/lib"]
+        return cflags, ldflags
+    return ["-fopenmp"], ["-fopenmp"]
+
+
+def _brew_libomp_prefix():
+    for candidate in ("/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
+        if os.path.isdir(candidate):
+            return candidate
+    brew = shutil.which("brew")
+    if brew:
+        out = subprocess.run([brew, "--prefix", "libomp"], capture_output=True, text=True)
+        if out.returncode == 0 and os.path.isdir(out.stdout.strip()):
+            return out.stdout.strip()
+    return None
+
+
+def _probe_openmp(compiler, cflags, ldflags):
+    """Compile, link and run a tiny OpenMP program; True when it works."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as fh:
+            fh.write(OPENMP_PROBE)
+        try:
+            objects = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            exe = os.path.join(tmp, "probe")
+            compiler.link_executable(objects, exe, extra_postargs=ldflags)
+            if sys.platform == "win32":
+                exe += ".exe"
+            if not os.path.exists(exe):
+                return False
+            # Cross-compiling (e.g. macOS universal builds) can't run the probe;
+            # a successful link is then the best evidence there is.
+            if _is_x86_64() != (platform.machine().lower() in ("x86_64", "amd64")):
+                return True
+            out = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+            return out.returncode == 0 and out.stdout.strip() == "1"
+        except Exception as exc:  # compiler errors come in many classes
+            print(f"fastpe: OpenMP probe failed: {exc}", file=sys.stderr)
+            return False
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        compiler = self.compiler
+        family = "msvc" if compiler.compiler_type == "msvc" else "unix"
+        openmp = not _env_flag("FASTPE_DISABLE_OPENMP")
+        cflags, ldflags = _openmp_flags(compiler)
+        if openmp and not _probe_openmp(compiler, cflags, ldflags):
+            message = ("fastpe: the C compiler cannot build OpenMP programs; building serial "
+                       "kernels. Install an OpenMP runtime (libgomp, or libomp on macOS) to "
+                       "get threads.")
+            if _env_flag("FASTPE_FAIL_NO_OPENMP"):
+                raise SystemExit(message + " (FASTPE_FAIL_NO_OPENMP is set)")
+            warnings.warn(message)
+            openmp = False
+        if not openmp:
+            cflags, ldflags = [], []
+
+        if family == "msvc":
+            common = ["/O2", "/fp:precise"]
+        elif _env_flag("FASTPE_DEBUG"):
+            common = ["-O0", "-g3"]
+        else:
+            # -O3 turns on the loop vectoriser's full cost model on older GCCs.
+            common = ["-O3", "-fno-math-errno", "-Wno-unused-function"]
+        sanitize = os.environ.get("FASTPE_SANITIZE", "").strip()
+        if sanitize and family == "unix":
+            common += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
+            ldflags = ldflags + [f"-fsanitize={sanitize}"]
+
+        for ext in self.extensions:
+            variant = ext.name.rsplit("_", 1)[-1]
+            isa = ISA_FLAGS[family].get(variant, [])
+            ext.extra_compile_args = common + isa + cflags
+            ext.extra_link_args = ldflags
+            ext.define_macros = ext.define_macros + [
+                ("FASTPE_ISA", f'"{variant}"'),
+                ("FASTPE_COMPILE_FLAGS", '"' + " ".join(common + isa + cflags) + '"'),
+            ]
+        super().build_extensions()
+
+
+def _extensions():
+    debug = _env_flag("FASTPE_DEBUG")
+    directives = {
+        "language_level": 3,
+        "boundscheck": debug,
+        "wraparound": debug,
+        "initializedcheck": debug,
+        "cdivision": True,
+        "embedsignature": True,
+        "freethreading_compatible": True,
+    }
+    macros = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]
+    extensions = []
+    for variant in _variants():
+        ext = Extension(
+            f"fastpe._kernels.kernels_{variant}",
+            [KERNEL_SOURCE],
+            include_dirs=[numpy.get_include(), "fastpe/_kernels"],
+            define_macros=list(macros),
+        )
+        # Each variant needs its own generated C file: the module name is baked in.
+        extensions += cythonize(
+            [ext],
+            build_dir=os.path.join("build", f"cython-{variant}"),
+            compiler_directives=directives,
+            quiet=True,
+        )
+    return extensions
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildExt})
