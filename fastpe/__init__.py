@@ -12,16 +12,30 @@ from ._info import info
 from ._threads import get_num_threads, set_num_threads
 from ._version import __version__
 from .learned import add_learned
+from .rope import (
+    RopeFrequencies,
+    RotaryEmbedding,
+    apply_rope,
+    apply_rope_cached,
+    rope_cos_sin,
+    rope_frequencies,
+)
 from .sinusoidal import add_sinusoidal, sinusoidal_table
 
 __all__ = [
+    "RopeFrequencies",
+    "RotaryEmbedding",
     "__version__",
     "add_learned",
     "add_sinusoidal",
+    "apply_rope",
+    "apply_rope_cached",
     "backend",
     "get_num_threads",
     "info",
     "reference",
+    "rope_cos_sin",
+    "rope_frequencies",
     "set_num_threads",
     "sinusoidal_table",
     "use_backend",

@@ -7,11 +7,12 @@ the loops expect, plus the float64 parameters. Nothing is written.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _math, _threads
+from . import _checks, _math, _rope_scaling, _threads
 
 LAYOUTS = ("interleaved", "split")
 
@@ -84,3 +85,158 @@ def add_learned(x: object, table: object, positions: object, offset: object,
                          f"{table.shape[0]}): a learned table can't handle sequences longer "
                          f"than max_len")
     return LearnedPlan(x3, table, pos, _threads.check(num_threads))
+
+
+# ---- RoPE -----------------------------------------------------------------
+
+ROPE_LAYOUTS = {"bshd": 4, "bhsd": 4, "shd": 3}
+ROPE_STYLES = ("neox", "gptj")
+
+
+class RopePlan(NamedTuple):
+    q: np.ndarray                  # (batch, seq, heads, head_dim) views of the callers' arrays
+    k: np.ndarray | None
+    positions: _checks.Positions
+    neox: bool
+    inv_freq: np.ndarray | None    # computed angles: float64 (rotary_dim // 2,) ...
+    cos_scale: float               # ... with cos and sin multiplied by these
+    sin_scale: float
+    cos: np.ndarray | None         # or a (rows, rotary_dim // 2) cos/sin cache
+    sin: np.ndarray | None
+    invert_cache: bool
+    num_threads: int | None
+
+
+def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
+    """x as a (batch, seq, heads, head_dim) view."""
+    if layout == "bhsd":
+        return x.transpose(0, 2, 1, 3)
+    if layout == "shd":
+        return x[None]
+    return x
+
+
+def _rope_arrays(q: object, k: object, layout: object) -> tuple[np.ndarray, np.ndarray | None]:
+    layout = _checks.choice(layout, "layout", tuple(ROPE_LAYOUTS))
+    ndim = ROPE_LAYOUTS[layout]
+    q = _checks.array(q, "q", (ndim,), writable=True)
+    q4 = _rope_view(q, layout)
+    if k is None:
+        return q4, None
+    if k is q:
+        raise ValueError("k is q: pass k=None to rotate one array")
+    k = _checks.array(k, "k", (ndim,), writable=True)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    k4 = _rope_view(k, layout)
+    b, s, _, d = q4.shape
+    if (k4.shape[0], k4.shape[1], k4.shape[3]) != (b, s, d):
+        raise ValueError(f"k must match q in batch, seq and head_dim ({layout} layout): "
+                         f"q {q.shape}, k {k.shape}")
+    if np.may_share_memory(q, k) and np.shares_memory(q, k):
+        raise ValueError("q and k overlap in memory; rotating one would corrupt the other")
+    return q4, k4
+
+
+def _rotary_dim(rotary_dim: object, head_dim: int, implied: int | None, implied_by: str) -> int:
+    """The rotary width: the argument, else what the frequencies imply, else head_dim."""
+    if rotary_dim is None:
+        rd = implied if implied is not None else head_dim
+    else:
+        rd = _checks.count(rotary_dim, "rotary_dim", minimum=2)
+        if implied is not None and implied != rd:
+            raise ValueError(f"rotary_dim={rd} contradicts {implied_by} (rotary width {implied})")
+    if rd % 2:
+        raise ValueError(f"rotary_dim must be even, got {rd}")
+    if rd > head_dim:
+        raise ValueError(f"rotary_dim {rd} is larger than head_dim {head_dim}")
+    return rd
+
+
+def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
+    """`freqs`: a RopeFrequencies, or a bare 1-D array of inverse frequencies."""
+    if isinstance(freqs, _rope_scaling.RopeFrequencies):
+        inv_freq, att = freqs.inv_freq, freqs.attention_scaling
+    elif isinstance(freqs, np.ndarray):
+        inv_freq, att = freqs, 1.0
+    else:
+        raise TypeError(f"freqs must be a RopeFrequencies (from rope_frequencies) or a "
+                        f"1-D float array of inverse frequencies, got {type(freqs).__name__}")
+    if inv_freq.dtype.kind not in "fiu":
+        raise TypeError(f"freqs.inv_freq must be real numbers, got dtype {inv_freq.dtype}")
+    inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
+    if inv_freq.ndim != 1 or not np.isfinite(inv_freq).all():
+        raise ValueError(f"freqs.inv_freq must be a 1-D array of finite numbers, "
+                         f"got shape {inv_freq.shape}")
+    att = _checks.real(att, "freqs.attention_scaling", positive=True)
+    return _rope_scaling.RopeFrequencies(inv_freq, att)
+
+
+def rope_spec(head_dim: int, rotary_dim: object, base: object, scaling: object,
+              max_position_embeddings: object) -> tuple[int, _rope_scaling.RopeSpec]:
+    """(rotary_dim, the parsed base/scaling for that width)."""
+    partial = isinstance(scaling, Mapping) and "partial_rotary_factor" in scaling
+    if rotary_dim is None or partial:
+        # the width is head_dim times the dict's partial_rotary_factor, if any
+        spec = _rope_scaling.parse_rope_spec(head_dim, base=base, scaling=scaling,
+                                             max_position_embeddings=max_position_embeddings)
+        implied_by = "scaling['partial_rotary_factor']"
+    else:
+        spec = _rope_scaling.parse_rope_spec(_rotary_dim(rotary_dim, head_dim, None, ""),
+                                             base=base, scaling=scaling,
+                                             max_position_embeddings=max_position_embeddings)
+        implied_by = "the scaling"
+    return _rotary_dim(rotary_dim, head_dim, spec.dim, implied_by), spec
+
+
+def rope(q: object, k: object, positions: object, offset: object, rotary_dim: object,
+         freqs: object, base: object, scaling: object, max_position_embeddings: object,
+         style: object, layout: object, inverse: object, num_threads: object,
+         spec: _rope_scaling.RopeSpec | None = None) -> RopePlan:
+    """Plan of apply_rope; `spec` (with its rotary_dim) comes from a RotaryEmbedding."""
+    q4, k4 = _rope_arrays(q, k, layout)
+    neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
+    head_dim = q4.shape[3]
+    if spec is not None:
+        _rotary_dim(rotary_dim, head_dim, None, "")
+    elif freqs is not None:
+        if base is not None or scaling is not None:
+            raise ValueError("give freqs, or base/scaling to compute them, not both")
+        freqs = frequencies_arg(freqs)
+        _rotary_dim(rotary_dim, head_dim, 2 * freqs.inv_freq.size, "freqs")
+    else:
+        _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
+    pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
+    if spec is not None:
+        freqs = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
+    att = freqs.attention_scaling
+    cos_scale, sin_scale = (1.0 / att, -1.0 / att) if inverse else (att, att)
+    return RopePlan(q4, k4, pos, neox, freqs.inv_freq, cos_scale, sin_scale, None, None,
+                    False, _threads.check(num_threads))
+
+
+def rope_cached(q: object, k: object, cos: object, sin: object, positions: object,
+                offset: object, style: object, layout: object, inverse: object,
+                num_threads: object) -> RopePlan:
+    q4, k4 = _rope_arrays(q, k, layout)
+    neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
+    cos = _checks.array(cos, "cos", (2,), writable=False)
+    sin = _checks.array(sin, "sin", (2,), writable=False)
+    if cos.shape != sin.shape or cos.dtype != sin.dtype:
+        raise ValueError(f"cos and sin must have the same shape and dtype, got {cos.shape} "
+                         f"{cos.dtype} and {sin.shape} {sin.dtype}")
+    _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], "cos")
+    pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
+    if pos.max >= cos.shape[0]:
+        raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
+                         f"({cos.shape[0]} rows)")
+    return RopePlan(q4, k4, pos, neox, None, 1.0, 1.0, cos, sin, bool(inverse),
+                    _threads.check(num_threads))
+
+
+def rope_cos_sin(positions: object, freqs: object,
+                 dtype: object) -> tuple[np.ndarray, _rope_scaling.RopeFrequencies, np.dtype]:
+    """(int64 C-contiguous positions of any shape, frequencies, output dtype)."""
+    freqs = frequencies_arg(freqs)
+    dt = _checks.float_dtype(dtype, "dtype")
+    return _checks.position_array(positions, "positions")[0], freqs, dt

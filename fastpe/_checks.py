@@ -31,6 +31,8 @@ DTYPE_CODES: dict[np.dtype, int] = {
 }
 if _ml_dtypes is not None:
     DTYPE_CODES[np.dtype(_ml_dtypes.bfloat16)] = BF16
+    if _backend.compiled is not None:
+        _backend.compiled.register_bfloat16(np.dtype(_ml_dtypes.bfloat16).num)
 SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -148,6 +150,23 @@ def int64_range(a: np.ndarray) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
+def position_array(positions: object, name: str) -> tuple[np.ndarray, int]:
+    """Integer positions of any shape as a C-contiguous int64 array, all >= 0,
+    and the largest (-1 when empty)."""
+    pos = positions if isinstance(positions, np.ndarray) else np.asarray(positions)
+    if pos.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
+    if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:
+        raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if pos.size == 0:
+        return pos, -1
+    lo, hi = int64_range(pos)
+    if lo < 0:
+        raise ValueError(f"{name} must be >= 0, got {lo}")
+    return pos, hi
+
+
 def positions(positions: object, offset: object, batch: int, seq: int,
               name: str = "positions") -> Positions:
     """Validate `positions` for a (batch, seq, ...) input, or `offset` when None."""
@@ -158,26 +177,11 @@ def positions(positions: object, offset: object, batch: int, seq: int,
         return Positions(None, offset, offset + seq - 1 if seq else -1)
     if offset:
         raise ValueError(f"give either {name} or offset, not both (offset={offset})")
-    pos = positions if isinstance(positions, np.ndarray) else np.asarray(positions)
-    if pos.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
-    if pos.ndim == 1:
-        rows = 1
-    elif pos.ndim == 2 and pos.shape[0] in (1, batch):
-        rows = pos.shape[0]
-    else:
-        raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {pos.shape}")
-    if pos.shape[-1] != seq:
-        raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {pos.shape}")
-    if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:
-        raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
-    pos = np.ascontiguousarray(pos.reshape(rows, seq), dtype=np.int64)
-    if pos.size == 0:
-        return Positions(pos, 0, -1)
-    lo, hi = int64_range(pos)
-    if lo < 0:
-        raise ValueError(f"{name} must be >= 0, got {lo}")
-    return Positions(pos, 0, hi)
+    shape = np.shape(positions)
+    if not (shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)):
+        raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {shape}")
+    pos, hi = position_array(positions, name)
+    return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi)
 
 
 def kernel_view(x: np.ndarray) -> np.ndarray:

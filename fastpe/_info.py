@@ -14,7 +14,7 @@ def info() -> dict:
     """Version, active backend, OpenMP, threads, and the compiled build's details.
 
     Keys: version, backend, openmp (bool), num_threads, compiled (bool),
-    isa (the kernel variant running: baseline, avx2 or avx512), isa_available,
+    isa (the kernel variant running: baseline or avx2), isa_available,
     compile_flags, half_conversion, bfloat16 (ml_dtypes present), numpy,
     python, machine; import_error when the extension did not load.
     """
@@ -27,7 +27,7 @@ def info() -> dict:
         "compiled": compiled is not None,
         "isa": compiled.ISA if compiled is not None else None,
         "isa_available": (
-            [v for v in ("baseline", "avx2", "avx512") if compiled.cpu_supports(v)]
+            [v for v in ("baseline", "avx2") if compiled.cpu_supports(v)]
             if compiled is not None else []
         ),
         "compile_flags": compiled.COMPILE_FLAGS if compiled is not None else None,

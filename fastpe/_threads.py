@@ -54,7 +54,6 @@ def check(num_threads: object) -> int | None:
 def resolve(num_threads: int | None, nbytes: int) -> int:
     """Threads for one call touching `nbytes` bytes (num_threads from check()):
     small work stays serial."""
-    n = get_num_threads() if num_threads is None else num_threads
-    if n > 1 and nbytes < SERIAL_BYTES:
+    if nbytes < SERIAL_BYTES:
         return 1
-    return n
+    return get_num_threads() if num_threads is None else num_threads

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _args, _checks
+from . import _args, _checks, _rope_scaling
 
-__all__ = ["sinusoidal_table", "add_sinusoidal", "add_learned"]
+__all__ = [
+    "sinusoidal_table", "add_sinusoidal", "add_learned",
+    "rope_frequencies", "rope_cos_sin", "apply_rope", "apply_rope_cached",
+]
 
 
 # ---- loops (the backend interface: plans in, arrays written) ----------------
@@ -53,6 +56,42 @@ def run_learned(plan: _args.LearnedPlan) -> None:
     x[...] = x.astype(work) + rows.astype(work)
 
 
+def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, (rows, seq, 1, half) in the compute dtype, as the kernel uses them."""
+    pos = plan.positions.as_array(plan.q.shape[1])
+    if plan.inv_freq is not None:
+        angles = pos[..., None].astype(np.float64) * plan.inv_freq
+        cos = np.cos(angles) * plan.cos_scale
+        sin = np.sin(angles) * plan.sin_scale
+    else:
+        cos = plan.cos[pos].astype(np.float64)
+        sin = plan.sin[pos].astype(np.float64)
+    cos, sin = cos.astype(work), sin.astype(work)
+    if plan.invert_cache:
+        norm = cos * cos + sin * sin
+        cos, sin = cos / norm, -sin / norm
+    return cos[:, :, None, :], sin[:, :, None, :]
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: np.dtype) -> None:
+    half = cos.shape[-1]
+    if neox:
+        first, second = x[..., :half], x[..., half:2 * half]
+    else:
+        first, second = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+    a, b = first.astype(work), second.astype(work)
+    first[...] = a * cos - b * sin
+    second[...] = b * cos + a * sin
+
+
+def run_rope(plan: _args.RopePlan) -> None:
+    work = _checks.compute_dtype(plan.q.dtype)
+    cos, sin = _rope_cos_sin(plan, work)
+    for x in (plan.q, plan.k):
+        if x is not None:
+            _rotate(x, cos, sin, plan.neox, work)
+
+
 # ---- the public twins --------------------------------------------------------
 
 def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved",
@@ -74,3 +113,31 @@ def add_learned(x, table, positions=None, *, offset=0, num_threads=None):
     """NumPy twin of :func:`fastpe.add_learned`."""
     run_learned(_args.add_learned(x, table, positions, offset, num_threads))
     return x
+
+
+rope_frequencies = _rope_scaling.rope_frequencies
+
+
+def rope_cos_sin(positions, freqs, *, dtype="float32"):
+    """NumPy twin of :func:`fastpe.rope_cos_sin`."""
+    pos, freqs, dt = _args.rope_cos_sin(positions, freqs, dtype)
+    angles = pos[..., None].astype(np.float64) * freqs.inv_freq
+    att = freqs.attention_scaling
+    return (np.cos(angles) * att).astype(dt), (np.sin(angles) * att).astype(dt)
+
+
+def apply_rope(q, k=None, positions=None, *, offset=0, freqs=None, base=None, scaling=None,
+               rotary_dim=None, style="neox", layout="bshd", inverse=False, num_threads=None,
+               max_position_embeddings=None):
+    """NumPy twin of :func:`fastpe.apply_rope`."""
+    run_rope(_args.rope(q, k, positions, offset, rotary_dim, freqs, base, scaling,
+                        max_position_embeddings, style, layout, inverse, num_threads))
+    return q, k
+
+
+def apply_rope_cached(q, k, cos, sin, positions=None, *, offset=0, style="neox", layout="bshd",
+                      inverse=False, num_threads=None):
+    """NumPy twin of :func:`fastpe.apply_rope_cached`."""
+    run_rope(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
+                               num_threads))
+    return q, k

@@ -1,6 +1,6 @@
 """The compiled kernels: the best variant of ``kernels`` this CPU runs.
 
-``FASTPE_ISA=baseline|avx2|avx512`` forces one variant (an ImportError when
+``FASTPE_ISA=baseline|avx2`` forces one variant (an ImportError when
 it was not built or this CPU cannot run it); tests use it to check each one.
 """
 
@@ -8,7 +8,7 @@ import os as _os
 
 from . import kernels_baseline as _baseline
 
-_ORDER = ("avx512", "avx2", "baseline")
+_ORDER = ("avx2", "baseline")
 
 
 def _load():

@@ -13,7 +13,6 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
-    int fpe_cpu_has_avx512()
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE
@@ -32,6 +31,19 @@ cdef extern from *:
     int FPE_OPENMP
     int omp_get_max_threads() nogil
     int omp_get_thread_num() nogil
+
+cdef extern from "numpy/arrayobject.h":
+    enum: NPY_HALF
+
+# ml_dtypes registers bfloat16 at run time; fastpe._checks tells us its number.
+cdef int bfloat16_typenum = -1
+cdef int64_t INT64_MAX_VALUE = 0x7fffffffffffffff
+
+
+def register_bfloat16(int typenum):
+    """Record the NumPy type number of ml_dtypes.bfloat16 for the fast paths."""
+    global bfloat16_typenum
+    bfloat16_typenum = typenum
 
 # Storage dtypes, as the codes fastpe._checks hands over.
 cdef enum:
@@ -132,18 +144,22 @@ cdef inline char *work_for(Work w, int thread) noexcept nogil:
 
 
 cdef class Scratch:
-    """Per-thread work space, allocated with the GIL held so that running out
-    of memory is a MemoryError before any write, not a silent skip."""
+    """Work space: one slice per thread plus one shared slice, allocated with
+    the GIL held so that running out of memory is a MemoryError before any
+    write, not a silent skip."""
     cdef char *data
     cdef Work work
+    cdef char *shared
 
-    def __cinit__(self, Py_ssize_t per_thread_bytes, int nthreads):
-        self.data = <char *>malloc(round_up(max(per_thread_bytes, 64), 64) * nthreads + 64)
+    def __cinit__(self, Py_ssize_t per_thread_bytes, int nthreads, Py_ssize_t shared_bytes=0):
+        cdef Py_ssize_t per_thread = round_up(max(per_thread_bytes, 64), 64)
+        self.data = <char *>malloc(per_thread * nthreads + round_up(shared_bytes, 64) + 64)
         if self.data == NULL:
             raise MemoryError("fastpe: could not allocate kernel work space")
         # 64-byte aligned slices, a cache line apart at least: no false sharing.
         self.work.base = <char *>((<size_t>self.data + 63) & ~(<size_t>63))
-        self.work.per_thread = round_up(max(per_thread_bytes, 64), 64)
+        self.work.per_thread = per_thread
+        self.shared = self.work.base + per_thread * nthreads
 
     def __dealloc__(self):
         free(self.data)

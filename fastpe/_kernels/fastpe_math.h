@@ -3,7 +3,7 @@
  * conversions, and a vectorisable double-precision sin/cos of a row of angles.
  *
  * Everything here is static inline so that each ISA variant of the extension
- * (kernels_baseline, kernels_avx2, kernels_avx512) compiles it with its own
+ * (kernels_baseline, kernels_avx2) compiles it with its own
  * instruction set and the loops that call it vectorise.
  */
 #ifndef FASTPE_MATH_H
@@ -34,7 +34,7 @@ static inline uint32_t fpe_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); re
 static inline float fpe_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* ---- IEEE half ------------------------------------------------------------
- * With F16C (the avx2/avx512 variants) or on AArch64 the compiler's own
+ * With F16C (the avx2 variant) or on AArch64 the compiler's own
  * _Float16 conversions become single vector instructions. Elsewhere a
  * branch-free software conversion, round-to-nearest-even like the hardware.
  */
@@ -150,7 +150,9 @@ static inline void fpe_sincos_row(double p, const double *w, double *s, double *
     }
 }
 
-/* ---- CPU features, for choosing the variant at import --------------------- */
+/* ---- CPU features, for choosing the variant at import ---------------------
+ * AVX2 + FMA + F16C + BMI2 (x86-64-v3 minus MOVBE/LZCNT, which the kernels
+ * don't use), with the OS saving the YMM state. */
 static inline int fpe_cpu_has_avx2(void)
 {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
@@ -166,24 +168,6 @@ static inline int fpe_cpu_has_avx2(void)
     if (!(osxsave && fma && f16c) || (_xgetbv(0) & 6) != 6) return 0;
     __cpuidex(r, 7, 0);
     return ((r[1] >> 5) & 1) && ((r[1] >> 8) & 1);  /* avx2, bmi2 */
-#else
-    return 0;
-#endif
-}
-
-static inline int fpe_cpu_has_avx512(void)
-{
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    return fpe_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl");
-#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
-    int r[4];
-    if (!fpe_cpu_has_avx2() || (_xgetbv(0) & 0xe6) != 0xe6) return 0;
-    __cpuidex(r, 7, 0);
-    /* avx512f (16), dq (17), bw (30), vl (31) */
-    return ((r[1] >> 16) & 1) && ((r[1] >> 17) & 1) && ((r[1] >> 30) & 1) && ((r[1] >> 31) & 1);
 #else
     return 0;
 #endif

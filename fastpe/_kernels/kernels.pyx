@@ -7,7 +7,7 @@ strides, int64 positions in range, float64 frequencies); none of them raises
 on data, and each writes only inside the views it is given.
 
 This one source is built once per instruction-set level (kernels_baseline,
-kernels_avx2, kernels_avx512); fastpe._kernels imports the best the CPU runs.
+and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.
 """
 
 cimport numpy as cnp
@@ -20,6 +20,7 @@ cnp.import_array()
 include "common.pxi"
 include "sinusoidal.pxi"
 include "learned.pxi"
+include "rope.pxi"
 
 
 ISA = FASTPE_ISA.decode()
@@ -34,8 +35,6 @@ def cpu_supports(str isa):
         return True
     if isa == "avx2":
         return bool(fpe_cpu_has_avx2())
-    if isa == "avx512":
-        return bool(fpe_cpu_has_avx512())
     return False
 
 

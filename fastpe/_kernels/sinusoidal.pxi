@@ -12,26 +12,26 @@ cdef struct SinusoidalCall:
     const double *step_c
     Py_ssize_t nfreq
     bint split                # [sin | cos] halves instead of interleaved pairs
-    bint accumulate           # x * scale + PE, else PE
+    bint accumulate           # x * scale + PE, else scale * PE
     double scale
 
 
 cdef inline void pe_row(const double *s, const double *c, real_t *pe, Py_ssize_t dim,
-                        Py_ssize_t nfreq, bint split) noexcept nogil:
-    """One row of the encoding from the sin/cos of its angles."""
+                        Py_ssize_t nfreq, bint split, double mult) noexcept nogil:
+    """One row of the encoding, times mult, from the sin/cos of its angles."""
     cdef Py_ssize_t i
     cdef Py_ssize_t ncos = dim // 2
     if split:
         for i in range(nfreq):
-            pe[i] = <real_t>s[i]
+            pe[i] = <real_t>(s[i] * mult)
         for i in range(ncos):
-            pe[nfreq + i] = <real_t>c[i]
+            pe[nfreq + i] = <real_t>(c[i] * mult)
     else:
         for i in range(ncos):
-            pe[2 * i] = <real_t>s[i]
-            pe[2 * i + 1] = <real_t>c[i]
+            pe[2 * i] = <real_t>(s[i] * mult)
+            pe[2 * i + 1] = <real_t>(c[i] * mult)
         if nfreq > ncos:
-            pe[dim - 1] = <real_t>s[nfreq - 1]
+            pe[dim - 1] = <real_t>(s[nfreq - 1] * mult)
 
 
 cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
@@ -74,6 +74,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef double *pe_d = c + a.nfreq
     cdef Py_ssize_t t, b, r
     cdef int64_t p, prev = 0
+    cdef double mult = 1.0 if a.accumulate else a.scale
     # A table row of float32/float64 with unit stride is written in place.
     cdef bint direct = ((store_t is float or store_t is double) and not a.accumulate
                         and a.sd == 1 and b1 - b0 == 1)
@@ -83,12 +84,12 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
         prev = p
         if store_t is double:
             pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct
-                   else pe_d + (t - t0) * a.dim, a.dim, a.nfreq, a.split)
+                   else pe_d + (t - t0) * a.dim, a.dim, a.nfreq, a.split, mult)
         elif store_t is float:
             pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct
-                   else pe_f + (t - t0) * a.dim, a.dim, a.nfreq, a.split)
+                   else pe_f + (t - t0) * a.dim, a.dim, a.nfreq, a.split, mult)
         else:
-            pe_row(s, c, pe_f + (t - t0) * a.dim, a.dim, a.nfreq, a.split)
+            pe_row(s, c, pe_f + (t - t0) * a.dim, a.dim, a.nfreq, a.split, mult)
     if direct:
         return
     for b in range(b0, b1):
@@ -115,7 +116,7 @@ cdef void sinusoidal_run(const SinusoidalCall *a, store_t *x, Work work,
 def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
                cnp.ndarray inv_freq, bint split, bint accumulate, double scale,
                int num_threads):
-    """x[b, t] = x[b, t] * scale + PE[pos[b, t]] (accumulate), else PE[pos[b, t]].
+    """x[b, t] = x[b, t] * scale + PE[pos[b, t]] (accumulate), else scale * PE[pos[b, t]].
 
     x: writable (batch, seq, dim) view of storage `code`; positions: None
     (offset + t) or C-contiguous int64 (1 or batch, seq); inv_freq:
@@ -137,10 +138,9 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
         return
     cdef Py_ssize_t nunits = a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS)
     cdef int nthreads = units_threads(nunits, num_threads)
-    cdef Scratch steps = Scratch(2 * a.nfreq * sizeof(double), 1)
     cdef Scratch scratch = Scratch((2 * a.nfreq + BLOCK_TOKENS * a.dim) * sizeof(double),
-                                    nthreads)
-    a.step_s = <const double *>steps.work.base
+                                   nthreads, 2 * a.nfreq * sizeof(double))
+    a.step_s = <const double *>scratch.shared
     a.step_c = a.step_s + a.nfreq
     with nogil:
         fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)

@@ -1,0 +1,429 @@
+# RoPE: rotate feature pairs of q and k in place by angle pos * inv_freq.
+
+cdef struct RopeCall:
+    Py_ssize_t batch, seq, half     # half = rotary_dim / 2 = number of frequencies
+    Py_ssize_t hq, qb, qs, qh, qd   # q: (batch, seq, hq, head_dim), element strides
+    Py_ssize_t hk, kb, ks, kh, kd   # k likewise; hk = 0 when there is no k
+    bint q_token_inner              # walk tokens inside heads (tokens closer in memory)
+    bint k_token_inner
+    const int64_t *pos              # (pos_rows, seq) or NULL for offset + t
+    Py_ssize_t pos_rows
+    int64_t offset
+    bint neox                       # pair j with j + half, else 2j with 2j + 1
+    # computed angles: inv_freq, one token's step, and the factors on cos and sin
+    const double *w
+    const double *step_s
+    const double *step_c
+    double cos_scale, sin_scale
+    # or a cos/sin cache: (rows, half) arrays of storage cache_code
+    const char *cos_cache
+    const char *sin_cache
+    int cache_code
+    Py_ssize_t cc0, cc1, sc0, sc1
+    bint invert_cache               # rotate by the inverse of the cached matrix
+
+
+cdef inline void rotate_neox(real_t *x, const real_t *c, const real_t *s,
+                             Py_ssize_t half) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef real_t *y = x + half
+    cdef real_t a, b
+    for j in range(half):
+        a = x[j]
+        b = y[j]
+        x[j] = a * c[j] - b * s[j]
+        y[j] = b * c[j] + a * s[j]
+
+
+cdef inline void rotate_gptj(real_t *x, const real_t *c, const real_t *s,
+                             Py_ssize_t half) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef real_t a, b
+    for j in range(half):
+        a = x[2 * j]
+        b = x[2 * j + 1]
+        x[2 * j] = a * c[j] - b * s[j]
+        x[2 * j + 1] = b * c[j] + a * s[j]
+
+
+cdef inline void rotate(real_t *x, const real_t *c, const real_t *s, Py_ssize_t half,
+                        bint neox) noexcept nogil:
+    if neox:
+        rotate_neox(x, c, s, half)
+    else:
+        rotate_gptj(x, c, s, half)
+
+
+cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const real_t *s,
+                            Py_ssize_t half, bint neox, real_t *tmp) noexcept nogil:
+    """Rotate the first 2 * half features of one head row (stride sd)."""
+    if sd == 1 and ((store_t is float and real_t is float) or
+                    (store_t is double and real_t is double)):
+        rotate(<real_t *>row, c, s, half, neox)
+    else:
+        gather(row, sd, tmp, 2 * half)
+        rotate(tmp, c, s, half, neox)
+        scatter(tmp, row, sd, 2 * half)
+
+
+cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0, Py_ssize_t t1,
+                              real_t *ctab, real_t *stab, double *s, double *c) noexcept nogil:
+    """cos and sin rows (half values each) of tokens t0 .. t1 - 1, one row per token."""
+    cdef Py_ssize_t t, i, r
+    cdef int64_t p, prev = 0
+    cdef real_t ci, si, norm
+    for t in range(t0, t1):
+        p = position_at(a.pos, prow, a.seq, t, a.offset)
+        r = (t - t0) * a.half
+        if a.w != NULL:
+            angles_for_token(s, c, a.w, a.step_s, a.step_c, a.half, p, prev, t == t0)
+            prev = p
+            for i in range(a.half):
+                ctab[r + i] = <real_t>(c[i] * a.cos_scale)
+                stab[r + i] = <real_t>(s[i] * a.sin_scale)
+        else:
+            gather_code(a.cos_cache + p * a.cc0, a.cache_code, a.cc1, ctab + r, a.half)
+            gather_code(a.sin_cache + p * a.sc0, a.cache_code, a.sc1, stab + r, a.half)
+            if a.invert_cache:
+                # the inverse of [[c, -s], [s, c]] is [[c, s], [-s, c]] / (c^2 + s^2)
+                for i in range(a.half):
+                    ci = ctab[r + i]
+                    si = stab[r + i]
+                    norm = ci * ci + si * si
+                    ctab[r + i] = ci / norm
+                    stab[r + i] = -si / norm
+
+
+cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py_ssize_t ss,
+                              Py_ssize_t sd, Py_ssize_t ntok, bint token_inner,
+                              const real_t *ctab, const real_t *stab, Py_ssize_t half,
+                              bint neox, real_t *tmp) noexcept nogil:
+    """Rotate heads x tokens rows starting at `base`, in the order memory runs."""
+    cdef Py_ssize_t h, t
+    if token_inner:
+        for h in range(heads):
+            for t in range(ntok):
+                rotate_row(base + h * sh + t * ss, sd, ctab + t * half, stab + t * half,
+                           half, neox, tmp)
+    else:
+        for t in range(ntok):
+            for h in range(heads):
+                rotate_row(base + h * sh + t * ss, sd, ctab + t * half, stab + t * half,
+                           half, neox, tmp)
+
+
+cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit, char *work,
+                     real_t kind) noexcept nogil:
+    """One block of tokens of one batch row: cos/sin once, then every q and k head."""
+    cdef Py_ssize_t nblocks = ceil_div(a.seq, BLOCK_TOKENS)
+    cdef Py_ssize_t b = unit // nblocks
+    cdef Py_ssize_t t0 = (unit % nblocks) * BLOCK_TOKENS
+    cdef Py_ssize_t ntok = min(t0 + BLOCK_TOKENS, a.seq) - t0
+    cdef double *s = <double *>work
+    cdef double *c = s + a.half
+    cdef real_t *ctab = <real_t *>(c + a.half)
+    cdef real_t *stab = ctab + BLOCK_TOKENS * a.half
+    cdef real_t *tmp = stab + BLOCK_TOKENS * a.half
+    cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c)
+    rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
+                 ctab, stab, a.half, a.neox, tmp)
+    if a.hk:
+        rotate_heads(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, a.k_token_inner,
+                     ctab, stab, a.half, a.neox, tmp)
+
+
+cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
+                   int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, nunits = a.batch * ceil_div(a.seq, BLOCK_TOKENS)
+    # storage float64 computes in float64, everything else in float32
+    cdef double kind_d = 0
+    cdef float kind_f = 0
+    if nthreads > 1:
+        for u in prange(nunits, schedule="static", num_threads=nthreads):
+            if store_t is double:
+                rope_block(a, q, k, u, work_for(work, omp_get_thread_num()), kind_d)
+            else:
+                rope_block(a, q, k, u, work_for(work, omp_get_thread_num()), kind_f)
+    else:
+        for u in range(nunits):
+            if store_t is double:
+                rope_block(a, q, k, u, work_for(work, 0), kind_d)
+            else:
+                rope_block(a, q, k, u, work_for(work, 0), kind_f)
+
+
+cdef enum:
+    LAYOUT_BSHD = 0
+    LAYOUT_BHSD = 1
+    LAYOUT_SHD = 2
+    # decode-sized calls run on a stack buffer: no allocation at all
+    STACK_WORK_BYTES = 16384
+
+
+cdef bint head_view(cnp.ndarray x, int layout, Py_ssize_t *shape, Py_ssize_t *strides) noexcept:
+    """(batch, seq, heads, head_dim) sizes and element strides of x in `layout`;
+    False when its strides are not whole elements."""
+    cdef int ndim = cnp.PyArray_NDIM(x)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x)
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(x)
+    cdef int i, src
+    # axis of x holding batch, seq, heads, head_dim
+    cdef int order[4]
+    if layout == LAYOUT_SHD:
+        if ndim != 3:
+            return False
+        shape[0], strides[0] = 1, 0
+        for i in range(3):
+            if st[i] % itemsize:
+                return False
+            shape[i + 1], strides[i + 1] = dims[i], st[i] // itemsize
+        return True
+    if ndim != 4:
+        return False
+    order[0], order[3] = 0, 3
+    order[1], order[2] = (2, 1) if layout == LAYOUT_BHSD else (1, 2)
+    for i in range(4):
+        src = order[i]
+        if st[src] % itemsize:
+            return False
+        shape[i], strides[i] = dims[src], st[src] // itemsize
+    return True
+
+
+cdef inline Py_ssize_t magnitude(Py_ssize_t n) noexcept nogil:
+    return -n if n < 0 else n
+
+
+cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_t pos_rows,
+                     int64_t offset, bint neox, double cos_scale,
+                     double sin_scale) noexcept nogil:
+    a.half = half
+    a.q_token_inner = magnitude(a.qs) < magnitude(a.qh)
+    a.k_token_inner = magnitude(a.ks) < magnitude(a.kh)
+    a.pos, a.pos_rows, a.offset = pos, pos_rows, offset
+    a.neox = neox
+    a.cos_scale, a.sin_scale = cos_scale, sin_scale
+    a.w = NULL
+    a.cos_cache = a.sin_cache = NULL
+    a.cache_code = 0
+    a.invert_cache = False
+    a.cc0 = a.cc1 = a.sc0 = a.sc1 = 0
+
+
+cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads) except -1:
+    """Allocate the work space and run every unit; the arguments are complete."""
+    if a.batch == 0 or a.seq == 0 or a.half == 0 or (a.hq == 0 and a.hk == 0):
+        return 0
+    cdef Py_ssize_t nunits = a.batch * ceil_div(a.seq, BLOCK_TOKENS)
+    cdef int nthreads = units_threads(nunits, num_threads)
+    cdef Py_ssize_t ntab = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
+    cdef Py_ssize_t per_thread = round_up((4 * a.half + 2 * ntab * a.half) * sizeof(double), 64)
+    cdef bint steps = a.w != NULL and a.seq > 1
+    cdef Py_ssize_t shared = 2 * a.half * sizeof(double) if steps else 0
+    cdef char stack[STACK_WORK_BYTES + 64]
+    cdef Scratch heap = None
+    cdef Work work
+    cdef char *shared_base
+    if nthreads == 1 and per_thread + shared <= STACK_WORK_BYTES:
+        work.base = <char *>((<size_t>stack + 63) & ~(<size_t>63))
+        work.per_thread = per_thread
+        shared_base = work.base + per_thread
+    else:
+        heap = Scratch(per_thread, nthreads, shared)
+        work = heap.work
+        shared_base = heap.shared
+    a.step_s = <const double *>shared_base
+    a.step_c = a.step_s + a.half
+    with nogil:
+        if steps:
+            fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.half, 1.0)
+        if code == CODE_F32:
+            rope_run(a, <float *>qp, <float *>kp, work, nthreads)
+        elif code == CODE_F64:
+            rope_run(a, <double *>qp, <double *>kp, work, nthreads)
+        elif code == CODE_F16:
+            rope_run(a, <fpe_f16 *>qp, <fpe_f16 *>kp, work, nthreads)
+        else:
+            rope_run(a, <fpe_bf16 *>qp, <fpe_bf16 *>kp, work, nthreads)
+    return 0
+
+
+def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bint neox,
+         object inv_freq, double cos_scale, double sin_scale,
+         object cos_cache, object sin_cache, int cache_code, bint invert_cache,
+         int num_threads):
+    """Rotate q (and k) in place.
+
+    q, k: writable (batch, seq, heads, head_dim) views of storage `code` (k may
+    be None; head counts may differ). positions: None (offset + t) or
+    C-contiguous int64 (1 or batch, seq). Angles come either from inv_freq
+    (C-contiguous float64 (half,)), with cos and sin multiplied by cos_scale and
+    sin_scale, or from cos_cache/sin_cache ((rows, half) of storage
+    cache_code, every position < rows), inverted when invert_cache.
+    Only the first 2 * half features of each head rotate.
+    """
+    cdef RopeCall a
+    cdef Py_ssize_t qshape[4]
+    cdef Py_ssize_t qstr[4]
+    cdef Py_ssize_t kshape[4]
+    cdef Py_ssize_t kstr[4]
+    cdef cnp.ndarray cc, sc
+    cdef char *kp = NULL
+    head_view(q, LAYOUT_BSHD, qshape, qstr)
+    a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
+    a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
+    a.hk = a.kb = a.ks = a.kh = a.kd = 0
+    if k is not None:
+        head_view(<cnp.ndarray>k, LAYOUT_BSHD, kshape, kstr)
+        a.hk = kshape[2]
+        a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
+        kp = <char *>cnp.PyArray_DATA(<cnp.ndarray>k)
+    rope_setup(&a, 0, positions_ptr(positions),
+               1 if positions is None else (<cnp.ndarray>positions).shape[0],
+               offset, neox, cos_scale, sin_scale)
+    if inv_freq is not None:
+        a.w = <const double *>cnp.PyArray_DATA(<cnp.ndarray>inv_freq)
+        a.half = (<cnp.ndarray>inv_freq).shape[0]
+    else:
+        cc = cos_cache
+        sc = sin_cache
+        a.half = cc.shape[1]
+        a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
+        a.sin_cache = <const char *>cnp.PyArray_DATA(sc)
+        a.cache_code = cache_code
+        a.invert_cache = invert_cache
+        # byte strides along rows: a row is addressed before its type is known
+        a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
+        a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
+    rope_execute(&a, code, <char *>cnp.PyArray_DATA(q), kp, num_threads)
+
+
+cdef int fast_code(object x) noexcept:
+    """Storage code of a plain, aligned, native, writable float array, else -1."""
+    if not cnp.PyArray_CheckExact(x):
+        return -1
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    if not (cnp.PyArray_ISWRITEABLE(a) and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)):
+        return -1
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return CODE_F32
+    if t == cnp.NPY_DOUBLE:
+        return CODE_F64
+    if t == NPY_HALF:
+        return CODE_F16
+    if t == bfloat16_typenum and t >= 0:
+        return CODE_BF16
+    return -1
+
+
+cdef bint no_zero_strides(const Py_ssize_t *shape, const Py_ssize_t *strides) noexcept:
+    cdef int i
+    for i in range(4):
+        if strides[i] == 0 and shape[i] > 1:
+            return False
+    return True
+
+
+cdef void byte_extent(cnp.ndarray x, size_t *lo, size_t *hi) noexcept:
+    """[lo, hi) of the bytes x can touch."""
+    cdef size_t start = <size_t>cnp.PyArray_DATA(x)
+    cdef Py_ssize_t low = 0, high = cnp.PyArray_ITEMSIZE(x), n
+    cdef int i
+    for i in range(cnp.PyArray_NDIM(x)):
+        n = cnp.PyArray_DIMS(x)[i]
+        if n == 0:
+            lo[0] = hi[0] = start
+            return
+        if cnp.PyArray_STRIDES(x)[i] < 0:
+            low += (n - 1) * cnp.PyArray_STRIDES(x)[i]
+        else:
+            high += (n - 1) * cnp.PyArray_STRIDES(x)[i]
+    lo[0], hi[0] = start + low, start + high
+
+
+def rope_fast(object q, object k, object positions, int64_t offset, int layout, bint neox,
+              object inv_freq, double cos_scale, double sin_scale, int num_threads):
+    """apply_rope's fast path: rotate and return True when every argument is the
+    plain common case (checked here in C, cheaply); return False having touched
+    nothing otherwise, and the caller takes the general, fully validating path.
+
+    Common case: q and k exact, writable, aligned, native float arrays of one
+    dtype in `layout` with whole-element, non-broadcast strides, not sharing
+    bytes, matching in batch, seq and head_dim; positions None with offset >= 0,
+    or a C-contiguous int64 array (seq,) or (1 or batch, seq) of values >= 0;
+    inv_freq a C-contiguous float64 vector of finite values, no longer than
+    head_dim / 2.
+    """
+    cdef RopeCall a
+    cdef Py_ssize_t qshape[4]
+    cdef Py_ssize_t qstr[4]
+    cdef Py_ssize_t kshape[4]
+    cdef Py_ssize_t kstr[4]
+    cdef int code = fast_code(q)
+    cdef int kcode
+    cdef cnp.ndarray qa, ka, pa, wa
+    cdef size_t qlo, qhi, klo, khi
+    cdef char *kp = NULL
+    cdef const int64_t *pos = NULL
+    cdef Py_ssize_t pos_rows = 1, i, n
+    cdef const double *w
+    if code < 0 or not cnp.PyArray_CheckExact(inv_freq):
+        return False
+    qa = <cnp.ndarray>q
+    if not head_view(qa, layout, qshape, qstr) or not no_zero_strides(qshape, qstr):
+        return False
+    a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
+    a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
+    a.hk = a.kb = a.ks = a.kh = a.kd = 0
+    if k is not None:
+        kcode = fast_code(k)
+        if kcode != code or k is q:
+            return False
+        ka = <cnp.ndarray>k
+        if not head_view(ka, layout, kshape, kstr) or not no_zero_strides(kshape, kstr):
+            return False
+        if kshape[0] != qshape[0] or kshape[1] != qshape[1] or kshape[3] != qshape[3]:
+            return False
+        byte_extent(qa, &qlo, &qhi)
+        byte_extent(ka, &klo, &khi)
+        if qlo < khi and klo < qhi:
+            return False  # maybe overlapping: the general path decides exactly
+        a.hk = kshape[2]
+        a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
+        kp = <char *>cnp.PyArray_DATA(ka)
+    wa = <cnp.ndarray>inv_freq
+    if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or 2 * wa.shape[0] > qshape[3]):
+        return False
+    w = <const double *>cnp.PyArray_DATA(wa)
+    for i in range(wa.shape[0]):
+        if not (w[i] - w[i] == 0):  # NaN or infinite
+            return False
+    if positions is None:
+        if offset < 0 or offset > INT64_MAX_VALUE - a.seq:
+            return False
+    else:
+        if offset != 0 or not cnp.PyArray_CheckExact(positions):
+            return False
+        pa = <cnp.ndarray>positions
+        if (cnp.PyArray_TYPE(pa) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(pa)
+                or not cnp.PyArray_ISALIGNED(pa) or not cnp.PyArray_ISNOTSWAPPED(pa)):
+            return False
+        if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == a.seq:
+            pos_rows = 1
+        elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == a.seq
+              and (pa.shape[0] == 1 or pa.shape[0] == a.batch)):
+            pos_rows = pa.shape[0]
+        else:
+            return False
+        pos = <const int64_t *>cnp.PyArray_DATA(pa)
+        n = cnp.PyArray_SIZE(pa)
+        for i in range(n):
+            if pos[i] < 0:
+                return False
+    rope_setup(&a, wa.shape[0], pos, pos_rows, offset, neox, cos_scale, sin_scale)
+    a.w = w
+    rope_execute(&a, code, <char *>cnp.PyArray_DATA(qa), kp, num_threads)
+    return True

@@ -1,0 +1,223 @@
+"""Rotary position embeddings (RoPE; Su et al., 2021).
+
+Feature pairs of q and k rotate by ``position * inv_freq[j]``, so the q.k dot
+product depends only on the distance between positions. The frequencies and
+every Hugging Face scaling type come from :mod:`fastpe._rope_scaling` in
+float64; the rotation runs in place, in one pass over q and k.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from . import _args, _backend, _checks, _rope_scaling, _threads, reference
+from ._rope_scaling import RopeFrequencies, rope_frequencies
+
+__all__ = ["RopeFrequencies", "RotaryEmbedding", "apply_rope", "apply_rope_cached",
+           "rope_cos_sin", "rope_frequencies"]
+
+
+def _run(plan: _args.RopePlan) -> None:
+    kern = _backend.kernels()
+    if kern is None:
+        reference.run_rope(plan)
+        return
+    q, k = plan.q, plan.k
+    qw = _checks.kernel_view(q)
+    kw = None if k is None else _checks.kernel_view(k)
+    cos = sin = None
+    cache_code = 0
+    if plan.cos is not None:
+        cos, sin = _checks.kernel_view(plan.cos), _checks.kernel_view(plan.sin)
+        cache_code = _checks.dtype_code(cos.dtype, "cos")
+    nbytes = 2 * (q.nbytes + (0 if k is None else k.nbytes))
+    kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), plan.positions.array,
+              plan.positions.offset, plan.neox, plan.inv_freq, plan.cos_scale, plan.sin_scale,
+              cos, sin, cache_code, plan.invert_cache, _threads.resolve(plan.num_threads, nbytes))
+    if qw is not q:
+        q[...] = qw
+    if kw is not k:
+        k[...] = kw
+
+
+_LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*
+_STYLE_NEOX = {"neox": True, "gptj": False}
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_frequencies(head_dim: int, base: float | None) -> RopeFrequencies:
+    return _rope_scaling.parse_rope_spec(head_dim, base=base).frequencies()
+
+
+def _try_fast(kern, q, k, positions, offset, freqs, style, layout, inverse, num_threads) -> bool:
+    """Rotate through the compiled fast path when the arguments are the plain
+    common case; False (nothing written) sends the call down the general,
+    fully validating path, which also produces every error message.
+
+    Only cheap type tests happen here; the arrays are checked in C."""
+    layout_code = _LAYOUT_CODES.get(layout) if type(layout) is str else None
+    neox = _STYLE_NEOX.get(style) if type(style) is str else None
+    if (layout_code is None or neox is None or type(offset) is not int
+            or type(inverse) is not bool
+            or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
+        return False
+    att = freqs.attention_scaling
+    if att == 1.0:
+        cos_scale = 1.0
+    elif type(att) is float and 0.0 < att < math.inf:
+        cos_scale = att
+    else:
+        return False
+    nbytes = q.nbytes + (k.nbytes if type(k) is np.ndarray else 0)
+    if inverse:
+        cos_scale = 1.0 / cos_scale
+    return kern.rope_fast(q, k, positions, offset, layout_code, neox, freqs.inv_freq,
+                          cos_scale, -cos_scale if inverse else cos_scale,
+                          _threads.resolve(num_threads, 2 * nbytes))
+
+
+def apply_rope(q, k=None, positions=None, *, offset=0, freqs=None, base=None, scaling=None,
+               rotary_dim=None, style="neox", layout="bshd", inverse=False, num_threads=None,
+               max_position_embeddings=None):
+    """Rotate q and k in place by their positions; returns (q, k).
+
+    Parameters
+    ----------
+    q, k : ndarray
+        Queries and keys (k may be None), written in place: (batch, seq, heads,
+        head_dim) for layout "bshd", (batch, heads, seq, head_dim) for "bhsd",
+        (tokens, heads, head_dim) for "shd". Head counts may differ (GQA/MQA);
+        any strides (slices of a fused QKV buffer work); float16/32/64 or bfloat16.
+    positions : array of int, optional
+        (seq,) shared by the batch or (batch, seq); None means offset + arange(seq).
+    freqs : RopeFrequencies or ndarray, optional
+        Precomputed frequencies (from :func:`rope_frequencies`); else computed
+        from ``base`` and ``scaling`` (a Hugging Face rope_scaling dict).
+    rotary_dim : int, optional
+        Rotate only the first rotary_dim features (even); the rest are untouched.
+    style : {"neox", "gptj"}
+        Pair feature j with j + rotary_dim/2 (LLaMA, HF rotate_half), or 2j with 2j+1.
+    inverse : bool
+        Undo the rotation: rotate by -angle and divide by the attention scaling.
+    max_position_embeddings : int, optional
+        The original context length when ``scaling`` needs one and lacks it.
+
+    Dynamic NTK and LongRoPE frequencies use seq_len = max(positions) + 1, as
+    Hugging Face does.
+
+    >>> q = np.ones((1, 8, 4, 64), np.float32); k = np.ones((1, 8, 2, 64), np.float32)
+    >>> q, k = fastpe.apply_rope(q, k, scaling={"rope_type": "llama3", "factor": 8.0,
+    ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    ...     "original_max_position_embeddings": 8192}, base=500000.0)
+    """
+    kern = _backend.kernels()
+    if kern is not None and scaling is None and rotary_dim is None and type(q) is np.ndarray:
+        fast = None
+        if freqs is None:
+            if q.ndim >= 3 and (base is None or type(base) is float):
+                try:
+                    fast = _plain_frequencies(q.shape[-1], base)
+                except ValueError:
+                    pass  # the general path names the bad argument
+        elif type(freqs) is RopeFrequencies and base is None:
+            fast = freqs
+        if fast is not None and _try_fast(kern, q, k, positions, offset, fast, style, layout,
+                                          inverse, num_threads):
+            return q, k
+    _run(_args.rope(q, k, positions, offset, rotary_dim, freqs, base, scaling,
+                    max_position_embeddings, style, layout, inverse, num_threads))
+    return q, k
+
+
+def apply_rope_cached(q, k, cos, sin, positions=None, *, offset=0, style="neox",
+                      layout="bshd", inverse=False, num_threads=None):
+    """Rotate q and k in place with cos and sin rows looked up by position.
+
+    cos and sin are (max_positions, rotary_dim // 2), as :func:`rope_cos_sin`
+    returns them (already multiplied by the attention scaling). A position at
+    or past max_positions is an IndexError. ``inverse=True`` applies the exact
+    inverse of the cached rotation. Other arguments as :func:`apply_rope`.
+    """
+    _run(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
+                           num_threads))
+    return q, k
+
+
+def rope_cos_sin(positions, freqs, *, dtype="float32"):
+    """(cos, sin) of ``positions * inv_freq``, each of shape positions.shape +
+    (rotary_dim // 2,), multiplied by ``freqs.attention_scaling`` as Hugging
+    Face's rotary modules do. Angles are formed and reduced in float64.
+
+    >>> cos, sin = fastpe.rope_cos_sin(np.arange(4096), fastpe.rope_frequencies(128))
+    """
+    kern = _backend.kernels()
+    if kern is None:
+        return reference.rope_cos_sin(positions, freqs, dtype=dtype)
+    pos, freqs, dt = _args.rope_cos_sin(positions, freqs, dtype)
+    half = freqs.inv_freq.size
+    # One sinusoidal table in the "split" layout is [sin | cos] per row.
+    table = np.empty(pos.shape + (2 * half,), dtype=dt)
+    rows = table.reshape(1, -1, 2 * half)
+    kern.sinusoidal(rows, _checks.dtype_code(dt, "dtype"), pos.reshape(1, -1), 0,
+                    freqs.inv_freq, True, False, freqs.attention_scaling,
+                    _threads.resolve(None, table.nbytes))
+    return table[..., half:], table[..., :half]
+
+
+class RotaryEmbedding:
+    """A model's rotary embedding: parsed once, applied many times.
+
+    >>> rope = fastpe.RotaryEmbedding.from_hf_config(config)   # or a config.json dict
+    >>> q, k = rope(q, k, positions)
+    """
+
+    def __init__(self, head_dim, *, base=None, scaling=None, rotary_dim=None, style="neox",
+                 max_position_embeddings=None):
+        self.head_dim = _checks.count(head_dim, "head_dim", minimum=1)
+        self.style = _checks.choice(style, "style", _args.ROPE_STYLES)
+        self.rotary_dim, self._spec = _args.rope_spec(self.head_dim, rotary_dim, base, scaling,
+                                                      max_position_embeddings)
+
+    @classmethod
+    def from_hf_config(cls, config, *, style=None, layer_type=None):
+        """From a transformers config object or its dict: head_dim (or
+        hidden_size / num_attention_heads), rope_theta, rope_scaling or
+        rope_parameters, partial_rotary_factor / rotary_pct / rotary_dim,
+        max_position_embeddings; "gptj" style for GPT-J-like model types
+        unless ``style`` says otherwise."""
+        c = _rope_scaling.hf_rope_config(config, layer_type=layer_type)
+        return cls(c["head_dim"], base=c["base"], scaling=c["scaling"],
+                   rotary_dim=c["rotary_dim"], style=style or c["style"],
+                   max_position_embeddings=c["max_position_embeddings"])
+
+    def frequencies(self, seq_len=None) -> RopeFrequencies:
+        """The frequencies for sequences of seq_len positions."""
+        return self._spec.frequencies(seq_len)
+
+    def cos_sin(self, positions, *, dtype="float32"):
+        """A cos/sin cache for :func:`apply_rope_cached`."""
+        pos = np.asarray(positions)
+        seq_len = int(pos.max()) + 1 if pos.size else None
+        return rope_cos_sin(pos, self.frequencies(seq_len), dtype=dtype)
+
+    def __call__(self, q, k=None, positions=None, *, offset=0, layout="bshd", inverse=False,
+                 num_threads=None):
+        """apply_rope with this model's frequencies, rotary_dim and style."""
+        kern = _backend.kernels()
+        if (kern is not None and not self._spec.depends_on_seq_len and type(q) is np.ndarray
+                and q.ndim >= 3 and q.shape[-1] == self.head_dim
+                and _try_fast(kern, q, k, positions, offset, self._spec.frequencies(), self.style,
+                              layout, inverse, num_threads)):
+            return q, k
+        plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
+                          self.style, layout, inverse, num_threads, spec=self._spec)
+        _run(plan)
+        return q, k
+
+    def __repr__(self):
+        return (f"RotaryEmbedding(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
+                f"style={self.style!r}, rope_type={self._spec.rope_type!r}, "
+                f"base={self._spec.base})")
