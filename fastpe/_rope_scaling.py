@@ -1,0 +1,699 @@
+"""RoPE inverse frequencies and attention scaling for every Hugging Face rope type.
+
+The ``scaling`` argument is the ``rope_scaling`` / ``rope_parameters`` dict of a
+Hugging Face model config. Its meaning follows transformers' ``modeling_rope_utils``
+(5.x); :func:`rope_frequencies` lists the few places where fastpe decides otherwise.
+
+Everything here is float64 NumPy or Python floats and runs once per configuration:
+parsed specs and their frequencies are cached and shared between callers, which is
+why the returned arrays are read-only.
+"""
+
+import math
+import numbers
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "SUPPORTED_ROPE_TYPES",
+    "RopeFrequencies",
+    "RopeSpec",
+    "hf_rope_config",
+    "parse_rope_spec",
+    "rope_frequencies",
+]
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+DEFAULT_BASE = 10000.0
+
+_NEEDS_ORIGINAL_LENGTH = frozenset({"dynamic", "yarn", "longrope", "llama3"})
+
+# dynamic NTK has one set of frequencies per sequence length past the original one;
+# a long decode would otherwise grow its cache by one entry per token.
+_MAX_CACHED_LENGTHS = 64
+
+# Model types whose rotary pairs are adjacent features (2j, 2j+1) rather than j and
+# j + rotary_dim/2: their transformers modules rotate every two features or
+# repeat_interleave cos/sin.
+_GPTJ_STYLE_MODEL_TYPES = frozenset(
+    {
+        "gptj",
+        "codegen",
+        "cohere",
+        "cohere2",
+        "cohere2_moe",
+        "glm",
+        "glm4",
+        "helium",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "moonshine",
+    }
+)
+
+
+class RopeFrequencies(NamedTuple):
+    """Inverse frequencies of the rotary pairs and the factor that multiplies cos and sin.
+
+    ``inv_freq`` is float64 with shape ``(rotary_dim // 2,)`` and read-only: it is cached
+    and shared. Pair ``j`` rotates by ``position * inv_freq[j]`` radians.
+    """
+
+    inv_freq: np.ndarray
+    attention_scaling: float
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """A validated RoPE configuration, cheap to reuse; build it with :func:`parse_rope_spec`.
+
+    ``dim`` is the rotary width (the head width times any ``partial_rotary_factor``).
+    ``params`` holds the type-specific values as ``(name, value)`` pairs.
+    """
+
+    rope_type: str
+    dim: int
+    base: float
+    original_max_position_embeddings: int | None = None
+    factor: float | None = None
+    attention_scaling: float = 1.0
+    params: tuple[tuple[str, Any], ...] = ()
+    depends_on_seq_len: bool = field(init=False, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
+
+    def frequencies(self, seq_len=None) -> RopeFrequencies:
+        """The frequencies for a sequence of ``seq_len`` positions (None: not past the original).
+
+        Calls in the same regime return the same object: one for most types; for
+        longrope one per side of the original length; for dynamic one per
+        ``max(seq_len, original)``, of which the 64 computed last are kept.
+        """
+        regime = self._regime(seq_len)
+        cached = self._cache.get(regime)
+        return cached if cached is not None else self._compute(regime)
+
+    def _regime(self, seq_len):
+        if seq_len is not None:
+            seq_len = _whole_number("seq_len", seq_len, minimum=0)
+        if not self.depends_on_seq_len:
+            return None
+        original = self.original_max_position_embeddings
+        if self.rope_type == "dynamic":
+            return original if seq_len is None else max(seq_len, original)
+        return seq_len is not None and seq_len > original
+
+    def _compute(self, regime) -> RopeFrequencies:
+        inv_freq = _INV_FREQ[self.rope_type](self, regime)
+        inv_freq.flags.writeable = False
+        freqs = RopeFrequencies(inv_freq, self.attention_scaling)
+        if len(self._cache) >= _MAX_CACHED_LENGTHS:
+            self._cache.pop(next(iter(self._cache)), None)
+        # setdefault: if two threads race, both callers get the object that was stored.
+        return self._cache.setdefault(regime, freqs)
+
+
+def rope_frequencies(
+    dim, *, base=None, scaling=None, seq_len=None, max_position_embeddings=None
+) -> RopeFrequencies:
+    """Inverse frequencies and attention scaling for rotary position embeddings.
+
+    Args:
+        dim: head width. Frequencies are for the rotary width, which is ``dim``, or
+            ``int(dim * scaling["partial_rotary_factor"])`` when the dict has that key;
+            it must be even.
+        base: the RoPE base (theta). None means ``scaling["rope_theta"]`` when the dict
+            has one, else 10000.0. A base that differs from the dict's ``rope_theta`` is
+            a ValueError.
+        scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, or None for
+            plain RoPE. Its type is ``rope_type`` (or the older ``type``): "default",
+            "linear" (``factor``), "dynamic" (``factor``), "yarn" (``factor``,
+            ``beta_fast`` = 32, ``beta_slow`` = 1, ``attention_factor``, ``mscale``,
+            ``mscale_all_dim``, ``truncate`` = True), "longrope" (``short_factor``,
+            ``long_factor``, ``factor``, ``attention_factor``) or "llama3" (``factor``,
+            ``low_freq_factor``, ``high_freq_factor``). Other keys are ignored.
+        seq_len: the number of positions the frequencies serve, i.e. the largest
+            position + 1. Only dynamic and longrope depend on it; None means "not past
+            the original length".
+        max_position_embeddings: the model's ``max_position_embeddings``. dynamic, yarn,
+            longrope and llama3 take their original context length from
+            ``scaling["original_max_position_embeddings"]``, else from this; yarn and
+            longrope without ``factor`` use ``max_position_embeddings / original``.
+
+    Returns:
+        ``RopeFrequencies(inv_freq, attention_scaling)``: float64 ``inv_freq`` of shape
+        ``(rotary_dim // 2,)``, read-only and shared by later calls with the same
+        arguments; ``attention_scaling`` multiplies cos and sin (1.0 except for yarn and
+        longrope).
+
+    Types as in transformers:
+        - dynamic: at ``seq_len`` above the original length L the base becomes
+          ``base * (factor * seq_len / L - (factor - 1)) ** (d / (d - 2))``; at or
+          below L it is the plain base. Stateless: the frequencies depend only on
+          this call's ``seq_len``.
+        - yarn: the attention factor is ``attention_factor`` if given, else
+          ``m(factor, mscale) / m(factor, mscale_all_dim)`` when both are set and
+          non-zero, else ``m(factor, 1)``, with ``m(s, k) = 0.1 k ln s + 1`` (1 when
+          s <= 1). An explicit ``factor`` wins over ``max_position_embeddings / L``
+          (DeepSeek-style configs where the two differ), as transformers >= 4.57
+          does; 4.51 to 4.56 used the ratio instead.
+        - longrope: long factors when ``seq_len > L``, short ones otherwise; attention
+          factor ``attention_factor``, else ``sqrt(1 + ln factor / ln L)`` (1 when
+          factor <= 1).
+
+    Where fastpe differs from transformers:
+        - dynamic reads ``original_max_position_embeddings`` from the dict when it is
+          there (transformers always uses the config's ``max_position_embeddings``).
+        - An odd rotary width is a ValueError; transformers would rotate one feature
+          more than asked.
+        - Out-of-range values are errors, not warnings or silent defaults (e.g.
+          ``beta_fast=0``, ``factor <= 0``, ``partial_rotary_factor`` outside (0, 1]).
+
+    Raises:
+        TypeError: an argument or dict field of the wrong type.
+        ValueError: an unknown rope type, a missing field or an invalid value; the
+            message names the field.
+    """
+    spec = parse_rope_spec(
+        dim, base=base, scaling=scaling, max_position_embeddings=max_position_embeddings
+    )
+    return spec.frequencies(seq_len)
+
+
+def parse_rope_spec(dim, *, base=None, scaling=None, max_position_embeddings=None) -> RopeSpec:
+    """Validate the arguments of :func:`rope_frequencies` (less ``seq_len``) once.
+
+    Results are memoised on the arguments, a dict ``scaling`` by its current contents,
+    so repeated calls cost a hash and a lookup and share one spec and its frequencies.
+    """
+    if scaling is None or isinstance(scaling, Mapping):
+        try:
+            frozen = None if scaling is None else tuple((k, _freeze(v)) for k, v in scaling.items())
+            return _parse_cached(dim, base, frozen, max_position_embeddings)
+        except TypeError:
+            pass  # unhashable or wrongly typed input: the uncached parse names the culprit
+    return _parse(dim, base, scaling, max_position_embeddings)
+
+
+def hf_rope_config(config, *, layer_type=None) -> dict:
+    """The RoPE settings of a Hugging Face model config, ready for :func:`rope_frequencies`.
+
+    ``config`` is a transformers config object (read with getattr) or its dict (as in
+    config.json). Returns a dict with:
+
+    - ``head_dim``: ``head_dim``, else ``hidden_size // num_attention_heads``;
+    - ``rotary_dim``: from ``partial_rotary_factor`` (in the rope dict or top-level),
+      ``rotary_pct`` (GPT-NeoX) or ``rotary_dim`` (GPT-J, CodeGen), else ``head_dim``;
+    - ``base``: the rope dict's ``rope_theta``, else ``rope_theta``, else
+      ``rotary_emb_base`` (GPT-NeoX), else 10000.0;
+    - ``scaling``: the ``rope_scaling`` / ``rope_parameters`` dict without
+      ``rope_theta`` and ``partial_rotary_factor`` (they are in ``base`` and
+      ``rotary_dim``), with a top-level ``original_max_position_embeddings`` (Phi-3)
+      merged in for llama3, yarn and longrope as transformers does; None for plain RoPE;
+    - ``max_position_embeddings`` (or GPT-J's ``n_positions``), None if absent;
+    - ``style``: "gptj" for models that rotate adjacent pairs (GPT-J, CodeGen, Cohere,
+      GLM, ... or ``rope_interleave=True``), else "neox".
+
+    Use it as ``rope_frequencies(c["rotary_dim"], base=c["base"], scaling=c["scaling"],
+    max_position_embeddings=c["max_position_embeddings"])``. ``layer_type`` picks one
+    entry of per-layer-type rope parameters (Gemma 3: "full_attention",
+    "sliding_attention").
+    """
+    head_dim = _hf_head_dim(config)
+    scaling = _hf_scaling(config, layer_type)
+    theta = scaling.pop("rope_theta", None)
+    partial = scaling.pop("partial_rotary_factor", None)
+
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    # transformers moves a top-level original length (Phi-3) into the dict for these types only.
+    original = _hf_get(config, "original_max_position_embeddings")
+    if rope_type in ("llama3", "yarn", "longrope") and original is not None:
+        scaling["original_max_position_embeddings"] = original
+
+    max_positions = _hf_get(config, "max_position_embeddings", "n_positions")
+    if max_positions is not None:
+        max_positions = _whole_number("max_position_embeddings", max_positions, minimum=1)
+    if theta is None:
+        theta = _hf_get(config, "rope_theta", "rotary_emb_base")
+    model_type = _hf_get(config, "model_type")
+    interleaved = model_type in _GPTJ_STYLE_MODEL_TYPES or bool(_hf_get(config, "rope_interleave"))
+    return {
+        "head_dim": head_dim,
+        "rotary_dim": _hf_rotary_dim(config, head_dim, partial),
+        "base": DEFAULT_BASE if theta is None else _positive("rope_theta", theta),
+        "scaling": None if rope_type == "default" else scaling,
+        "max_position_embeddings": max_positions,
+        "style": "gptj" if interleaved else "neox",
+    }
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+
+def _freeze(value):
+    # Type-tagged so that e.g. True and 1 (equal and hash-equal) stay distinct cache keys.
+    # A list inside a list stays unhashable, and such a dict is simply parsed uncached.
+    if isinstance(value, (list, tuple)):
+        return (list, tuple(value), tuple(map(type, value)))
+    return (type(value), value)
+
+
+def _thaw(frozen):
+    return list(frozen[1]) if frozen[0] is list else frozen[1]
+
+
+@lru_cache(maxsize=256, typed=True)
+def _parse_cached(dim, base, frozen_scaling, max_position_embeddings) -> RopeSpec:
+    scaling = None if frozen_scaling is None else {k: _thaw(v) for k, v in frozen_scaling}
+    return _parse(dim, base, scaling, max_position_embeddings)
+
+
+# Equal specs reached through different spellings (base=None or 10000.0, scaling=None or
+# {"rope_type": "default"}) share one instance, hence one frequency cache.
+_INTERNED = weakref.WeakValueDictionary()
+
+
+def _intern(spec) -> RopeSpec:
+    # Keyed by the compared fields rather than the spec itself, which would keep it alive.
+    key = tuple(getattr(spec, f.name) for f in fields(spec) if f.compare)
+    return _INTERNED.setdefault(key, spec)
+
+
+def _parse(dim, base, scaling, max_position_embeddings) -> RopeSpec:
+    head_dim = _whole_number("dim", dim, minimum=1)
+    if max_position_embeddings is not None:
+        max_position_embeddings = _whole_number(
+            "max_position_embeddings", max_position_embeddings, minimum=1
+        )
+    if scaling is None:
+        scaling = {}
+    elif not isinstance(scaling, Mapping):
+        raise TypeError(
+            f"scaling must be a dict (a rope_scaling mapping) or None, got {type(scaling).__name__}"
+        )
+
+    rope_type = _rope_type(scaling)
+    base = _resolve_base(base, scaling)
+    partial = scaling.get("partial_rotary_factor")
+    rotary_dim = _rotary_width(head_dim, partial, _key("partial_rotary_factor"))
+    original = None
+    if rope_type in _NEEDS_ORIGINAL_LENGTH:
+        original = _original_length(rope_type, scaling, max_position_embeddings)
+    return _intern(_PARSERS[rope_type](rotary_dim, base, scaling, original, max_position_embeddings))
+
+
+def _rope_type(scaling) -> str:
+    rope_type = scaling.get("rope_type")
+    if rope_type is None:
+        rope_type = scaling.get("type")
+    if rope_type is None:
+        return "default"
+    if not isinstance(rope_type, str):
+        raise TypeError(f"{_key('rope_type')} must be a string, got {type(rope_type).__name__}")
+    if rope_type not in _PARSERS:
+        raise ValueError(
+            f"unknown RoPE scaling type {rope_type!r} in {_key('rope_type')}; "
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    return rope_type
+
+
+def _resolve_base(base, scaling) -> float:
+    theta = scaling.get("rope_theta")
+    if theta is not None:
+        theta = _positive(_key("rope_theta"), theta)
+    if base is None:
+        return DEFAULT_BASE if theta is None else theta
+    base = _positive("base", base)
+    if theta is not None and base != theta:
+        raise ValueError(
+            f"base={base!r} contradicts {_key('rope_theta')}={theta!r}; "
+            "pass one of them, or equal values"
+        )
+    return base
+
+
+def _rotary_width(head_dim, partial, name, dim_name="dim") -> int:
+    """int(head_dim * partial), truncated as transformers does; it must be even."""
+    if partial is None:
+        if head_dim % 2:
+            raise ValueError(
+                f"{dim_name} must be even (RoPE rotates pairs of features), got {head_dim}"
+            )
+        return head_dim
+    partial = _positive(name, partial)
+    if partial > 1.0:
+        raise ValueError(f"{name} must be in (0, 1], got {partial!r}")
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"rotary width int({head_dim} * {name}={partial!r}) = {rotary_dim} "
+            "must be even and at least 2"
+        )
+    return rotary_dim
+
+
+def _original_length(rope_type, scaling, max_position_embeddings) -> int:
+    original = scaling.get("original_max_position_embeddings")
+    if original is not None:
+        return _whole_number(_key("original_max_position_embeddings"), original, minimum=1)
+    if max_position_embeddings is None:
+        raise ValueError(
+            f"rope type {rope_type!r} needs the original context length: give "
+            f"{_key('original_max_position_embeddings')} or max_position_embeddings="
+        )
+    return max_position_embeddings
+
+
+def _required(scaling, name, rope_type):
+    value = scaling.get(name)
+    if value is None:
+        raise ValueError(f"{_key(name)} is required for rope type {rope_type!r}")
+    return value
+
+
+def _factor_or_ratio(scaling, rope_type, original, max_position_embeddings) -> float:
+    """``factor``, defaulting to max_position_embeddings / original as transformers does."""
+    factor = scaling.get("factor")
+    if factor is not None:
+        return _positive(_key("factor"), factor)
+    if max_position_embeddings is None:
+        raise ValueError(
+            f"{_key('factor')} is required for rope type {rope_type!r} unless "
+            "max_position_embeddings= is given (factor = max_position_embeddings / original)"
+        )
+    return max_position_embeddings / original
+
+
+def _parse_default(dim, base, scaling, original, max_position_embeddings):
+    return RopeSpec("default", dim, base)
+
+
+def _parse_linear(dim, base, scaling, original, max_position_embeddings):
+    factor = _positive(_key("factor"), _required(scaling, "factor", "linear"))
+    return RopeSpec("linear", dim, base, factor=factor)
+
+
+def _parse_dynamic(dim, base, scaling, original, max_position_embeddings):
+    factor = _positive(_key("factor"), _required(scaling, "factor", "dynamic"))
+    return RopeSpec("dynamic", dim, base, original, factor)
+
+
+def _parse_yarn(dim, base, scaling, original, max_position_embeddings):
+    if base == 1.0:
+        raise ValueError("yarn needs base != 1 (its correction range divides by log(base))")
+    factor = _factor_or_ratio(scaling, "yarn", original, max_position_embeddings)
+    beta_fast = _optional_positive(scaling, "beta_fast", 32.0)
+    beta_slow = _optional_positive(scaling, "beta_slow", 1.0)
+    if beta_fast < beta_slow:
+        raise ValueError(
+            f"{_key('beta_fast')}={beta_fast!r} must be >= {_key('beta_slow')}={beta_slow!r}"
+        )
+    truncate = scaling.get("truncate")
+    if truncate is None:
+        truncate = True
+    elif not isinstance(truncate, (bool, np.bool_)):
+        raise TypeError(f"{_key('truncate')} must be a bool, got {type(truncate).__name__}")
+    params = (("beta_fast", beta_fast), ("beta_slow", beta_slow), ("truncate", bool(truncate)))
+    attention = _yarn_attention_factor(scaling, factor)
+    return RopeSpec("yarn", dim, base, original, factor, attention, params)
+
+
+def _yarn_attention_factor(scaling, factor) -> float:
+    given = scaling.get("attention_factor")
+    if given is not None:
+        return _positive(_key("attention_factor"), given)
+    mscale = _optional_real(scaling, "mscale")
+    mscale_all_dim = _optional_real(scaling, "mscale_all_dim")
+    # Both must be set and non-zero: the truthiness test transformers applies.
+    if not (mscale and mscale_all_dim):
+        return _yarn_mscale(factor, 1.0)
+    numerator = _yarn_mscale(factor, mscale)
+    denominator = _yarn_mscale(factor, mscale_all_dim)
+    if numerator <= 0 or denominator <= 0:
+        raise ValueError(
+            f"{_key('mscale')}={mscale!r} and {_key('mscale_all_dim')}={mscale_all_dim!r} "
+            f"give a non-positive attention factor for factor={factor!r}"
+        )
+    return numerator / denominator
+
+
+def _yarn_mscale(factor, mscale) -> float:
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _parse_longrope(dim, base, scaling, original, max_position_embeddings):
+    short = _factor_list(scaling, "short_factor", dim)
+    long = _factor_list(scaling, "long_factor", dim)
+    attention = scaling.get("attention_factor")
+    # factor only feeds the default attention factor, so it is resolved only when needed.
+    factor = scaling.get("factor")
+    if factor is not None or attention is None:
+        factor = _factor_or_ratio(scaling, "longrope", original, max_position_embeddings)
+    if attention is not None:
+        attention = _positive(_key("attention_factor"), attention)
+    elif factor <= 1.0:
+        attention = 1.0
+    elif original < 2:
+        raise ValueError(
+            f"{_key('original_max_position_embeddings')} must be >= 2 for longrope's "
+            "default attention factor (it divides by its log)"
+        )
+    else:
+        attention = math.sqrt(1.0 + math.log(factor) / math.log(original))
+    params = (("short_factor", short), ("long_factor", long))
+    return RopeSpec("longrope", dim, base, original, factor, attention, params)
+
+
+def _factor_list(scaling, name, dim) -> tuple[float, ...]:
+    values = _required(scaling, name, "longrope")
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TypeError(f"{_key(name)} must be a list of numbers, got {type(values).__name__}")
+    if len(values) != dim // 2:
+        raise ValueError(
+            f"{_key(name)} must have rotary_dim // 2 = {dim // 2} entries, got {len(values)}"
+        )
+    return tuple(_positive(f"{_key(name)}[{i}]", v) for i, v in enumerate(values))
+
+
+def _parse_llama3(dim, base, scaling, original, max_position_embeddings):
+    factor = _positive(_key("factor"), _required(scaling, "factor", "llama3"))
+    low = _positive(_key("low_freq_factor"), _required(scaling, "low_freq_factor", "llama3"))
+    high = _positive(_key("high_freq_factor"), _required(scaling, "high_freq_factor", "llama3"))
+    if low >= high:
+        raise ValueError(
+            f"{_key('low_freq_factor')}={low!r} must be < {_key('high_freq_factor')}={high!r}"
+        )
+    params = (("low_freq_factor", low), ("high_freq_factor", high))
+    return RopeSpec("llama3", dim, base, original, factor, 1.0, params)
+
+
+_PARSERS = {
+    "default": _parse_default,
+    "linear": _parse_linear,
+    "dynamic": _parse_dynamic,
+    "yarn": _parse_yarn,
+    "longrope": _parse_longrope,
+    "llama3": _parse_llama3,
+}
+
+
+# -- value checks ----------------------------------------------------------------------
+
+
+def _key(name) -> str:
+    return f"scaling[{name!r}]"
+
+
+def _real(name, value) -> float:
+    # bool is an int subclass; a flag where a number belongs is a type mistake.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _positive(name, value) -> float:
+    value = _real(name, value)
+    if value <= 0.0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _optional_real(scaling, name):
+    value = scaling.get(name)
+    return None if value is None else _real(_key(name), value)
+
+
+def _optional_positive(scaling, name, default) -> float:
+    value = scaling.get(name)
+    return default if value is None else _positive(_key(name), value)
+
+
+def _whole_number(name, value, *, minimum) -> int:
+    """An integer >= minimum; a float with an integral value (4096.0) is accepted."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+# -- frequencies -----------------------------------------------------------------------
+
+
+def _plain_inv_freq(dim, base) -> np.ndarray:
+    return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def _default_inv_freq(spec, regime):
+    return _plain_inv_freq(spec.dim, spec.base)
+
+
+def _linear_inv_freq(spec, regime):
+    return _plain_inv_freq(spec.dim, spec.base) / spec.factor
+
+
+def _dynamic_inv_freq(spec, length):
+    dim, base, factor = spec.dim, spec.base, spec.factor
+    original = spec.original_max_position_embeddings
+    # With dim == 2 the only exponent is 0, so the base (and d / (d - 2)) is irrelevant.
+    if length > original and dim > 2:
+        base *= (factor * length / original - (factor - 1.0)) ** (dim / (dim - 2))
+    return _plain_inv_freq(dim, base)
+
+
+def _yarn_correction_dim(rotations, dim, base, original) -> float:
+    """The (fractional) feature index whose wavelength fits ``rotations`` times in ``original``."""
+    return dim * math.log(original / (rotations * 2.0 * math.pi)) / (2.0 * math.log(base))
+
+
+def _yarn_inv_freq(spec, regime):
+    params = dict(spec.params)
+    dim, base, original = spec.dim, spec.base, spec.original_max_position_embeddings
+    low = _yarn_correction_dim(params["beta_fast"], dim, base, original)
+    high = _yarn_correction_dim(params["beta_slow"], dim, base, original)
+    if params["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp; kept for agreement
+    # ramp 0: high-frequency pairs, extrapolated (kept); ramp 1: low-frequency pairs,
+    # interpolated (divided by factor); linear in between.
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    extrapolated = _plain_inv_freq(dim, base)
+    interpolated = extrapolated / spec.factor
+    return interpolated * ramp + extrapolated * (1.0 - ramp)
+
+
+def _longrope_inv_freq(spec, use_long):
+    params = dict(spec.params)
+    factors = np.array(params["long_factor" if use_long else "short_factor"], dtype=np.float64)
+    return _plain_inv_freq(spec.dim, spec.base) / factors
+
+
+def _llama3_inv_freq(spec, regime):
+    params = dict(spec.params)
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    original, factor = spec.original_max_position_embeddings, spec.factor
+    inv_freq = _plain_inv_freq(spec.dim, spec.base)
+    wavelen = 2.0 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+    # Short wavelengths (< original / high) are kept, long ones (> original / low) are
+    # divided by factor, and the band between is blended.
+    return np.where(
+        wavelen < original / high,
+        inv_freq,
+        np.where(wavelen > original / low, inv_freq / factor, blended),
+    )
+
+
+_INV_FREQ = {
+    "default": _default_inv_freq,
+    "linear": _linear_inv_freq,
+    "dynamic": _dynamic_inv_freq,
+    "yarn": _yarn_inv_freq,
+    "longrope": _longrope_inv_freq,
+    "llama3": _llama3_inv_freq,
+}
+
+
+# -- Hugging Face configs --------------------------------------------------------------
+
+
+def _hf_get(config, *names):
+    """The first of ``names`` that the config sets to something other than None."""
+    for name in names:
+        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _hf_head_dim(config) -> int:
+    head_dim = _hf_get(config, "head_dim")
+    if head_dim is not None:
+        return _whole_number("head_dim", head_dim, minimum=1)
+    hidden = _hf_get(config, "hidden_size", "n_embd")
+    heads = _hf_get(config, "num_attention_heads", "n_head")
+    if hidden is None or heads is None:
+        raise ValueError(
+            "config has no head_dim, and no hidden_size and num_attention_heads to derive it from"
+        )
+    hidden = _whole_number("hidden_size", hidden, minimum=1)
+    return hidden // _whole_number("num_attention_heads", heads, minimum=1)
+
+
+def _hf_scaling(config, layer_type) -> dict:
+    """A copy of the config's rope dict (rope_scaling wins when both are set, as in transformers)."""
+    name = "rope_scaling" if _hf_get(config, "rope_scaling") else "rope_parameters"
+    scaling = _hf_get(config, name)
+    if scaling is None:
+        return {}
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"config {name} must be a dict or None, got {type(scaling).__name__}")
+    if _is_per_layer_type(scaling):
+        if layer_type is None:
+            raise ValueError(
+                f"config {name} has one entry per layer type ({', '.join(map(str, scaling))}); "
+                "choose one with layer_type="
+            )
+        if scaling.get(layer_type) is None:
+            raise ValueError(f"config {name} has no RoPE entry for layer_type={layer_type!r}")
+        scaling = scaling[layer_type]
+    return dict(scaling)
+
+
+def _is_per_layer_type(scaling) -> bool:
+    # transformers nests rope parameters by layer type (Gemma 3); a flat dict has scalars.
+    return bool(scaling) and all(v is None or isinstance(v, Mapping) for v in scaling.values())
+
+
+def _hf_rotary_dim(config, head_dim, partial) -> int:
+    if partial is not None:
+        return _rotary_width(head_dim, partial, "partial_rotary_factor")
+    for name in ("partial_rotary_factor", "rotary_pct"):
+        value = _hf_get(config, name)
+        if value is not None:
+            return _rotary_width(head_dim, value, name)
+    rotary_dim = _hf_get(config, "rotary_dim")
+    if rotary_dim is None:
+        return _rotary_width(head_dim, None, "rotary_dim", dim_name="head_dim")
+    rotary_dim = _whole_number("rotary_dim", rotary_dim, minimum=2)
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be even and at most head_dim={head_dim}, got {rotary_dim}")
+    return rotary_dim
