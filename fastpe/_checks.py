@@ -64,16 +64,35 @@ def float_dtype(dtype: object, name: str) -> np.dtype:
     return dt
 
 
+def in_place_view(x: object, name: str) -> np.ndarray:
+    """A NumPy view of the memory of `x`, for writing in place: x itself, or a
+    zero-copy view through DLPack (torch CPU tensors, JAX, CuPy refuse) or the
+    buffer protocol. Never a copy: a copy would be written and thrown away."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise TypeError(f"{name} ({type(x).__name__}) cannot be viewed in place through "
+                            f"DLPack: {exc}") from None
+    try:
+        return np.asarray(memoryview(x))  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be a numpy.ndarray, or an array exposing DLPack or the "
+                        f"buffer protocol (it is written in place), got {type(x).__name__}"
+                        ) from None
+
+
 def array(x: object, name: str, ndims: Sequence[int], *, writable: bool) -> np.ndarray:
     """x as an ndarray of a supported float dtype with one of `ndims` dimensions.
 
-    Outputs (writable=True) must already be NumPy arrays: converting them
-    would write into a copy the caller never sees.
+    Outputs (writable=True) are viewed in place (in_place_view); inputs that
+    are only read may be any array-like.
     """
-    if not isinstance(x, np.ndarray):
-        if writable:
-            raise TypeError(f"{name} must be a numpy.ndarray (written in place), "
-                            f"got {type(x).__name__}")
+    if writable:
+        x = in_place_view(x, name)
+    elif not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
         except (TypeError, ValueError) as exc:

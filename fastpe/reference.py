@@ -99,7 +99,7 @@ def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved
     """NumPy twin of :func:`fastpe.sinusoidal_table`."""
     plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads)
     run_sinusoidal(plan)
-    return plan.x[0]
+    return plan.x[0] if out is None else out
 
 
 def add_sinusoidal(x, positions=None, *, offset=0, base=10000.0, layout="interleaved",
