@@ -200,6 +200,7 @@ def _extensions():
         "initializedcheck": debug,
         "cdivision": True,
         "embedsignature": True,
+        "autotestdict": False,
         "freethreading_compatible": True,
     }
     macros = [("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")]

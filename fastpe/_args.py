@@ -46,14 +46,7 @@ def sinusoidal_table(length: object, dim: object, base: object, offset: object,
     length = _checks.count(length, "length")
     dim = _checks.count(dim, "dim", minimum=1)
     inv_freq, split = _sinusoidal_common(dim, base, layout)
-    if out is None:
-        out = np.empty((length, dim), dtype=_checks.float_dtype(dtype, "dtype"))
-    else:
-        out = _checks.array(out, "out", (2,), writable=True)
-        if out.shape != (length, dim):
-            raise ValueError(f"out must have shape ({length}, {dim}), got {out.shape}")
-        if dtype is not None and dtype != "float32" and _checks.float_dtype(dtype, "dtype") != out.dtype:
-            raise TypeError(f"dtype {dtype} contradicts out.dtype {out.dtype}; give one of them")
+    out = _checks.output(out, (length, dim), dtype)
     positions = _checks.positions(None, offset, 1, length)
     return SinusoidalPlan(out[None], positions, inv_freq, split, False, 1.0,
                           _threads.check(num_threads))
@@ -74,7 +67,7 @@ def add_learned(x: object, table: object, positions: object, offset: object,
     x = _checks.array(x, "x", (2, 3), writable=True)
     x3 = x if x.ndim == 3 else x[None]
     table = _checks.array(table, "table", (2,), writable=False)
-    if table.dtype != x.dtype:
+    if not _checks.same_storage(table.dtype, x.dtype):
         raise TypeError(f"table must have x's dtype {x.dtype}, got {table.dtype}")
     if table.shape[1] != x3.shape[2]:
         raise ValueError(f"table rows have {table.shape[1]} features but x has {x3.shape[2]} "
@@ -126,7 +119,7 @@ def _rope_arrays(q: object, k: object, layout: object) -> tuple[np.ndarray, np.n
     if k is q:
         raise ValueError("k is q: pass k=None to rotate one array")
     k = _checks.array(k, "k", (ndim,), writable=True)
-    if k.dtype != q.dtype:
+    if not _checks.same_storage(k.dtype, q.dtype):
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     k4 = _rope_view(k, layout)
     b, s, _, d = q4.shape
@@ -139,18 +132,25 @@ def _rope_arrays(q: object, k: object, layout: object) -> tuple[np.ndarray, np.n
 
 
 def _rotary_dim(rotary_dim: object, head_dim: int, implied: int | None, implied_by: str) -> int:
-    """The rotary width: the argument, else what the frequencies imply, else head_dim."""
-    if rotary_dim is None:
-        rd = implied if implied is not None else head_dim
-    else:
+    """The rotary width: the argument, else what `implied_by` implies, else head_dim."""
+    if rotary_dim is not None:
         rd = _checks.count(rotary_dim, "rotary_dim", minimum=2)
+        if rd % 2:
+            raise ValueError(f"rotary_dim must be even, got {rd}")
+        if rd > head_dim:
+            raise ValueError(f"rotary_dim {rd} is larger than head_dim {head_dim}")
         if implied is not None and implied != rd:
             raise ValueError(f"rotary_dim={rd} contradicts {implied_by} (rotary width {implied})")
-    if rd % 2:
-        raise ValueError(f"rotary_dim must be even, got {rd}")
-    if rd > head_dim:
-        raise ValueError(f"rotary_dim {rd} is larger than head_dim {head_dim}")
-    return rd
+        return rd
+    if implied is None:
+        if head_dim % 2:
+            raise ValueError(f"head_dim {head_dim} is odd and RoPE rotates pairs; pass an even "
+                             f"rotary_dim to rotate the leading features")
+        return head_dim
+    if implied > head_dim:
+        raise ValueError(f"{implied_by} means rotary width {implied}, larger than head_dim "
+                         f"{head_dim}")
+    return implied
 
 
 def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
@@ -175,35 +175,37 @@ def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
 def rope_spec(head_dim: int, rotary_dim: object, base: object, scaling: object,
               max_position_embeddings: object) -> tuple[int, _rope_scaling.RopeSpec]:
     """(rotary_dim, the parsed base/scaling for that width)."""
-    partial = isinstance(scaling, Mapping) and "partial_rotary_factor" in scaling
-    if rotary_dim is None or partial:
-        # the width is head_dim times the dict's partial_rotary_factor, if any
+    if isinstance(scaling, Mapping) and "partial_rotary_factor" in scaling:
+        # the width is head_dim times the dict's factor
         spec = _rope_scaling.parse_rope_spec(head_dim, base=base, scaling=scaling,
                                              max_position_embeddings=max_position_embeddings)
-        implied_by = "scaling['partial_rotary_factor']"
-    else:
-        spec = _rope_scaling.parse_rope_spec(_rotary_dim(rotary_dim, head_dim, None, ""),
-                                             base=base, scaling=scaling,
+        return _rotary_dim(rotary_dim, head_dim, spec.dim,
+                           "scaling['partial_rotary_factor']"), spec
+    rd = _rotary_dim(rotary_dim, head_dim, None, "")
+    return rd, _rope_scaling.parse_rope_spec(rd, base=base, scaling=scaling,
                                              max_position_embeddings=max_position_embeddings)
-        implied_by = "the scaling"
-    return _rotary_dim(rotary_dim, head_dim, spec.dim, implied_by), spec
 
 
 def rope(q: object, k: object, positions: object, offset: object, rotary_dim: object,
          freqs: object, base: object, scaling: object, max_position_embeddings: object,
          style: object, layout: object, inverse: object, num_threads: object,
-         spec: _rope_scaling.RopeSpec | None = None) -> RopePlan:
-    """Plan of apply_rope; `spec` (with its rotary_dim) comes from a RotaryEmbedding."""
+         spec: _rope_scaling.RopeSpec | None = None, spec_head_dim: int = 0) -> RopePlan:
+    """Plan of apply_rope; `spec` (with its rotary_dim and the head_dim it was
+    made for) comes from a RotaryEmbedding."""
     q4, k4 = _rope_arrays(q, k, layout)
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     head_dim = q4.shape[3]
     if spec is not None:
+        if head_dim != spec_head_dim:
+            raise ValueError(f"q has head_dim {head_dim} but this RotaryEmbedding is for "
+                             f"head_dim {spec_head_dim}")
         _rotary_dim(rotary_dim, head_dim, None, "")
     elif freqs is not None:
         if base is not None or scaling is not None:
             raise ValueError("give freqs, or base/scaling to compute them, not both")
         freqs = frequencies_arg(freqs)
-        _rotary_dim(rotary_dim, head_dim, 2 * freqs.inv_freq.size, "freqs")
+        _rotary_dim(rotary_dim, head_dim, 2 * freqs.inv_freq.size,
+                    f"freqs ({freqs.inv_freq.size} frequencies)")
     else:
         _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
@@ -222,10 +224,11 @@ def rope_cached(q: object, k: object, cos: object, sin: object, positions: objec
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     cos = _checks.array(cos, "cos", (2,), writable=False)
     sin = _checks.array(sin, "sin", (2,), writable=False)
-    if cos.shape != sin.shape or cos.dtype != sin.dtype:
-        raise ValueError(f"cos and sin must have the same shape and dtype, got {cos.shape} "
-                         f"{cos.dtype} and {sin.shape} {sin.dtype}")
-    _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], "cos")
+    if not _checks.same_storage(cos.dtype, sin.dtype):
+        raise TypeError(f"cos and sin must have the same dtype, got {cos.dtype} and {sin.dtype}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
+    _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], f"cos (width {cos.shape[1]})")
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "

@@ -26,6 +26,8 @@ import_error: ImportError | None
 try:
     from ._kernels import kernels as compiled
 except ImportError as exc:  # not built, or a variant that cannot load
+    if os.environ.get("FASTPE_ISA", "").strip():
+        raise  # an explicit variant request is never silently replaced by NumPy
     compiled = None
     import_error = exc
 else:

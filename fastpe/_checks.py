@@ -39,8 +39,14 @@ INT64_MAX = np.iinfo(np.int64).max
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """Arithmetic dtype for a storage dtype: float64 for float64, else float32."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    """Arithmetic dtype for a storage dtype: float64 for float64 (either byte
+    order), else float32."""
+    return np.dtype(np.float64) if dtype.itemsize == 8 else np.dtype(np.float32)
+
+
+def same_storage(a: np.dtype, b: np.dtype) -> bool:
+    """Whether two dtypes hold the same numbers, whatever their byte orders."""
+    return a.newbyteorder("=") == b.newbyteorder("=")
 
 
 def dtype_code(dtype: np.dtype, name: str) -> int:
@@ -55,7 +61,9 @@ def dtype_code(dtype: np.dtype, name: str) -> int:
 
 
 def float_dtype(dtype: object, name: str) -> np.dtype:
-    """A supported storage dtype from anything np.dtype() takes."""
+    """A supported storage dtype from anything np.dtype() takes; None is float32."""
+    if dtype is None:
+        return np.dtype(np.float32)
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -109,6 +117,8 @@ def array(x: object, name: str, ndims: Sequence[int], *, writable: bool) -> np.n
 def writable_array(x: np.ndarray, name: str) -> None:
     if not x.flags.writeable:
         raise TypeError(f"{name} is read-only; fastpe writes it in place")
+    if x.size == 0:
+        return  # NumPy gives empty arrays zero strides: nothing can overlap
     for n, s in zip(x.shape, x.strides):
         if s == 0 and n > 1:
             raise ValueError(f"{name} has overlapping elements (a zero stride, as from "
@@ -177,7 +187,7 @@ def position_array(positions: object, name: str) -> tuple[np.ndarray, int]:
         raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
     if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:
         raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
-    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    pos = np.require(pos, np.int64, "C")  # keeps 0-d arrays 0-d
     if pos.size == 0:
         return pos, -1
     lo, hi = int64_range(pos)
@@ -191,7 +201,7 @@ def positions(positions: object, offset: object, batch: int, seq: int,
     """Validate `positions` for a (batch, seq, ...) input, or `offset` when None."""
     offset = count(offset, "offset")
     if positions is None:
-        if seq and offset + seq - 1 > INT64_MAX:
+        if offset + max(seq - 1, 0) > INT64_MAX:
             raise ValueError(f"offset {offset} + seq {seq} is past the int64 range")
         return Positions(None, offset, offset + seq - 1 if seq else -1)
     if offset:
@@ -201,6 +211,20 @@ def positions(positions: object, offset: object, batch: int, seq: int,
         raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {shape}")
     pos, hi = position_array(positions, name)
     return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi)
+
+
+def output(out: object, shape: tuple[int, ...], dtype: object) -> np.ndarray:
+    """The `out` argument of a table-producing function, validated, or a new
+    array of `dtype` (None: float32) when out is None. A dtype given beside
+    out must agree with it."""
+    if out is None:
+        return np.empty(shape, dtype=float_dtype(dtype, "dtype"))
+    out = array(out, "out", (len(shape),), writable=True)
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+    if dtype is not None and not same_storage(float_dtype(dtype, "dtype"), out.dtype):
+        raise TypeError(f"dtype {dtype} contradicts out.dtype {out.dtype}; give one of them")
+    return out
 
 
 def kernel_view(x: np.ndarray) -> np.ndarray:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import _args, _backend, _checks, _threads, reference
+from ._typing import ArrayLike, InPlace, PositionsLike
 
 
-def add_learned(x, table, positions=None, *, offset=0, num_threads=None) -> np.ndarray:
+def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *,
+                offset: int = 0, num_threads: int | None = None) -> InPlace:
     """``x += table[positions]`` in place, in one pass; returns x.
 
     x is (seq, dim) or (batch, seq, dim); table is (max_len, dim) with x's

@@ -95,7 +95,7 @@ def run_rope(plan: _args.RopePlan) -> None:
 # ---- the public twins --------------------------------------------------------
 
 def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved",
-                     dtype="float32", out=None, num_threads=None):
+                     dtype=None, out=None, num_threads=None):
     """NumPy twin of :func:`fastpe.sinusoidal_table`."""
     plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads)
     run_sinusoidal(plan)

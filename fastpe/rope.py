@@ -15,6 +15,16 @@ import numpy as np
 
 from . import _args, _backend, _checks, _rope_scaling, _threads, reference
 from ._rope_scaling import RopeFrequencies, rope_frequencies
+from ._typing import (
+    ArrayLike,
+    DTypeLike,
+    InPlace,
+    InPlaceOptional,
+    PositionsLike,
+    RopeLayout,
+    ScalingDict,
+    Style,
+)
 
 __all__ = ["RopeFrequencies", "RotaryEmbedding", "apply_rope", "apply_rope_cached",
            "rope_cos_sin", "rope_frequencies"]
@@ -61,7 +71,7 @@ def _try_fast(kern, q, k, positions, offset, freqs, style, layout, inverse, num_
     layout_code = _LAYOUT_CODES.get(layout) if type(layout) is str else None
     neox = _STYLE_NEOX.get(style) if type(style) is str else None
     if (layout_code is None or neox is None or type(offset) is not int
-            or type(inverse) is not bool
+            or not 0 <= offset < _checks.INT64_MAX or type(inverse) is not bool
             or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         return False
     att = freqs.attention_scaling
@@ -79,9 +89,12 @@ def _try_fast(kern, q, k, positions, offset, freqs, style, layout, inverse, num_
                           _threads.resolve(num_threads, 2 * nbytes))
 
 
-def apply_rope(q, k=None, positions=None, *, offset=0, freqs=None, base=None, scaling=None,
-               rotary_dim=None, style="neox", layout="bshd", inverse=False, num_threads=None,
-               max_position_embeddings=None):
+def apply_rope(q: InPlace, k: InPlaceOptional = None, positions: PositionsLike = None, *,
+               offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
+               base: float | None = None, scaling: ScalingDict | None = None,
+               rotary_dim: int | None = None, style: Style = "neox", layout: RopeLayout = "bshd",
+               inverse: bool = False, num_threads: int | None = None,
+               max_position_embeddings: int | None = None) -> tuple[InPlace, InPlaceOptional]:
     """Rotate q and k in place by their positions; returns (q, k).
 
     Parameters
@@ -132,8 +145,10 @@ def apply_rope(q, k=None, positions=None, *, offset=0, freqs=None, base=None, sc
     return q, k
 
 
-def apply_rope_cached(q, k, cos, sin, positions=None, *, offset=0, style="neox",
-                      layout="bshd", inverse=False, num_threads=None):
+def apply_rope_cached(q: InPlace, k: InPlaceOptional, cos: ArrayLike, sin: ArrayLike,
+                      positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
+                      layout: RopeLayout = "bshd", inverse: bool = False,
+                      num_threads: int | None = None) -> tuple[InPlace, InPlaceOptional]:
     """Rotate q and k in place with cos and sin rows looked up by position.
 
     cos and sin are (max_positions, rotary_dim // 2), as :func:`rope_cos_sin`
@@ -146,7 +161,8 @@ def apply_rope_cached(q, k, cos, sin, positions=None, *, offset=0, style="neox",
     return q, k
 
 
-def rope_cos_sin(positions, freqs, *, dtype="float32"):
+def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
+                 dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin) of ``positions * inv_freq``, each of shape positions.shape +
     (rotary_dim // 2,), multiplied by ``freqs.attention_scaling`` as Hugging
     Face's rotary modules do. Angles are formed and reduced in float64.
@@ -174,15 +190,17 @@ class RotaryEmbedding:
     >>> q, k = rope(q, k, positions)
     """
 
-    def __init__(self, head_dim, *, base=None, scaling=None, rotary_dim=None, style="neox",
-                 max_position_embeddings=None):
+    def __init__(self, head_dim: int, *, base: float | None = None,
+                 scaling: ScalingDict | None = None, rotary_dim: int | None = None,
+                 style: Style = "neox", max_position_embeddings: int | None = None) -> None:
         self.head_dim = _checks.count(head_dim, "head_dim", minimum=1)
         self.style = _checks.choice(style, "style", _args.ROPE_STYLES)
         self.rotary_dim, self._spec = _args.rope_spec(self.head_dim, rotary_dim, base, scaling,
                                                       max_position_embeddings)
 
     @classmethod
-    def from_hf_config(cls, config, *, style=None, layer_type=None):
+    def from_hf_config(cls, config: object, *, style: Style | None = None,
+                       layer_type: str | None = None) -> RotaryEmbedding:
         """From a transformers config object or its dict: head_dim (or
         hidden_size / num_attention_heads), rope_theta, rope_scaling or
         rope_parameters, partial_rotary_factor / rotary_pct / rotary_dim,
@@ -193,18 +211,20 @@ class RotaryEmbedding:
                    rotary_dim=c["rotary_dim"], style=style or c["style"],
                    max_position_embeddings=c["max_position_embeddings"])
 
-    def frequencies(self, seq_len=None) -> RopeFrequencies:
+    def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
         """The frequencies for sequences of seq_len positions."""
         return self._spec.frequencies(seq_len)
 
-    def cos_sin(self, positions, *, dtype="float32"):
+    def cos_sin(self, positions: ArrayLike, *,
+                dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
         """A cos/sin cache for :func:`apply_rope_cached`."""
         pos = np.asarray(positions)
         seq_len = int(pos.max()) + 1 if pos.size else None
         return rope_cos_sin(pos, self.frequencies(seq_len), dtype=dtype)
 
-    def __call__(self, q, k=None, positions=None, *, offset=0, layout="bshd", inverse=False,
-                 num_threads=None):
+    def __call__(self, q: InPlace, k: InPlaceOptional = None, positions: PositionsLike = None,
+                 *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
+                 num_threads: int | None = None) -> tuple[InPlace, InPlaceOptional]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         kern = _backend.kernels()
         if (kern is not None and not self._spec.depends_on_seq_len and type(q) is np.ndarray
@@ -213,11 +233,12 @@ class RotaryEmbedding:
                               layout, inverse, num_threads)):
             return q, k
         plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
-                          self.style, layout, inverse, num_threads, spec=self._spec)
+                          self.style, layout, inverse, num_threads, spec=self._spec,
+                          spec_head_dim=self.head_dim)
         _run(plan)
         return q, k
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"RotaryEmbedding(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
                 f"style={self.style!r}, rope_type={self._spec.rope_type!r}, "
                 f"base={self._spec.base})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _args, _backend, _checks, _threads, reference
+from ._typing import DTypeLike, InPlace, PositionsLike, SinusoidalLayout
 
 
 def _run(plan: _args.SinusoidalPlan) -> None:
@@ -26,8 +27,9 @@ def _run(plan: _args.SinusoidalPlan) -> None:
         x[...] = work
 
 
-def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved",
-                     dtype="float32", out=None, num_threads=None) -> np.ndarray:
+def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: int = 0,
+                     layout: SinusoidalLayout = "interleaved", dtype: DTypeLike | None = None,
+                     out: np.ndarray | None = None, num_threads: int | None = None) -> np.ndarray:
     """The (length, dim) table of encodings for positions offset .. offset + length - 1.
 
     Parameters
@@ -40,9 +42,9 @@ def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved
         Position of the first row.
     layout : {"interleaved", "split"}
         sin/cos in alternate columns, or a block of sines then a block of cosines.
-    dtype : dtype
-        float32 (default), float64, float16 or bfloat16 (with ml_dtypes).
-        Ignored when ``out`` is given, unless it contradicts it.
+    dtype : dtype, optional
+        float32 (the default), float64, float16 or bfloat16 (with ml_dtypes);
+        with ``out``, out's dtype, which a given dtype must match.
     out : ndarray, optional
         A writable (length, dim) array to fill instead of allocating one.
     num_threads : int, optional
@@ -59,8 +61,9 @@ def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved
     return plan.x[0] if out is None else out
 
 
-def add_sinusoidal(x, positions=None, *, offset=0, base=10000.0, layout="interleaved",
-                   scale=1.0, num_threads=None) -> np.ndarray:
+def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int = 0,
+                   base: float = 10000.0, layout: SinusoidalLayout = "interleaved",
+                   scale: float = 1.0, num_threads: int | None = None) -> InPlace:
     """``x = x * scale + PE[positions]`` in place, in one pass; returns x.
 
     x is (seq, dim) or (batch, seq, dim), any float dtype and strides.

@@ -120,13 +120,13 @@ static inline void fpe_sincos_reduced(double r, double *s, double *c)
     *c = 1.0 - 0.5 * z + z * z * cp;
 }
 
-/* s[i] = scale * sin(p * w[i]), c[i] = scale * cos(p * w[i]) for i < n; w[i] >= 0. */
+/* s[i] = scale * sin(p * w[i]), c[i] = scale * cos(p * w[i]) for i < n. */
 static inline void fpe_sincos_row(double p, const double *w, double *s, double *c,
                                   Py_ssize_t n, double scale)
 {
     double wmax = 0.0;
     for (Py_ssize_t i = 0; i < n; i++)
-        wmax = w[i] > wmax ? w[i] : wmax;
+        wmax = fabs(w[i]) > wmax ? fabs(w[i]) : wmax;
     if (fabs(p) * wmax > FPE_FAST_ANGLE_LIMIT) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const double x = p * w[i];

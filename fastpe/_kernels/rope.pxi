@@ -2,6 +2,7 @@
 
 cdef struct RopeCall:
     Py_ssize_t batch, seq, half     # half = rotary_dim / 2 = number of frequencies
+    Py_ssize_t block                # tokens per unit: min(seq, BLOCK_TOKENS)
     Py_ssize_t hq, qb, qs, qh, qd   # q: (batch, seq, hq, head_dim), element strides
     Py_ssize_t hk, kb, ks, kh, kd   # k likewise; hk = 0 when there is no k
     bint q_token_inner              # walk tokens inside heads (tokens closer in memory)
@@ -122,8 +123,8 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef double *s = <double *>work
     cdef double *c = s + a.half
     cdef real_t *ctab = <real_t *>(c + a.half)
-    cdef real_t *stab = ctab + BLOCK_TOKENS * a.half
-    cdef real_t *tmp = stab + BLOCK_TOKENS * a.half
+    cdef real_t *stab = ctab + a.block * a.half
+    cdef real_t *tmp = stab + a.block * a.half
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c)
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
                  ctab, stab, a.half, a.neox, tmp)
@@ -217,8 +218,9 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
         return 0
     cdef Py_ssize_t nunits = a.batch * ceil_div(a.seq, BLOCK_TOKENS)
     cdef int nthreads = units_threads(nunits, num_threads)
-    cdef Py_ssize_t ntab = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
-    cdef Py_ssize_t per_thread = round_up((4 * a.half + 2 * ntab * a.half) * sizeof(double), 64)
+    a.block = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
+    # s, c (double); cos and sin rows of a block and one rotated row (at most double)
+    cdef Py_ssize_t per_thread = round_up((4 * a.half + 2 * a.block * a.half) * sizeof(double), 64)
     cdef bint steps = a.w != NULL and a.seq > 1
     cdef Py_ssize_t shared = 2 * a.half * sizeof(double) if steps else 0
     cdef char stack[STACK_WORK_BYTES + 64]

@@ -1,0 +1,262 @@
+"""Backends and build: the guard against a silent NumPy fallback, use_backend,
+FASTPE_BACKEND, info(), OpenMP in the build, and the FASTPE_ISA variants."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import (
+    COMPILED,
+    ISA_NAMES,
+    REQUESTED_BACKEND,
+    cpu_runs,
+    needs_compiled,
+    run_python,
+)
+
+import fastpe
+
+
+def test_compiled_backend_guard():
+    """A run that did not ask for the NumPy backend must be running the compiled one: an
+    import of ./fastpe without a built extension must never pass silently."""
+    info = fastpe.info()
+    if REQUESTED_BACKEND == "numpy":
+        assert fastpe.backend() == "numpy" and info["backend"] == "numpy"
+        return
+    assert fastpe.backend() == "cython", (
+        f"fastpe runs on the NumPy fallback (backend {fastpe.backend()!r}) although "
+        f"FASTPE_BACKEND=numpy was not asked for; the compiled kernels did not import: "
+        f"{info.get('import_error')}. Build them (`pip install -e .` or "
+        f"`python setup.py build_ext --inplace`) or run with FASTPE_BACKEND=numpy.")
+    assert info["backend"] == "cython" and info["compiled"] is True
+
+
+# ---- use_backend -----------------------------------------------------------------------------
+
+
+def _other(name):
+    return "numpy" if name == "cython" else "cython"
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_switches_and_restores():
+    start = fastpe.backend()
+    for name in ("numpy", "cython"):
+        with fastpe.use_backend(name):
+            assert fastpe.backend() == name
+            assert fastpe.info()["backend"] == name
+        assert fastpe.backend() == start
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_restores_on_exception():
+    start = fastpe.backend()
+    with pytest.raises(RuntimeError, match="boom"):
+        with fastpe.use_backend(_other(start)):
+            assert fastpe.backend() == _other(start)
+            raise RuntimeError("boom")
+    assert fastpe.backend() == start
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_nests():
+    start = fastpe.backend()
+    with fastpe.use_backend("numpy"):
+        with fastpe.use_backend("cython"):
+            assert fastpe.backend() == "cython"
+            with fastpe.use_backend("numpy"):
+                assert fastpe.backend() == "numpy"
+            assert fastpe.backend() == "cython"
+        assert fastpe.backend() == "numpy"
+    assert fastpe.backend() == start
+
+
+@pytest.mark.parametrize("name", ["bogus", "", "NUMPY", None])
+def test_use_backend_rejects_unknown_names(name):
+    start = fastpe.backend()
+    with pytest.raises(ValueError, match=r"\bname\b"):
+        with fastpe.use_backend(name):
+            pass
+    assert fastpe.backend() == start
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_selects_the_loops(monkeypatch):
+    """"numpy" runs fastpe.reference's loops, "cython" never does; both give the same
+    numbers within tolerance."""
+    calls = []
+    for fn in ("run_sinusoidal", "run_learned"):
+        real = getattr(fastpe.reference, fn)
+        monkeypatch.setattr(fastpe.reference, fn,
+                            lambda plan, real=real, fn=fn: (calls.append(fn), real(plan))[1])
+    x = np.random.default_rng(0).uniform(-2, 2, (2, 64, 16))
+    table = np.ones((64, 16))
+    out = {}
+    for name in ("cython", "numpy"):
+        calls.clear()
+        y = x.copy()
+        with fastpe.use_backend(name):
+            fastpe.add_sinusoidal(y, scale=1.3)
+            fastpe.add_learned(y, table)
+        assert calls == ([] if name == "cython" else ["run_sinusoidal", "run_learned"]), name
+        out[name] = y
+    np.testing.assert_allclose(out["cython"], out["numpy"], rtol=1e-12, atol=1e-12)
+
+
+# ---- FASTPE_BACKEND (read at import: fresh interpreters) ------------------------------------
+
+# Makes the compiled extension unimportable, as in a source tree that was never built.
+NO_EXTENSION = "import sys; sys.modules['fastpe._kernels'] = None\n"
+
+REPORT = """
+import json, fastpe
+print(json.dumps({"backend": fastpe.backend(), "info": fastpe.info()}))
+"""
+
+
+def _report(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fastpe_backend_cython_without_extension_says_how_to_build():
+    proc = run_python(NO_EXTENSION + "import fastpe", FASTPE_BACKEND="cython")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError"), proc.stderr[-3000:]
+    assert "FASTPE_BACKEND" in last and "pip install" in last, last
+
+
+def test_missing_extension_falls_back_to_numpy():
+    report = _report(run_python(NO_EXTENSION + REPORT))
+    assert report["backend"] == "numpy"
+    info = report["info"]
+    assert info["compiled"] is False and info["openmp"] is False and info["num_threads"] == 1
+    assert info.get("import_error"), info
+
+
+def test_use_backend_cython_without_extension_is_an_import_error():
+    code = NO_EXTENSION + """
+import fastpe
+try:
+    with fastpe.use_backend("cython"):
+        pass
+except ImportError as exc:
+    print("ImportError", exc)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ImportError") and "pip install" in proc.stdout
+
+
+def test_fastpe_backend_numpy():
+    report = _report(run_python(REPORT, FASTPE_BACKEND="numpy"))
+    assert report["backend"] == "numpy" and report["info"]["backend"] == "numpy"
+
+
+@needs_compiled
+def test_fastpe_backend_cython():
+    report = _report(run_python(REPORT, FASTPE_BACKEND="cython"))
+    assert report["backend"] == "cython"
+
+
+def test_default_backend_is_cython_when_built():
+    report = _report(run_python(REPORT))
+    assert report["backend"] == ("cython" if COMPILED else "numpy")
+
+
+@pytest.mark.parametrize("value", ["bogus", "c"])
+def test_fastpe_backend_unknown_is_an_import_error(value):
+    proc = run_python("import fastpe", FASTPE_BACKEND=value)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError") and "FASTPE_BACKEND" in last, last
+
+
+# ---- info() and the build ------------------------------------------------------------------
+
+
+def test_info_keys():
+    info = fastpe.info()
+    assert {"version", "backend", "openmp", "num_threads"} <= info.keys()
+    assert info["version"] == fastpe.__version__
+    assert info["backend"] == fastpe.backend()
+    assert type(info["openmp"]) is bool
+    assert isinstance(info["num_threads"], int) and info["num_threads"] >= 1
+    assert info["num_threads"] == fastpe.get_num_threads()
+    fastpe.set_num_threads(1)
+    assert fastpe.info()["num_threads"] == 1
+
+
+@pytest.mark.skipif(REQUESTED_BACKEND == "numpy", reason="FASTPE_BACKEND=numpy run")
+@pytest.mark.skipif(os.environ.get("FASTPE_REQUIRE_OPENMP") == "0",
+                    reason="FASTPE_REQUIRE_OPENMP=0: a deliberately serial build")
+def test_build_has_openmp():
+    """Like scikit-learn's test_build.py: fails when the build lost OpenMP (setup.py then
+    only warns unless FASTPE_FAIL_NO_OPENMP=1). FASTPE_REQUIRE_OPENMP=0 skips it."""
+    info = fastpe.info()
+    assert info["compiled"], f"the compiled extension is not built: {info.get('import_error')}"
+    assert info["openmp"] is True, (
+        "fastpe was built without OpenMP: every kernel runs on one thread. Rebuild with an "
+        "OpenMP-capable compiler (FASTPE_FAIL_NO_OPENMP=1 makes that an error). "
+        f"compile flags: {info.get('compile_flags')}")
+
+
+# ---- FASTPE_ISA ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.parametrize("isa", ISA_NAMES)
+def test_each_isa_variant_imports_and_reports_itself(isa, isa_runs):
+    """Every variant built (fastpe/_kernels/kernels_<isa>.so) that this CPU runs (by
+    /proc/cpuinfo) imports under FASTPE_ISA=<isa> and reports itself in info()."""
+    if cpu_runs(isa) is False:
+        proc = run_python("import fastpe._kernels", FASTPE_ISA=isa)
+        assert proc.returncode != 0 and "ImportError" in proc.stderr
+        pytest.skip(f"this CPU cannot run {isa} (an ImportError, as it should be)")
+    run = isa_runs[isa]
+    assert not isinstance(run, str), f"{isa} is built and the CPU runs it, yet: {run}"
+    info, _ = run
+    assert info["isa"] == isa and info["backend"] == "cython" and info["compiled"]
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_default_isa_is_the_best_the_cpu_runs():
+    runnable = [v for v in ISA_NAMES if cpu_runs(v) is not False]
+    assert fastpe.info()["isa"] == runnable[-1] or os.environ.get("FASTPE_ISA")
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_isa_available_matches_the_cpu():
+    if cpu_runs("avx2") is None:
+        pytest.skip("no /proc/cpuinfo here")
+    available = fastpe.info()["isa_available"]
+    assert "baseline" in available
+    for isa in ISA_NAMES:
+        assert (isa in available) == cpu_runs(isa), (isa, available)
+
+
+@pytest.mark.parametrize("value", ["bogus", "avx1024"])
+def test_fastpe_isa_unknown_is_an_import_error_of_the_kernels(value):
+    proc = run_python("import fastpe._kernels", FASTPE_ISA=value)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError") and "FASTPE_ISA" in last, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value", ["bogus", "avx1024"])
+def test_fastpe_isa_unknown_with_fastpe_backend_cython(value):
+    proc = run_python("import fastpe", FASTPE_ISA=value, FASTPE_BACKEND="cython")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError") and "FASTPE_ISA" in last, proc.stderr[-2000:]
+
+
+def test_fastpe_isa_unknown_is_an_import_error():
+    """A forced variant that cannot load is never silently replaced by NumPy."""
+    proc = run_python(REPORT, FASTPE_ISA="bogus")
+    assert proc.returncode != 0 and "ImportError" in proc.stderr, proc.stdout

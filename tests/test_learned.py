@@ -1,0 +1,278 @@
+"""add_learned: x += table[positions], exactly as NumPy does it, for every positions form,
+awkward x and table, thread count; IndexError past max_len; writes stay inside the view."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import (
+    BF16,
+    DTYPE_IDS,
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    POSITION_FORMS,
+    as_f64,
+    assert_bytes_equal,
+    assert_close,
+    awkward_params,
+    awkward_values,
+    describe,
+    make_awkward,
+    make_positions,
+    snapshot,
+)
+
+import fastpe
+
+MAX_LEN = 300
+
+def table_for(dtype, dim, max_len=MAX_LEN, seed=1) -> np.ndarray:
+    return awkward_values((max_len, dim), dtype, seed=seed)
+
+
+def numpy_truth(x0: np.ndarray, table: np.ndarray, full_positions: np.ndarray) -> np.ndarray:
+    """x + table[pos] in NumPy's own arithmetic on native copies (x0 is (batch, seq, dim)
+    or (seq, dim); full_positions is (batch, seq))."""
+    rows = np.asarray(table)[full_positions]
+    x = np.asarray(x0)
+    return x + (rows[0] if x.ndim == 2 else rows)
+
+
+def exact_truth(x0, table, full_positions) -> np.ndarray:
+    rows = as_f64(table)[full_positions]
+    x = as_f64(x0)
+    return x + (rows[0] if x.ndim == 2 else rows)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("form", POSITION_FORMS + ("2d-none", "2d-shared", "last-row"))
+def test_equals_x_plus_table_rows(form, dtype):
+    batch, seq, dim = 3, 45, 11
+    table = table_for(dtype, dim)
+    if form.startswith("2d-"):
+        positions, offset, full = make_positions(form[3:], 1, seq, high=MAX_LEN)
+        x = awkward_values((seq, dim), dtype)
+    elif form == "last-row":  # the largest valid position, max_len - 1
+        positions, offset, full = None, MAX_LEN - seq, None
+        full = np.broadcast_to(MAX_LEN - seq + np.arange(seq), (batch, seq))
+        x = awkward_values((batch, seq, dim), dtype)
+    else:
+        positions, offset, full = make_positions(form, batch, seq, high=MAX_LEN)
+        x = awkward_values((batch, seq, dim), dtype)
+    x0, table0 = x.copy(), table.copy()
+    ret = fastpe.add_learned(x, table, positions, offset=offset)
+    assert ret is x
+    ctx = f"add_learned({describe(x)}, table {describe(table)}, positions={form})"
+    assert_bytes_equal(table, table0, ctx + ": the table was written")
+    if dtype in (F32, F64):
+        # the same single IEEE addition NumPy does: bit-identical
+        assert_bytes_equal(x, numpy_truth(x0, table0, full), ctx)
+    else:
+        # one rounding of an exact sum: within one ulp of the storage type
+        assert_close(x, exact_truth(x0, table0, full), dtype, magnitude=4.0, context=ctx)
+
+
+@pytest.mark.parametrize("dtype", [d for d in (F16, BF16) if d is not None], ids=str)
+def test_half_types_round_once(dtype):
+    """float16 / bfloat16 add in float32 and round once: the result is the storage-type
+    rounding of the float32 sum, as NumPy / ml_dtypes compute x + t."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-4, 4, (2, 40, 16)).astype(dtype)
+    table = rng.uniform(-4, 4, (50, 16)).astype(dtype)
+    pos = rng.integers(0, 50, (2, 40))
+    want = (x.astype(np.float32) + table.astype(np.float32)[pos]).astype(dtype)
+    fastpe.add_learned(x, table, pos)
+    assert_bytes_equal(x, want, f"add_learned {dtype}")
+
+
+# ---- max_len -------------------------------------------------------------------------------
+
+MAX_LEN_MESSAGE = re.compile(r"(?s)(?=.*\btable\b)(?=.*max_len)")
+
+
+@pytest.mark.parametrize("how", ["positions", "per-row", "offset", "too-long"])
+def test_position_at_max_len_is_an_index_error(how):
+    max_len, dim = 16, 4
+    table = np.arange(max_len * dim, dtype=np.float32).reshape(max_len, dim)
+    x = np.ones((2, 5, dim), np.float32)
+    kwargs = {}
+    if how == "positions":
+        args = (np.array([0, 1, max_len, 2, 3]),)          # exactly max_len
+    elif how == "per-row":
+        args = (np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, max_len]]),)
+    elif how == "offset":
+        args, kwargs = (), {"offset": max_len - 4}          # offset + 4 == max_len
+    else:
+        x = np.ones((2, max_len + 1, dim), np.float32)     # a sequence longer than max_len
+        args = ()
+    before = snapshot(x), snapshot(table)
+    with pytest.raises(IndexError, match=MAX_LEN_MESSAGE) as info:
+        fastpe.add_learned(x, table, *args, **kwargs)
+    assert str(max_len) in str(info.value), info.value
+    assert (snapshot(x), snapshot(table)) == before
+
+
+def test_position_max_len_minus_one_is_fine():
+    table = np.arange(12, dtype=np.float64).reshape(3, 4)
+    x = np.zeros((1, 4))
+    fastpe.add_learned(x, table, [2])
+    assert np.array_equal(x, table[2:3])
+
+
+# ---- tables of any layout --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,shape,dtype", [
+    p for p in awkward_params([(MAX_LEN, 10)])
+    if p.values[0] != "empty"])  # an empty table has no row to add
+def test_awkward_tables(kind, shape, dtype, both_threads):
+    table = make_awkward(kind, shape, dtype, seed=4)
+    max_len = table.shape[0]
+    x = awkward_values((2, 70, table.shape[1]), dtype)
+    x0, t0 = x.copy(), snapshot(table)
+    pos = np.random.default_rng(2).integers(0, max_len, (2, 70))
+    fastpe.add_learned(x, table, pos, num_threads=both_threads)
+    ctx = f"add_learned(table={kind}: {describe(table)}, num_threads={both_threads})"
+    assert snapshot(table) == t0, ctx + ": the table changed"
+    assert_close(x, exact_truth(x0, table, pos), dtype, magnitude=4.0, context=ctx)
+    if dtype in (F32, F64):
+        assert_bytes_equal(x, numpy_truth(x0, np.asarray(table).astype(dtype), pos), ctx)
+
+
+def test_read_only_table():
+    table = np.arange(20, dtype=np.float32).reshape(5, 4)
+    table.flags.writeable = False
+    x = np.zeros((2, 3, 4), np.float32)
+    fastpe.add_learned(x, table, [4, 0, 2])
+    assert np.array_equal(x, np.broadcast_to(table[[4, 0, 2]], x.shape))
+
+
+def test_broadcast_table():
+    """A zero-stride table (every row the same) is only read: allowed."""
+    row = np.arange(6, dtype=np.float64)
+    table = np.broadcast_to(row, (50, 6))
+    x = np.ones((3, 40, 6))
+    fastpe.add_learned(x, table)
+    assert np.array_equal(x, 1 + np.broadcast_to(row, x.shape))
+
+
+def test_table_given_as_a_list():
+    x = np.zeros((2, 2))
+    fastpe.add_learned(x, [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], [2, 0])
+    assert np.array_equal(x, [[5.0, 6.0], [1.0, 2.0]])
+
+
+@pytest.mark.parametrize("dtype", [
+    pytest.param(d, id=str(d))
+    for d in FLOAT_DTYPES if d != BF16])
+def test_byteswapped_x_and_table_together(dtype):
+    x = awkward_values((2, 40, 8), dtype).astype(dtype.newbyteorder())
+    table = table_for(dtype, 8).astype(dtype.newbyteorder())
+    x0 = x.copy()
+    fastpe.add_learned(x, table)
+    pos = np.broadcast_to(np.arange(40), (2, 40))
+    assert_close(x, exact_truth(x0, table, pos), dtype, magnitude=4.0,
+                 context=f"add_learned(x {describe(x)}, table {describe(table)})")
+
+
+def test_byteswapped_x_with_native_table():
+    x = np.zeros((1, 3, 4), ">f4")
+    table = np.ones((5, 4), np.float32)
+    fastpe.add_learned(x, table)
+    assert np.array_equal(x, np.ones((1, 3, 4)))
+
+
+# ---- awkward x against the reference and NumPy -----------------------------------------------
+
+
+@pytest.mark.parametrize("kind,shape,dtype", awkward_params(
+    [(3, 67, 10), (67, 9)]))
+def test_awkward_x_matches_reference(kind, shape, dtype, both_threads):
+    x = make_awkward(kind, shape, dtype)
+    y = make_awkward(kind, shape, dtype)
+    table = table_for(dtype, x.shape[-1])
+    batch, seq = (1,) + x.shape[:1] if x.ndim == 2 else x.shape[:2]
+    positions, offset, full = make_positions("per-row" if x.ndim == 3 else "offset", batch,
+                                             seq, high=MAX_LEN, offset=MAX_LEN - seq)
+    x0 = x.copy()
+    ctx = f"add_learned(x={kind}: {describe(x)}, num_threads={both_threads})"
+    assert fastpe.add_learned(x, table, positions, offset=offset,
+                              num_threads=both_threads) is x, ctx
+    fastpe.reference.add_learned(y, table, positions, offset=offset)
+    assert_close(x, y, dtype, magnitude=4.0, context=ctx + " vs reference")
+    if dtype in (F32, F64):
+        assert_bytes_equal(x, numpy_truth(x0, table, full).astype(x.dtype), ctx + " vs NumPy")
+
+
+@pytest.mark.parametrize("kind,shape,dtype", awkward_params(
+    [(3, 67, 10)], dtypes=[F64]))
+def test_awkward_x_matches_reference_same_byte_order_table(kind, shape, dtype):
+    """A byte-swapped x with a table of the same byte order, against the reference."""
+    x = make_awkward(kind, shape, dtype)
+    y = make_awkward(kind, shape, dtype)
+    table = table_for(dtype, x.shape[-1]).astype(x.dtype)
+    fastpe.add_learned(x, table)
+    fastpe.reference.add_learned(y, table)
+    assert_close(x, y, dtype, magnitude=4.0, context=f"add_learned(x={kind}: {describe(x)})")
+
+
+# ---- threads -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("form", ["none", "per-row", "unsorted"])
+def test_bit_identical_across_threads(form, dtype, threaded):
+    table = table_for(dtype, 24, max_len=400)
+    positions, offset, _ = make_positions(form, 3, 200, high=400)
+    results = []
+    for n in (1, 2, 3):
+        x = awkward_values((3, 200, 24), dtype)
+        fastpe.add_learned(x, table, positions, offset=offset, num_threads=n)
+        results.append(x)
+    for n, r in zip((2, 3), results[1:]):
+        assert_bytes_equal(r, results[0], f"add_learned {dtype} {form} num_threads={n} vs 1")
+
+
+# ---- views ---------------------------------------------------------------------------------
+
+VIEWS = {
+    "interior-strided": (slice(1, 3), slice(5, 75, 2), slice(2, -3)),
+    "negative-steps": (slice(3, 0, -1), slice(-4, 2, -3), slice(-2, 1, -2)),
+    "interior-columns": (slice(1, 2), slice(1, -1), slice(3, -3, 3)),
+}
+
+
+@pytest.mark.parametrize("base_kind", ["contiguous", "unaligned", "odd-byte-stride"])
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_write_into_view_lands_in_base(view, base_kind):
+    base = make_awkward(base_kind, (4, 80, 14), F32)
+    expected = as_f64(base)
+    v = base[VIEWS[view]]
+    table = table_for(F32, v.shape[-1])
+    x0 = as_f64(v)
+    fastpe.add_learned(v, table, offset=3)
+    expected[VIEWS[view]] = x0 + as_f64(table)[3 : 3 + v.shape[1]]
+    assert_close(base, expected, F32, magnitude=4.0,
+                 context=f"add_learned into {view} view of {base_kind} {describe(base)}")
+
+
+SENTINEL = 1000.0
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_no_writes_outside_the_view(view, dtype, both_threads):
+    big = np.full((5, 90, 16), SENTINEL, dtype)
+    before = big.copy()
+    inside = np.zeros(big.shape, bool)
+    inside[VIEWS[view]] = True
+    v = big[VIEWS[view]]
+    table = np.full((MAX_LEN, v.shape[-1]), 8.0, dtype)  # 1008 is exact even in bfloat16
+    fastpe.add_learned(v, table, offset=1, num_threads=both_threads)
+    ctx = f"add_learned on {view} view {describe(v)}, num_threads={both_threads}"
+    assert_bytes_equal(big[~inside], before[~inside], ctx + ": outside the view")
+    assert np.all(as_f64(big[inside]) == SENTINEL + 8), ctx + ": inside the view"

@@ -1,0 +1,1482 @@
+"""RoPE rotation (issue 3): apply_rope, apply_rope_cached, rope_cos_sin, RotaryEmbedding.
+
+Truths, independent of the code under test:
+- ``rope_oracle``: a float64 rotation written from RoFormer's formula (explicit pair
+  indices), and cos/sin of the exact real angle (mpmath when installed, else an exact
+  rational product split into two doubles);
+- ``fastpe.reference``: the NumPy backend, for "compiled == reference" on every option;
+- the frequencies of every scaling type come from ``fastpe.rope_frequencies``, which
+  tests/test_rope_scaling.py checks against the published formulas and transformers.
+
+The compiled ``apply_rope`` / ``RotaryEmbedding.__call__`` have a C fast path
+(``kernels.rope_fast``) for plain calls and a general, fully validating path for the
+rest; ``path_spy`` records which one ran, and the tests check both give the same bits.
+
+Sizes: most sequences here are 37 or 40 tokens (more than one 32-token block of the
+kernel's angle recurrence, so blocks, reseeds and partial blocks all run). Every shorter
+length is swept by ``test_short_sequences_match_reference`` and
+``test_decode_sized_calls_do_not_crash``, in fresh interpreters: a scratch-buffer overrun
+for sequences under 32 tokens corrupted memory at commit ee8c113.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import rope_oracle as oracle
+from conftest import (
+    BF16,
+    COMPILED,
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    angle_atol,
+    as_f64,
+    assert_bytes_equal,
+    assert_close,
+    make_awkward,
+    run_python,
+    snapshot,
+    tolerance,
+)
+
+import fastpe
+from fastpe import reference
+
+ON_CYTHON = fastpe.backend() == "cython"
+
+LAYOUTS = ("bshd", "bhsd", "shd")
+STYLES = oracle.STYLES
+B, S, HQ, HK, D = 2, 37, 3, 1, 16   # 37 tokens: one full 32-token block and a partial one
+
+LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _longrope(original, half=D // 2):
+    return {"rope_type": "longrope", "original_max_position_embeddings": original,
+            "factor": 8.0, "short_factor": [1.0 + 0.25 * i for i in range(half)],
+            "long_factor": [2.0 + 1.5 * i for i in range(half)]}
+
+
+# Every scaling type, for head_dim D; "above" and "long" use an original context shorter
+# than the positions of the tests (< 40 tokens or ~5000), "below" and "short" a longer one.
+SCALINGS = {
+    "none": None,
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "linear-old-type-key": {"type": "linear", "factor": 2.5},
+    "dynamic-below-original": {"rope_type": "dynamic", "factor": 2.0,
+                               "original_max_position_embeddings": 1 << 20},
+    "dynamic-above-original": {"rope_type": "dynamic", "factor": 2.0,
+                               "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+                    "mscale_all_dim": 0.5, "original_max_position_embeddings": 256,
+                    "beta_fast": 16.0, "beta_slow": 2.0},
+    "longrope-short": _longrope(1 << 20),
+    "longrope-long": _longrope(16),
+    "llama3": dict(LLAMA31, original_max_position_embeddings=64),
+    "partial_rotary_factor": {"rope_type": "linear", "factor": 2.0,
+                              "partial_rotary_factor": 0.5},
+}
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def shape_for(layout, batch, seq, heads, dim):
+    return {"bshd": (batch, seq, heads, dim), "bhsd": (batch, heads, seq, dim),
+            "shd": (seq, heads, dim)}[layout]
+
+
+def bshd(x, layout):
+    """The (batch, seq, heads, dim) view of an array in `layout`."""
+    return {"bshd": x, "bhsd": x.transpose(0, 2, 1, 3) if x.ndim == 4 else x,
+            "shd": x[None]}[layout]
+
+
+# Memory layouts of q and k: conftest's awkward kinds that make sense for 4-D in-place
+# arrays, plus "transposed" (heads-major memory seen in the layout's axis order).
+KINDS = ("contiguous", "transposed", "fortran", "strided-last", "strided-rows", "reversed",
+         "byteswapped", "unaligned", "odd-byte-stride")
+
+
+def make(kind, shape, dtype, seed):
+    """A writable array of `dtype` laid out as `kind`, holding deterministic values in
+    [-2, 2); two calls with the same arguments give identical twins."""
+    if kind == "transposed":
+        vals = make_awkward("contiguous", shape, dtype, seed=seed)
+        order = list(range(len(shape)))
+        order[-3], order[-2] = order[-2], order[-3]
+        a = np.empty(tuple(shape[i] for i in order), dtype).transpose(order)
+        a[...] = vals
+        return a
+    return make_awkward(kind, shape, dtype, seed=seed)
+
+
+def rng_floats(shape, dtype=np.float32, seed=0, scale=2.0):
+    return (np.random.default_rng([seed, *shape]).uniform(-scale, scale, shape)).astype(dtype)
+
+
+def block_positions(batch, seq, seed=0):
+    """(batch, seq) int64: per row two consecutive runs (the second far away) and a
+    repeated position, so the recurrence, its reseeds and the direct path all run."""
+    rng = np.random.default_rng([seed, batch, seq])
+    rows = []
+    for _ in range(batch):
+        start, far = int(rng.integers(0, 500)), int(rng.integers(3000, 5000))
+        m = seq // 2 + 3
+        row = np.concatenate([start + np.arange(m), far + np.arange(seq - m)])
+        row[m // 2] = row[m // 2 - 1]           # a repeat: the direct path mid-block
+        rows.append(row)
+    return np.array(rows, dtype=np.int64)
+
+
+def magnitude_of(*xs, att=1.0):
+    """Size of the operands of a rotation: a pair's norm times the attention scaling."""
+    m = max((float(np.abs(as_f64(x)).max()) for x in xs if x is not None and x.size),
+            default=1.0)
+    return max(m, 1e-30) * math.sqrt(2.0) * att
+
+
+def check_rotation(actual, expected, dtype, *, magnitude, max_position=0, context=""):
+    atol, rtol = tolerance(dtype, magnitude)
+    atol += angle_atol(max_position) * magnitude
+    assert_close(actual, expected, dtype, atol=atol, rtol=rtol, context=context)
+
+
+def frequencies_for(head_dim, *, base=None, scaling=None, seq_len=None,
+                    max_position_embeddings=None, rotary_dim=None):
+    """What apply_rope should use: rope_frequencies at the width the call implies."""
+    dim = head_dim if rotary_dim is None else rotary_dim
+    return fastpe.rope_frequencies(dim, base=base, scaling=scaling, seq_len=seq_len,
+                                   max_position_embeddings=max_position_embeddings)
+
+
+def twins(make_fn):
+    """Two identical sets of arrays from one factory."""
+    return make_fn(), make_fn()
+
+
+@pytest.fixture
+def path_spy(monkeypatch):
+    """Records, per rotation call, which compiled path ran: 'fast' (rope_fast rotated),
+    'declined' (rope_fast returned False) and 'general' (the validating path's _run)."""
+    events: list[str] = []
+    if not ON_CYTHON:
+        pytest.skip("the compiled backend is not the one under test")
+    real_fast = fastpe._backend.compiled.rope_fast
+    real_run = fastpe.rope._run
+
+    def fast(*args):
+        done = real_fast(*args)
+        events.append("fast" if done else "declined")
+        return done
+
+    def run(plan):
+        events.append("general")
+        return real_run(plan)
+
+    monkeypatch.setattr(fastpe._backend.compiled, "rope_fast", fast)
+    monkeypatch.setattr(fastpe.rope, "_run", run)
+    return events
+
+
+def took(events, path):
+    got = "general" if "general" in events else ("fast" if "fast" in events else "none")
+    events.clear()
+    return got == path, got
+
+
+# ---- compiled == reference == formula, every layout, memory order and dtype --------------
+
+
+def _matrix_params():
+    out = []
+    for dtype in FLOAT_DTYPES:
+        for kind in KINDS:
+            if kind == "byteswapped" and dtype == BF16:
+                continue  # ml_dtypes has no byte-swapped bfloat16
+            for layout in LAYOUTS:
+                out.append(pytest.param(kind, np.dtype(dtype), layout,
+                                        id=f"{dtype}-{kind}-{layout}"))
+    return out
+
+
+def _run_matrix(kind, dtype, layout, fn, style, inverse=False, seed=0):
+    batch = 1 if layout == "shd" else B
+    pos2 = block_positions(batch, S, seed)
+    positions = pos2[0] if layout == "shd" else pos2
+    q = make(kind, shape_for(layout, B, S, HQ, D), dtype, seed=seed + 1)
+    k = make(kind, shape_for(layout, B, S, HK, D), dtype, seed=seed + 2)
+    q_in, k_in = as_f64(bshd(q, layout)), as_f64(bshd(k, layout))
+    out = fn(q, k, positions, style=style, layout=layout, inverse=inverse)
+    assert out[0] is q and out[1] is k
+    return q, k, q_in, k_in, pos2
+
+
+@pytest.mark.parametrize("kind, dtype, layout", _matrix_params())
+def test_matches_reference_every_layout_memory_order_and_dtype(kind, dtype, layout):
+    for style in STYLES:
+        for inverse in (False, True):
+            q, k, q_in, _, pos = _run_matrix(kind, dtype, layout, fastpe.apply_rope, style,
+                                             inverse)
+            qr, kr, *_ = _run_matrix(kind, dtype, layout, reference.apply_rope, style,
+                                     inverse)
+            ctx = f"{style} inverse={inverse} {kind} {dtype} {layout} q {q.shape}"
+            mag = magnitude_of(q_in)
+            check_rotation(q, qr, dtype, magnitude=mag, max_position=pos.max(), context=ctx)
+            check_rotation(k, kr, dtype, magnitude=mag, max_position=pos.max(),
+                           context=ctx.replace(" q ", " k "))
+
+
+@pytest.mark.parametrize("kind, dtype, layout", _matrix_params())
+def test_matches_formula_every_layout_memory_order_and_dtype(kind, dtype, layout):
+    w = 1.0 / 10000.0 ** (np.arange(0, D, 2) / D)   # RoFormer's theta_j, base 10000
+    for style in STYLES:
+        q, k, q_in, k_in, pos = _run_matrix(kind, dtype, layout, fastpe.apply_rope, style)
+        ctx = f"{style} {kind} {dtype} {layout}"
+        mag = magnitude_of(q_in, k_in)
+        check_rotation(bshd(q, layout), oracle.rotate(q_in, pos, w, style=style), dtype,
+                       magnitude=mag, max_position=pos.max(), context=ctx + " q")
+        check_rotation(bshd(k, layout), oracle.rotate(k_in, pos, w, style=style), dtype,
+                       magnitude=mag, max_position=pos.max(), context=ctx + " k")
+
+
+# ---- every option, against the reference and the formula --------------------------------
+
+
+@dataclass
+class Case:
+    """One apply_rope configuration: array shapes, positions and keyword arguments."""
+    hq: int = HQ
+    hk: int | None = HK
+    head_dim: int = D
+    positions: str = "per-row"      # how the positions argument is given
+    kwargs: dict = field(default_factory=dict)
+
+
+def _positions_arg(form, batch, seq):
+    """(positions argument, offset, the (batch, seq) int64 positions meant)."""
+    pos = block_positions(batch, seq)
+    if form == "none":
+        return None, 0, np.broadcast_to(np.arange(seq), (batch, seq))
+    if form == "offset":
+        return None, 4090, np.broadcast_to(4090 + np.arange(seq), (batch, seq))
+    if form == "per-row":
+        return pos, 0, pos
+    if form == "shared":
+        return pos[0], 0, np.broadcast_to(pos[0], (batch, seq))
+    if form == "one-row":
+        return pos[:1], 0, np.broadcast_to(pos[0], (batch, seq))
+    if form == "list":
+        return pos.tolist(), 0, pos
+    if form.startswith("dtype="):
+        dt = np.dtype(form[6:])
+        small = (pos % 100) if dt.itemsize == 1 else pos   # fits in int8 / uint8
+        return small.astype(dt), 0, small
+    raise ValueError(form)
+
+
+CASES = {
+    "plain": Case(),
+    "rotary_dim=8": Case(kwargs={"rotary_dim": 8}),
+    "rotary_dim=2": Case(kwargs={"rotary_dim": 2}),
+    "rotary_dim=head_dim": Case(kwargs={"rotary_dim": D}),
+    "gqa-4q-2kv": Case(hq=4, hk=2),
+    "mqa-8q-1kv": Case(hq=8, hk=1),
+    "more-k-heads-than-q": Case(hq=1, hk=3),
+    "k=None": Case(hk=None),
+    "inverse": Case(kwargs={"inverse": True}),
+    "head_dim=2": Case(head_dim=2),
+    "head_dim=96": Case(head_dim=96),
+    "base=500000": Case(kwargs={"base": 500000.0}),
+    "base-int": Case(kwargs={"base": 10000}),
+    **{f"positions={f}": Case(positions=f)
+       for f in ("none", "offset", "shared", "one-row", "list")},
+    **{f"positions-{dt}": Case(positions=f"dtype={dt}")
+       for dt in ("uint8", "int8", "int16", "uint16", "int32", "uint32", "uint64")},
+    **{f"scaling={name}": Case(kwargs={"scaling": sc}) for name, sc in SCALINGS.items()},
+    "scaling=dynamic+max_position_embeddings": Case(kwargs={
+        "scaling": {"rope_type": "dynamic", "factor": 3.0}, "max_position_embeddings": 32}),
+    "scaling=yarn-inverse": Case(kwargs={"scaling": SCALINGS["yarn"], "inverse": True}),
+    "scaling=partial+rotary_dim": Case(kwargs={
+        "scaling": SCALINGS["partial_rotary_factor"], "rotary_dim": 8}),
+    "freqs=RopeFrequencies": Case(kwargs={"freqs": "yarn"}),
+    "freqs=bare-array": Case(kwargs={"freqs": "array"}),
+    "freqs=bare-float32-array": Case(kwargs={"freqs": "array32"}),
+    "freqs=shorter-than-head": Case(kwargs={"freqs": "short"}),
+    "freqs+rotary_dim": Case(kwargs={"freqs": "short", "rotary_dim": 8}),
+    "num_threads=-1": Case(kwargs={"num_threads": -1}),
+}
+
+
+def _resolve_freqs(spec):
+    if spec == "yarn":
+        return frequencies_for(D, scaling=SCALINGS["yarn"])
+    if spec == "array":
+        return 1.0 / 500.0 ** (np.arange(0, D, 2) / D)
+    if spec == "array32":
+        return (1.0 / 500.0 ** (np.arange(0, D, 2) / D)).astype(np.float32)
+    if spec == "short":
+        return fastpe.rope_frequencies(8, base=1000.0)
+    raise ValueError(spec)
+
+
+def _expected_frequencies(case, pos):
+    kw = dict(case.kwargs)
+    if "freqs" in kw:
+        f = _resolve_freqs(kw["freqs"])
+        if isinstance(f, np.ndarray):
+            return f.astype(np.float64), 1.0
+        return f.inv_freq, f.attention_scaling
+    scaling = kw.get("scaling")
+    rotary = kw.get("rotary_dim")
+    if isinstance(scaling, dict) and "partial_rotary_factor" in scaling:
+        rotary = None  # the dict's factor sets the width (rotary_dim must agree)
+    f = frequencies_for(case.head_dim, base=kw.get("base"), scaling=scaling,
+                        seq_len=int(pos.max()) + 1, rotary_dim=rotary,
+                        max_position_embeddings=kw.get("max_position_embeddings"))
+    return f.inv_freq, f.attention_scaling
+
+
+def _case_arrays(case, dtype, seed=0):
+    q = rng_floats((B, S + 3, case.hq, case.head_dim), dtype, seed)
+    k = None if case.hk is None else rng_floats((B, S + 3, case.hk, case.head_dim), dtype,
+                                                seed + 1)
+    return q, k
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_every_option_matches_reference_and_formula(case_id, dtype):
+    case = CASES[case_id]
+    seq = S + 3
+    positions, offset, pos = _positions_arg(case.positions, B, seq)
+    kwargs = dict(case.kwargs)
+    if "freqs" in kwargs:
+        kwargs["freqs"] = _resolve_freqs(kwargs["freqs"])
+    (q, k), (qr, kr) = twins(lambda: _case_arrays(case, dtype))
+    q_in = q.copy()
+    k_in = None if k is None else k.copy()
+    out = fastpe.apply_rope(q, k, positions, offset=offset, **kwargs)
+    assert out[0] is q and out[1] is k
+    reference.apply_rope(qr, kr, positions, offset=offset, **kwargs)
+
+    inv_freq, att = _expected_frequencies(case, pos)
+    rd = 2 * inv_freq.size
+    inverse = kwargs.get("inverse", False)
+    mag = magnitude_of(q_in, k_in, att=max(att, 1.0 / att))
+    for name, x, xr, x_in in (("q", q, qr, q_in), ("k", k, kr, k_in)):
+        if x is None:
+            continue
+        ctx = f"{case_id} {dtype} {name}"
+        check_rotation(x, xr, dtype, magnitude=mag, max_position=pos.max(), context=ctx)
+        want = oracle.rotate(x_in, pos, inv_freq, attention_scaling=att, inverse=inverse)
+        check_rotation(x, want, dtype, magnitude=mag, max_position=pos.max(),
+                       context=ctx + " vs formula")
+        # features past rotary_dim are bit-untouched
+        assert_bytes_equal(x[..., rd:], x_in[..., rd:], context=ctx + " tail")
+        assert_bytes_equal(xr[..., rd:], x_in[..., rd:], context=ctx + " reference tail")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_storage_dtype_is_kept_and_arithmetic_is_at_least_float32(dtype):
+    """float16 / bfloat16 compute in float32 and round once: within one storage ulp (plus
+    float32 noise) of the float64 rotation of the stored input."""
+    q = rng_floats((1, 40, 2, 32), dtype, 3)
+    q_in = as_f64(q)
+    pos = np.arange(1000, 1040)
+    fastpe.apply_rope(q, positions=pos)
+    assert q.dtype == dtype
+    want = oracle.rotate(q_in, pos, fastpe.rope_frequencies(32).inv_freq)
+    check_rotation(q, want, dtype, magnitude=magnitude_of(q_in), max_position=1040,
+                   context=str(dtype))
+
+
+# ---- fast path and general path give identical bits --------------------------------------
+
+
+def _plain_inputs(dtype=F32, layout="bshd", seed=0):
+    q = rng_floats(shape_for(layout, B, 40, HQ, D), dtype, seed)
+    k = rng_floats(shape_for(layout, B, 40, HK, D), dtype, seed + 1)
+    return q, k, block_positions(1 if layout == "shd" else B, 40, seed)
+
+
+# Each variant returns (q, k, call-kwargs) for the same values as _plain_inputs, and a
+# function giving the rotated values back as plain native arrays.
+def _v_same(q, k, pos):
+    return q, k, {"positions": pos}, lambda a: a
+
+
+def _v_positions(conv):
+    def v(q, k, pos):
+        return q, k, {"positions": conv(pos)}, lambda a: a
+    return v
+
+
+def _v_byteswapped(q, k, pos):
+    sw = lambda a: a.astype(a.dtype.newbyteorder())  # noqa: E731
+    return sw(q), sw(k), {"positions": pos}, lambda a: a.astype(a.dtype.newbyteorder("="))
+
+
+def _v_fused_qkv(q, k, pos):
+    """q and k sliced out of one (batch, seq, 3, heads, dim) buffer: their byte ranges
+    interleave (the fast path declines), but no element is shared."""
+    b, s, h, d = q.shape
+    qkv = np.full((b, s, 3, h, d), 7, q.dtype)
+    qkv[:, :, 0], qkv[:, :, 1, :k.shape[2]] = q, k
+    return qkv[:, :, 0], qkv[:, :, 1, :k.shape[2]], {"positions": pos}, lambda a: a
+
+
+def _v_interleaved_features(q, k, pos):
+    """q on the even, k on the odd features of one buffer: no shared element."""
+    buf = np.zeros(q.shape[:3] + (2 * q.shape[3],), q.dtype)
+    qv, kv = buf[..., 0::2], buf[:, :, :k.shape[2], 1::2]
+    qv[...], kv[...] = q, k
+    return qv, kv, {"positions": pos}, lambda a: a
+
+
+def _v_unaligned(q, k, pos):
+    def un(a):
+        buf = np.zeros(a.nbytes + 1, np.uint8)
+        u = buf[1:].view(a.dtype).reshape(a.shape)
+        u[...] = a
+        return u
+    return un(q), un(k), {"positions": pos}, lambda a: a
+
+
+def _v_kwargs(**extra):
+    def v(q, k, pos):
+        return q, k, {"positions": pos, **extra}, lambda a: a
+    return v
+
+
+def _v_copy_to(kind):
+    def v(q, k, pos):
+        def conv(a):
+            if kind == "strided-last":
+                big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+                out = big[..., ::2]
+            elif kind == "reversed":
+                out = np.empty(a.shape, a.dtype)[::-1, ::-1, ::-1, ::-1]
+            elif kind == "transposed":
+                out = np.empty((a.shape[0], a.shape[2], a.shape[1], a.shape[3]),
+                               a.dtype).transpose(0, 2, 1, 3)
+            out[...] = a
+            return out
+        return conv(q), conv(k), {"positions": pos}, lambda a: a
+    return v
+
+
+GENERAL_VARIANTS = {
+    "positions-list": _v_positions(lambda p: p.tolist()),
+    "positions-int32": _v_positions(lambda p: p.astype(np.int32)),
+    "positions-uint16": _v_positions(lambda p: p.astype(np.uint16)),
+    "positions-strided-int64": _v_positions(lambda p: np.repeat(p, 2, axis=1)[:, ::2]),
+    "positions-big-endian": _v_positions(lambda p: p.astype(">i8")),
+    "q-k-byteswapped": _v_byteswapped,
+    "q-k-fused-qkv-slices": _v_fused_qkv,
+    "q-k-interleaved-features": _v_interleaved_features,
+    "q-k-unaligned": _v_unaligned,
+    "rotary_dim-given": _v_kwargs(rotary_dim=D),
+    "scaling-default-dict": _v_kwargs(scaling={"rope_type": "default"}),
+    "base-int": _v_kwargs(base=10000),
+    "freqs-bare-array": _v_kwargs(freqs=np.array(fastpe.rope_frequencies(D).inv_freq)),
+    "num_threads-negative": _v_kwargs(num_threads=-1),
+}
+FAST_VARIANTS = {
+    "plain": _v_same,
+    "base-float": _v_kwargs(base=10000.0),
+    "freqs-RopeFrequencies": _v_kwargs(freqs=fastpe.rope_frequencies(D)),
+    "strided-last-axis": _v_copy_to("strided-last"),
+    "negative-strides": _v_copy_to("reversed"),
+    "transposed-memory": _v_copy_to("transposed"),
+    "num_threads=1": _v_kwargs(num_threads=1),
+}
+
+
+@pytest.mark.parametrize("dtype", [F16, F32, F64], ids=str)
+@pytest.mark.parametrize("variant", [pytest.param(v, id=f"general-{v}") for v in GENERAL_VARIANTS]
+                         + [pytest.param(v, id=f"fast-{v}") for v in FAST_VARIANTS])
+def test_fast_and_general_paths_give_identical_bits(path_spy, variant, dtype):
+    q0, k0, pos = _plain_inputs(dtype)
+    fastpe.apply_rope(q0, k0, positions=pos)
+    ok, got = took(path_spy, "fast")
+    assert ok, f"the plain call took the {got} path"
+
+    expect_path = "general" if variant in GENERAL_VARIANTS else "fast"
+    make_variant = {**GENERAL_VARIANTS, **FAST_VARIANTS}[variant]
+    q, k, kwargs, native = make_variant(*_plain_inputs(dtype))
+    q_before = q.copy()
+    fastpe.apply_rope(q, k, **kwargs)
+    ok, got = took(path_spy, expect_path)
+    assert ok, f"{variant} took the {got} path, expected {expect_path}"
+    assert not np.array_equal(as_f64(q), as_f64(q_before)), "nothing was rotated"
+    assert_bytes_equal(native(np.ascontiguousarray(q)), q0, context=f"{variant} q")
+    assert_bytes_equal(native(np.ascontiguousarray(k)), k0, context=f"{variant} k")
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_fused_qkv_buffer_rotated_in_place_and_v_untouched(dtype):
+    """The common case: q and k sliced from one (batch, seq, 3, heads, dim) projection
+    output, rotated in place; v (and every other byte of the buffer) stays as it was.
+    Every layout of such slices, both backends, both styles."""
+    rng = np.random.default_rng(5)
+    for style in STYLES:
+        for layout in ("bshd", "bhsd"):
+            qkv = rng.uniform(-2, 2, (B, 40, 3, HQ, D)).astype(dtype)
+            before = qkv.copy()
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            if layout == "bhsd":
+                q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+            qc, kc = q.copy(), k.copy()
+            fastpe.apply_rope(q, k, offset=11, style=style, layout=layout)
+            reference.apply_rope(qc, kc, offset=11, style=style, layout=layout)
+            check_rotation(q, qc, dtype, magnitude=magnitude_of(before), max_position=51,
+                           context=f"{style} {layout} q")
+            check_rotation(k, kc, dtype, magnitude=magnitude_of(before), max_position=51,
+                           context=f"{style} {layout} k")
+            assert_bytes_equal(v, before[:, :, 2], context="v")
+            with fastpe.use_backend("numpy"):
+                qkv2 = before.copy()
+                q2, k2 = qkv2[:, :, 0], qkv2[:, :, 1]
+                if layout == "bhsd":
+                    q2, k2 = q2.transpose(0, 2, 1, 3), k2.transpose(0, 2, 1, 3)
+                fastpe.apply_rope(q2, k2, offset=11, style=style, layout=layout)
+                assert_bytes_equal(qkv2[:, :, 2], before[:, :, 2], context="v (numpy)")
+                assert_bytes_equal(q2, qc, context="q (numpy)")
+
+
+def test_rotary_embedding_call_paths_give_identical_bits(path_spy):
+    rope = fastpe.RotaryEmbedding(D, base=5000.0, scaling=SCALINGS["yarn"])
+    q0, k0, pos = _plain_inputs()
+    rope(q0, k0, pos)
+    assert took(path_spy, "fast")[0]
+    q, k, _ = _plain_inputs()
+    rope(q, k, pos.astype(np.int32))
+    assert took(path_spy, "general")[0]
+    assert_bytes_equal(q, q0)
+    assert_bytes_equal(k, k0)
+    q, k, _ = _plain_inputs()
+    fastpe.apply_rope(q, k, pos, base=5000.0, scaling=SCALINGS["yarn"])
+    assert took(path_spy, "general")[0]
+    assert_bytes_equal(q, q0)
+    assert_bytes_equal(k, k0)
+
+
+# ---- threads -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_num_threads_give_bit_identical_results(threaded, dtype):
+    """3 batch rows x 4 blocks of 32 tokens; 1, 2 and 3 threads, computed angles (fast and
+    general path), a cos/sin cache, and rope_cos_sin."""
+    freqs = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])
+    pos = np.concatenate([block_positions(3, 60), block_positions(3, 40, 1) + 9000], axis=1)
+    cos, sin = fastpe.rope_cos_sin(np.arange(pos.max() + 1), freqs, dtype=F32)
+    results = []
+    for nt in (1, 2, 3):
+        q = rng_floats((3, 100, HQ, D), dtype, 1)
+        k = rng_floats((3, 100, HK, D), dtype, 2)
+        fastpe.apply_rope(q, k, pos, freqs=freqs, num_threads=nt)
+        q2 = rng_floats((3, 100, HQ, D), dtype, 1)
+        fastpe.apply_rope(q2, None, pos.astype(np.int32), freqs=freqs, num_threads=nt,
+                          style="gptj")
+        q3 = rng_floats((3, 100, HQ, D), dtype, 1)
+        fastpe.apply_rope_cached(q3, None, cos, sin, pos, num_threads=nt)
+        fastpe.set_num_threads(nt)
+        c, s = fastpe.rope_cos_sin(pos, freqs, dtype=dtype)
+        q4 = rng_floats((3, 100, HQ, D), dtype, 1)
+        fastpe.apply_rope(q4, positions=pos, freqs=freqs)
+        fastpe.set_num_threads(None)
+        results.append((q, k, q2, q3, c, s, q4))
+    for nt, res in zip((2, 3), results[1:]):
+        for name, a, b in zip(("q", "k", "q-gptj-general", "q-cached", "cos", "sin",
+                               "q-set_num_threads"), res, results[0]):
+            assert_bytes_equal(a, b, context=f"{name} num_threads={nt} vs 1")
+
+
+# ---- sizes 0 and 1 -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, k_shape", [
+    pytest.param((1, 1, 1, 2), (1, 1, 1, 2), id="one-pair"),
+    pytest.param((1, 1, 1, 32), (1, 1, 1, 32), id="one-token"),
+    pytest.param((1, 40, 1, 2), None, id="head_dim=2"),
+    pytest.param((1, 40, 3, 16), (1, 40, 0, 16), id="k-without-heads"),
+    pytest.param((1, 40, 0, 16), (1, 40, 2, 16), id="q-without-heads"),
+    pytest.param((1, 0, 3, 16), (1, 0, 1, 16), id="seq=0"),
+    pytest.param((0, 40, 3, 16), (0, 40, 1, 16), id="batch=0"),
+])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_tiny_and_empty_sizes(shape, k_shape, dtype):
+    for backend_fn in (fastpe.apply_rope, reference.apply_rope):
+        q = rng_floats(shape, dtype, 1)
+        k = None if k_shape is None else rng_floats(k_shape, dtype, 2)
+        q_in = as_f64(q)
+        pos = 4095 + np.arange(shape[1])
+        backend_fn(q, k, offset=4095)
+        w = fastpe.rope_frequencies(shape[-1]).inv_freq
+        check_rotation(q, oracle.rotate(q_in, pos, w), dtype, magnitude=magnitude_of(q_in),
+                       max_position=4200, context=f"{backend_fn.__module__} {shape}")
+
+
+def test_empty_positions_give_empty_cos_sin():
+    for fn in (fastpe.rope_cos_sin, reference.rope_cos_sin):
+        c, s = fn(np.zeros((0,), np.int64), fastpe.rope_frequencies(8))
+        assert c.shape == s.shape == (0, 4) and c.dtype == F32
+
+
+# ---- the kernel's scratch buffer for sequences shorter than one block ---------------------
+
+SHORT_SEQ_SCRIPT = """
+import numpy as np, fastpe, fastpe._threads
+from fastpe import reference
+fastpe._threads.SERIAL_BYTES = 0
+bad = []
+for batch, nt in ((1, 1), (2, 2)):          # one thread first: a crash comes later
+    for dtype in ("float32", "float64", "float16"):
+        for head_dim in (16, 64):
+            for seq in range(1, 33):
+                rng = np.random.default_rng(seq)
+                q = rng.uniform(-2, 2, (batch, seq, 2, head_dim)).astype(dtype)
+                qr = q.copy()
+                fastpe.apply_rope(q, offset=100, num_threads=nt)
+                reference.apply_rope(qr, offset=100)
+                err = float(np.abs(q.astype(float) - qr.astype(float)).max())
+                if err > 1e-2:
+                    bad.append((dtype, head_dim, seq, batch, nt, round(err, 3)))
+    print("threads", nt, "BAD so far", len(bad), bad[:12], flush=True)
+print("BAD", len(bad), bad[:12])
+"""
+
+DECODE_SCRIPT = """
+import sys, numpy as np, fastpe
+from fastpe import reference
+for dtype, head_dim, seq in ((np.float64, 128, 1), (np.float16, 128, 1), (np.float64, 256, 2),
+                             (np.float32, 512, 1)):
+    print("case", np.dtype(dtype).name, head_dim, seq, flush=True)
+    q = np.random.default_rng(0).uniform(-1, 1, (1, seq, 32, head_dim)).astype(dtype)
+    qr = q.copy()
+    fastpe.apply_rope(q, offset=4095)
+    reference.apply_rope(qr, offset=4095)
+    assert np.allclose(q.astype(float), qr.astype(float), atol=1e-2), "wrong values"
+print("OK")
+"""
+
+# Regression tests: at commit ee8c113 rope_execute sized each thread's scratch for
+# min(seq, 32) tokens while rope_block laid it out for 32 (stab = ctab + 32 * half, tmp
+# after it): for seq < 32 the sin table overwrote the angle-step vectors (float32 with 7 or
+# 8 tokens, float64 with 15 to 29: wrong values) or ran past the stack buffer or the heap
+# (float64 / float16 decode with head_dim >= 128: segfault). Run in fresh interpreters,
+# since a regression corrupts memory.
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_short_sequences_match_reference():
+    """Every sequence length up to one 32-token block, 1 and 2 threads, float16/32/64,
+    head_dim 16 and 64: compiled == reference."""
+    proc = run_python(SHORT_SEQ_SCRIPT)
+    assert proc.returncode == 0, (f"crashed (rc {proc.returncode}) after {proc.stdout!r}: "
+                                  f"{proc.stderr[-2000:]}")
+    assert "BAD 0 " in proc.stdout, f"compiled != reference for: {proc.stdout.strip()}"
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_decode_sized_calls_do_not_crash():
+    """One-token decode with LLaMA-sized heads (float64/float16 head_dim 128 and up)."""
+    proc = run_python(DECODE_SCRIPT)
+    last = (proc.stdout.strip().splitlines() or ["<nothing>"])[-1]
+    assert proc.returncode == 0 and last == "OK", (
+        f"rc {proc.returncode} during {last!r}: {proc.stderr[-1500:]}")
+
+
+# ---- apply_rope_cached -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache_dtype", [F32, F64], ids=lambda d: f"cache-{d}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("style", STYLES)
+def test_cached_equals_apply_rope_and_reference(style, dtype, cache_dtype):
+    freqs = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])   # attention_scaling != 1
+    pos = block_positions(B, 40)
+    cos, sin = fastpe.rope_cos_sin(np.arange(pos.max() + 1), freqs, dtype=cache_dtype)
+    (q, k), (qr, kr) = twins(lambda: (rng_floats((B, 40, HQ, D), dtype, 1),
+                                      rng_floats((B, 40, HK, D), dtype, 2)))
+    (qa, ka) = (q.copy(), k.copy())
+    q_in = as_f64(q)
+    fastpe.apply_rope_cached(q, k, cos, sin, pos, style=style)
+    reference.apply_rope_cached(qr, kr, cos, sin, pos, style=style)
+    fastpe.apply_rope(qa, ka, pos, freqs=freqs, style=style)
+    mag = magnitude_of(q_in, att=freqs.attention_scaling)
+    # the cache rounds cos and sin to its dtype: a float32 cache adds 2^-24 relative
+    extra = (2.0**-23 if cache_dtype == F32 else 0.0) * mag
+    for name, a, b in (("q vs reference", q, qr), ("k vs reference", k, kr)):
+        check_rotation(a, b, dtype, magnitude=mag, max_position=pos.max(), context=name)
+    for name, a, b in (("q vs apply_rope", q, qa), ("k vs apply_rope", k, ka)):
+        atol, rtol = tolerance(dtype, mag)
+        assert_close(a, b, dtype, atol=atol + extra + angle_atol(pos.max()) * mag, rtol=rtol,
+                     context=f"{name} {style} {dtype} {cache_dtype}")
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_cached_inverse_restores_input(dtype):
+    freqs = fastpe.rope_frequencies(D, scaling=SCALINGS["longrope-long"], seq_len=5000)
+    cos, sin = fastpe.rope_cos_sin(np.arange(6000), freqs, dtype=dtype)
+    pos = block_positions(B, 40)
+    for fn in (fastpe.apply_rope_cached, reference.apply_rope_cached):
+        q = rng_floats((B, 40, HQ, D), dtype, 1)
+        q0 = q.copy()
+        fn(q, None, cos, sin, pos)
+        assert not np.allclose(q, q0)
+        fn(q, None, cos, sin, pos, inverse=True)
+        eps = 8 * np.finfo(dtype).eps
+        assert_close(q, q0, dtype, atol=eps * magnitude_of(q0), rtol=eps,
+                     context=f"{fn.__module__} {dtype}")
+
+
+def test_cached_awkward_caches_and_partial_width():
+    """A cache that is a strided / byte-swapped / reversed view, and one narrower than
+    head_dim / 2 (only 2 * cos.shape[1] features rotate, the tail is bit-untouched)."""
+    freqs = fastpe.rope_frequencies(8)
+    c64, s64 = fastpe.rope_cos_sin(np.arange(100), freqs, dtype=F64)
+    pos = block_positions(B, 40) % 100
+    views = {
+        "contiguous": (c64, s64),
+        "strided": (np.repeat(c64, 2, axis=0)[::2], np.repeat(s64, 2, axis=1)[:, ::2]),
+        "byteswapped": (c64.astype(">f8"), s64.astype(">f8")),
+        "rows-reversed": (c64[::-1].copy()[::-1], s64[::-1].copy()[::-1]),
+        "read-only": (c64.copy(), s64.copy()),
+    }
+    views["read-only"][0].flags.writeable = False
+    views["read-only"][1].flags.writeable = False
+    q_in = rng_floats((B, 40, HQ, D), F64, 3)
+    want = oracle.rotate(q_in, pos, freqs.inv_freq)
+    for name, (c, s) in views.items():
+        for fn in (fastpe.apply_rope_cached, reference.apply_rope_cached):
+            q = q_in.copy()
+            fn(q, None, c, s, pos)
+            check_rotation(q, want, F64, magnitude=magnitude_of(q_in), max_position=100,
+                           context=f"{name} {fn.__module__}")
+            assert_bytes_equal(q[..., 8:], q_in[..., 8:], context=f"{name} tail")
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_cached_position_equal_to_cache_length_is_an_index_error(backend):
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    cos, sin = fastpe.rope_cos_sin(np.arange(50), fastpe.rope_frequencies(D))
+    q = rng_floats((1, 40, HQ, D), F32, 1)
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope_cached(q, None, cos, sin, offset=10)    # last position 49: fine
+        q0 = q.copy()
+        with pytest.raises(IndexError, match=r"position 50 .*cos/sin cache \(50 rows\)"):
+            fastpe.apply_rope_cached(q, None, cos, sin, offset=11)
+        pos = np.arange(40)
+        pos[17] = 50
+        with pytest.raises(IndexError, match=r"position 50"):
+            fastpe.apply_rope_cached(q, None, cos, sin, pos)
+    assert_bytes_equal(q, q0)
+
+
+# ---- properties --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+@pytest.mark.parametrize("scaling_id", list(SCALINGS))
+def test_relative_position_norms_and_inverse(scaling_id, dtype):
+    """The seed's checks for every scaling type: the same q and k vectors at positions
+    (2, 5) and (10, 13) give the same dot product; each pair's norm is multiplied by
+    attention_scaling; inverse restores the input."""
+    scaling = SCALINGS[scaling_id]
+    freqs = frequencies_for(D, scaling=scaling, seq_len=40)
+    rd, att = 2 * freqs.inv_freq.size, freqs.attention_scaling
+    qv = rng_floats((D,), F64, 1)
+    kv = rng_floats((D,), F64, 2)
+    for style in STYLES:
+        for fn in (fastpe.apply_rope, reference.apply_rope):
+            # one call, 40 positions: dynamic / longrope see seq_len 40 throughout
+            q = np.broadcast_to(qv, (1, 40, 1, D)).astype(dtype)
+            k = np.broadcast_to(kv, (1, 40, 1, D)).astype(dtype)
+            q_in, k_in = q.copy(), k.copy()
+            fn(q, k, scaling=scaling, style=style)
+            dots = [float(as_f64(q[0, i, 0]) @ as_f64(k[0, j, 0]))
+                    for i, j in ((2, 5), (10, 13), (30, 33))]
+            scale = float(np.linalg.norm(qv) * np.linalg.norm(kv)) * max(att, 1.0) ** 2
+            tol = (1e-13 if dtype == F64 else 3e-6) * scale
+            ctx = f"{scaling_id} {style} {dtype} {fn.__module__}"
+            assert abs(dots[0] - dots[1]) <= tol and abs(dots[0] - dots[2]) <= tol, (
+                f"{ctx}: dot products {dots}")
+            # norms: each rotated pair is att times the input pair
+            got = oracle.pair_norms(q, rd, style)
+            want = att * oracle.pair_norms(q_in, rd, style)
+            eps = 1e-14 if dtype == F64 else 4 * 2.0**-23
+            assert np.all(np.abs(got - want) <= eps * want + eps), f"{ctx}: norms"
+            # the unrotated part of a pair never moves
+            assert_bytes_equal(q[..., rd:], q_in[..., rd:], context=ctx + " tail")
+            fn(q, k, scaling=scaling, style=style, inverse=True)
+            ulps = 1e-12 if dtype == F64 else 4 * 2.0**-23
+            for x, x0 in ((q, q_in), (k, k_in)):
+                assert_close(x, x0, dtype, atol=ulps * magnitude_of(x0), rtol=ulps,
+                             context=ctx + " inverse")
+
+
+def test_inverse_undoes_apply_for_every_type_and_style_at_long_positions():
+    """float64 inverse to 1e-12, float32 to a few ulp, at positions near 2**20."""
+    pos = (1 << 20) - 20 + np.arange(40)
+    for name, scaling in SCALINGS.items():
+        for style in STYLES:
+            for dtype, ulps in ((F64, 1e-12), (F32, 4 * 2.0**-23)):
+                q = rng_floats((1, 40, 2, D), dtype, 7)
+                q0 = q.copy()
+                fastpe.apply_rope(q, positions=pos, scaling=scaling, style=style)
+                fastpe.apply_rope(q, positions=pos, scaling=scaling, style=style, inverse=True)
+                assert_close(q, q0, dtype, atol=ulps * magnitude_of(q0), rtol=ulps,
+                             context=f"{name} {style} {dtype}")
+
+
+# ---- accuracy ----------------------------------------------------------------------------
+
+
+def _accuracy_positions():
+    """Consecutive runs (the angle recurrence, 32-aligned and straddling blocks, around
+    the fast-angle limit of 1e6 and up to 2**20) and scattered positions (direct)."""
+    runs = [np.arange(0, 40), 4090 + np.arange(40), 999_980 + np.arange(40),
+            (1 << 20) - 64 + np.arange(65), (1 << 19) + 7 + np.arange(40)]
+    scattered = np.random.default_rng(3).integers(0, (1 << 20) + 1, 120)
+    return np.concatenate(runs + [scattered, [1 << 20]])
+
+
+ACCURACY_FREQS = {
+    "default-128": lambda: fastpe.rope_frequencies(128),
+    "llama3-128-theta500k": lambda: fastpe.rope_frequencies(128, base=500000.0, scaling=LLAMA31),
+    "yarn-64-attention": lambda: fastpe.rope_frequencies(
+        64, scaling={"rope_type": "yarn", "factor": 16.0,
+                     "original_max_position_embeddings": 4096}),
+}
+
+
+@pytest.mark.parametrize("freqs_id", list(ACCURACY_FREQS))
+def test_float32_cos_sin_within_1_5e7_of_exact_up_to_2_20(freqs_id):
+    freqs = ACCURACY_FREQS[freqs_id]()
+    pos = _accuracy_positions()
+    c_exact, s_exact = oracle.exact_cos_sin(pos, freqs.inv_freq)
+    att = freqs.attention_scaling
+    bound = 1.5e-7 * max(att, 1.0)
+    for fn in (fastpe.rope_cos_sin, reference.rope_cos_sin):
+        for positions in (pos, pos.reshape(2, -1)):       # 1-D and 2-D position arrays
+            c, s = fn(positions, freqs, dtype="float32")
+            assert c.dtype == s.dtype == F32 and c.shape == positions.shape + (freqs.inv_freq.size,)
+            for name, got, want in (("cos", c, c_exact), ("sin", s, s_exact)):
+                err = np.abs(as_f64(got).reshape(want.shape) - att * want)
+                worst = np.unravel_index(np.argmax(err), err.shape)
+                assert err.max() <= bound, (
+                    f"{fn.__module__} {name}: error {err.max():.3g} at position "
+                    f"{pos[worst[0]]}, pair {worst[1]}")
+    # float64 tables: the float64 formula within a few ulp of the angle
+    c, s = fastpe.rope_cos_sin(pos, freqs, dtype="float64")
+    atol = 1e-14 + angle_atol(1 << 20)
+    assert np.abs(c - att * c_exact).max() <= atol and np.abs(s - att * s_exact).max() <= atol
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_cos_sin_matches_reference_in_every_dtype(dtype):
+    freqs = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])
+    for pos in (np.arange(100), block_positions(3, 40), np.array([12345]),
+                np.array([5, 5, 4, 3], np.uint8), [[7, 8, 9]]):
+        c, s = fastpe.rope_cos_sin(pos, freqs, dtype=dtype)
+        cr, sr = reference.rope_cos_sin(pos, freqs, dtype=dtype)
+        assert c.dtype == dtype and c.shape == np.shape(pos) + (D // 2,)
+        assert_close(c, cr, dtype, max_position=20000, context=f"cos {np.shape(pos)}")
+        assert_close(s, sr, dtype, max_position=20000, context=f"sin {np.shape(pos)}")
+    # a bare inv_freq array means attention_scaling 1
+    c, s = fastpe.rope_cos_sin(np.arange(10), np.array([1.0, 0.5]), dtype=F64)
+    want_c, want_s = oracle.cos_sin(np.arange(10), [1.0, 0.5])
+    assert np.abs(c - want_c).max() < 1e-14 and np.abs(s - want_s).max() < 1e-14
+
+
+@pytest.mark.parametrize("fn", [fastpe.rope_cos_sin, reference.rope_cos_sin],
+                         ids=["default-backend", "reference"])
+def test_cos_sin_of_a_scalar_position(fn):
+    c, s = fn(np.int64(12345), fastpe.rope_frequencies(D))
+    assert c.shape == s.shape == (D // 2,), f"shape {c.shape}"
+
+
+def test_float32_rotation_within_4_ulp_of_float64_rotation():
+    """Each rotated float32 element is within 4 ulp of the pair's norm (spacing of its
+    float32 value) of the float64 rotation of the same float32 input."""
+    pos = _accuracy_positions()
+    freqs = fastpe.rope_frequencies(128)
+    for style in STYLES:
+        for seed in (0, 1):
+            q = rng_floats((1, pos.size, 2, 128), F32, seed, scale=3.0)
+            q[0, :, 1] *= 1e-3   # a second head of much smaller values
+            q_in = q.astype(F64)
+            fastpe.apply_rope(q, positions=pos, style=style)
+            want = oracle.rotate(q_in, pos, freqs.inv_freq, style=style,
+                                 cos_sin_fn=oracle.exact_cos_sin if seed == 0 else oracle.cos_sin)
+            norms = oracle.pair_norms(q_in, 128, style)
+            ulp = np.spacing(norms.astype(F32)).astype(F64)
+            first, second = oracle.pair_indices(128, style)
+            for idx in (first, second):
+                err = np.abs(q[..., idx].astype(F64) - want[..., idx]) / ulp
+                assert err.max() <= 4.0, (
+                    f"{style}: {err.max():.2f} ulp at {np.unravel_index(err.argmax(), err.shape)}")
+
+
+def test_positions_past_the_fast_angle_limit_use_exact_reduction():
+    """Angles past 1e6 radians (here positions around 2**40) fall back to libm's full
+    range reduction: scattered positions (each angle computed directly) match cos/sin of
+    the float64 angle fl(p * w) to float32 accuracy; a consecutive run (seeded once, then
+    advanced by angle addition) is within the float64 rounding of such angles."""
+    freqs = fastpe.rope_frequencies(32)
+    # 40 random positions in [2**40, 2**40 + 2**35): never two consecutive ones
+    scattered = (1 << 40) + np.random.default_rng(8).choice(1 << 35, 40, replace=False)
+    rounded = lambda p, w: oracle.cos_sin(p, w)   # noqa: E731 - of fl(p * w)
+    c, s = fastpe.rope_cos_sin(scattered, freqs, dtype="float32")
+    want_c, want_s = rounded(scattered, freqs.inv_freq)
+    assert np.abs(c - want_c).max() <= 1.5e-7 and np.abs(s - want_s).max() <= 1.5e-7
+    c, s = fastpe.rope_cos_sin(scattered, freqs, dtype="float64")
+    assert np.abs(c - want_c).max() <= 1e-15 and np.abs(s - want_s).max() <= 1e-15
+
+    run = (1 << 40) + 5 + np.arange(70)
+    exact_c, exact_s = oracle.exact_cos_sin(run, freqs.inv_freq)
+    c, s = fastpe.rope_cos_sin(run, freqs, dtype="float64")
+    tol = angle_atol(1 << 41)
+    assert np.abs(c - exact_c).max() <= tol and np.abs(s - exact_s).max() <= tol
+
+    for positions in (scattered, run):
+        q = rng_floats((1, positions.size, 2, 32), F32, 4)
+        q_in, qr = q.astype(F64), q.copy()
+        fastpe.apply_rope(q, positions=positions)
+        reference.apply_rope(qr, positions=positions)
+        mag = magnitude_of(q_in)
+        fn = rounded if positions is scattered else oracle.exact_cos_sin
+        want = oracle.rotate(q_in, positions, freqs.inv_freq, cos_sin_fn=fn)
+        max_pos = 0 if positions is scattered else 1 << 41
+        check_rotation(q, want, F32, magnitude=mag, max_position=max_pos,
+                       context=f"apply_rope at 2**40, {'scattered' if max_pos == 0 else 'run'}")
+        check_rotation(q, qr, F32, magnitude=mag, max_position=1 << 41,
+                       context="apply_rope vs reference at 2**40")
+
+
+def test_negative_frequencies_at_large_positions():
+    """A bare inv_freq may hold negative values (a rotation the other way); the
+    compiled kernel must then agree with the reference at any position."""
+    w = np.array([-1.0, -0.25])
+    scattered = (1 << 40) + np.random.default_rng(9).choice(1 << 30, 40, replace=False)
+    for positions in (scattered, (1 << 40) + np.arange(40)):
+        q = rng_floats((1, positions.size, 1, 4), F64, 1)
+        qr = q.copy()
+        fastpe.apply_rope(q, positions=positions, freqs=w)
+        reference.apply_rope(qr, positions=positions, freqs=w)
+        check_rotation(q, qr, F64, magnitude=magnitude_of(qr), max_position=1 << 41,
+                       context=f"negative inv_freq, positions {positions[:3]}...")
+
+
+# ---- RotaryEmbedding ---------------------------------------------------------------------
+
+EMBEDDINGS = {
+    "default": dict(head_dim=D),
+    "theta-1e6-gptj": dict(head_dim=D, base=1e6, style="gptj"),
+    "llama3": dict(head_dim=D, base=500000.0, scaling=dict(LLAMA31,
+                   original_max_position_embeddings=64)),
+    "yarn": dict(head_dim=D, scaling=SCALINGS["yarn"]),
+    "dynamic": dict(head_dim=D, scaling={"rope_type": "dynamic", "factor": 2.0},
+                    max_position_embeddings=16),
+    "longrope": dict(head_dim=D, scaling=SCALINGS["longrope-long"]),
+    "rotary_dim=8": dict(head_dim=D, rotary_dim=8),
+    "partial-in-dict": dict(head_dim=D, scaling=SCALINGS["partial_rotary_factor"]),
+}
+
+
+@pytest.mark.parametrize("emb_id", list(EMBEDDINGS))
+def test_rotary_embedding_call_equals_apply_rope(emb_id):
+    kw = dict(EMBEDDINGS[emb_id])
+    head_dim = kw.pop("head_dim")
+    rope = fastpe.RotaryEmbedding(head_dim, **kw)
+    assert rope.head_dim == head_dim and rope.style == kw.get("style", "neox")
+    apply_kw = {k: v for k, v in kw.items()}
+    for layout in LAYOUTS:
+        for inverse in (False, True):
+            q, k, pos = _plain_inputs(F32, layout, seed=3)
+            qa, ka = q.copy(), k.copy()
+            pos_arg = pos[0] if layout == "shd" else pos
+            out = rope(q, k, pos_arg, layout=layout, inverse=inverse)
+            assert out[0] is q and out[1] is k
+            fastpe.apply_rope(qa, ka, pos_arg, layout=layout, inverse=inverse, **apply_kw)
+            assert_bytes_equal(q, qa, context=f"{emb_id} {layout} inverse={inverse} q")
+            assert_bytes_equal(k, ka, context=f"{emb_id} {layout} inverse={inverse} k")
+            with fastpe.use_backend("numpy"):
+                qn, kn, _ = _plain_inputs(F32, layout, seed=3)
+                rope(qn, kn, pos_arg, layout=layout, inverse=inverse)
+            check_rotation(q, qn, F32, magnitude=4.0, max_position=6000,
+                           context=f"{emb_id} {layout} vs numpy backend")
+    # frequencies() and cos_sin()
+    seq_len = int(pos.max()) + 1
+    f = rope.frequencies(seq_len)
+    ref = frequencies_for(head_dim, base=kw.get("base"), scaling=kw.get("scaling"),
+                          seq_len=seq_len, rotary_dim=kw.get("rotary_dim"),
+                          max_position_embeddings=kw.get("max_position_embeddings"))
+    assert np.array_equal(f.inv_freq, ref.inv_freq)
+    assert f.attention_scaling == ref.attention_scaling
+    assert rope.rotary_dim == 2 * f.inv_freq.size
+    c, s = rope.cos_sin(pos)
+    cr, sr = fastpe.rope_cos_sin(pos, f)
+    assert_bytes_equal(c, cr, context="cos_sin cos")
+    assert_bytes_equal(s, sr, context="cos_sin sin")
+    # cos_sin feeds apply_rope_cached to the same rotation
+    q, k, _ = _plain_inputs(F64, "bshd", seed=4)
+    qa = q.copy()
+    table_c, table_s = rope.cos_sin(np.arange(seq_len), dtype="float64")
+    fastpe.apply_rope_cached(q, None, table_c, table_s, pos, style=rope.style)
+    rope(qa, None, pos)
+    check_rotation(q, qa, F64, magnitude=4.0 * f.attention_scaling, max_position=seq_len)
+
+
+def test_rotary_embedding_dynamic_frequencies_follow_the_call_length():
+    rope = fastpe.RotaryEmbedding(D, scaling={"rope_type": "dynamic", "factor": 4.0},
+                                  max_position_embeddings=32)
+    assert np.array_equal(rope.frequencies(None).inv_freq, fastpe.rope_frequencies(D).inv_freq)
+    assert np.array_equal(rope.frequencies(32).inv_freq, rope.frequencies(None).inv_freq)
+    assert rope.frequencies(100).inv_freq[-1] < rope.frequencies(32).inv_freq[-1]
+    # a call reaching position 99 uses seq_len 100; one staying below 32 the plain base
+    for pos, seq_len in ((np.arange(60, 100), 100), (np.arange(40) % 32, None)):
+        q = rng_floats((1, 40, 1, D), F64, 1)
+        q_in = q.copy()
+        rope(q, positions=pos)
+        w = rope.frequencies(seq_len).inv_freq
+        check_rotation(q, oracle.rotate(q_in, pos, w), F64, magnitude=4.0, max_position=100,
+                       context=f"last position {pos.max()}")
+
+
+def test_rotary_embedding_repr():
+    r = repr(fastpe.RotaryEmbedding(64, base=500000.0, scaling=LLAMA31, rotary_dim=32,
+                                    style="gptj"))
+    for part in ("RotaryEmbedding(", "head_dim=64", "rotary_dim=32", "style='gptj'",
+                 "rope_type='llama3'", "base=500000.0"):
+        assert part in r, r
+
+
+HF_CONFIGS = {
+    "llama-3.1": (
+        {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "rope_theta": 500000.0, "rope_scaling": LLAMA31,
+         "max_position_embeddings": 131072},
+        dict(head_dim=128, rotary_dim=128, style="neox", base=500000.0, scaling=LLAMA31)),
+    "gpt-neox-rotary_pct": (
+        {"model_type": "gpt_neox", "hidden_size": 512, "num_attention_heads": 8,
+         "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048},
+        dict(head_dim=64, rotary_dim=16, style="neox", base=10000.0)),
+    "gpt-j": (
+        {"model_type": "gptj", "n_embd": 256, "n_head": 16, "rotary_dim": 8,
+         "n_positions": 2048},
+        dict(head_dim=16, rotary_dim=8, style="gptj", base=10000.0)),
+    "phi-partial_rotary_factor": (
+        {"model_type": "phi", "hidden_size": 2560, "num_attention_heads": 32,
+         "partial_rotary_factor": 0.4, "rope_theta": 10000.0,
+         "max_position_embeddings": 2048},
+        dict(head_dim=80, rotary_dim=32, style="neox", base=10000.0)),
+    "namespace-mistral": (
+        SimpleNamespace(model_type="mistral", hidden_size=256, num_attention_heads=8,
+                        head_dim=32, rope_theta=1e6, rope_scaling=None,
+                        max_position_embeddings=32768),
+        dict(head_dim=32, rotary_dim=32, style="neox", base=1e6)),
+    "namespace-yarn": (
+        SimpleNamespace(model_type="qwen2", hidden_size=512, num_attention_heads=16,
+                        rope_theta=1e6, max_position_embeddings=131072,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 32768}),
+        dict(head_dim=32, rotary_dim=32, style="neox", base=1e6,
+             scaling={"rope_type": "yarn", "factor": 4.0,
+                      "original_max_position_embeddings": 32768})),
+}
+
+
+@pytest.mark.parametrize("config_id", list(HF_CONFIGS))
+def test_rotary_embedding_from_hf_config(config_id):
+    config, want = HF_CONFIGS[config_id]
+    rope = fastpe.RotaryEmbedding.from_hf_config(config)
+    assert (rope.head_dim, rope.rotary_dim, rope.style) == (
+        want["head_dim"], want["rotary_dim"], want["style"]), repr(rope)
+    assert f"base={want['base']}" in repr(rope)
+    hd, rd = want["head_dim"], want["rotary_dim"]
+    q = rng_floats((1, 40, 2, hd), F32, 1)
+    k = rng_floats((1, 40, 1, hd), F32, 2)
+    q_in, k_in = q.copy(), k.copy()
+    pos = 8000 + np.arange(40)
+    rope(q, k, pos)
+    f = frequencies_for(hd, base=want["base"], scaling=want.get("scaling"),
+                        rotary_dim=rd, max_position_embeddings=None)
+    for x, x_in in ((q, q_in), (k, k_in)):
+        check_rotation(x, oracle.rotate(x_in, pos, f.inv_freq, style=want["style"],
+                                        attention_scaling=f.attention_scaling),
+                       F32, magnitude=magnitude_of(x_in, att=f.attention_scaling),
+                       max_position=8040, context=config_id)
+        assert_bytes_equal(x[..., rd:], x_in[..., rd:], context=f"{config_id} tail")
+    # a style argument overrides the model family's
+    other = "neox" if want["style"] == "gptj" else "gptj"
+    assert fastpe.RotaryEmbedding.from_hf_config(config, style=other).style == other
+
+
+def test_rotary_embedding_is_reusable_across_shapes_and_threads(threaded):
+    rope = fastpe.RotaryEmbedding(D, scaling=SCALINGS["llama3"])
+    for shape, layout in (((2, 40, 4, D), "bshd"), ((2, 4, 64, D), "bhsd"), ((70, 3, D), "shd")):
+        q = rng_floats(shape, F32, 1)
+        qa = q.copy()
+        rope(q, layout=layout, num_threads=2)
+        fastpe.apply_rope(qa, layout=layout, scaling=SCALINGS["llama3"], num_threads=1)
+        assert_bytes_equal(q, qa, context=f"{shape} {layout}")
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+def q32(shape=(B, 40, HQ, D), dtype=np.float32, seed=1):
+    return rng_floats(shape, dtype, seed)
+
+
+def k32(shape=(B, 40, HK, D), dtype=np.float32):
+    return q32(shape, dtype, seed=2)
+
+
+def read_only(a):
+    a.flags.writeable = False
+    return a
+
+
+def cache(rows=64, half=D // 2, dtype=np.float32):
+    return {"cos": rng_floats((rows, half), dtype, 5), "sin": rng_floats((rows, half), dtype, 6)}
+
+
+def fused(slices):
+    """Arrays q and k cut from one buffer by `slices` (a function of the buffer)."""
+    def make_arrays():
+        buf = rng_floats((B, 40, 4, 2 * D), np.float32, 9)
+        q, k = slices(buf)
+        return {"buf": buf, "q": q, "k": k}
+    return make_arrays
+
+
+def qk(**kw):
+    return lambda: {"q": q32(**kw), "k": k32()}
+
+
+def qk_cache(q_kw=None, k_kw=None, **cache_kw):
+    return lambda: {"q": q32(**(q_kw or {})), "k": k32(**(k_kw or {})), **cache(**cache_kw)}
+
+
+@dataclass
+class Bad:
+    id: str
+    call: Callable[[dict], object]
+    exc: type[Exception]
+    match: str
+    arrays: Callable[[], dict] = field(default=qk())
+    marks: tuple = ()
+
+
+AR, ARC, CS = fastpe.apply_rope, fastpe.apply_rope_cached, fastpe.rope_cos_sin
+REF = {fastpe.apply_rope: "apply_rope", fastpe.apply_rope_cached: "apply_rope_cached",
+       fastpe.rope_cos_sin: "rope_cos_sin"}
+
+BAD: list[Bad] = [
+    # q and k themselves
+    Bad("q-list", lambda a: AR(a["q"].tolist()), TypeError, r"\bq\b"),
+    Bad("q-int32", lambda a: AR(a["q"]), TypeError, r"\bq\b.*floating dtype",
+        lambda: {"q": np.ones((B, 40, HQ, D), np.int32)}),
+    Bad("q-int64-with-k", lambda a: AR(a["q"], a["k"]), TypeError, r"\bq\b.*floating dtype",
+        lambda: {"q": np.ones((B, 40, HQ, D), np.int64), "k": k32()}),
+    Bad("q-complex", lambda a: AR(a["q"]), TypeError, r"\bq\b.*floating dtype",
+        lambda: {"q": np.ones((B, 40, HQ, D), np.complex64)}),
+    Bad("k-complex", lambda a: AR(a["q"], a["k"]), TypeError, r"\bk\b.*floating dtype",
+        lambda: {"q": q32(), "k": np.ones((B, 40, HK, D), np.complex128)}),
+    Bad("k-int", lambda a: AR(a["q"], a["k"]), TypeError, r"\bk\b",
+        lambda: {"q": q32(), "k": np.ones((B, 40, HK, D), np.int16)}),
+    Bad("q-k-dtypes-differ", lambda a: AR(a["q"], a["k"]), TypeError, r"\bk\b.*q's dtype",
+        lambda: {"q": q32(), "k": k32(dtype=np.float64)}),
+    Bad("q-k-float16-float32", lambda a: AR(a["q"], a["k"]), TypeError, r"\bk\b.*dtype",
+        lambda: {"q": q32(dtype=np.float16), "k": k32()}),
+    Bad("q-3d-for-bshd", lambda a: AR(a["q"]), ValueError, r"\bq\b.*4 dimensions",
+        lambda: {"q": q32((40, HQ, D))}),
+    Bad("q-4d-for-shd", lambda a: AR(a["q"], layout="shd"), ValueError,
+        r"\bq\b.*3 dimensions"),
+    Bad("q-read-only", lambda a: AR(a["q"], a["k"]), TypeError, r"\bq\b.*read-only",
+        lambda: {"q": read_only(q32()), "k": k32()}),
+    Bad("k-read-only", lambda a: AR(a["q"], a["k"]), TypeError, r"\bk\b.*read-only",
+        lambda: {"q": q32(), "k": read_only(k32())}),
+    Bad("k-broadcast_to", lambda a: AR(a["q"], np.broadcast_to(a["k"], (B, 40, HK, D))),
+        TypeError, r"\bk\b.*read-only", lambda: {"q": q32(), "k": k32((40, HK, D))}),
+    Bad("k-zero-stride-writable",
+        lambda a: AR(a["q"], np.lib.stride_tricks.as_strided(
+            a["k"], (B, 40, 2, D), (0,) + a["k"].strides[1:], writeable=True)),
+        ValueError, r"\bk\b.*overlapping", lambda: {"q": q32(), "k": k32((1, 40, 2, D))}),
+    Bad("k-is-q", lambda a: AR(a["q"], a["q"]), ValueError, r"\bk is q\b"),
+    Bad("k-view-of-q", lambda a: AR(a["q"], a["q"][:, :, 1:2]), ValueError,
+        r"\bq and k overlap"),
+    Bad("k-same-buffer-other-view", lambda a: AR(a["q"], a["q"][...]), ValueError,
+        r"\bq and k overlap"),
+    Bad("fused-overlapping-head-slices", lambda a: AR(a["q"], a["k"]), ValueError,
+        r"\bq and k overlap", fused(lambda b: (b[:, :, 0:3, :D], b[:, :, 2:4, :D]))),
+    Bad("fused-overlapping-feature-slices", lambda a: AR(a["q"], a["k"]), ValueError,
+        r"\bq and k overlap", fused(lambda b: (b[:, :, :2, :D], b[:, :, 1:3, D // 2:D + D // 2]))),
+    Bad("fused-overlapping-bhsd", lambda a: AR(a["q"], a["k"], layout="bhsd"), ValueError,
+        r"\bq and k overlap",
+        fused(lambda b: (b[:, :, 0:2, :D].transpose(0, 2, 1, 3),
+                         b[:, :, 1:2, :D].transpose(0, 2, 1, 3)))),
+    Bad("k-head_dim-differs", lambda a: AR(a["q"], a["k"]), ValueError,
+        r"\bk\b.*head_dim", lambda: {"q": q32(), "k": k32((B, 40, HK, D + 2))}),
+    Bad("k-batch-differs", lambda a: AR(a["q"], a["k"]), ValueError, r"\bk\b.*batch",
+        lambda: {"q": q32(), "k": k32((B + 1, 40, HK, D))}),
+    Bad("k-seq-differs", lambda a: AR(a["q"], a["k"]), ValueError, r"\bk\b.*seq",
+        lambda: {"q": q32(), "k": k32((B, 41, HK, D))}),
+    Bad("k-seq-differs-bhsd", lambda a: AR(a["q"], a["k"], layout="bhsd"), ValueError,
+        r"\bk\b.*seq", lambda: {"q": q32((B, HQ, 40, D)), "k": k32((B, HK, 39, D))}),
+    Bad("odd-head_dim", lambda a: AR(a["q"]), ValueError, r"\bhead_dim\b 15 is odd",
+        lambda: {"q": q32((B, 40, HQ, 15))}),
+    # rotary_dim
+    Bad("rotary_dim-odd", lambda a: AR(a["q"], a["k"], rotary_dim=7), ValueError,
+        r"\brotary_dim\b.*even"),
+    Bad("rotary_dim-above-head_dim", lambda a: AR(a["q"], a["k"], rotary_dim=D + 2),
+        ValueError, r"\brotary_dim\b.*head_dim"),
+    Bad("rotary_dim-zero", lambda a: AR(a["q"], a["k"], rotary_dim=0), ValueError,
+        r"\brotary_dim\b"),
+    Bad("rotary_dim-float", lambda a: AR(a["q"], a["k"], rotary_dim=8.0), TypeError,
+        r"\brotary_dim\b"),
+    Bad("rotary_dim-contradicts-freqs",
+        lambda a: AR(a["q"], a["k"], freqs=fastpe.rope_frequencies(8), rotary_dim=12),
+        ValueError, r"\brotary_dim\b.*\bfreqs\b"),
+    Bad("rotary_dim-contradicts-partial_rotary_factor",
+        lambda a: AR(a["q"], a["k"], scaling=SCALINGS["partial_rotary_factor"], rotary_dim=12),
+        ValueError, r"\brotary_dim\b.*partial_rotary_factor"),
+    # positions and offset
+    Bad("positions-too-long", lambda a: AR(a["q"], a["k"], np.arange(41)), ValueError,
+        r"\bpositions\b.*shape"),
+    Bad("positions-batch-differs", lambda a: AR(a["q"], a["k"], np.zeros((B + 1, 40), int)),
+        ValueError, r"\bpositions\b.*shape"),
+    Bad("positions-3d", lambda a: AR(a["q"], a["k"], np.zeros((1, B, 40), int)), ValueError,
+        r"\bpositions\b.*shape"),
+    Bad("positions-scalar", lambda a: AR(a["q"], a["k"], 3), ValueError,
+        r"\bpositions\b.*shape"),
+    Bad("positions-transposed", lambda a: AR(a["q"], a["k"], np.zeros((40, B), int)),
+        ValueError, r"\bpositions\b.*shape"),
+    Bad("positions-negative", lambda a: AR(a["q"], a["k"], np.arange(40) - 1), ValueError,
+        r"\bpositions\b.*>= 0"),
+    Bad("positions-negative-int8", lambda a: AR(a["q"], a["k"], np.arange(-20, 20, dtype=np.int8)),
+        ValueError, r"\bpositions\b.*>= 0"),
+    Bad("positions-negative-list", lambda a: AR(a["q"], a["k"], [0] * 39 + [-5]), ValueError,
+        r"\bpositions\b.*>= 0"),
+    Bad("positions-uint64-past-int64",
+        lambda a: AR(a["q"], a["k"], np.full(40, 2**63, np.uint64)), ValueError,
+        r"\bpositions\b"),
+    Bad("positions-float", lambda a: AR(a["q"], a["k"], np.arange(40.0)), TypeError,
+        r"\bpositions\b.*integers"),
+    Bad("positions-bool", lambda a: AR(a["q"], a["k"], np.ones(40, bool)), TypeError,
+        r"\bpositions\b.*integers"),
+    Bad("positions-and-offset", lambda a: AR(a["q"], a["k"], np.arange(40), offset=3),
+        ValueError, r"(?=.*\bpositions\b)(?=.*\boffset\b)"),
+    Bad("offset-negative", lambda a: AR(a["q"], a["k"], offset=-1), ValueError, r"\boffset\b"),
+    Bad("offset-float", lambda a: AR(a["q"], a["k"], offset=1.0), TypeError, r"\boffset\b"),
+    Bad("offset-past-int64", lambda a: AR(a["q"], a["k"], offset=2**63 - 10), ValueError,
+        r"\boffset\b"),
+    Bad("offset-2**63", lambda a: AR(a["q"], a["k"], offset=2**63), ValueError,
+        r"\boffset\b"),
+    Bad("offset-minus-2**64", lambda a: AR(a["q"], a["k"], offset=-2**64), ValueError,
+        r"\boffset\b"),
+    # style, layout, threads
+    Bad("style-unknown", lambda a: AR(a["q"], a["k"], style="llama"), ValueError,
+        r"\bstyle\b.*'neox', 'gptj'"),
+    Bad("style-wrong-case", lambda a: AR(a["q"], a["k"], style="NeoX"), ValueError, r"\bstyle\b"),
+    Bad("style-none", lambda a: AR(a["q"], a["k"], style=None), ValueError, r"\bstyle\b"),
+    Bad("layout-unknown", lambda a: AR(a["q"], a["k"], layout="bsd"), ValueError,
+        r"\blayout\b.*'bshd', 'bhsd', 'shd'"),
+    Bad("layout-none", lambda a: AR(a["q"], a["k"], layout=None), ValueError, r"\blayout\b"),
+    Bad("num_threads-zero", lambda a: AR(a["q"], a["k"], num_threads=0), ValueError,
+        r"\bnum_threads\b"),
+    Bad("num_threads-str", lambda a: AR(a["q"], a["k"], num_threads="2"), TypeError,
+        r"\bnum_threads\b"),
+    # frequencies
+    Bad("freqs-and-base", lambda a: AR(a["q"], a["k"], freqs=fastpe.rope_frequencies(D),
+                                       base=10000.0), ValueError, r"\bfreqs\b.*\bbase\b"),
+    Bad("freqs-and-scaling", lambda a: AR(a["q"], a["k"], freqs=fastpe.rope_frequencies(D),
+                                          scaling=SCALINGS["linear"]),
+        ValueError, r"\bfreqs\b.*\bscaling\b"),
+    Bad("freqs-nan", lambda a: AR(a["q"], a["k"], freqs=a["w"]), ValueError,
+        r"\bfreqs\.inv_freq\b.*finite",
+        lambda: {"q": q32(), "k": k32(), "w": np.array([1.0, np.nan] + [0.5] * 6)}),
+    Bad("freqs-inf-RopeFrequencies",
+        lambda a: AR(a["q"], a["k"], freqs=fastpe.RopeFrequencies(a["w"], 1.0)), ValueError,
+        r"\bfreqs\.inv_freq\b.*finite",
+        lambda: {"q": q32(), "k": k32(), "w": np.array([1.0, np.inf] + [0.5] * 6)}),
+    Bad("freqs-2d", lambda a: AR(a["q"], a["k"], freqs=a["w"]), ValueError,
+        r"\bfreqs\.inv_freq\b.*1-D", lambda: {"q": q32(), "k": k32(), "w": np.ones((2, 4))}),
+    Bad("freqs-list", lambda a: AR(a["q"], a["k"], freqs=[1.0] * 8), TypeError, r"\bfreqs\b"),
+    Bad("freqs-complex", lambda a: AR(a["q"], a["k"], freqs=np.ones(8, complex)), TypeError,
+        r"\bfreqs\.inv_freq\b"),
+    Bad("freqs-attention-scaling-zero",
+        lambda a: AR(a["q"], a["k"], freqs=fastpe.RopeFrequencies(np.ones(8), 0.0)),
+        ValueError, r"\bfreqs\.attention_scaling\b"),
+    Bad("freqs-attention-scaling-nan",
+        lambda a: AR(a["q"], a["k"], freqs=fastpe.RopeFrequencies(np.ones(8), float("nan"))),
+        ValueError, r"\bfreqs\.attention_scaling\b"),
+    Bad("freqs-wider-than-head", lambda a: AR(a["q"], a["k"], freqs=np.ones(D // 2 + 1)),
+        ValueError, r"\bfreqs\b"),
+    Bad("base-zero", lambda a: AR(a["q"], a["k"], base=0.0), ValueError, r"\bbase\b"),
+    Bad("base-contradicts-rope_theta",
+        lambda a: AR(a["q"], a["k"], base=1e4, scaling={"rope_type": "default", "rope_theta": 1e6}),
+        ValueError, r"\bbase\b.*rope_theta"),
+    Bad("scaling-unknown-type", lambda a: AR(a["q"], a["k"], scaling={"rope_type": "ntk"}),
+        ValueError, r"rope_type.*supported"),
+    Bad("scaling-missing-factor", lambda a: AR(a["q"], a["k"], scaling={"rope_type": "linear"}),
+        ValueError, r"scaling\['factor'\]"),
+    Bad("scaling-needs-original-length",
+        lambda a: AR(a["q"], a["k"], scaling={"rope_type": "dynamic", "factor": 2.0}),
+        ValueError, r"original_max_position_embeddings.*max_position_embeddings"),
+    # apply_rope_cached
+    Bad("cached-cos-wider-than-head", lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"]),
+        ValueError, r"\bcos\b", qk_cache(half=D // 2 + 1)),
+    Bad("cached-cos-sin-shapes-differ",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"][:, :-1]), ValueError,
+        r"\bcos and sin\b.*shape", qk_cache()),
+    Bad("cached-cos-sin-rows-differ",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"][:-1]), ValueError,
+        r"\bcos and sin\b.*shape", qk_cache()),
+    Bad("cached-cos-sin-dtypes-differ",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"].astype(np.float64)), TypeError,
+        r"\bcos and sin\b.*dtype", qk_cache()),
+    Bad("cached-k-head_dim-differs", lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"]),
+        ValueError, r"\bk\b.*head_dim", qk_cache(k_kw={"shape": (B, 40, HK, D - 2)})),
+    Bad("cached-cos-int", lambda a: ARC(a["q"], a["k"], a["cos"].astype(np.int32),
+                                        a["sin"].astype(np.int32)),
+        TypeError, r"\bcos\b.*floating dtype", qk_cache()),
+    Bad("cached-cos-1d", lambda a: ARC(a["q"], a["k"], a["cos"][0], a["sin"][0]), ValueError,
+        r"\bcos\b.*2 dimensions", qk_cache()),
+    Bad("cached-position-at-cache-length",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"], np.arange(40) + 24), IndexError,
+        r"position 63\b.*cos/sin cache \(63 rows\)", qk_cache(rows=63)),
+    Bad("cached-offset-past-cache",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"], offset=25), IndexError,
+        r"position 64\b.*cos/sin cache", qk_cache()),
+    Bad("cached-negative-positions",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"], np.arange(40) - 3), ValueError,
+        r"\bpositions\b.*>= 0", qk_cache()),
+    Bad("cached-read-only-q", lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"]), TypeError,
+        r"\bq\b.*read-only", lambda: {"q": read_only(q32()), "k": k32(), **cache()}),
+    Bad("cached-q-k-overlap", lambda a: ARC(a["q"], a["q"][:, :, :1], a["cos"], a["sin"]),
+        ValueError, r"\bq and k overlap", qk_cache()),
+    Bad("cached-style-unknown", lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"], style="x"),
+        ValueError, r"\bstyle\b", qk_cache()),
+    Bad("cached-layout-unknown",
+        lambda a: ARC(a["q"], a["k"], a["cos"], a["sin"], layout="sbhd"), ValueError,
+        r"\blayout\b", qk_cache()),
+    # rope_cos_sin
+    Bad("cos_sin-dtype-int", lambda a: CS(np.arange(4), fastpe.rope_frequencies(8), dtype="int32"),
+        TypeError, r"\bdtype\b", dict),
+    Bad("cos_sin-dtype-complex",
+        lambda a: CS(np.arange(4), fastpe.rope_frequencies(8), dtype=np.complex64),
+        TypeError, r"\bdtype\b", dict),
+    Bad("cos_sin-positions-float", lambda a: CS(np.arange(4.0), fastpe.rope_frequencies(8)),
+        TypeError, r"\bpositions\b", dict),
+    Bad("cos_sin-positions-negative", lambda a: CS([3, -1], fastpe.rope_frequencies(8)),
+        ValueError, r"\bpositions\b", dict),
+    Bad("cos_sin-freqs-nan", lambda a: CS(np.arange(4), np.array([1.0, np.nan])), ValueError,
+        r"\bfreqs\.inv_freq\b", dict),
+    Bad("cos_sin-freqs-none", lambda a: CS(np.arange(4), None), TypeError, r"\bfreqs\b", dict),
+    # RotaryEmbedding
+    Bad("embedding-odd-head_dim", lambda a: fastpe.RotaryEmbedding(15), ValueError,
+        r"\bhead_dim\b 15 is odd", dict),
+    Bad("embedding-head_dim-zero", lambda a: fastpe.RotaryEmbedding(0), ValueError,
+        r"\bhead_dim\b", dict),
+    Bad("embedding-rotary_dim-above", lambda a: fastpe.RotaryEmbedding(D, rotary_dim=D + 2),
+        ValueError, r"\brotary_dim\b", dict),
+    Bad("embedding-style-unknown", lambda a: fastpe.RotaryEmbedding(D, style="rope"),
+        ValueError, r"\bstyle\b", dict),
+    Bad("embedding-call-head_dim-differs",
+        lambda a: fastpe.RotaryEmbedding(D)(a["q"]), ValueError,
+        r"\bq\b has head_dim .* RotaryEmbedding is for head_dim",
+        lambda: {"q": q32((B, 40, HQ, D - 4))}),
+    Bad("embedding-call-read-only-k", lambda a: fastpe.RotaryEmbedding(D)(a["q"], a["k"]),
+        TypeError, r"\bk\b.*read-only", lambda: {"q": q32(), "k": read_only(k32())}),
+    Bad("embedding-call-overlap", lambda a: fastpe.RotaryEmbedding(D)(a["q"], a["q"][:, :, 2:]),
+        ValueError, r"\bq and k overlap"),
+    Bad("embedding-call-negative-positions",
+        lambda a: fastpe.RotaryEmbedding(D)(a["q"], a["k"], np.arange(40) - 40),
+        ValueError, r"\bpositions\b"),
+    Bad("embedding-from-config-without-head_dim",
+        lambda a: fastpe.RotaryEmbedding.from_hf_config({"rope_theta": 1e4}), ValueError,
+        r"head_dim", dict),
+]
+
+
+def _bad_params():
+    out = []
+    for row in BAD:
+        for backend in ("cython", "numpy"):
+            marks = []
+            if backend == "cython" and not COMPILED:
+                marks.append(pytest.mark.skip(reason="the compiled extension is not built"))
+            if row.marks and row.marks[0] in (None, backend):
+                marks.append(row.marks[1])
+            out.append(pytest.param(row, backend, id=f"{row.id}-{backend}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("row, backend", _bad_params())
+def test_bad_input_raises_naming_the_argument_and_writes_nothing(row, backend):
+    arrays = row.arrays()
+    before = {name: snapshot(a) for name, a in arrays.items() if isinstance(a, np.ndarray)}
+    with fastpe.use_backend(backend):
+        with pytest.raises(row.exc, match=row.match):
+            row.call(arrays)
+        assert fastpe.backend() == backend
+    for name, a in arrays.items():
+        if isinstance(a, np.ndarray):
+            assert snapshot(a) == before[name], f"{row.id}: {name} changed"
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_non_overlapping_interleaved_slices_are_accepted(backend):
+    """q and k sharing a buffer but no element: QKV slices, even/odd features, alternate
+    tokens. Accepted, and equal to rotating copies."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    layouts = {
+        "qkv-heads": lambda b: (b[:, :, :, 0, :], b[:, :, :, 1, :]),
+        "even-odd-features": lambda b: (b[..., 0, 0::2], b[..., 0, 1::2]),
+        "alternate-batch-rows": lambda b: (b[0::2, :, :, 0], b[1::2, :, :, 0]),
+        "q-heads-then-k-heads": lambda b: (b[:, :, :2, 0], b[:, :, 2:, 0]),
+    }
+    for name, cut in layouts.items():
+        buf = rng_floats((2 * B, 40, 3, 3, D), np.float32, 11)
+        before = buf.copy()
+        q, k = cut(buf)
+        qc, kc = q.copy(), k.copy()
+        assert np.may_share_memory(q, k) and not np.shares_memory(q, k)
+        with fastpe.use_backend(backend):
+            fastpe.apply_rope(q, k, offset=9)
+            fastpe.apply_rope(qc, kc, offset=9)
+        assert_bytes_equal(q, qc, context=f"{name} q")
+        assert_bytes_equal(k, kc, context=f"{name} k")
+        touched = np.zeros(buf.shape, bool)
+        tq, tk = cut(touched)
+        tq[...], tk[...] = True, True
+        assert_bytes_equal(buf[~touched], before[~touched], context=f"{name} rest of buffer")
+
+
+def test_frequencies_are_not_modified_by_calls():
+    f = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])
+    before = f.inv_freq.copy()
+    q = q32()
+    fastpe.apply_rope(q, freqs=f, inverse=True)
+    fastpe.rope_cos_sin(np.arange(50), f)
+    assert np.array_equal(f.inv_freq, before) and not f.inv_freq.flags.writeable
+    assert pickle.loads(pickle.dumps(f)).attention_scaling == f.attention_scaling

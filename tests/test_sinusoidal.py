@@ -1,0 +1,532 @@
+"""sinusoidal_table and add_sinusoidal: the seed's construction, the formula index by index,
+float32 accuracy up to 2**20, layouts, out=, every awkward array against the reference
+backend, bit-identical threads, and writes that stay inside the view."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import (
+    BF16,
+    DTYPE_IDS,
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    POSITION_FORMS,
+    STORAGE_EPS,
+    as_f64,
+    assert_bytes_equal,
+    assert_close,
+    awkward_params,
+    awkward_values,
+    describe,
+    make_awkward,
+    make_positions,
+    needs_compiled,
+    pe_exact,
+)
+
+import fastpe
+
+try:
+    import mpmath
+except ImportError:  # optional: a second, higher-precision truth
+    mpmath = None
+
+LAYOUTS = ["interleaved", "split"]
+
+
+def seed_table(max_len: int, d_model: int) -> np.ndarray:
+    """The seed notes' NumPy construction, verbatim (even d_model only)."""
+    PE = np.zeros((max_len, d_model))
+    position = np.arange(max_len)[:, np.newaxis]
+    div_term = np.exp(np.arange(0, d_model, 2) * (-np.log(10000.0) / d_model))
+    PE[:, 0::2] = np.sin(position * div_term)
+    PE[:, 1::2] = np.cos(position * div_term)
+    return PE
+
+
+def formula_value(p: int, j: int, dim: int, base: float, layout: str) -> float:
+    """PE[p, j] by the paper's formula with Python floats: sin(p / base**(2i/d)) or cos."""
+    nsin = (dim + 1) // 2
+    if layout == "interleaved":
+        i, is_sin = j // 2, j % 2 == 0
+    else:
+        i, is_sin = (j, True) if j < nsin else (j - nsin, False)
+    angle = p / base ** (2 * i / dim)
+    return math.sin(angle) if is_sin else math.cos(angle)
+
+
+def mp_value(p: int, j: int, dim: int, base: float, layout: str) -> float:
+    """The same with mpmath at 40 digits (base taken as the exact binary value given)."""
+    nsin = (dim + 1) // 2
+    if layout == "interleaved":
+        i, is_sin = j // 2, j % 2 == 0
+    else:
+        i, is_sin = (j, True) if j < nsin else (j - nsin, False)
+    with mpmath.workdps(40):
+        angle = mpmath.mpf(p) / mpmath.power(mpmath.mpf(base), mpmath.mpf(2 * i) / dim)
+        return float(mpmath.sin(angle) if is_sin else mpmath.cos(angle))
+
+
+def table_context(fn: str, length: int, dim: int, dtype, layout: str, **kw) -> str:
+    extra = "".join(f" {k}={v}" for k, v in kw.items())
+    return f"{fn}(length={length}, dim={dim}, dtype={np.dtype(dtype)}, layout={layout}{extra})"
+
+
+# ---- the awkward-array generator itself -----------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(3, 67, 10), (67, 9)], ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_awkward_arrays_are_what_their_labels_say(dtype, shape):
+    from conftest import awkward_arrays, logical_shape
+
+    seen = set()
+    for kind, a in awkward_arrays(shape, dtype):
+        seen.add(kind)
+        assert a.shape == logical_shape(kind, shape) and a.flags.writeable, kind
+        assert np.array_equal(as_f64(a), as_f64(awkward_values(a.shape, dtype))), kind
+        checks = {
+            "contiguous": a.flags.c_contiguous,
+            "fortran": a.flags.f_contiguous and not a.flags.c_contiguous,
+            "strided-last": a.strides[-1] == 2 * a.itemsize,
+            "strided-rows": not a.flags.c_contiguous and a.strides[-1] == a.itemsize,
+            "reversed": all(s < 0 for s in a.strides),
+            "seq-major": a.strides[0] < a.strides[1],
+            "byteswapped": not a.dtype.isnative,
+            "unaligned": not a.flags.aligned,
+            "odd-byte-stride": any(s % a.itemsize for s in a.strides),
+            "empty": a.size == 0,
+            "single": a.size == 1,
+        }
+        assert checks[kind], f"{kind}: {describe(a)}"
+    assert {"contiguous", "strided-rows", "reversed", "unaligned", "empty"} <= seen
+    assert ("byteswapped" in seen) == (dtype != BF16)
+
+
+# ---- exactness -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim", [2, 8, 64, 512])
+def test_float64_table_equals_seed_construction(dim):
+    length = 1024
+    got = fastpe.sinusoidal_table(length, dim, dtype="float64")
+    assert got.dtype == np.float64 and got.shape == (length, dim)
+    assert_close(got, seed_table(length, dim), F64, atol=1e-12, rtol=0.0,
+                 context=table_context("sinusoidal_table", length, dim, F64, "interleaved"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("offset", [0, 1000])
+@pytest.mark.parametrize("dim", [1, 2, 3, 5, 8, 33])
+def test_table_matches_formula_index_by_index(dim, offset, layout):
+    """Every element against sin(p / base**(2i/d)) / cos(...) in Python floats; odd dims
+    (which the seed's code cannot build) included."""
+    length, base = 40, 10000.0
+    got = fastpe.sinusoidal_table(length, dim, offset=offset, layout=layout, dtype="float64")
+    want = np.array([[formula_value(offset + t, j, dim, base, layout) for j in range(dim)]
+                     for t in range(length)])
+    ctx = table_context("sinusoidal_table", length, dim, F64, layout, offset=offset)
+    assert_close(got, want, F64, max_position=offset + length, context=ctx)
+    if mpmath is not None:
+        want_mp = np.array([[mp_value(offset + t, j, dim, base, layout) for j in range(dim)]
+                            for t in range(length)])
+        assert_close(got, want_mp, F64, max_position=offset + length, context=ctx + " mpmath")
+
+
+@pytest.mark.parametrize("dim", [1, 2, 5, 8, 33])
+def test_split_is_a_column_permutation_of_interleaved(dim):
+    """split = [all sines | all cosines] of the same frequencies: the even columns of the
+    interleaved table, then its odd columns."""
+    inter = fastpe.sinusoidal_table(70, dim, offset=3, dtype="float64")
+    split = fastpe.sinusoidal_table(70, dim, offset=3, dtype="float64", layout="split")
+    perm = np.r_[np.arange(0, dim, 2), np.arange(1, dim, 2)]
+    assert_close(split, inter[:, perm], F64, context=f"split vs interleaved, dim={dim}")
+
+
+FLOAT32_OFFSETS = [0, 1000, 65_000, 999_950, 2**19 + 5, 2**20 - 63]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dim", [63, 64, 1024])
+@pytest.mark.parametrize("offset", FLOAT32_OFFSETS)
+def test_float32_table_within_1_5e_7_of_exact_up_to_2_20(offset, dim, layout):
+    """Rows sampled across [0, 2**20] (the last one is position 2**20 exactly; 999_950 spans
+    the compiled sin/cos's switch to libm at angle 1e6). The truth is the formula in
+    float64, whose own error there is ~1e-10 (angle rounding), far below 1.5e-7; with
+    mpmath installed a subsample is checked against 40 digits too."""
+    length = 64
+    got = fastpe.sinusoidal_table(length, dim, offset=offset, layout=layout)
+    assert got.dtype == np.float32
+    want = pe_exact(offset + np.arange(length), dim, layout=layout)
+    err = np.abs(got.astype(np.float64) - want)
+    worst = np.unravel_index(np.argmax(err), err.shape)
+    assert err.max() <= 1.5e-7, (
+        f"{table_context('sinusoidal_table', length, dim, F32, layout, offset=offset)}: "
+        f"error {err.max():.3g} at position {offset + worst[0]}, column {worst[1]}")
+    if mpmath is not None:
+        for t, j in [(0, 0), (length - 1, 0), (length - 1, 1), (length // 2, dim - 1),
+                     (length - 1, dim // 2)]:
+            exact = mp_value(offset + t, j, dim, 10000.0, layout)
+            assert abs(float(got[t, j]) - exact) <= 1.5e-7, (offset + t, j)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_float32_random_positions_up_to_2_20(layout):
+    """add_sinusoidal on zeros with scattered positions (no recurrence between tokens)."""
+    rng = np.random.default_rng(5)
+    pos = rng.integers(0, 2**20 + 1, (3, 200))
+    pos[0, :3] = [0, 2**20, 2**20 - 1]
+    x = np.zeros((3, 200, 96), np.float32)
+    fastpe.add_sinusoidal(x, pos, layout=layout)
+    err = np.abs(x.astype(np.float64) - pe_exact(pos, 96, layout=layout))
+    where = np.unravel_index(np.argmax(err), err.shape)
+    assert err.max() <= 1.5e-7, (f"add_sinusoidal float32 {layout}: error {err.max():.3g} at "
+                                 f"position {pos[where[:2]]}, column {where[2]}")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_float64_table_accurate_near_2_20(layout):
+    length, dim, offset = 96, 64, 2**20 - 95
+    got = fastpe.sinusoidal_table(length, dim, offset=offset, layout=layout, dtype="float64")
+    want = pe_exact(offset + np.arange(length), dim, layout=layout)
+    assert_close(got, want, F64, max_position=offset + length,
+                 context=table_context("sinusoidal_table", length, dim, F64, layout,
+                                       offset=offset))
+
+
+@pytest.mark.parametrize("base", [1.0, 2.0, 500.0, 10000.0, 1e6])
+@pytest.mark.parametrize("offset", [0, 17, 3001])
+def test_base_and_offset(base, offset):
+    length, dim = 50, 12
+    got = fastpe.sinusoidal_table(length, dim, base=base, offset=offset, dtype="float64")
+    want = np.array([[formula_value(offset + t, j, dim, base, "interleaved")
+                      for j in range(dim)] for t in range(length)])
+    assert_close(got, want, F64, max_position=offset + length,
+                 context=table_context("sinusoidal_table", length, dim, F64, "interleaved",
+                                       base=base, offset=offset))
+    # an offset table is the tail of a longer one
+    longer = fastpe.sinusoidal_table(length + offset, dim, base=base, dtype="float64")
+    assert_close(got, longer[offset:], F64, max_position=offset + length,
+                 context=f"offset={offset} table vs rows of a longer table")
+
+
+def test_base_changes_the_table():
+    a = fastpe.sinusoidal_table(8, 16, dtype="float64")
+    b = fastpe.sinusoidal_table(8, 16, base=100.0, dtype="float64")
+    assert not np.allclose(a[1:, 2:], b[1:, 2:])
+
+
+@pytest.mark.parametrize("dtype", [d for d in (F16, BF16) if d is not None],
+                         ids=lambda d: str(d))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("offset", [0, 5000])
+def test_half_tables_within_one_storage_ulp(dtype, layout, offset):
+    length, dim = 80, 33
+    got = fastpe.sinusoidal_table(length, dim, offset=offset, layout=layout, dtype=dtype)
+    assert got.dtype == dtype
+    want = pe_exact(offset + np.arange(length), dim, layout=layout)
+    eps = STORAGE_EPS[str(dtype)]
+    tiny = 2.0**-24 if dtype == F16 else 2.0**-133  # one subnormal ulp
+    assert_close(got, want, dtype, atol=tiny, rtol=eps,
+                 context=table_context("sinusoidal_table", length, dim, dtype, layout,
+                                       offset=offset))
+
+
+def test_default_dtype_is_float32():
+    assert fastpe.sinusoidal_table(3, 4).dtype == np.float32
+
+
+def test_empty_table():
+    t = fastpe.sinusoidal_table(0, 6)
+    assert t.shape == (0, 6) and t.dtype == np.float32
+
+
+@pytest.mark.parametrize("shape", [(0, 6), (2, 0, 6), (0, 5, 6)], ids=str)
+def test_add_sinusoidal_on_empty_x_is_a_no_op(shape):
+    x = np.zeros(shape, np.float32)
+    assert fastpe.add_sinusoidal(x) is x
+
+
+def test_add_sinusoidal_on_sliced_empty_x():
+    """An empty slice of a real array keeps its (nonzero) strides."""
+    x = np.zeros((2, 3, 4), np.float32)[:, :0]
+    assert fastpe.add_sinusoidal(x) is x
+
+
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+def test_add_sinusoidal_on_x_with_no_features(backend):
+    x = np.zeros((2, 3, 4), np.float32)[..., :0]
+    with fastpe.use_backend(backend):
+        assert fastpe.add_sinusoidal(x) is x
+
+
+def test_empty_out():
+    out = np.zeros((0, 6), np.float32)
+    fastpe.sinusoidal_table(0, 6, out=out)
+
+
+# ---- out= ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_out_is_filled(dtype):
+    out = np.full((20, 7), 99, dtype)
+    ret = fastpe.sinusoidal_table(20, 7, offset=4, dtype=None if dtype != F32 else "float32",
+                                  out=out)
+    assert np.shares_memory(ret, out) and ret.shape == out.shape and ret.dtype == dtype
+    assert_close(out, pe_exact(4 + np.arange(20), 7), dtype, max_position=24,
+                 context=f"sinusoidal_table(out={describe(out)})")
+
+
+def test_out_returns_the_given_buffer():
+    out = np.empty((5, 4), np.float32)
+    assert fastpe.sinusoidal_table(5, 4, out=out) is out
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_out_strided(dtype):
+    big = np.full((41, 30), 99, dtype)
+    out = big[1::2, 2:-1:3]  # rows of a bigger buffer, every third column
+    assert out.shape == (20, 9) and not out.flags.c_contiguous
+    fastpe.sinusoidal_table(20, 9, layout="split", dtype=dtype, out=out)
+    assert_close(out, pe_exact(np.arange(20), 9, layout="split"), dtype,
+                 context=f"sinusoidal_table(out={describe(out)})")
+
+
+# ---- add_sinusoidal against x * scale + PE[pos] -----------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+@pytest.mark.parametrize("form", POSITION_FORMS + ("2d-none", "2d-shared"))
+def test_add_sinusoidal_equals_x_scale_plus_table(form, scale, layout, dtype):
+    batch, seq, dim = 3, 45, 11
+    if form.startswith("2d-"):
+        positions, offset, full = make_positions(form[3:], 1, seq)
+        x = awkward_values((seq, dim), dtype)
+    else:
+        positions, offset, full = make_positions(form, batch, seq)
+        x = awkward_values((batch, seq, dim), dtype)
+    x0 = as_f64(x)
+    ret = fastpe.add_sinusoidal(x, positions, offset=offset, scale=scale, layout=layout)
+    assert ret is x
+    pe = pe_exact(full, dim, layout=layout)
+    want = x0 * scale + (pe[0] if x.ndim == 2 else pe)
+    assert_close(x, want, dtype, magnitude=2 * scale + 1, max_position=full.max(),
+                 context=f"add_sinusoidal({describe(x)}, positions={form}, scale={scale}, "
+                         f"layout={layout})")
+
+
+def test_add_sinusoidal_scale_zero_gives_the_table():
+    x = np.full((2, 40, 8), 5.0)
+    fastpe.add_sinusoidal(x, scale=0.0)
+    assert_close(x, np.broadcast_to(pe_exact(np.arange(40), 8), x.shape), F64, max_position=40)
+
+
+# ---- compiled against reference, every awkward array --------------------------------------
+
+SHAPES_3D = [(3, 67, 10), (2, 40, 9)]
+SHAPES_2D = [(67, 9), (33, 16)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind,shape,dtype",
+                         awkward_params(SHAPES_3D[:1] + SHAPES_2D[:1]))
+def test_add_sinusoidal_matches_reference(kind, shape, dtype, layout, both_threads):
+    x = make_awkward(kind, shape, dtype)
+    y = make_awkward(kind, shape, dtype)
+    batch, seq = (1,) + x.shape[:1] if x.ndim == 2 else x.shape[:2]
+    # per-row positions for 3-D x, an offset for 2-D x
+    positions, offset, full = make_positions("per-row" if x.ndim == 3 else "offset",
+                                             batch, seq, high=3000)
+    ctx = (f"add_sinusoidal({kind}: {describe(x)}, layout={layout}, "
+           f"num_threads={both_threads})")
+    ret = fastpe.add_sinusoidal(x, positions, offset=offset, scale=1.5, layout=layout,
+                                num_threads=both_threads)
+    assert ret is x, ctx
+    fastpe.reference.add_sinusoidal(y, positions, offset=offset, scale=1.5, layout=layout)
+    assert_close(x, y, dtype, magnitude=4.0, max_position=full.max() if full.size else 0,
+                 context=ctx)
+
+
+@pytest.mark.parametrize("kind,shape,dtype", awkward_params(
+    SHAPES_3D + SHAPES_2D))
+def test_add_sinusoidal_awkward_matches_formula(kind, shape, dtype):
+    """Every awkward layout against x * scale + PE computed in float64 (independent of the
+    reference backend)."""
+    x = make_awkward(kind, shape, dtype)
+    x0 = as_f64(x)
+    seq, dim = x.shape[-2:]
+    fastpe.add_sinusoidal(x, offset=40, scale=1.5, layout="split")
+    assert_close(x, x0 * 1.5 + pe_exact(40 + np.arange(seq), dim, layout="split"), dtype,
+                 magnitude=4.0, max_position=40 + seq,
+                 context=f"add_sinusoidal({kind}: {describe(x)}, layout=split)")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind,shape,dtype",
+                         awkward_params(SHAPES_2D[:1]))
+def test_table_out_matches_reference(kind, shape, dtype, layout, both_threads):
+    out = make_awkward(kind, shape, dtype)
+    ref = make_awkward(kind, shape, dtype)
+    ctx = f"sinusoidal_table(out={kind}: {describe(out)}, layout={layout}, " \
+          f"num_threads={both_threads})"
+    fastpe.sinusoidal_table(*out.shape, offset=11, layout=layout, dtype=None, out=out,
+                            num_threads=both_threads)
+    fastpe.reference.sinusoidal_table(*ref.shape, offset=11, layout=layout, dtype=None,
+                                      out=ref)
+    assert_close(out, ref, dtype, max_position=11 + shape[0], context=ctx)
+
+
+def test_reference_keeps_float64_precision_for_byteswapped_x():
+    x = np.full((2, 40, 6), 1 / 3, ">f8")
+    fastpe.reference.add_sinusoidal(x, scale=3.0)
+    want = 1.0 + pe_exact(np.arange(40), 6)
+    assert_close(x, np.broadcast_to(want, x.shape), F64, max_position=40,
+                 context=f"reference.add_sinusoidal({describe(x)})")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_table_matches_reference(dtype, layout, both_threads):
+    got = fastpe.sinusoidal_table(130, 37, offset=900, layout=layout, dtype=dtype,
+                                  num_threads=both_threads)
+    want = fastpe.reference.sinusoidal_table(130, 37, offset=900, layout=layout, dtype=dtype)
+    assert got.dtype == want.dtype == dtype
+    assert_close(got, want, dtype, max_position=1030,
+                 context=table_context("sinusoidal_table", 130, 37, dtype, layout))
+
+
+# ---- threads and ISA variants: bit-identical ------------------------------------------------
+
+
+THREAD_KINDS = ["contiguous", "strided-last", "reversed", "byteswapped", "odd-byte-stride"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("form", ["offset", "per-row", "unsorted"])
+@pytest.mark.parametrize("kind,shape,dtype", [
+    p for p in awkward_params([(3, 200, 24)]) if p.values[0] in THREAD_KINDS])
+def test_add_sinusoidal_bit_identical_across_threads(kind, shape, dtype, form, layout,
+                                                     threaded):
+    """(3, 200, 24): 7 blocks of 32 tokens per row, split between 2 or 3 threads."""
+    positions, offset, _ = make_positions(form, 3, 200, high=2**20)
+    results = []
+    for n in (1, 2, 3):
+        x = make_awkward(kind, shape, dtype)
+        fastpe.add_sinusoidal(x, positions, offset=offset, scale=1.25, layout=layout,
+                              num_threads=n)
+        results.append(x)
+    for n, r in zip((2, 3), results[1:]):
+        assert_bytes_equal(r, results[0], f"add_sinusoidal({kind} {describe(r)}, {form}, "
+                                          f"{layout}) num_threads={n} vs 1")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_table_bit_identical_across_threads(dtype, layout, threaded):
+    one = fastpe.sinusoidal_table(300, 40, offset=2**20 - 300, layout=layout, dtype=dtype,
+                                  num_threads=1)
+    for n in (2, 4):
+        many = fastpe.sinusoidal_table(300, 40, offset=2**20 - 300, layout=layout,
+                                       dtype=dtype, num_threads=n)
+        assert_bytes_equal(many, one, f"sinusoidal_table {dtype} {layout} num_threads={n}")
+
+
+def _isa_results(isa_runs):
+    ran = {k: v for k, v in isa_runs.items() if not isinstance(v, str)}
+    if not ran:
+        pytest.skip("no FASTPE_ISA variant could run")
+    return ran
+
+
+def _storage(name: str) -> np.dtype:
+    return {"float16": F16, "float32": F32, "float64": F64, "bfloat16": BF16}[name]
+
+
+def test_isa_variants_bit_identical_across_threads(isa_runs):
+    """In each FASTPE_ISA subprocess, num_threads 1 and 2 gave the same bits."""
+    for isa, (_, res) in _isa_results(isa_runs).items():
+        for key in res:
+            if key.endswith("-t1"):
+                assert np.array_equal(res[key], res[key[:-1] + "2"]), f"{isa}: {key} vs t2"
+
+
+def test_isa_variants_agree_within_tolerance(isa_runs):
+    ran = _isa_results(isa_runs)
+    if len(ran) < 2:
+        pytest.skip(f"only {list(ran)} runs here ({isa_runs})")
+    (first, (_, base)), *others = ran.items()
+    for isa, (_, res) in others:
+        assert res.keys() == base.keys()
+        for key in base:
+            dt = _storage(key.split("-")[1])
+            assert_close(res[key].view(dt), base[key].view(dt), dt, magnitude=4.0,
+                         max_position=2**20, context=f"FASTPE_ISA={isa} vs {first}: {key}")
+
+
+# ---- views: writes land in the base array, and nowhere else ------------------------------
+
+VIEWS_3D = {
+    "interior-strided": (slice(1, 3), slice(5, 75, 2), slice(2, -3)),
+    "negative-steps": (slice(3, 0, -1), slice(-4, 2, -3), slice(-2, 1, -2)),
+    "interior-columns": (slice(1, 2), slice(1, -1), slice(3, -3, 3)),
+}
+
+
+@pytest.mark.parametrize("base_kind", ["contiguous", "byteswapped", "unaligned"])
+@pytest.mark.parametrize("view", list(VIEWS_3D))
+def test_write_into_view_lands_in_base(view, base_kind):
+    base = make_awkward(base_kind, (4, 80, 14), F32)
+    expected = as_f64(base)
+    v = base[VIEWS_3D[view]]
+    assert v.base is not None
+    x0 = as_f64(v)
+    fastpe.add_sinusoidal(v, offset=2, scale=0.5)
+    seq, dim = v.shape[1:]
+    expected[VIEWS_3D[view]] = x0 * 0.5 + pe_exact(2 + np.arange(seq), dim)
+    assert_close(base, expected, F32, magnitude=2.0,
+                 context=f"add_sinusoidal into {view} view of {base_kind} {describe(base)}")
+
+
+@pytest.mark.parametrize("base_kind", ["contiguous", "byteswapped", "unaligned"])
+def test_table_out_view_lands_in_base(base_kind):
+    base = make_awkward(base_kind, (50, 20), F64)
+    expected = as_f64(base)
+    out = base[45:4:-2, 1:-1:2]
+    fastpe.sinusoidal_table(*out.shape, dtype=None, out=out)
+    expected[45:4:-2, 1:-1:2] = pe_exact(np.arange(out.shape[0]), out.shape[1])
+    assert_close(base, expected, F64, context=f"sinusoidal_table(out=view of {base_kind})")
+
+
+SENTINEL = 1000.0  # exact in every float dtype, and never a value of PE or x * 0.5 + PE here
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("view", list(VIEWS_3D))
+@pytest.mark.parametrize("op", ["add_sinusoidal", "sinusoidal_table"])
+def test_no_writes_outside_the_view(op, view, dtype, both_threads):
+    big = np.full((5, 90, 16), SENTINEL, dtype)
+    if op == "sinusoidal_table":
+        index = VIEWS_3D[view][1:]
+        big = big[2]  # a 2-D buffer
+    else:
+        index = VIEWS_3D[view]
+    before = big.copy()
+    inside = np.zeros(big.shape, bool)
+    inside[index] = True
+    v = big[index]
+    if op == "add_sinusoidal":
+        fastpe.add_sinusoidal(v, offset=1, scale=0.5, num_threads=both_threads)
+    else:
+        fastpe.sinusoidal_table(*v.shape, offset=1, dtype=None, out=v,
+                                num_threads=both_threads)
+    ctx = f"{op} on {view} view {describe(v)}, num_threads={both_threads}"
+    assert_bytes_equal(big[~inside], before[~inside], ctx + ": outside the view")
+    assert not np.any(as_f64(big[inside]) == SENTINEL), ctx + ": an element was not written"

@@ -1,0 +1,166 @@
+"""Threads: the default is the OpenMP maximum (OMP_NUM_THREADS, threadpoolctl), set/get,
+negative counts, errors, and identical results for every thread count."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import F32, F64, assert_bytes_equal, assert_close, pe_exact, run_python
+
+import fastpe
+
+OPENMP = fastpe.info()["openmp"]
+needs_openmp = pytest.mark.skipif(not OPENMP, reason="fastpe was built without OpenMP")
+
+
+def cpus() -> int:
+    """CPUs this process may run on: what an OpenMP runtime takes as its default team."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+THREADS = ("import json, fastpe; "
+           "print(json.dumps([fastpe.get_num_threads(), fastpe.info()['num_threads']]))")
+
+
+def _threads_in_subprocess(**env) -> list[int]:
+    proc = run_python(THREADS, **env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_openmp
+def test_default_is_the_openmp_maximum():
+    """With no OMP_* variables the OpenMP maximum is one thread per available CPU."""
+    assert _threads_in_subprocess() == [cpus(), cpus()]
+
+
+@needs_openmp
+@pytest.mark.parametrize("n", [1, 3])
+def test_honours_omp_num_threads(n):
+    assert _threads_in_subprocess(OMP_NUM_THREADS=str(n)) == [n, n]
+
+
+def test_without_openmp_default_is_one():
+    if OPENMP:
+        # the same logic, seen from a build whose extension is missing
+        proc = run_python("import sys; sys.modules['fastpe._kernels'] = None\n" + THREADS,
+                          OMP_NUM_THREADS="4")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == [1, 1]
+    else:
+        assert fastpe.get_num_threads() == 1
+
+
+@needs_openmp
+def test_honours_threadpoolctl():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    fastpe.set_num_threads(None)
+    openmp = [lib for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "openmp"]
+    if not openmp:
+        pytest.skip("threadpoolctl does not see an OpenMP runtime in this process")
+    default = fastpe.get_num_threads()
+    with threadpoolctl.threadpool_limits(limits=1, user_api="openmp"):
+        assert fastpe.get_num_threads() == 1, (
+            f"threadpool_limits(1) did not reach fastpe's OpenMP runtime; threadpoolctl "
+            f"sees {[lib['filepath'] for lib in openmp]}")
+        x = np.zeros((4, 512, 256), np.float32)  # above the serial threshold
+        fastpe.add_sinusoidal(x)
+    assert fastpe.get_num_threads() == default
+
+
+def test_set_and_reset():
+    default = fastpe.get_num_threads()
+    fastpe.set_num_threads(3)
+    assert fastpe.get_num_threads() == 3
+    assert fastpe.info()["num_threads"] == 3
+    fastpe.set_num_threads(1)
+    assert fastpe.get_num_threads() == 1
+    fastpe.set_num_threads(None)
+    assert fastpe.get_num_threads() == default
+
+
+def test_set_accepts_numpy_integers():
+    fastpe.set_num_threads(np.int64(2))
+    assert fastpe.get_num_threads() == 2 and type(fastpe.get_num_threads()) is int
+
+
+def test_negative_counts_back_from_the_maximum():
+    fastpe.set_num_threads(None)
+    top = fastpe.get_num_threads()
+    fastpe.set_num_threads(-1)
+    assert fastpe.get_num_threads() == top
+    fastpe.set_num_threads(-2)
+    assert fastpe.get_num_threads() == max(top - 1, 1)
+    fastpe.set_num_threads(-10_000)
+    assert fastpe.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("bad,exc", [(0, ValueError), ("2", TypeError), (True, TypeError),
+                                     (2.0, TypeError)], ids=["0", "str", "bool", "float"])
+def test_bad_counts(bad, exc):
+    fastpe.set_num_threads(2)
+    with pytest.raises(exc, match=r"\bn\b"):
+        fastpe.set_num_threads(bad)
+    assert fastpe.get_num_threads() == 2  # unchanged by the failed call
+    x = np.zeros((2, 8, 4))
+    with pytest.raises(exc, match=r"\bnum_threads\b"):
+        fastpe.add_sinusoidal(x, num_threads=bad)
+    assert not x.any()
+
+
+def test_call_argument_overrides_the_setting():
+    """num_threads= per call, including more threads than CPUs and -1, gives the same bits
+    as the process setting."""
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 300, 256)).astype(np.float32)
+    fastpe.set_num_threads(1)
+    want = fastpe.add_sinusoidal(x.copy())
+    for n in (2, -1, 64):
+        assert_bytes_equal(fastpe.add_sinusoidal(x.copy(), num_threads=n), want,
+                           f"num_threads={n}")
+
+
+# ---- results identical for every thread count, on work big enough to be threaded -----------
+
+
+def _big(dtype, seed=0):
+    # 4 x 512 x 256 float32 = 2 MiB: well above the 256 KiB under which calls stay serial
+    return np.random.default_rng(seed).uniform(-2, 2, (4, 512, 256)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+@pytest.mark.parametrize("positions", ["none", "per-row"])
+def test_large_add_sinusoidal_identical_for_1_2_3_threads(positions, dtype):
+    pos = None if positions == "none" else \
+        np.random.default_rng(1).integers(0, 2**20, (4, 512))
+    results = []
+    for n in (1, 2, 3):
+        x = _big(dtype)
+        fastpe.add_sinusoidal(x, pos, scale=16.0, num_threads=n)
+        results.append(x)
+    for n, r in zip((2, 3), results[1:]):
+        assert_bytes_equal(r, results[0], f"add_sinusoidal {dtype} positions={positions} "
+                                          f"num_threads={n} vs 1")
+    full = np.broadcast_to(np.arange(512), (4, 512)) if pos is None else pos
+    assert_close(results[0], _big(dtype).astype(np.float64) * 16 + pe_exact(full, 256), dtype,
+                 magnitude=33.0, max_position=full.max(), context="add_sinusoidal large")
+
+
+def test_large_table_and_learned_identical_for_1_2_3_threads():
+    tables = [fastpe.sinusoidal_table(2048, 256, offset=5, num_threads=n) for n in (1, 2, 3)]
+    for n, t in zip((2, 3), tables[1:]):
+        assert_bytes_equal(t, tables[0], f"sinusoidal_table num_threads={n}")
+    table = _big(np.float32, seed=3)[0]
+    out = []
+    for n in (1, 2, 3):
+        x = _big(np.float32)
+        fastpe.add_learned(x, table, np.random.default_rng(4).integers(0, 512, (4, 512)),
+                           num_threads=n)
+        out.append(x)
+    for n, r in zip((2, 3), out[1:]):
+        assert_bytes_equal(r, out[0], f"add_learned num_threads={n}")
