@@ -11,6 +11,7 @@ from ._backend import backend, use_backend
 from ._info import info
 from ._threads import get_num_threads, set_num_threads
 from ._version import __version__
+from .alibi import add_alibi, alibi_bias, alibi_slopes
 from .learned import add_learned
 from .rope import (
     RopeFrequencies,
@@ -26,8 +27,11 @@ __all__ = [
     "RopeFrequencies",
     "RotaryEmbedding",
     "__version__",
+    "add_alibi",
     "add_learned",
     "add_sinusoidal",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_rope",
     "apply_rope_cached",
     "backend",

@@ -243,3 +243,179 @@ def rope_cos_sin(positions: object, freqs: object,
     freqs = frequencies_arg(freqs)
     dt = _checks.float_dtype(dtype, "dtype")
     return _checks.position_array(positions, "positions")[0], freqs, dt
+
+
+# ---- ALiBi ----------------------------------------------------------------
+
+class AlibiPlan(NamedTuple):
+    scores: np.ndarray             # (..., heads, q_len, k_len): the caller's array (or out)
+    batch: int                     # prod(scores.shape[:-3]): rows of the flattened leading dims
+    slopes: np.ndarray             # float64 (heads,), C-contiguous, finite
+    q_positions: np.ndarray | None  # int64 C-contiguous (1 or batch, q_len), or None ...
+    q_offset: int                  # ... for q_offset + i
+    k_positions: np.ndarray | None  # int64 C-contiguous (1 or batch, k_len), or None for j
+    key_mask: np.ndarray | None    # uint8 C-contiguous (1 or batch, k_len) of 0/1, or None
+    causal: bool
+    symmetric: bool
+    accumulate: bool               # scores += bias, else scores = bias
+    max_position: int              # largest position of any query or key, -1 when none
+    num_threads: int | None
+
+
+def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> np.ndarray:
+    """Slopes for `heads` heads: the given ones, checked, else the paper's."""
+    if slopes is None:
+        mb = 8.0 if max_bias is None else _checks.real(max_bias, "max_bias", positive=True)
+        return _math.cached_alibi_slopes(heads, mb)
+    if max_bias is not None:
+        raise ValueError("give slopes, or max_bias to compute them, not both")
+    s = slopes if isinstance(slopes, np.ndarray) else np.asarray(slopes)
+    if s.dtype.kind not in "fiu":
+        raise TypeError(f"slopes must be real numbers, got dtype {s.dtype}")
+    if s.ndim != 1 or s.shape[0] != heads:
+        raise ValueError(f"slopes must have shape ({heads},), one per head of the scores "
+                         f"(axis -3), got shape {s.shape}")
+    s = np.ascontiguousarray(s, dtype=np.float64)
+    if not np.isfinite(s).all():
+        raise ValueError(f"slopes must be finite, got {s[~np.isfinite(s)][0]!r} "
+                         f"at head {int(np.argmin(np.isfinite(s)))}")
+    return s
+
+
+def _flag(value: object, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _per_sequence(value: object, name: str, lead: tuple[int, ...], batch: int,
+                  length: int, what: str) -> int:
+    """A per-sequence array as (rows, length) with rows 1 (shared) or batch.
+
+    Accepted shapes: (length,) shared by every sequence; (1, length); (batch,
+    length) with batch the leading dims of the scores flattened in C order;
+    or those leading dims themselves followed by length."""
+    shape = np.shape(value)  # type: ignore[call-overload]
+    ok = (shape == (length,) or (len(shape) == 2 and shape[0] in (1, batch)
+                                 and shape[1] == length)
+          or (len(lead) > 1 and shape == lead + (length,)))
+    if not ok:
+        forms = [f"({length},)", f"(1, {length})", f"({batch}, {length})"]
+        if len(lead) > 1:
+            forms.append(str(lead + (length,)))
+        raise ValueError(f"{name} must have shape {' or '.join(forms)} ({what}; batch = "
+                         f"the scores' leading dims {lead} flattened), got {shape}")
+    return 1 if len(shape) == 1 or (len(shape) == 2 and shape[0] == 1) else batch
+
+
+def _alibi_positions(value: object, name: str, lead: tuple[int, ...], batch: int,
+                     length: int) -> tuple[np.ndarray, int]:
+    rows = _per_sequence(value, name, lead, batch, length, f"{length} positions")
+    pos, hi = _checks.position_array(value, name)
+    return pos.reshape(rows, length), hi
+
+
+def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
+                    length: int) -> np.ndarray:
+    rows = _per_sequence(value, "key_mask", lead, batch, length,
+                            f"one flag per key, {length} keys")
+    m = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if m.dtype.kind == "b":
+        return np.ascontiguousarray(m).view(np.uint8).reshape(rows, length)
+    if m.dtype.kind not in "iu":
+        raise TypeError(f"key_mask must be booleans (or integers 0/1; True = attend), got "
+                        f"dtype {m.dtype}")
+    if m.size and not ((m == 0) | (m == 1)).all():
+        raise ValueError("key_mask must hold only 0 and 1 (1 = a real key to attend to, "
+                         "0 = padding)")
+    return np.ascontiguousarray(m, dtype=np.uint8).reshape(rows, length)
+
+
+def _alibi_target(scores: object, name: str) -> np.ndarray:
+    """An in-place target as an ndarray view: supported dtype, writable, no
+    overlapping elements."""
+    x = _checks.in_place_view(scores, name)
+    _checks.dtype_code(x.dtype, name)
+    _checks.writable_array(x, name)
+    return x
+
+
+def _alibi_plan(scores: np.ndarray, slopes: object, max_bias: object, q_offset: object,
+                causal: object, symmetric: object, q_positions: object, k_positions: object,
+                key_mask: object, accumulate: bool, num_threads: object) -> AlibiPlan:
+    lead = scores.shape[:-3]
+    heads, q, k = scores.shape[-3:]
+    batch = 1
+    for n in lead:
+        batch *= n
+    slopes = _alibi_slopes_arg(slopes, max_bias, heads)
+    causal = _flag(causal, "causal")
+    symmetric = _flag(symmetric, "symmetric")
+    num_threads = _threads.check(num_threads)
+    offset = None if q_offset is None else _checks.count(q_offset, "q_offset")
+    if offset is not None and q_positions is not None:
+        raise ValueError(f"give either q_positions or q_offset, not both (q_offset={offset})")
+    mask = None if key_mask is None else _alibi_key_mask(key_mask, lead, batch, k)
+    kpos = qpos = None
+    k_hi = k - 1
+    if k_positions is not None:
+        kpos, k_hi = _alibi_positions(k_positions, "k_positions", lead, batch, k)
+    elif mask is not None:
+        # BLOOM's positions of a padded batch: real keys count 0, 1, 2, ...;
+        # padding gets 0 (it is masked anyway)
+        kpos = (np.cumsum(mask, axis=1, dtype=np.int64) - 1) * mask
+        k_hi = int(kpos.max()) if kpos.size else -1
+    if q_positions is not None:
+        qpos, q_hi = _alibi_positions(q_positions, "q_positions", lead, batch, q)
+    elif kpos is not None:
+        # query i is the token at key index q_offset + i: it takes that key's position
+        off = k - q if offset is None else offset
+        if k == 0:  # no keys: nothing to add, any query positions do
+            qpos = np.zeros((kpos.shape[0], q), np.int64)
+        elif off < 0 or off + q > k:
+            raise ValueError(
+                f"q_offset must be in [0, k_len - q_len] = [0, {k - q}] when query positions "
+                f"come from the keys' (k_positions or key_mask); got "
+                f"{off if offset is not None else f'q_len {q} > k_len {k}'}; "
+                f"pass q_positions")
+        else:
+            qpos = np.ascontiguousarray(kpos[:, off:off + q])
+        q_hi = int(qpos.max()) if qpos.size else -1
+    else:
+        if offset is None:
+            if q > k > 0:
+                raise ValueError(f"q_len {q} > k_len {k}: the default q_offset = k_len - "
+                                 f"q_len (queries are the newest keys) would be negative; "
+                                 f"pass q_offset (e.g. 0) or q_positions")
+            offset = max(k - q, 0)
+        if q and offset + q - 1 > _checks.INT64_MAX:
+            raise ValueError(f"q_offset {offset} + q_len {q} is past the int64 range")
+        q_hi = offset + q - 1
+    return AlibiPlan(scores, batch, slopes, qpos, offset or 0, kpos, mask,
+                     causal, symmetric, accumulate,
+                     max(q_hi if q else -1, k_hi if k else -1), num_threads)
+
+
+def add_alibi(scores: object, slopes: object, max_bias: object, q_offset: object,
+              causal: object, symmetric: object, q_positions: object, k_positions: object,
+              key_mask: object, num_threads: object) -> AlibiPlan:
+    scores = _alibi_target(scores, "scores")
+    if scores.ndim < 3:
+        raise ValueError(f"scores must have at least 3 dimensions (..., heads, q_len, "
+                         f"k_len), got shape {scores.shape}")
+    return _alibi_plan(scores, slopes, max_bias, q_offset, causal, symmetric, q_positions,
+                       k_positions, key_mask, True, num_threads)
+
+
+def alibi_bias(num_heads: object, q_len: object, k_len: object, slopes: object,
+               max_bias: object, q_offset: object, causal: object, symmetric: object,
+               q_positions: object, k_positions: object, key_mask: object, dtype: object,
+               out: object, num_threads: object) -> AlibiPlan:
+    heads = _checks.count(num_heads, "num_heads")
+    q = _checks.count(q_len, "q_len")
+    k = _checks.count(k_len, "k_len")
+    out = _checks.output(out, (heads, q, k), dtype)
+    return _alibi_plan(out, slopes, max_bias, q_offset, causal, symmetric, q_positions,
+                       k_positions, key_mask, False, num_threads)

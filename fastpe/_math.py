@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from . import _checks
+
 
 def frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
@@ -20,3 +22,46 @@ def sinusoidal_inv_freq(dim: int, base: float) -> np.ndarray:
     if dim == 0:
         return frozen(np.empty(0))
     return frozen(np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(base) / dim)))
+
+
+def _alibi_slopes_math(n: int, max_bias: float) -> np.ndarray:
+    """The ALiBi paper's slopes in float64, exactly 2**(-max_bias * e) per head.
+
+    With p the largest power of two <= n: the first p exponents are (h + 1) / p
+    (the geometric sequence of p heads); the other n - p are the odd multiples
+    (2j + 1) / (2p), every other exponent of 2p heads starting with the first.
+    Every exponent is a dyadic rational, so -max_bias * e rounds at most once
+    and exp2 of it is within an ulp of the exact power.
+    """
+    p = 1 << (n.bit_length() - 1)
+    e = np.empty(n, dtype=np.float64)
+    e[:p] = np.arange(1, p + 1, dtype=np.float64) / p
+    e[p:] = np.arange(1, 2 * (n - p), 2, dtype=np.float64) / (2 * p)
+    return np.exp2(-max_bias * e)
+
+
+@functools.lru_cache(maxsize=512)
+def cached_alibi_slopes(num_heads: int, max_bias: float) -> np.ndarray:
+    """alibi_slopes for validated arguments, read-only, computed once."""
+    return frozen(np.empty(0) if num_heads == 0 else _alibi_slopes_math(num_heads, max_bias))
+
+
+def alibi_slopes(num_heads, *, max_bias=8.0) -> np.ndarray:
+    """The per-head ALiBi slopes (Press et al., 2022), float64 (num_heads,).
+
+    A power-of-two head count n gets the geometric sequence
+    ``2**(-max_bias * (h + 1) / n)`` for h = 0 .. n - 1 (1/2, 1/4, ..., 1/256
+    for 8 heads). Any other n gets the slopes of the largest power of two p
+    below it, then every other slope of 2p heads (the 1st, 3rd, 5th, ...)
+    until there are n: the rule of the paper's code, of BLOOM
+    (``build_alibi_tensor``) and of MPT (``gen_slopes``), all of which use
+    max_bias 8. ``max_bias`` is MPT's ``alibi_bias_max``. BLOOM and MPT compute
+    in float32; these are the float64 values they round.
+
+    >>> fastpe.alibi_slopes(8)
+    array([0.5      , 0.25     , 0.125    , 0.0625   , 0.03125  , 0.015625 ,
+           0.0078125, 0.00390625])
+    """
+    n = _checks.count(num_heads, "num_heads", minimum=1)
+    mb = _checks.real(max_bias, "max_bias", positive=True)
+    return cached_alibi_slopes(n, mb).copy()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _args, _checks, _rope_scaling
+from . import _args, _checks, _math, _rope_scaling
 
 __all__ = [
     "sinusoidal_table", "add_sinusoidal", "add_learned",
     "rope_frequencies", "rope_cos_sin", "apply_rope", "apply_rope_cached",
+    "alibi_slopes", "alibi_bias", "add_alibi",
 ]
 
 
@@ -141,3 +142,66 @@ def apply_rope_cached(q, k, cos, sin, positions=None, *, offset=0, style="neox",
     run_rope(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
                                num_threads))
     return q, k
+
+
+# ---- ALiBi ---------------------------------------------------------------------
+
+def run_alibi(plan: _args.AlibiPlan) -> None:
+    """scores (+)= slope[h] * (k_pos - q_pos), -inf where masked, the obvious way:
+    the (rows, q, k) int64 distances, converted once to the compute dtype."""
+    x = plan.scores
+    if x.size == 0:
+        return
+    lead = x.shape[:-3]
+    q, k = x.shape[-2:]
+    # float64 storage (either byte order) computes in float64, the rest in float32
+    work = np.dtype(np.float64) if x.dtype.itemsize == 8 else np.dtype(np.float32)
+    qpos = (plan.q_positions if plan.q_positions is not None
+            else plan.q_offset + np.arange(q, dtype=np.int64)[None])
+    kpos = plan.k_positions if plan.k_positions is not None else np.arange(k)[None]
+    dist = kpos[:, None, :] - qpos[:, :, None]                 # (rows, q, k)
+    if plan.symmetric:
+        dist = -np.abs(dist)
+    bias = plan.slopes.astype(work)[:, None, None] * dist[:, None].astype(work)
+    keep = None
+    if plan.causal:
+        keep = kpos[:, None, :] <= qpos[:, :, None]
+    if plan.key_mask is not None:
+        keys = plan.key_mask[:, None, :].astype(bool)
+        keep = keys if keep is None else keep & keys
+    value = _alibi_rows(bias, lead)
+    if plan.accumulate:
+        value = x.astype(work) + value
+    if keep is not None:
+        value = np.where(_alibi_rows(keep[:, None], lead), value, work.type(-np.inf))
+    with np.errstate(over="ignore"):  # a bias past float16's range rounds to -inf
+        x[...] = value
+
+
+def _alibi_rows(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
+    """A (rows, ...) per-sequence array in the scores' leading dims: rows is 1
+    (shared: broadcast) or their product (C order)."""
+    return a[0] if a.shape[0] == 1 else a.reshape(lead + a.shape[1:])
+
+
+alibi_slopes = _math.alibi_slopes
+
+
+def alibi_bias(num_heads, q_len, k_len, *, slopes=None, q_offset=None, causal=False,
+               symmetric=False, dtype=None, out=None, q_positions=None,
+               k_positions=None, key_mask=None, max_bias=None, num_threads=None):
+    """NumPy twin of :func:`fastpe.alibi_bias`."""
+    plan = _args.alibi_bias(num_heads, q_len, k_len, slopes, max_bias, q_offset, causal,
+                            symmetric, q_positions, k_positions, key_mask, dtype, out,
+                            num_threads)
+    run_alibi(plan)
+    return plan.scores if out is None else out
+
+
+def add_alibi(scores, *, slopes=None, q_offset=None, causal=False, symmetric=False,
+              num_threads=None, q_positions=None, k_positions=None, key_mask=None,
+              max_bias=None):
+    """NumPy twin of :func:`fastpe.add_alibi`."""
+    run_alibi(_args.add_alibi(scores, slopes, max_bias, q_offset, causal, symmetric,
+                              q_positions, k_positions, key_mask, num_threads))
+    return scores

@@ -21,6 +21,7 @@ include "common.pxi"
 include "sinusoidal.pxi"
 include "learned.pxi"
 include "rope.pxi"
+include "alibi.pxi"
 
 
 ISA = FASTPE_ISA.decode()

@@ -1,0 +1,657 @@
+# ALiBi: scores[b, h, i, j] += slope[h] * (kpos[b, j] - qpos[b, i]), or -inf where
+# the key is masked (causal: kpos > qpos; padding: key_mask == 0). Symmetric uses
+# -|kpos - qpos|. Or write the bias itself (a table) instead of adding it.
+#
+# Arithmetic: the bias of one element is slope * (real_t)(kpos - qpos), one rounding
+# of the exact integer distance times the slope rounded to real_t (float32 for
+# float32/float16/bfloat16 storage, float64 for float64). While every position is
+# at most 2**24 (float32) or 2**53 (float64), key positions and their distances
+# from a query are exact in real_t, so the loops read a row of key positions
+# converted once per call and the distance is one vector subtraction. Larger
+# positions take an exact scalar loop on the int64 values; both give the same value.
+#
+# Speed: each element is read and written once. A unit of work is one query row of
+# up to four heads of one sequence (consecutive units continue the same rows in
+# memory), and float32/float64 rows of unit stride go four at a time: one load of key
+# positions serves four rows, which keeps data in cache (decode) at the speed of a
+# plain streaming pass. NumPy buffers usually start 16 bytes past a cache line, so a
+# 32-byte vector access splits a line every other time (about 40% slower in cache):
+# the vector loops start at the first 32-byte aligned element of the row (a few
+# scalar steps before), and the key-position row sits at the same address modulo 32,
+# so that its loads are aligned too. float16 rows convert in chunks through F16C,
+# since GCC does not vectorise the element-wise conversions. Masked keys are selected
+# on the bits (keep_or_ninf), as a branch on a float comparison does not vectorise.
+
+from libc.math cimport INFINITY, NAN
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy
+
+
+cdef extern from *:
+    """
+    /* float16 <-> float32 for a run of elements: 8 at a time with F16C (the avx2
+     * variant), else one at a time through fastpe_math.h. Both round to nearest even. */
+    #if defined(__F16C__) && defined(__AVX__) && (defined(__x86_64__) || defined(__i386__))
+    #include <immintrin.h>
+    #define FPE_ALIBI_F16C 1
+    #else
+    #define FPE_ALIBI_F16C 0
+    #endif
+    static inline void fpe_alibi_f16_to_f32(const fpe_f16 *src, float *dst, Py_ssize_t n)
+    {
+        Py_ssize_t j = 0;
+    #if FPE_ALIBI_F16C
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+    #endif
+        for (; j < n; j++)
+            dst[j] = fpe_f16_load(src[j]);
+    }
+    static inline void fpe_alibi_f32_to_f16(const float *src, fpe_f16 *dst, Py_ssize_t n)
+    {
+        Py_ssize_t j = 0;
+    #if FPE_ALIBI_F16C
+        for (; j + 8 <= n; j += 8)
+            _mm_storeu_si128((__m128i *)(dst + j),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT));
+    #endif
+        for (; j < n; j++)
+            dst[j] = fpe_f16_make(src[j]);
+    }
+
+    /* Four rows (heads) at once: r[t][j] (+)= s[t] * d, d = kf[j] - qf (or qf - kf[j]
+     * when flip). Kept out of line: inlined into the kernel's large row function, its
+     * pointers spill to the stack and reload every iteration. GCC checks once per call
+     * that the rows and kf do not overlap, and vectorises. */
+    #if defined(__GNUC__)
+    #define FPE_ALIBI_NOINLINE __attribute__((noinline))
+    #elif defined(_MSC_VER)
+    #define FPE_ALIBI_NOINLINE __declspec(noinline)
+    #else
+    #define FPE_ALIBI_NOINLINE
+    #endif
+    #define FPE_ALIBI_SEG4(NAME, T)                                                       \
+    static FPE_ALIBI_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,          \
+                                        Py_ssize_t j0, Py_ssize_t j1, T qf, const T *s,   \
+                                        int flip, int accumulate)                         \
+    {                                                                                     \
+        const T s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];                               \
+        Py_ssize_t j;                                                                     \
+        if (accumulate && flip) {                                                         \
+            for (j = j0; j < j1; j++) {                                                   \
+                const T d = qf - kf[j];                                                   \
+                r0[j] = r0[j] + s0 * d; r1[j] = r1[j] + s1 * d;                           \
+                r2[j] = r2[j] + s2 * d; r3[j] = r3[j] + s3 * d;                           \
+            }                                                                             \
+        } else if (accumulate) {                                                          \
+            for (j = j0; j < j1; j++) {                                                   \
+                const T d = kf[j] - qf;                                                   \
+                r0[j] = r0[j] + s0 * d; r1[j] = r1[j] + s1 * d;                           \
+                r2[j] = r2[j] + s2 * d; r3[j] = r3[j] + s3 * d;                           \
+            }                                                                             \
+        } else if (flip) {                                                                \
+            for (j = j0; j < j1; j++) {                                                   \
+                const T d = qf - kf[j];                                                   \
+                r0[j] = s0 * d; r1[j] = s1 * d; r2[j] = s2 * d; r3[j] = s3 * d;           \
+            }                                                                             \
+        } else {                                                                          \
+            for (j = j0; j < j1; j++) {                                                   \
+                const T d = kf[j] - qf;                                                   \
+                r0[j] = s0 * d; r1[j] = s1 * d; r2[j] = s2 * d; r3[j] = s3 * d;           \
+            }                                                                             \
+        }                                                                                 \
+    }
+    FPE_ALIBI_SEG4(fpe_alibi_seg4_f32, float)
+    FPE_ALIBI_SEG4(fpe_alibi_seg4_f64, double)
+    """
+    void fpe_alibi_f16_to_f32(const fpe_f16 *src, float *dst, Py_ssize_t n) nogil
+    void fpe_alibi_f32_to_f16(const float *src, fpe_f16 *dst, Py_ssize_t n) nogil
+    void fpe_alibi_seg4_f32(float *r0, float *r1, float *r2, float *r3, const float *kf,
+                            Py_ssize_t j0, Py_ssize_t j1, float qf, const float *s,
+                            int flip, int accumulate) nogil
+    void fpe_alibi_seg4_f64(double *r0, double *r1, double *r2, double *r3, const double *kf,
+                            Py_ssize_t j0, Py_ssize_t j1, double qf, const double *s,
+                            int flip, int accumulate) nogil
+
+
+cdef struct AlibiCall:
+    Py_ssize_t batch, heads, q, k
+    Py_ssize_t sh, sq, sk           # element strides of heads, queries, keys
+    const Py_ssize_t *boff          # (batch,) element offset of each leading-dims row
+    const double *slopes            # (heads,)
+    const int64_t *qpos             # (qrows, q), or NULL for q_offset + i
+    Py_ssize_t qrows
+    int64_t q_offset
+    const int64_t *kpos             # (krows, k), or NULL for j
+    Py_ssize_t krows
+    const unsigned char *mask       # (mrows, k) of 0/1, or NULL
+    Py_ssize_t mrows
+    bint causal, symmetric, accumulate
+    bint exact                      # every position exact in real_t: the vector loops
+    bint plain                      # key j is at position j, no mask: rows split at qpos
+    char *kf                        # (kfrows, kst) key positions as real_t, NaN if masked,
+    Py_ssize_t kfrows, kst          # row r's key j at kf + (r * kst + kmis + j) * sizeof(real_t)
+    Py_ssize_t kmis
+
+
+cdef enum:
+    VECTOR_BYTES = 32                 # the alignment the vector loops start at
+    SELECT_CHUNK = 512                # float16 rows convert in chunks of this many keys
+    HEAD_GROUP = 4                    # heads per unit of work: their rows share distances
+    # decode-sized calls run on a stack buffer: no allocation at all
+    ALIBI_STACK_BYTES = 32768
+
+
+cdef inline Py_ssize_t aligned_from(const void *row, Py_ssize_t j0, Py_ssize_t j1,
+                                    Py_ssize_t itemsize) noexcept nogil:
+    """The first j >= j0 where row + j (unit stride) is 32-byte aligned, at most j1."""
+    cdef size_t addr = <size_t>row + <size_t>(j0 * itemsize)
+    cdef Py_ssize_t n = <Py_ssize_t>((VECTOR_BYTES - (addr & (VECTOR_BYTES - 1)))
+                                     & (VECTOR_BYTES - 1)) // itemsize
+    return min(j0 + n, j1)
+
+
+# ---- the vector loops: key positions as real_t ------------------------------------------
+
+cdef inline void seg_unit(store_t *row, Py_ssize_t j0, Py_ssize_t j1, const real_t *kf,
+                          real_t qf, real_t slope, bint flip, bint accumulate) noexcept nogil:
+    """row[j] (+)= slope * (kf[j] - qf), or slope * (qf - kf[j]) when flip; unit stride."""
+    cdef Py_ssize_t j
+    cdef real_t kind = 0
+    if accumulate:
+        if flip:
+            for j in range(j0, j1):
+                store(row, j, load(row, j, kind) + slope * (qf - kf[j]))
+        else:
+            for j in range(j0, j1):
+                store(row, j, load(row, j, kind) + slope * (kf[j] - qf))
+    else:
+        if flip:
+            for j in range(j0, j1):
+                store(row, j, slope * (qf - kf[j]))
+        else:
+            for j in range(j0, j1):
+                store(row, j, slope * (kf[j] - qf))
+
+
+cdef inline void seg_bias(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssize_t j1,
+                          const real_t *kf, real_t qf, real_t slope, bint flip,
+                          bint accumulate) noexcept nogil:
+    """seg_unit for j0 <= j < j1, any stride."""
+    cdef Py_ssize_t j, jm
+    cdef real_t kind = 0
+    if sk == 1:
+        if store_t is float or store_t is double:
+            jm = aligned_from(row, j0, j1, sizeof(store_t))
+            seg_unit(row, j0, jm, kf, qf, slope, flip, accumulate)
+            seg_unit(row, jm, j1, kf, qf, slope, flip, accumulate)
+        else:
+            seg_unit(row, j0, j1, kf, qf, slope, flip, accumulate)
+        return
+    if accumulate:
+        if flip:
+            for j in range(j0, j1):
+                store(row, j * sk, load(row, j * sk, kind) + slope * (qf - kf[j]))
+        else:
+            for j in range(j0, j1):
+                store(row, j * sk, load(row, j * sk, kind) + slope * (kf[j] - qf))
+    else:
+        if flip:
+            for j in range(j0, j1):
+                store(row, j * sk, slope * (qf - kf[j]))
+        else:
+            for j in range(j0, j1):
+                store(row, j * sk, slope * (kf[j] - qf))
+
+
+cdef inline void seg_fill(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssize_t j1,
+                          real_t value) noexcept nogil:
+    cdef Py_ssize_t j, jm = j0
+    if sk == 1:
+        if store_t is float or store_t is double:
+            jm = aligned_from(row, j0, j1, sizeof(store_t))
+            for j in range(j0, jm):
+                store(row, j, value)
+        for j in range(jm, j1):
+            store(row, j, value)
+    else:
+        for j in range(j0, j1):
+            store(row, j * sk, value)
+
+
+cdef inline void span_plain(const AlibiCall *a, store_t *row, Py_ssize_t sk, Py_ssize_t n,
+                            const real_t *kf, real_t qf, real_t slope,
+                            Py_ssize_t split) noexcept nogil:
+    """n keys at positions kf[0 .. n - 1] (consecutive), the first `split` of them at or
+    before the query: the bias on those, then -inf (causal), the mirrored bias
+    (symmetric) or the same bias on the rest."""
+    if split == n or not (a.causal or a.symmetric):
+        # every key up to the query (decode), or no mask: one loop, shared
+        seg_bias(row, sk, 0, n, kf, qf, slope, False, a.accumulate)
+    else:
+        seg_bias(row, sk, 0, split, kf, qf, slope, False, a.accumulate)
+        if a.causal:
+            seg_fill(row, sk, split, n, <real_t>-INFINITY)
+        else:
+            seg_bias(row, sk, split, n, kf, qf, slope, True, a.accumulate)
+
+
+cdef inline Py_ssize_t plain_split(const AlibiCall *a, int64_t qp) noexcept nogil:
+    """Keys at or before a query at qp when key j is at position j."""
+    return a.k if qp >= a.k else <Py_ssize_t>qp + 1
+
+
+cdef inline void row_plain(const AlibiCall *a, store_t *row, const real_t *kf, int64_t qp,
+                           real_t slope) noexcept nogil:
+    """A row whose key j is at position j, unmasked."""
+    span_plain(a, row, a.sk, a.k, kf, <real_t>qp, slope, plain_split(a, qp))
+
+
+cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, const float *kf,
+                          int64_t qp, const double *slopes) noexcept nogil:
+    """Unit-stride float16 rows: chunks converted to float32 on the stack (8 at a time
+    with F16C), the float32 loops there, converted back. The same arithmetic as one
+    element at a time, in vectors."""
+    cdef float buf[SELECT_CHUNK + 16]
+    cdef float *tmp = <float *>((<size_t>buf + 63) & ~(<size_t>63))   # aligned like kf
+    cdef float qf = <float>qp
+    cdef float lim = qf if a.causal else <float>INFINITY
+    cdef float slope
+    cdef Py_ssize_t split = plain_split(a, qp)
+    cdef Py_ssize_t t, c0, n
+    cdef fpe_f16 *row
+    for t in range(nh):
+        row = row0 + t * a.sh
+        slope = <float>slopes[t]
+        c0 = 0
+        while c0 < a.k:
+            n = min(<Py_ssize_t>SELECT_CHUNK, a.k - c0)
+            if a.accumulate:
+                fpe_alibi_f16_to_f32(row + c0, tmp, n)
+            if a.plain:
+                span_plain(a, tmp, 1, n, kf + c0, qf, slope, min(max(split - c0, 0), n))
+            else:
+                select_unit(tmp, 1, 0, n, kf + c0, qf, slope, lim, a.symmetric, a.accumulate)
+            fpe_alibi_f32_to_f16(tmp, row + c0, n)
+            c0 += n
+
+
+cdef inline void seg4_unit(real_t *r0, real_t *r1, real_t *r2, real_t *r3,
+                           Py_ssize_t j0, Py_ssize_t j1, const real_t *kf, real_t qf,
+                           const real_t *sl, bint flip, bint accumulate) noexcept nogil:
+    """seg_unit on four rows (heads) at once: one distance serves four rows, so a vector
+    of scores costs one load of key positions per four (fpe_alibi_seg4_*, above)."""
+    if real_t is float:
+        fpe_alibi_seg4_f32(r0, r1, r2, r3, kf, j0, j1, qf, sl, flip, accumulate)
+    else:
+        fpe_alibi_seg4_f64(r0, r1, r2, r3, kf, j0, j1, qf, sl, flip, accumulate)
+
+
+cdef inline void seg4(real_t **rows, Py_ssize_t j0, Py_ssize_t j1, const real_t *kf,
+                      real_t qf, const real_t *sl, bint flip, bint accumulate) noexcept nogil:
+    """seg4_unit from the first 32-byte aligned element of the first row."""
+    cdef Py_ssize_t jm = aligned_from(rows[0], j0, j1, sizeof(real_t))
+    seg4_unit(rows[0], rows[1], rows[2], rows[3], j0, jm, kf, qf, sl, flip, accumulate)
+    seg4_unit(rows[0], rows[1], rows[2], rows[3], jm, j1, kf, qf, sl, flip, accumulate)
+
+
+cdef inline void rows4_plain(const AlibiCall *a, real_t **rows, const real_t *kf, int64_t qp,
+                             const real_t *sl) noexcept nogil:
+    """row_plain on four unit-stride rows of float32/float64 storage at once."""
+    cdef real_t qf = <real_t>qp
+    cdef Py_ssize_t split = plain_split(a, qp)
+    cdef int t
+    if split == a.k or not (a.causal or a.symmetric):
+        seg4(rows, 0, a.k, kf, qf, sl, False, a.accumulate)
+    else:
+        seg4(rows, 0, split, kf, qf, sl, False, a.accumulate)
+        if a.causal:
+            for t in range(4):
+                seg_fill(rows[t], 1, split, a.k, <real_t>-INFINITY)
+        else:
+            seg4(rows, split, a.k, kf, qf, sl, True, a.accumulate)
+
+
+cdef inline real_t keep_or_ninf(real_t v, bint keep) noexcept nogil:
+    """v where keep, else -inf: a select on the bits, as a branch (or a ternary) on a
+    float comparison does not vectorise under GCC's default -ftrapping-math."""
+    cdef uint32_t b32, m32
+    cdef uint64_t b64, m64
+    if real_t is float:
+        memcpy(&b32, &v, 4)
+        m32 = <uint32_t>0 - <uint32_t>keep
+        b32 = (b32 & m32) | (<uint32_t>0xff800000u & ~m32)
+        memcpy(&v, &b32, 4)
+    else:
+        memcpy(&b64, &v, 8)
+        m64 = <uint64_t>0 - <uint64_t>keep
+        b64 = (b64 & m64) | (<uint64_t>0xfff0000000000000u & ~m64)
+        memcpy(&v, &b64, 8)
+    return v
+
+
+cdef inline void select_unit(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssize_t j1,
+                             const real_t *kf, real_t qf, real_t slope, real_t lim,
+                             bint symmetric, bint accumulate) noexcept nogil:
+    """Keys of arbitrary positions: key j is kept where kf[j] <= lim (never for NaN, a
+    masked key); the bias is computed for every key, then selected (no branch)."""
+    cdef Py_ssize_t j
+    cdef real_t kind = 0
+    cdef real_t d, nd, kj
+    if symmetric and accumulate:
+        for j in range(j0, j1):
+            kj = kf[j]
+            d = kj - qf
+            nd = qf - kj
+            d = d if d < nd else nd                     # -|kpos - qpos|
+            store(row, j * sk, keep_or_ninf(load(row, j * sk, kind) + slope * d, kj <= lim))
+    elif symmetric:
+        for j in range(j0, j1):
+            kj = kf[j]
+            d = kj - qf
+            nd = qf - kj
+            d = d if d < nd else nd
+            store(row, j * sk, keep_or_ninf(slope * d, kj <= lim))
+    elif accumulate:
+        for j in range(j0, j1):
+            kj = kf[j]
+            store(row, j * sk,
+                  keep_or_ninf(load(row, j * sk, kind) + slope * (kj - qf), kj <= lim))
+    else:
+        for j in range(j0, j1):
+            kj = kf[j]
+            store(row, j * sk, keep_or_ninf(slope * (kj - qf), kj <= lim))
+
+
+cdef inline void row_select(const AlibiCall *a, store_t *row, const real_t *kf, int64_t qp,
+                            real_t slope) noexcept nogil:
+    cdef real_t qf = <real_t>qp
+    cdef real_t lim = qf if a.causal else <real_t>INFINITY
+    cdef Py_ssize_t jm, c0, n
+    cdef real_t tmp[SELECT_CHUNK]
+    if store_t is fpe_f16:
+        # strided float16 (unit stride goes through rows_f16): convert chunks of the row
+        # to float32 on the stack, select there in vectors, convert back
+        c0 = 0
+        while c0 < a.k:
+            n = min(<Py_ssize_t>SELECT_CHUNK, a.k - c0)
+            if a.accumulate:
+                gather(row + c0 * a.sk, a.sk, tmp, n)
+            select_unit(tmp, 1, 0, n, kf + c0, qf, slope, lim, a.symmetric, a.accumulate)
+            scatter(tmp, row + c0 * a.sk, a.sk, n)
+            c0 += n
+    elif a.sk == 1:
+        # unit stride spelled out, so that the loops vectorise
+        if store_t is float or store_t is double:
+            jm = aligned_from(row, 0, a.k, sizeof(store_t))
+            select_unit(row, 1, 0, jm, kf, qf, slope, lim, a.symmetric, a.accumulate)
+            select_unit(row, 1, jm, a.k, kf, qf, slope, lim, a.symmetric, a.accumulate)
+        else:
+            select_unit(row, 1, 0, a.k, kf, qf, slope, lim, a.symmetric, a.accumulate)
+    else:
+        select_unit(row, a.sk, 0, a.k, kf, qf, slope, lim, a.symmetric, a.accumulate)
+
+
+# ---- the exact scalar loop: positions past the real_t's integers ------------------------
+
+cdef inline void row_exact(const AlibiCall *a, store_t *row, const int64_t *kp,
+                           const unsigned char *m, int64_t qp, real_t slope) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef int64_t kj, d
+    cdef real_t kind = 0, v
+    for j in range(a.k):
+        kj = kp[j] if kp != NULL else <int64_t>j
+        if (m != NULL and m[j] == 0) or (a.causal and kj > qp):
+            v = <real_t>-INFINITY
+        else:
+            d = kj - qp                     # both in [0, 2**63): no overflow
+            if a.symmetric and d > 0:
+                d = -d
+            v = slope * <real_t>d
+            if a.accumulate:
+                v = load(row, j * a.sk, kind) + v
+        store(row, j * a.sk, v)
+
+
+cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
+    """Unit u of (batch, head groups, q): query row i of up to HEAD_GROUP heads of one
+    sequence (consecutive units continue the same heads' rows in memory order)."""
+    cdef Py_ssize_t ngroups = ceil_div(a.heads, HEAD_GROUP)
+    cdef Py_ssize_t gq = ngroups * a.q
+    cdef Py_ssize_t b = u // gq
+    cdef Py_ssize_t h0 = ((u % gq) // a.q) * HEAD_GROUP
+    cdef Py_ssize_t i = u % a.q
+    cdef Py_ssize_t nh = min(<Py_ssize_t>HEAD_GROUP, a.heads - h0)
+    cdef store_t *row0 = x + a.boff[b] + h0 * a.sh + i * a.sq
+    cdef int64_t qp
+    cdef const real_t *kf
+    cdef const int64_t *kp
+    cdef const unsigned char *m
+    cdef real_t *rows[HEAD_GROUP]
+    cdef real_t sl[HEAD_GROUP]
+    cdef Py_ssize_t t
+    if a.qpos != NULL:
+        qp = a.qpos[(b if a.qrows > 1 else 0) * a.q + i]
+    else:
+        qp = a.q_offset + i
+    if a.exact:
+        kf = (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+        if store_t is fpe_f16 and a.sk == 1:
+            rows_f16(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
+        elif (store_t is float or store_t is double) and a.plain and a.sk == 1 \
+                and nh == HEAD_GROUP:
+            for t in range(HEAD_GROUP):
+                rows[t] = <real_t *>(row0 + t * a.sh)
+                sl[t] = <real_t>a.slopes[h0 + t]
+            rows4_plain(a, rows, kf, qp, sl)
+        elif a.plain:
+            for t in range(nh):
+                row_plain(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
+        else:
+            for t in range(nh):
+                row_select(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
+    else:
+        kp = a.kpos + (b if a.krows > 1 else 0) * a.k if a.kpos != NULL else NULL
+        m = a.mask + (b if a.mrows > 1 else 0) * a.k if a.mask != NULL else NULL
+        for t in range(nh):
+            row_exact(a, row0 + t * a.sh, kp, m, qp, <real_t>a.slopes[h0 + t])
+
+
+cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
+    """kf[r, j] = key position as real_t, NaN where masked (rows of kst, from kmis)."""
+    cdef Py_ssize_t r, j
+    cdef int jj, n = <int>a.k       # exact mode: k <= 2**24 + 1
+    cdef const int64_t *kp
+    cdef const unsigned char *m
+    cdef real_t *row
+    for r in range(a.kfrows):
+        row = kf + r * a.kst + a.kmis
+        kp = a.kpos + (r if a.krows > 1 else 0) * a.k if a.kpos != NULL else NULL
+        m = a.mask + (r if a.mrows > 1 else 0) * a.k if a.mask != NULL else NULL
+        if kp != NULL:
+            for j in range(a.k):
+                row[j] = <real_t>kp[j]
+        else:
+            for jj in range(n):         # an int counter: converts in vectors
+                row[jj] = <real_t>jj
+        if m != NULL:
+            for j in range(a.k):
+                if m[j] == 0:
+                    row[j] = <real_t>NAN
+
+
+cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil:
+    cdef Py_ssize_t r, nrows = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
+    # storage float64 computes in float64, everything else in float32
+    cdef double kind_d = 0
+    cdef float kind_f = 0
+    if a.exact:
+        if store_t is double:
+            alibi_key_rows(a, <double *>a.kf)
+        else:
+            alibi_key_rows(a, <float *>a.kf)
+    if nthreads > 1:
+        for r in prange(nrows, schedule="static", num_threads=nthreads):
+            if store_t is double:
+                alibi_unit(a, x, r, kind_d)
+            else:
+                alibi_unit(a, x, r, kind_f)
+    else:
+        for r in range(nrows):
+            if store_t is double:
+                alibi_unit(a, x, r, kind_d)
+            else:
+                alibi_unit(a, x, r, kind_f)
+
+
+cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_position,
+                       int num_threads) except -1:
+    """Fill in the layout of `scores` and the work space, and run every row;
+    the positions, mask, slopes and flags of `a` are set."""
+    cdef int nd = cnp.PyArray_NDIM(scores)
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(scores)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(scores)
+    cdef char *xp = <char *>cnp.PyArray_DATA(scores)
+    cdef Py_ssize_t b, rest, d, off
+    cdef int ax
+    a.batch = 1
+    for ax in range(nd - 3):
+        a.batch *= dims[ax]
+    a.heads, a.q, a.k = dims[nd - 3], dims[nd - 2], dims[nd - 1]
+    if a.batch == 0 or a.heads == 0 or a.q == 0 or a.k == 0:
+        return 0
+    a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
+    a.plain = a.kpos == NULL and a.mask == NULL
+    a.exact = max_position <= (<int64_t>1 << (53 if code == CODE_F64 else 24))
+    a.kfrows = a.batch if (a.krows > 1 or a.mrows > 1) else 1
+    cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
+    # key rows at the first row's address modulo 32 (float32/float64 storage, unit stride)
+    a.kmis = 0
+    if real_size == itemsize and a.sk == 1:
+        a.kmis = (<size_t>xp & (VECTOR_BYTES - 1)) // itemsize
+    a.kst = round_up(a.k + VECTOR_BYTES // real_size, 64 // real_size)
+    cdef Py_ssize_t kf_bytes = a.kfrows * a.kst * real_size if a.exact else 0
+    cdef Py_ssize_t need = kf_bytes + a.batch * sizeof(Py_ssize_t)
+    cdef char stack[ALIBI_STACK_BYTES + 64]
+    cdef Scratch heap = None
+    cdef char *work
+    if need <= ALIBI_STACK_BYTES:
+        work = <char *>((<size_t>stack + 63) & ~(<size_t>63))
+    else:
+        heap = Scratch(0, 1, need)
+        work = heap.shared
+    a.kf = work
+    cdef Py_ssize_t *boff = <Py_ssize_t *>(work + kf_bytes)
+    # element offset of each row of the leading dims, C order
+    for b in range(a.batch):
+        rest = b
+        off = 0
+        for ax in range(nd - 4, -1, -1):
+            d = dims[ax]
+            off += (rest % d) * (st[ax] // itemsize)
+            rest //= d
+        boff[b] = off
+    a.boff = boff
+    cdef int nthreads = units_threads(a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q, num_threads)
+    with nogil:
+        if code == CODE_F32:
+            alibi_run(a, <float *>xp, nthreads)
+        elif code == CODE_F64:
+            alibi_run(a, <double *>xp, nthreads)
+        elif code == CODE_F16:
+            alibi_run(a, <fpe_f16 *>xp, nthreads)
+        else:
+            alibi_run(a, <fpe_bf16 *>xp, nthreads)
+    return 0
+
+
+def alibi(cnp.ndarray scores, int code, cnp.ndarray slopes, object q_positions,
+          int64_t q_offset, object k_positions, object key_mask, bint causal, bint symmetric,
+          bint accumulate, int64_t max_position, int num_threads):
+    """scores[..., h, i, j] += bias (accumulate), else = bias, in place.
+
+    scores: writable (..., heads, q, k) array of storage `code` with
+    whole-element strides, none zero on an axis longer than 1; slopes:
+    C-contiguous float64 (heads,); q_positions: None (q_offset + i) or
+    C-contiguous int64 (1 or batch, q); k_positions: None (j) or C-contiguous
+    int64 (1 or batch, k); key_mask: None or C-contiguous uint8 (1 or batch, k)
+    of 0/1; batch is the product of the leading dims, rows of the position
+    arrays follow them in C order; max_position: the largest position of any
+    query or key. Arguments are validated by the caller.
+    """
+    cdef AlibiCall a
+    a.slopes = <const double *>cnp.PyArray_DATA(slopes)
+    a.qpos = positions_ptr(q_positions)
+    a.qrows = 1 if q_positions is None else (<cnp.ndarray>q_positions).shape[0]
+    a.q_offset = q_offset
+    a.kpos = positions_ptr(k_positions)
+    a.krows = 1 if k_positions is None else (<cnp.ndarray>k_positions).shape[0]
+    a.mask = NULL
+    a.mrows = 1
+    if key_mask is not None:
+        a.mask = <const unsigned char *>cnp.PyArray_DATA(<cnp.ndarray>key_mask)
+        a.mrows = (<cnp.ndarray>key_mask).shape[0]
+    a.causal, a.symmetric, a.accumulate = causal, symmetric, accumulate
+    alibi_execute(&a, scores, code, max_position, num_threads)
+
+
+def alibi_fast(object scores, object slopes, object q_offset, bint causal, bint symmetric,
+               int num_threads):
+    """add_alibi's fast path: add the bias and return True when the call is the plain
+    common case (checked here in C, cheaply); return False having touched nothing
+    otherwise, and the caller takes the general, fully validating path.
+
+    Common case: scores an exact, writable, aligned, native float array of at
+    least 3 dimensions with whole-element strides, none zero on an axis longer
+    than 1; slopes a C-contiguous float64 vector of one finite value per head;
+    q_offset None (k_len - q_len, which must not be negative) or an int >= 0;
+    no per-sequence positions and no mask.
+    """
+    cdef int code = fast_code(scores)
+    if code < 0 or not cnp.PyArray_CheckExact(slopes):
+        return False
+    cdef cnp.ndarray x = <cnp.ndarray>scores
+    cdef cnp.ndarray s = <cnp.ndarray>slopes
+    cdef int nd = cnp.PyArray_NDIM(x)
+    if nd < 3:
+        return False
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(x)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x)
+    cdef int ax
+    cdef Py_ssize_t i, q = dims[nd - 2], k = dims[nd - 1]
+    cdef const double *sp
+    cdef int64_t off
+    for ax in range(nd):
+        if st[ax] % itemsize or (st[ax] == 0 and dims[ax] > 1):
+            return False
+    if (cnp.PyArray_TYPE(s) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(s) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(s) or s.shape[0] != dims[nd - 3]):
+        return False
+    sp = <const double *>cnp.PyArray_DATA(s)
+    for i in range(s.shape[0]):
+        if not (sp[i] - sp[i] == 0):  # NaN or infinite
+            return False
+    if q_offset is None:
+        if k < q:
+            return False
+        off = k - q
+    elif type(q_offset) is int:
+        if not (0 <= q_offset <= INT64_MAX_VALUE - q):
+            return False
+        off = q_offset
+    else:
+        return False
+    cdef AlibiCall a
+    a.slopes = sp
+    a.qpos = NULL
+    a.qrows = 1
+    a.q_offset = off
+    a.kpos = NULL
+    a.krows = 1
+    a.mask = NULL
+    a.mrows = 1
+    a.causal, a.symmetric, a.accumulate = causal, symmetric, True
+    alibi_execute(&a, x, code, max(off + q - 1, k - 1), num_threads)
+    return True
