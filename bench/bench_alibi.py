@@ -1,0 +1,64 @@
+"""ALiBi (issue 4): add_alibi into causal (1, 32, 2048, 2048) scores, alibi_bias(32, 2048,
+2048) into a buffer, decode add_alibi into (1, 32, 1, 4096), against the best NumPy,
+BLOOM's torch code when installed, and one streaming pass (a fill for the table).
+
+torch: transformers' BLOOM ``build_alibi_tensor`` (the key-position form
+``slope_h * k_pos``, (batch * heads, 1, k_len)) added with broadcasting in place, then
+BLOOM's causal mask (``masked_fill_`` with -inf) for prefill. It equals fastpe's bias up
+to a constant per row (softmax ignores it), so its check allows that constant. The bias
+is built per call, as BLOOM's forward does.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pytest_benchmark")
+
+from benchutil import cases, run_case  # noqa: E402
+
+from fastpe import _bench  # noqa: E402
+
+WORKLOADS = _bench.alibi_workloads(_bench.FULL)
+if not WORKLOADS:
+    pytest.skip("this fastpe has no add_alibi", allow_module_level=True)
+
+
+def _torch_alibi(wl: _bench.Workload):
+    import torch
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    causal = wl.params["causal"]
+
+    def prepare(arrays, threads):
+        torch.set_num_threads(threads)
+        batch, heads, q_len, k_len = arrays["scores"].shape
+        mask = torch.ones(batch, k_len, dtype=torch.int64)
+        future = torch.ones(q_len, k_len, dtype=torch.bool).triu(1 + k_len - q_len)
+
+        def run(a):
+            s = torch.from_numpy(a["scores"])
+            alibi = build_alibi_tensor(mask, heads, s.dtype).view(batch, heads, 1, k_len)
+            s.add_(alibi)
+            if causal:
+                s.masked_fill_(future, float("-inf"))
+            return (a["scores"],)
+        return run
+    return prepare
+
+
+try:
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    UNAVAILABLE = {}
+    for _wl in WORKLOADS:
+        if _wl.name != "alibi-bias":       # BLOOM has no (heads, q, k) table to compare
+            _wl.impls["torch"] = _torch_alibi(_wl)
+            _wl.offset_per_row.add("torch")
+except ImportError as exc:
+    UNAVAILABLE = {"torch": f"torch/transformers not installed ({exc})"}
+
+
+@pytest.mark.parametrize("wl, dtype, impl, threads", cases(WORKLOADS, UNAVAILABLE))
+def test_alibi(benchmark, wl, dtype, impl, threads):
+    if impl == "torch" and impl not in wl.impls:
+        pytest.skip("BLOOM builds no (heads, q, k) table")
+    run_case(benchmark, wl, dtype, impl, threads)

@@ -1,0 +1,75 @@
+"""RoPE (issue 3): prefill q,k (1, 2048, 32, 128) neox and gptj, decode (1, 1, 32, 128) at
+4095 (per call), batched decode (32, 1, 32, 128) at 32 positions, Llama-3-scaled prefill
+(GQA), against the best NumPy, Hugging Face's own torch code when installed, and one
+streaming pass over q and k.
+
+torch: transformers' ``apply_rotary_pos_emb`` (LLaMA's rotate_half for neox, GPT-J's
+rotate_every_two for gptj) on ``torch.from_numpy`` views, with cos/sin computed per call
+the way ``LlamaRotaryEmbedding.forward`` does (float32 angles from the model's float32
+inv_freq, cos/sin times attention_scaling, cast to the activations' dtype). It returns
+new tensors: that is how it works. float32 angles lose about position * 2^-24 radians,
+hence its wider check.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pytest_benchmark")
+
+from benchutil import cases, run_case  # noqa: E402
+
+import fastpe  # noqa: E402
+from fastpe import _bench  # noqa: E402
+
+WORKLOADS = _bench.rope_workloads(_bench.FULL)
+
+
+def _torch_rope(wl: _bench.Workload):
+    import torch
+    p = wl.params
+    if p["style"] == "neox":
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    else:
+        from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
+    def prepare(arrays, threads):
+        torch.set_num_threads(threads)
+        freqs = fastpe.rope_frequencies(p["head_dim"], base=p["base"], scaling=p["scaling"])
+        inv_freq = torch.from_numpy(freqs.inv_freq.astype(np.float32))
+        att = freqs.attention_scaling
+        seq = arrays["q"].shape[1]
+        pos = (torch.arange(seq)[None] + p["offset"] if p["positions"] is None
+               else torch.from_numpy(np.asarray(p["positions"]).reshape(-1, seq)))
+
+        def run(a):
+            q, k = torch.from_numpy(a["q"]), torch.from_numpy(a["k"])
+            angles = pos[..., None].float() * inv_freq            # (rows, seq, half)
+            if p["style"] == "neox":
+                emb = torch.cat((angles, angles), dim=-1)
+                cos = (emb.cos() * att).to(q.dtype)
+                sin = (emb.sin() * att).to(q.dtype)
+                qo, ko = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)   # bshd
+            else:
+                cos = (angles.cos() * att).to(q.dtype)
+                sin = (angles.sin() * att).to(q.dtype)
+                qo, ko = apply_rotary_pos_emb(q, sin, cos), apply_rotary_pos_emb(k, sin, cos)
+            return qo.numpy(), ko.numpy()
+        return run
+    return prepare
+
+
+try:
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    UNAVAILABLE = {}
+    for _wl in WORKLOADS:
+        _wl.impls["torch"] = _torch_rope(_wl)
+        # |x| up to ~5, float32 angle error up to ~2 ulp of the largest angle
+        _wl.atol["torch"] = 5 * 4 * (_wl.params["max_position"] + 1) * 2.0**-24
+except ImportError as exc:
+    UNAVAILABLE = {"torch": f"torch/transformers not installed ({exc})"}
+
+
+@pytest.mark.parametrize("wl, dtype, impl, threads", cases(WORKLOADS, UNAVAILABLE))
+def test_rope(benchmark, wl, dtype, impl, threads):
+    run_case(benchmark, wl, dtype, impl, threads)

@@ -1,0 +1,452 @@
+"""The command line: ``python -m fastpe [info | bench | demo]``.
+
+Exit codes: 0 success; 1 the command ran but failed (a result check, a missing optional
+dependency such as matplotlib for --plot, a file that cannot be written); 2 usage errors
+(argparse's convention); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import fastpe
+
+from . import _bench
+
+PROG = "python -m fastpe"
+
+
+class CommandError(Exception):
+    """A failure to report in one line, exit code 1."""
+
+
+# ---- info ---------------------------------------------------------------------------------
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# The instruction-set extensions that matter to fastpe's kernels (AVX2 + FMA + F16C for the
+# avx2 variant; AVX-512 for reference: there is no AVX-512 variant, see setup.py).
+CPU_FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw",
+                "avx512vl", "avx512_bf16", "avx512_fp16")
+
+
+def cpu_features() -> list[str] | None:
+    """Which of CPU_FEATURES this CPU has, from /proc/cpuinfo (None elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [name for name in CPU_FEATURES if name in flags]
+    except OSError:
+        pass
+    return None
+
+
+def machine_info() -> dict:
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(),
+            "cpu_features": cpu_features(), "platform": platform.platform()}
+
+
+def _yes(flag) -> str:
+    return "yes" if flag else "no"
+
+
+def info_text(info: dict) -> str:
+    rows = [("version", info.get("version"))]
+    backend = info.get("backend")
+    if info.get("compiled"):
+        rows.append(("backend", f"{backend} (compiled kernels loaded)"))
+    else:
+        rows.append(("backend", f"{backend} (compiled kernels NOT loaded: "
+                                f"{info.get('import_error', 'unknown reason')})"))
+    rows.append(("OpenMP", _yes(info.get("openmp"))))
+    rows.append(("threads", f"{info.get('num_threads')} (fastpe.get_num_threads(); "
+                            "OMP_NUM_THREADS or fastpe.set_num_threads() change it)"))
+    if info.get("compiled"):
+        rows.append(("ISA variant", f"{info.get('isa')} (this CPU runs: "
+                                    f"{', '.join(info.get('isa_available') or []) or '-'})"))
+        rows.append(("compile flags", info.get("compile_flags")))
+        rows.append(("float16", f"{info.get('half_conversion')} conversion"))
+    rows.append(("bfloat16", "yes (ml_dtypes)" if info.get("bfloat16")
+                 else "no (pip install ml_dtypes)"))
+    rows.append(("NumPy", info.get("numpy")))
+    rows.append(("Python", f"{info.get('python')} on {info.get('machine')}"))
+    rows.append(("CPU", f"{cpu_model()} ({os.cpu_count()} logical CPUs)"))
+    features = cpu_features()
+    if features is not None:
+        rows.append(("CPU features", " ".join(features) or "-"))
+    shown = {"version", "backend", "compiled", "import_error", "openmp", "num_threads", "isa",
+             "isa_available", "compile_flags", "half_conversion", "bfloat16", "numpy",
+             "python", "machine"}
+    rows += [(k, v) for k, v in info.items() if k not in shown]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"fastpe {info.get('version')} ({Path(fastpe.__file__).parent})"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_info(args) -> int:
+    info = fastpe.info()
+    if args.json:
+        print(json.dumps({**info, "machine_info": machine_info()}, indent=2))
+    else:
+        sys.stdout.write(info_text(info))
+    return 0
+
+
+# ---- bench --------------------------------------------------------------------------------
+
+class Progress:
+    """A progress line on stderr: overwritten in place on a terminal; elsewhere (logs,
+    CI, pipes) one plain line per workload."""
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.prefix = ""
+
+    def workload(self, text: str) -> None:
+        self.prefix = text
+        if self.tty:
+            self._show(text)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def step(self, text: str) -> None:
+        if self.tty:
+            self._show(f"{self.prefix}: {text}")
+
+    def _show(self, text: str) -> None:
+        self.stream.write("\r\x1b[K" + text[:200])
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def format_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} us"
+    if s < 1.0:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s:.3g} s"
+
+
+def _limit_blas_threads():
+    """NumPy's OpenBLAS threads busy-wait for a while after a BLAS call; on a small
+    machine one can steal the core a measurement runs on. OPENBLAS_NUM_THREADS must be
+    set before NumPy is imported, which `python -m fastpe` has already done (importing
+    the package), so unless the user set it, limit them now through threadpoolctl when
+    it is installed. (The workloads call no BLAS; this guards against surprises.)"""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return None
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _threads_arg(text: str) -> int:
+    if text.strip().lower() in ("all", "-1"):
+        return fastpe.get_num_threads()
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {n}")
+    return n
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CommandError("--plot needs matplotlib, which is not installed "
+                           "(pip install matplotlib, or pip install 'fastpe[bench]')") from None
+
+
+def _check_output_path(parser, option: str, path: str | None) -> None:
+    if path is None or path == "-":
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        parser.error(f"{option} {path}: directory {parent} does not exist")
+
+
+def bench_table(report: dict) -> str:
+    rows = report["results"]
+    info = report["fastpe"]
+    threads = report["threads"]
+    head = [
+        f"fastpe {info['version']} bench: {report['dtype']}, fastpe on {threads} thread"
+        f"{'s' if threads != 1 else ''} (of {info['num_threads']}); {info['backend']} backend"
+        + (f", {info['isa']} kernels" if info.get("isa") else "")
+        + f"; {report['machine']['cpu']}, {report['machine']['logical_cpus']} CPUs",
+        f"Medians of up to {report['rounds']} rounds, fastpe, numpy and floor interleaved "
+        f"({report['mode']} mode). floor: one in-place",
+        "streaming pass over the same bytes (np.multiply(a, 1.0, out=a)), a fill for tables. "
+        "% floor = floor time /",
+        "fastpe time, fastpe's fraction of memory bandwidth; GB/s: the floor's bytes moved / "
+        "fastpe time.",
+    ]
+    if not info.get("compiled"):
+        head.append("WARNING: the compiled kernels are not loaded: 'fastpe' is the NumPy "
+                    "fallback here.")
+    title_w = max([len("workload")] + [len(r["title"]) for r in rows])
+    cols = ("fastpe", "numpy", "floor", "vs numpy", "% floor", "GB/s")
+    lines = head + ["", f"{'workload':<{title_w}}  " + "  ".join(f"{c:>9}" for c in cols)]
+    for r in rows:
+        t = r["seconds"]
+        cells = [format_time(t["fastpe"]), format_time(t["numpy"]), format_time(t["floor"]),
+                 f"{r['speedup_vs_numpy']:.1f}x", f"{100 * r['fraction_of_floor']:.0f}%",
+                 f"{r['fastpe_gb_per_s']:.1f}"]
+        mark = "" if r["check"] == "ok" else "  MISMATCH"
+        lines.append(f"{r['title']:<{title_w}}  " + "  ".join(f"{c:>9}" for c in cells) + mark)
+    lines.append("")
+    lines.append("numpy: the best NumPy a careful user writes, single-threaded, "
+                 "temporaries preallocated:")
+    for r in rows:
+        lines.append(f"  {r['name']:<20} {r['numpy_baseline']}")
+    for s in report["skipped"]:
+        lines.append(f"skipped {s['name']}: {s['reason']}")
+    for r in rows:
+        if r["check"] != "ok":
+            lines.append(f"MISMATCH {r['name']}: {r['check']}")
+    lines.append(f"({report['elapsed_s']:.0f} s)")
+    return "\n".join(lines) + "\n"
+
+
+def bench_plot(report: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    names = [r["name"] for r in rows][::-1]
+    speed = [r["speedup_vs_numpy"] for r in rows][::-1]
+    frac = [100 * r["fraction_of_floor"] for r in rows][::-1]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.42 * len(rows) + 1.8), sharey=True)
+    a1.barh(names, speed, color="tab:blue")
+    a1.set_xscale("log")
+    a1.axvline(1.0, color="k", lw=0.8)
+    a1.set_xlabel("speedup over NumPy (log scale)")
+    for y, v in enumerate(speed):
+        a1.annotate(f"{v:.1f}x", (v, y), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    a2.barh(names, frac, color="tab:green")
+    a2.axvline(100.0, color="k", lw=0.8, ls="--")
+    a2.set_xlabel("% of memory bandwidth (floor time / fastpe time)")
+    for y, v in enumerate(frac):
+        a2.annotate(f"{v:.0f}%", (v, y), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    a2.set_xlim(0, max(110.0, max(frac, default=0) * 1.15))
+    info = report["fastpe"]
+    fig.suptitle(f"fastpe {info['version']} bench, {report['dtype']}, "
+                 f"{report['threads']} thread(s), {report['machine']['cpu']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_bench(args, progress: Progress) -> dict:
+    wls = _bench.select(_bench.workloads(args.size), args.only)
+    skipped = []
+    if not _bench.has_alibi():
+        skipped.append({"name": "alibi-*", "reason": "this fastpe has no add_alibi"})
+    mode_name = "quick" if args.quick else "default"
+    mode = dict(_bench.MODES[mode_name])
+    if args.rounds is not None:
+        mode["rounds"] = args.rounds
+        mode["min_rounds"] = min(mode["min_rounds"], args.rounds)
+    start = time.perf_counter()
+    results = []
+    for i, wl in enumerate(wls):
+        progress.workload(f"fastpe bench: [{i + 1}/{len(wls)}] {wl.name}")
+        results.append(_bench.run_workload(wl, args.dtype, args.threads, mode=mode,
+                                           progress=progress.step))
+    progress.done()
+    return {
+        "schema": "fastpe-bench/1",
+        "fastpe": fastpe.info(),
+        "machine": machine_info(),
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "mode": mode_name,
+        "size": args.size,
+        "rounds": mode["rounds"],
+        "elapsed_s": time.perf_counter() - start,
+        "results": results,
+        "skipped": skipped,
+    }
+
+
+def cmd_bench(args, parser) -> int:
+    if args.list:
+        for wl in _bench.select(_bench.workloads(args.size), args.only):
+            print(f"{wl.name:<22} {wl.title}")
+        return 0
+    if args.plot:
+        _need_matplotlib()
+    _check_output_path(parser, "--json", args.json)
+    _check_output_path(parser, "--plot", args.plot)
+    if not _bench.select(_bench.workloads(args.size), args.only):
+        parser.error(f"--only {args.only!r} matches no workload (see --list)")
+    limits = _limit_blas_threads()
+    try:
+        report = run_bench(args, Progress())
+    finally:
+        if limits is not None:
+            limits.restore_original_limits()
+    text = bench_table(report)
+    if args.json == "-":
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        sys.stderr.write(text)
+    else:
+        sys.stdout.write(text)
+        if args.json:
+            try:
+                with open(args.json, "w") as f:
+                    json.dump(report, f, indent=1)
+                    f.write("\n")
+            except OSError as exc:
+                raise CommandError(f"cannot write --json {args.json}: {exc}") from None
+    if args.plot:
+        try:
+            bench_plot(report, args.plot)
+        except OSError as exc:
+            raise CommandError(f"cannot write --plot {args.plot}: {exc}") from None
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    bad = [r["name"] for r in report["results"] if r["check"] != "ok"]
+    if bad:
+        raise CommandError(f"fastpe and NumPy disagree on: {', '.join(bad)}")
+    return 0
+
+
+# ---- demo ---------------------------------------------------------------------------------
+
+def cmd_demo(args, parser) -> int:
+    from . import _demo
+    if args.plot:
+        _need_matplotlib()
+        _check_output_path(parser, "--plot", args.plot)
+    sys.stdout.write(_demo.demo_text())
+    if args.plot:
+        try:
+            _demo.plot(args.plot)
+        except OSError as exc:
+            raise CommandError(f"cannot write --plot {args.plot}: {exc}") from None
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="fastpe: fast, exact transformer positional encodings. Without a "
+                    "command, prints `info`.",
+        epilog="exit codes: 0 ok, 1 failed (a result check, a missing optional "
+               "dependency, an unwritable file), 2 usage error")
+    parser.add_argument("--version", action="version", version=f"fastpe {fastpe.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,bench,demo}")
+
+    p = sub.add_parser("info", help="version, backend, OpenMP, threads, ISA variant, "
+                                    "compiler flags",
+                       description="What this installation of fastpe runs (fastpe.info()).")
+    p.add_argument("--json", action="store_true", help="print fastpe.info() as JSON")
+
+    p = sub.add_parser(
+        "bench", help="the canonical workloads: fastpe vs NumPy vs memory bandwidth",
+        description="Time the canonical workloads (LLaMA-7B-like RoPE prefill and decode, "
+                    "batched decode, Llama-3-scaled RoPE, a sinusoidal table, sinusoidal "
+                    "and learned adds, BLOOM-like ALiBi prefill, bias table and decode): "
+                    "fastpe, the best single-threaded NumPy, and the streaming floor (one "
+                    "in-place pass over the same bytes, or a fill), measured side by side "
+                    "in interleaved rounds; prints medians, the speedup over NumPy and "
+                    "fastpe's fraction of the floor (of memory bandwidth). About a minute; "
+                    "--quick about ten seconds.")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer, shorter rounds (same shapes): about ten seconds")
+    # Default 1: NumPy's ufuncs are single-threaded, so speedups compare like with like;
+    # the issues' speed targets are single-threaded; and on a small shared machine an
+    # OpenMP team stalls whenever another process holds one of its cores (measured here:
+    # 2-thread RoPE prefill 2 ms -> 20 ms, batched decode 16 us -> 24 ms, with one core
+    # busy), which would make the default table a measure of the neighbours.
+    p.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
+                   help="threads for fastpe and the floor: a positive count or 'all' "
+                        f"(= {fastpe.get_num_threads()} here); default 1, like NumPy's "
+                        "single-threaded ufuncs")
+    p.add_argument("--dtype", choices=("float32", "float16", "float64"), default="float32",
+                   help="dtype of the arrays (default float32)")
+    p.add_argument("--only", metavar="NAMES",
+                   help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write every number (all samples, shapes, fastpe.info()) as "
+                        "JSON to FILE; '-' prints JSON on stdout and the table on stderr")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw speedups and %% of floor to FILE.png (needs matplotlib)")
+    # For the tests: tiny arrays and a fixed number of rounds.
+    p.add_argument("--size", choices=tuple(_bench.SIZES), default="full", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+
+    p = sub.add_parser("demo", help="RoPE's relative positions, sinusoidal frequencies, "
+                                    "ALiBi slopes, with numbers",
+                       description="The seed notes' properties with numbers: equal RoPE "
+                                   "dot products at positions (2, 5) and (10, 13), "
+                                   "sinusoidal frequencies falling across dimensions, ALiBi "
+                                   "slopes and one bias row per head.")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw a sinusoidal table and ALiBi biases as heatmaps (needs "
+                        "matplotlib)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench" and args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    try:
+        if args.command in (None, "info"):
+            if args.command is None:
+                args.json = False
+            return cmd_info(args)
+        if args.command == "bench":
+            return cmd_bench(args, parser)
+        return cmd_demo(args, parser)
+    except CommandError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`python -m fastpe bench --list | head -1`): stop quietly,
+        # and keep Python from complaining again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

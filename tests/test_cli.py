@@ -1,0 +1,350 @@
+"""The command line (python -m fastpe: info, bench, demo) and the benchmark workloads.
+
+The commands run in fresh interpreters with this checkout first on PYTHONPATH and the
+caller's environment otherwise (so a FASTPE_BACKEND=numpy run tests the CLI on that
+backend). bench runs on tiny arrays (the hidden ``--size tiny``) and one round, so each
+call takes about a second. The workloads' NumPy baselines are checked in-process against
+fastpe.reference, on the tiny sizes, for every dtype the benchmarks use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastpe
+from fastpe import _bench, _cli
+
+# (Not imported from conftest: a run that also collects bench/ would find bench's.)
+PACKAGE_ROOT = Path(fastpe.__file__).resolve().parent.parent
+
+try:
+    import matplotlib  # noqa: F401
+    HAVE_MPL = True
+except ImportError:  # pragma: no cover - matplotlib is in the bench extra
+    HAVE_MPL = False
+
+needs_mpl = pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+TINY = ["--quick", "--size", "tiny", "--rounds", "1"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(PACKAGE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["MPLBACKEND"] = "Agg"
+    return env
+
+
+def fastpe_cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """python -m fastpe ARGS in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "fastpe", *args], env=_env(),
+                          capture_output=True, text=True, timeout=timeout,
+                          cwd=str(cwd or PACKAGE_ROOT))
+
+
+def fastpe_cli_without_matplotlib(*args: str, cwd) -> subprocess.CompletedProcess:
+    """python -m fastpe ARGS where `import matplotlib` fails (sys.modules entry None)."""
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        sys.modules["matplotlib"] = None
+        sys.argv = ["fastpe", *{list(args)!r}]
+        runpy.run_module("fastpe", run_name="__main__", alter_sys=True)
+    """)
+    return subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                          text=True, timeout=120, cwd=str(cwd))
+
+
+def assert_no_traceback(proc: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout, proc.stdout
+
+
+# ---- info ---------------------------------------------------------------------------------
+
+def test_info_is_the_default_command():
+    plain, info = fastpe_cli(), fastpe_cli("info")
+    assert plain.returncode == 0 and info.returncode == 0, plain.stderr + info.stderr
+    assert plain.stdout == info.stdout
+    out = info.stdout
+    assert out.startswith(f"fastpe {fastpe.__version__}")
+    for label in ("backend", "OpenMP", "threads", "NumPy", "Python", "CPU"):
+        assert re.search(rf"^\s+{label}\s", out, re.M), f"no {label!r} line in:\n{out}"
+    expected = fastpe.info()
+    if expected["compiled"]:
+        assert "ISA variant" in out and expected["isa"] in out
+        assert expected["compile_flags"] in out
+
+
+def test_info_json():
+    proc = fastpe_cli("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    for key in ("version", "backend", "openmp", "num_threads", "machine_info"):
+        assert key in data
+    assert data["version"] == fastpe.__version__
+    assert isinstance(data["openmp"], bool) and data["num_threads"] >= 1
+
+
+@pytest.mark.parametrize("args", [["--help"], ["info", "--help"], ["bench", "--help"],
+                                  ["demo", "--help"]], ids=" ".join)
+def test_help(args):
+    proc = fastpe_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m fastpe")
+
+
+def test_version():
+    proc = fastpe_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"fastpe {fastpe.__version__}"
+
+
+@pytest.mark.parametrize("args", [
+    ["nosuch"],
+    ["info", "--bogus"],
+    ["bench", "--threads", "0"],
+    ["bench", "--threads", "many"],
+    ["bench", "--dtype", "int8"],
+    ["bench", "--only", "no-such-workload"],
+    ["bench", "--rounds", "0"],
+    ["bench", "--json", "/no/such/directory/out.json"],
+    ["demo", "--plot"],
+], ids=" ".join)
+def test_usage_errors_exit_2(args):
+    proc = fastpe_cli(*args)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "usage:" in proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_threads_argument():
+    assert _cli._threads_arg("all") == fastpe.get_num_threads()
+    assert _cli._threads_arg("-1") == fastpe.get_num_threads()
+    assert _cli._threads_arg("3") == 3
+
+
+# ---- bench --------------------------------------------------------------------------------
+
+RESULT_KEYS = {
+    "name": str, "family": str, "title": str, "dtype": str, "shapes": dict, "bytes": int,
+    "floor": str, "numpy_baseline": str, "per_call": bool, "threads": dict, "seconds": dict,
+    "seconds_min": dict, "samples": dict, "calls_per_sample": dict, "rounds": int, "speedup_vs_numpy": float,
+    "fraction_of_floor": float, "fastpe_gb_per_s": float, "floor_gb_per_s": float,
+    "check": str,
+}
+
+
+def check_report(report: dict, *, dtype="float32", threads=1) -> None:
+    assert report["schema"] == "fastpe-bench/1"
+    assert report["fastpe"]["version"] == fastpe.__version__
+    assert report["dtype"] == dtype and report["threads"] == threads
+    assert report["mode"] == "quick" and report["size"] == "tiny"
+    assert set(report["machine"]) >= {"cpu", "logical_cpus", "platform"}
+    names = [w.name for w in _bench.workloads("tiny")]
+    assert [r["name"] for r in report["results"]] == names
+    for r in report["results"]:
+        for key, typ in RESULT_KEYS.items():
+            assert isinstance(r[key], typ), f"{r['name']}: {key} = {r[key]!r}"
+        assert r["check"] == "ok", r
+        assert r["dtype"] == dtype
+        assert r["floor"] in ("stream", "fill")
+        assert set(r["seconds"]) == {"fastpe", "numpy", "floor"}
+        assert all(t > 0 for t in r["seconds"].values())
+        assert all(len(s) == r["rounds"] for s in r["samples"].values())
+        t = r["seconds"]
+        assert r["speedup_vs_numpy"] == pytest.approx(t["numpy"] / t["fastpe"])
+        assert r["fraction_of_floor"] == pytest.approx(t["floor"] / t["fastpe"])
+        assert r["threads"] == {"fastpe": threads, "numpy": 1, "floor": threads}
+    if not _bench.has_alibi():
+        assert report["skipped"]
+
+
+def test_bench_quick_table_and_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = fastpe_cli("bench", *TINY, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+    report = json.loads(out.read_text())
+    check_report(report)
+    table = proc.stdout
+    assert f"fastpe {fastpe.__version__} bench: float32, fastpe on 1 thread" in table
+    header = next(line for line in table.splitlines() if line.startswith("workload"))
+    for col in ("fastpe", "numpy", "floor", "vs numpy", "% floor"):
+        assert col in header
+    for r in report["results"]:
+        assert r["title"] in table
+    assert "MISMATCH" not in table
+    # progress: one line per workload on a non-terminal stderr, never a carriage return
+    n = len(report["results"])
+    assert f"[1/{n}]" in proc.stderr and f"[{n}/{n}]" in proc.stderr
+    assert "\r" not in proc.stderr
+
+
+def test_bench_json_on_stdout_threads_dtype_only():
+    proc = fastpe_cli("bench", *TINY, "--json", "-", "--threads", "all", "--dtype", "float16",
+                      "--only", "rope-decode,learned")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)          # stdout holds only the JSON
+    assert [r["name"] for r in report["results"]] == ["rope-decode", "learned-add"]
+    assert report["dtype"] == "float16" and report["threads"] == fastpe.get_num_threads()
+    assert all(r["check"] == "ok" for r in report["results"])
+    assert "vs numpy" in proc.stderr          # the table went to stderr
+
+
+def test_bench_list():
+    proc = fastpe_cli("bench", "--list")
+    assert proc.returncode == 0, proc.stderr
+    for wl in _bench.workloads():
+        assert wl.name in proc.stdout
+    expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-batched-decode",
+                "rope-llama3", "sinusoidal-table", "sinusoidal-add", "learned-add"}
+    if _bench.has_alibi():
+        expected |= {"alibi-prefill", "alibi-bias", "alibi-decode"}
+    assert {w.name for w in _bench.workloads()} == expected
+
+
+@needs_mpl
+def test_bench_plot(tmp_path):
+    png = tmp_path / "bench.png"
+    proc = fastpe_cli("bench", *TINY, "--only", "rope-decode,sinusoidal", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("command", [["bench", *TINY], ["demo"]], ids=lambda c: c[0])
+def test_plot_without_matplotlib(tmp_path, command):
+    png = tmp_path / "out.png"
+    proc = fastpe_cli_without_matplotlib(*command, "--plot", str(png), cwd=tmp_path)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert_no_traceback(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "matplotlib" in lines[0] and "pip install" in lines[0], lines
+    assert not png.exists()
+    assert "vs numpy" not in proc.stdout      # it failed before running anything
+
+
+def test_bench_suite_skips_without_pytest_benchmark():
+    """bench/ skips each file, cleanly, where pytest-benchmark is not installed."""
+    if not (PACKAGE_ROOT / "bench").is_dir():
+        pytest.skip("bench/ ships in the source tree and sdist, not in the wheel")
+    code = textwrap.dedent("""
+        import importlib.abc, sys
+        class Missing(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.partition(".")[0] == "pytest_benchmark":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, Missing())
+        import pytest
+        sys.exit(pytest.main(["bench", "-q", "-p", "no:cacheprovider", "-rs"]))
+    """)
+    env = _env()
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=str(PACKAGE_ROOT))
+    # 5: pytest's "no tests collected", as every module skipped itself at import
+    assert proc.returncode in (0, 5), proc.stdout + proc.stderr
+    assert "error" not in proc.stdout.lower(), proc.stdout
+    assert re.search(r"\b4 skipped\b", proc.stdout), proc.stdout
+    assert "could not import 'pytest_benchmark'" in proc.stdout
+
+
+# ---- demo ---------------------------------------------------------------------------------
+
+def test_demo():
+    proc = fastpe_cli("demo")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    dots = {(int(a), int(b)): float(v) for a, b, v in
+            re.findall(r"q at\s+(\d+), k at\s+(\d+).*q\.k = (\S+)", out)}
+    assert {(2, 5), (10, 13)} <= set(dots)
+    assert dots[2, 5] == pytest.approx(dots[10, 13], abs=1e-9)
+    assert dots[10, 12] != pytest.approx(dots[10, 13], abs=1e-3)
+    freqs = [float(m) for m in re.findall(r"^\s+\d+\s+\d+, \d+\s+(\S+)\s+\S+ positions$",
+                                          out, re.M)]
+    assert len(freqs) >= 4 and freqs == sorted(freqs, reverse=True) and freqs[0] == 1.0
+    if _bench.has_alibi():
+        assert "slopes 0.5 0.25 0.125" in out
+        rows = re.findall(r"^ +head (\d+):((?: +\S+)+)$", out, re.M)
+        assert len(rows) == 8
+        first = [float(v) for v in rows[0][1].split()]
+        assert first[-1] == 0.0 and first[-2] == -0.5     # slope 1/2, distance 1
+
+
+@needs_mpl
+def test_demo_plot(tmp_path):
+    png = tmp_path / "demo.png"
+    proc = fastpe_cli("demo", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+# ---- the workloads, in-process ------------------------------------------------------------
+
+TINY_WORKLOADS = _bench.workloads("tiny")
+
+
+@pytest.mark.parametrize("dtype", _bench.DTYPES)
+@pytest.mark.parametrize("wl", TINY_WORKLOADS, ids=lambda w: w.name)
+def test_every_implementation_matches_the_reference(wl, dtype):
+    """The NumPy baselines (and the seed's table) compute what fastpe computes; the floor
+    leaves the values unchanged; fastpe is checked on 1 and 2 threads."""
+    base = wl.make(np.dtype(dtype))
+    expected = wl.expected(base)
+    for impl, prepare in wl.impls.items():
+        for threads in ((1, 2) if impl == "fastpe" else (1,)):
+            arrays = _bench.copy_arrays(base, wl.written)
+            got = prepare(arrays, threads)(arrays)
+            for name, mine, ref in zip(wl.result, got, expected):
+                msg = _bench.compare(mine, ref, dtype, atol=wl.atol.get(impl, 0.0))
+                assert msg is None, f"{wl.name} {dtype} {impl} t{threads}: {name} {msg}"
+    if wl.floor == "stream":
+        arrays = _bench.copy_arrays(base, wl.written)
+        wl.prepare_floor()(arrays, 2)(arrays)
+        for name in wl.result:
+            assert np.array_equal(arrays[name], base[name], equal_nan=True)
+
+
+def test_threaded_floor_leaves_values_unchanged():
+    a = _bench.random_array((3, 1 << 20), np.float16)
+    before = a.copy()
+    _bench.prepare_floor("stream", ("a",))({"a": a}, 2)({"a": a})
+    assert np.array_equal(a.view(np.uint16), before.view(np.uint16))
+    _bench.prepare_floor("fill", ("a",))({"a": a}, 2)({"a": a})
+    assert (a == 1).all()
+
+
+def test_compare_catches_differences():
+    e = np.linspace(-3, 3, 1000, dtype=np.float32).reshape(10, 100)
+    assert _bench.compare(e.copy(), e, "float32") is None
+    bad = e.copy()
+    bad[7, 3] += 1e-3
+    assert "row 7, column 3" in _bench.compare(bad, e, "float32")
+    inf = e.copy()
+    inf[2, 5] = -np.inf
+    assert "infinities" in _bench.compare(inf, e, "float32")
+    shifted = e + np.arange(10, dtype=np.float32)[:, None]
+    assert _bench.compare(shifted, e, "float32") is not None
+    assert _bench.compare(shifted, e, "float32", offset_per_row=True) is None
+    assert _bench.compare(e[:, :5], e, "float32").startswith("shape")
+
+
+def test_measure_interleaves_and_takes_medians():
+    calls = []
+    runners = {name: (lambda n=name: calls.append(n)) for name in "abc"}
+    timings = _bench.measure(runners, rounds=4, min_rounds=4, sample_s=0.0, budget_s=0.0)
+    assert set(timings) == set("abc")
+    for t in timings.values():
+        assert t.number == 1      # sample_s=0: one call per sample
+        assert len(t.samples) == 4 and t.median == pytest.approx(np.median(t.samples))
+    # one calibration call each, then rounds in a rotating order
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab" + "abc"
