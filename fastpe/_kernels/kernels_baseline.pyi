@@ -1,0 +1,104 @@
+"""Type stub of the compiled kernels (fastpe/_kernels/kernels.pyx and its .pxi files).
+
+The same Cython source is built once per instruction-set level, so every variant
+(kernels_baseline, kernels_avx2) has this interface; kernels_avx2.pyi re-exports it.
+tests/test_typing.py checks it against each built module with mypy.stubtest.
+
+Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
+The functions trust their arguments: fastpe's Python layer has validated and
+normalised them (fastpe._checks), and none of them raises on data.
+"""
+
+from typing import Any, Final, final
+
+import numpy as np
+from numpy.typing import NDArray
+
+ISA: Final[str]
+"""The variant: "baseline" or "avx2"."""
+COMPILE_FLAGS: Final[str]
+"""The compiler flags this variant was built with."""
+OPENMP: Final[bool]
+"""Whether this build has OpenMP threads."""
+HALF_CONVERSION: Final[str]
+"""float16 conversion: "hardware" (F16C / NEON) or "software"."""
+
+def cpu_supports(isa: str) -> bool: ...
+def openmp_max_threads() -> int: ...
+def int64_range(a: NDArray[np.int64]) -> tuple[int, int]: ...
+def register_bfloat16(typenum: int) -> None: ...
+def sinusoidal(
+    x: NDArray[Any],
+    code: int,
+    positions: NDArray[np.int64] | None,
+    offset: int,
+    inv_freq: NDArray[np.float64],
+    split: bool,
+    accumulate: bool,
+    scale: float,
+    num_threads: int,
+) -> None: ...
+def learned(
+    x: NDArray[Any],
+    code: int,
+    table: NDArray[Any],
+    positions: NDArray[np.int64] | None,
+    offset: int,
+    num_threads: int,
+) -> None: ...
+def rope(
+    q: NDArray[Any],
+    k: NDArray[Any] | None,
+    code: int,
+    positions: NDArray[np.int64] | None,
+    offset: int,
+    neox: bool,
+    inv_freq: NDArray[np.float64] | None,
+    cos_scale: float,
+    sin_scale: float,
+    cos_cache: NDArray[Any] | None,
+    sin_cache: NDArray[Any] | None,
+    cache_code: int,
+    invert_cache: bool,
+    num_threads: int,
+) -> None: ...
+def rope_fast(
+    q: object,
+    k: object,
+    positions: object,
+    offset: int,
+    layout: int,
+    neox: bool,
+    inv_freq: object,
+    cos_scale: float,
+    sin_scale: float,
+    num_threads: int,
+) -> bool: ...
+def alibi(
+    scores: NDArray[Any],
+    code: int,
+    slopes: NDArray[np.float64],
+    q_positions: NDArray[np.int64] | None,
+    q_offset: int,
+    k_positions: NDArray[np.int64] | None,
+    key_mask: NDArray[np.uint8] | None,
+    causal: bool,
+    symmetric: bool,
+    accumulate: bool,
+    max_position: int,
+    num_threads: int,
+) -> None: ...
+def alibi_fast(
+    scores: object,
+    slopes: object,
+    q_offset: object,
+    causal: bool,
+    symmetric: bool,
+    num_threads: int,
+) -> bool: ...
+
+@final
+class Scratch:
+    """Per-thread work space of the kernels (internal)."""
+
+    def __new__(cls, per_thread_bytes: int, nthreads: int, shared_bytes: int = 0) -> Scratch: ...
