@@ -44,6 +44,11 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 BF16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
 
+
+def is_bf16(dtype) -> bool:
+    """dtype is bfloat16 (never true without ml_dtypes: np.dtype(x) == None is float64!)."""
+    return BF16 is not None and dtype == BF16
+
 FLOAT_DTYPES = [F16, F32, F64] + ([BF16] if BF16 is not None else [])
 DTYPE_IDS = [str(d) for d in FLOAT_DTYPES]
 
@@ -113,7 +118,7 @@ def storage_name(dtype: np.dtype) -> str:
 def tolerance(dtype, magnitude: float = 1.0) -> tuple[float, float]:
     """(atol, rtol) for results stored in `dtype` whose operands are about `magnitude`."""
     dtype = np.dtype(dtype)
-    name = storage_name(dtype) if dtype != BF16 else "bfloat16"
+    name = storage_name(dtype) if not is_bf16(dtype) else "bfloat16"
     atol, rtol = TOLERANCES[name]
     return atol * magnitude, rtol
 
@@ -264,7 +269,7 @@ def awkward_kinds(shape: tuple[int, ...], dtype) -> list[str]:
     kinds = list(AWKWARD_KINDS)
     if len(shape) != 3:
         kinds.remove("seq-major")
-    if dtype == BF16:  # ml_dtypes has no byte-swapped bfloat16: newbyteorder gives V2
+    if is_bf16(dtype):  # ml_dtypes has no byte-swapped bfloat16: newbyteorder gives V2
         kinds.remove("byteswapped")
     if dtype.itemsize == 1:  # nothing is unaligned for one-byte items
         kinds.remove("unaligned")

@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 from conftest import (
+    is_bf16,
     BF16,
     DTYPE_IDS,
     F32,
@@ -852,7 +853,7 @@ def test_special_values_match_reference(dtype, option):
     """NaN, infinities, signed zeros, subnormals and the largest finite values of the
     storage type go through the vector conversions as through NumPy's (power-of-two
     slopes: every product is exact, so fused or not the sums agree)."""
-    info = ml_dtypes.finfo(dtype) if dtype == BF16 else np.finfo(dtype)
+    info = ml_dtypes.finfo(dtype) if is_bf16(dtype) else np.finfo(dtype)
     special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, float(info.max),
                         -float(info.max), float(info.tiny), float(info.smallest_subnormal),
                         -float(info.smallest_subnormal), 1.0, -3.5, 2.0**-3, 7.0],

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from conftest import (
+    is_bf16,
     BF16,
     DTYPE_IDS,
     F16,
@@ -105,7 +106,7 @@ def test_awkward_arrays_are_what_their_labels_say(dtype, shape):
         }
         assert checks[kind], f"{kind}: {describe(a)}"
     assert {"contiguous", "strided-rows", "reversed", "unaligned", "empty"} <= seen
-    assert ("byteswapped" in seen) == (dtype != BF16)
+    assert ("byteswapped" in seen) == (not is_bf16(dtype))
 
 
 # ---- exactness -----------------------------------------------------------------------------
