@@ -36,9 +36,11 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
     cdef Py_ssize_t b1 = a.batch if a.pos_rows == 1 else prow + 1
     cdef Py_ssize_t t, b
     cdef const store_t *trow
-    for t in range(t0, t1):
-        trow = table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr
-        for b in range(b0, b1):
+    # batch outer: each batch row streams one contiguous run of tokens, and the
+    # block's table rows stay in cache for the next batch row
+    for b in range(b0, b1):
+        for t in range(t0, t1):
+            trow = table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr
             add_table_row(x + b * a.sb + t * a.ss, a.sd, trow, a.td, a.dim)
 
 
