@@ -18,9 +18,10 @@
 # 32-byte vector access splits a line every other time (about 40% slower in cache):
 # the vector loops start at the first 32-byte aligned element of the row (a few
 # scalar steps before), and the key-position row sits at the same address modulo 32,
-# so that its loads are aligned too. float16 rows convert in chunks through F16C,
-# since GCC does not vectorise the element-wise conversions. Masked keys are selected
-# on the bits (keep_or_ninf), as a branch on a float comparison does not vectorise.
+# so that its loads are aligned too. float16 rows convert in chunks (fastpe_math.h's
+# run conversions, F16C), since GCC does not vectorise the element-wise ones. Masked
+# keys are selected on the bits (keep_or_ninf), as a branch on a float comparison
+# does not vectorise.
 
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport uint32_t, uint64_t
@@ -29,36 +30,6 @@ from libc.string cimport memcpy
 
 cdef extern from *:
     """
-    /* float16 <-> float32 for a run of elements: 8 at a time with F16C (the avx2
-     * variant), else one at a time through fastpe_math.h. Both round to nearest even. */
-    #if defined(__F16C__) && defined(__AVX__) && (defined(__x86_64__) || defined(__i386__))
-    #include <immintrin.h>
-    #define FPE_ALIBI_F16C 1
-    #else
-    #define FPE_ALIBI_F16C 0
-    #endif
-    static inline void fpe_alibi_f16_to_f32(const fpe_f16 *src, float *dst, Py_ssize_t n)
-    {
-        Py_ssize_t j = 0;
-    #if FPE_ALIBI_F16C
-        for (; j + 8 <= n; j += 8)
-            _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
-    #endif
-        for (; j < n; j++)
-            dst[j] = fpe_f16_load(src[j]);
-    }
-    static inline void fpe_alibi_f32_to_f16(const float *src, fpe_f16 *dst, Py_ssize_t n)
-    {
-        Py_ssize_t j = 0;
-    #if FPE_ALIBI_F16C
-        for (; j + 8 <= n; j += 8)
-            _mm_storeu_si128((__m128i *)(dst + j),
-                             _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT));
-    #endif
-        for (; j < n; j++)
-            dst[j] = fpe_f16_make(src[j]);
-    }
-
     /* Four rows (heads) at once: r[t][j] (+)= s[t] * d, d = kf[j] - qf (or qf - kf[j]
      * when flip). Kept out of line: inlined into the kernel's large row function, its
      * pointers spill to the stack and reload every iteration. GCC checks once per call
@@ -104,8 +75,6 @@ cdef extern from *:
     FPE_ALIBI_SEG4(fpe_alibi_seg4_f32, float)
     FPE_ALIBI_SEG4(fpe_alibi_seg4_f64, double)
     """
-    void fpe_alibi_f16_to_f32(const fpe_f16 *src, float *dst, Py_ssize_t n) nogil
-    void fpe_alibi_f32_to_f16(const float *src, fpe_f16 *dst, Py_ssize_t n) nogil
     void fpe_alibi_seg4_f32(float *r0, float *r1, float *r2, float *r3, const float *kf,
                             Py_ssize_t j0, Py_ssize_t j1, float qf, const float *s,
                             int flip, int accumulate) nogil
@@ -267,12 +236,12 @@ cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, cons
         while c0 < a.k:
             n = min(<Py_ssize_t>SELECT_CHUNK, a.k - c0)
             if a.accumulate:
-                fpe_alibi_f16_to_f32(row + c0, tmp, n)
+                fpe_f16_run_load(row + c0, tmp, n)
             if a.plain:
                 span_plain(a, tmp, 1, n, kf + c0, qf, slope, min(max(split - c0, 0), n))
             else:
                 select_unit(tmp, 1, 0, n, kf + c0, qf, slope, lim, a.symmetric, a.accumulate)
-            fpe_alibi_f32_to_f16(tmp, row + c0, n)
+            fpe_f16_run_store(tmp, row + c0, n)
             c0 += n
 
 

@@ -10,6 +10,10 @@ cdef extern from "fastpe_math.h" nogil:
     fpe_f16 fpe_f16_make(float f)
     float fpe_bf16_load(fpe_bf16 h)
     fpe_bf16 fpe_bf16_make(float f)
+    void fpe_f16_run_load(const fpe_f16 *src, float *dst, Py_ssize_t n)
+    void fpe_f16_run_store(const float *src, fpe_f16 *dst, Py_ssize_t n)
+    void fpe_bf16_run_load(const fpe_bf16 *src, float *dst, Py_ssize_t n)
+    void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_t n)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
@@ -58,6 +62,9 @@ cdef enum:
 # bit-identical results.
 cdef enum:
     BLOCK_TOKENS = 32
+    # float16/bfloat16 rows convert to float32 this many elements at a time,
+    # on the stack, so the conversions run as vector code (gather/scatter)
+    CONVERT_CHUNK = 256
 
 ctypedef fused store_t:
     float
@@ -95,8 +102,13 @@ cdef inline void gather(const store_t *src, Py_ssize_t stride, real_t *dst,
     cdef Py_ssize_t j
     cdef real_t kind = 0
     if stride == 1:
-        for j in range(n):
-            dst[j] = load(src, j, kind)
+        if store_t is fpe_f16 and real_t is float:
+            fpe_f16_run_load(src, dst, n)
+        elif store_t is fpe_bf16 and real_t is float:
+            fpe_bf16_run_load(src, dst, n)
+        else:
+            for j in range(n):
+                dst[j] = load(src, j, kind)
     else:
         for j in range(n):
             dst[j] = load(src, j * stride, kind)
@@ -106,8 +118,13 @@ cdef inline void scatter(const real_t *src, store_t *dst, Py_ssize_t stride,
                          Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t j
     if stride == 1:
-        for j in range(n):
-            store(dst, j, src[j])
+        if store_t is fpe_f16 and real_t is float:
+            fpe_f16_run_store(src, dst, n)
+        elif store_t is fpe_bf16 and real_t is float:
+            fpe_bf16_run_store(src, dst, n)
+        else:
+            for j in range(n):
+                store(dst, j, src[j])
     else:
         for j in range(n):
             store(dst, j * stride, src[j])

@@ -11,8 +11,9 @@ cdef struct LearnedCall:
 
 cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
                                Py_ssize_t td, Py_ssize_t dim) noexcept nogil:
-    cdef Py_ssize_t j
-    cdef float kind = 0
+    cdef Py_ssize_t j, j0, n
+    cdef float a[CONVERT_CHUNK]
+    cdef float b[CONVERT_CHUNK]
     if store_t is float or store_t is double:
         if sd == 1 and td == 1:
             for j in range(dim):
@@ -22,8 +23,15 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
             row[j * sd] = row[j * sd] + trow[j * td]
     else:
         # half and bfloat16 add in float32, rounding once
-        for j in range(dim):
-            store(row, j * sd, load(row, j * sd, kind) + load(trow, j * td, kind))
+        j0 = 0
+        while j0 < dim:
+            n = min(<Py_ssize_t>CONVERT_CHUNK, dim - j0)
+            gather(row + j0 * sd, sd, a, n)
+            gather(trow + j0 * td, td, b, n)
+            for j in range(n):
+                a[j] = a[j] + b[j]
+            scatter(a, row + j0 * sd, sd, n)
+            j0 += n
 
 
 cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,

@@ -38,7 +38,6 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
                          bint accumulate, real_t scale) noexcept nogil:
     """row = row * scale + pe (accumulate) or row = pe."""
     cdef Py_ssize_t j
-    cdef real_t kind = 0
     if store_t is float or store_t is double:
         if sd == 1:
             if not accumulate:
@@ -51,11 +50,19 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
                 for j in range(dim):
                     row[j] = <store_t>(row[j] * scale + pe[j])
             return
+    cdef real_t tmp[CONVERT_CHUNK]
+    cdef Py_ssize_t j0, n
     if not accumulate:
         scatter(pe, row, sd, dim)
-    else:
-        for j in range(dim):
-            store(row, j * sd, load(row, j * sd, kind) * scale + pe[j])
+        return
+    j0 = 0
+    while j0 < dim:
+        n = min(<Py_ssize_t>CONVERT_CHUNK, dim - j0)
+        gather(row + j0 * sd, sd, tmp, n)
+        for j in range(n):
+            tmp[j] = tmp[j] * scale + pe[j0 + j]
+        scatter(tmp, row + j0 * sd, sd, n)
+        j0 += n
 
 
 cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
