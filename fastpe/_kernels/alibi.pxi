@@ -460,7 +460,7 @@ cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil
         else:
             alibi_key_rows(a, <float *>a.kf)
     if nthreads > 1:
-        for r in prange(nrows, schedule="static", num_threads=nthreads):
+        for r in prange(nrows, schedule="dynamic", chunksize=16, num_threads=nthreads):
             if store_t is double:
                 alibi_unit(a, x, r, kind_d)
             else:

@@ -56,7 +56,7 @@ cdef void learned_run(const LearnedCall *a, store_t *x, const store_t *table,
                       int nthreads) noexcept nogil:
     cdef Py_ssize_t u, nunits = a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS)
     if nthreads > 1:
-        for u in prange(nunits, schedule="static", num_threads=nthreads):
+        for u in prange(nunits, schedule="dynamic", num_threads=nthreads):
             learned_unit(a, x, table, u)
     else:
         for u in range(nunits):

@@ -140,7 +140,7 @@ cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
     cdef double kind_d = 0
     cdef float kind_f = 0
     if nthreads > 1:
-        for u in prange(nunits, schedule="static", num_threads=nthreads):
+        for u in prange(nunits, schedule="dynamic", num_threads=nthreads):
             if store_t is double:
                 rope_block(a, q, k, u, work_for(work, omp_get_thread_num()), kind_d)
             else:

@@ -113,7 +113,7 @@ cdef void sinusoidal_run(const SinusoidalCall *a, store_t *x, Work work,
                          int nthreads) noexcept nogil:
     cdef Py_ssize_t u, nunits = a.pos_rows * ceil_div(a.seq, BLOCK_TOKENS)
     if nthreads > 1:
-        for u in prange(nunits, schedule="static", num_threads=nthreads):
+        for u in prange(nunits, schedule="dynamic", num_threads=nthreads):
             sinusoidal_unit(a, x, u, work_for(work, omp_get_thread_num()))
     else:
         for u in range(nunits):
