@@ -203,17 +203,17 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
     elif freqs is not None:
         if base is not None or scaling is not None:
             raise ValueError("give freqs, or base/scaling to compute them, not both")
-        freqs = frequencies_arg(freqs)
-        _rotary_dim(rotary_dim, head_dim, 2 * freqs.inv_freq.size,
-                    f"freqs ({freqs.inv_freq.size} frequencies)")
+        given = frequencies_arg(freqs)
+        _rotary_dim(rotary_dim, head_dim, 2 * given.inv_freq.size,
+                    f"freqs ({given.inv_freq.size} frequencies)")
     else:
         _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     if spec is not None:
-        freqs = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
-    att = freqs.attention_scaling
+        given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
+    att = given.attention_scaling
     cos_scale, sin_scale = (1.0 / att, -1.0 / att) if inverse else (att, att)
-    return RopePlan(q4, k4, pos, neox, freqs.inv_freq, cos_scale, sin_scale, None, None,
+    return RopePlan(q4, k4, pos, neox, given.inv_freq, cos_scale, sin_scale, None, None,
                     False, _threads.check(num_threads))
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from . import _backend
 
+_ml_dtypes: ModuleType | None
 try:  # bfloat16 is an optional dtype
     import ml_dtypes as _ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
@@ -60,7 +63,7 @@ def dtype_code(dtype: np.dtype, name: str) -> int:
     return code
 
 
-def float_dtype(dtype: object, name: str) -> np.dtype:
+def float_dtype(dtype: Any, name: str) -> np.dtype:
     """A supported storage dtype from anything np.dtype() takes; None is float32."""
     if dtype is None:
         return np.dtype(np.float32)
@@ -125,7 +128,7 @@ def writable_array(x: np.ndarray, name: str) -> None:
                              f"broadcasting); in-place results would be ill-defined")
 
 
-def count(n: object, name: str, *, minimum: int = 0) -> int:
+def count(n: Any, name: str, *, minimum: int = 0) -> int:
     if isinstance(n, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool")
     try:
@@ -196,7 +199,7 @@ def position_array(positions: object, name: str) -> tuple[np.ndarray, int]:
     return pos, hi
 
 
-def positions(positions: object, offset: object, batch: int, seq: int,
+def positions(positions: Any, offset: object, batch: int, seq: int,
               name: str = "positions") -> Positions:
     """Validate `positions` for a (batch, seq, ...) input, or `offset` when None."""
     offset = count(offset, "offset")

@@ -160,7 +160,7 @@ def _limit_blas_threads():
     if "OPENBLAS_NUM_THREADS" in os.environ:
         return None
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
     except ImportError:
         return None
     return threadpool_limits(limits=1, user_api="blas")

@@ -278,7 +278,7 @@ def _parse_cached(dim, base, frozen_scaling, max_position_embeddings) -> RopeSpe
 
 # Equal specs reached through different spellings (base=None or 10000.0, scaling=None or
 # {"rope_type": "default"}) share one instance, hence one frequency cache.
-_INTERNED = weakref.WeakValueDictionary()
+_INTERNED: weakref.WeakValueDictionary[tuple, RopeSpec] = weakref.WeakValueDictionary()
 
 
 def _intern(spec) -> RopeSpec:
@@ -546,7 +546,7 @@ def _whole_number(name, value, *, minimum) -> int:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if not isinstance(value, numbers.Integral) and not float(value).is_integer():
         raise ValueError(f"{name} must be a whole number, got {value!r}")
-    value = int(value)
+    value = int(float(value)) if not isinstance(value, numbers.Integral) else int(value)
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 from . import _backend
 
@@ -18,7 +19,7 @@ def _openmp_max() -> int:
     return compiled.openmp_max_threads() if compiled is not None else 1
 
 
-def _as_count(n: object, name: str) -> int:
+def _as_count(n: Any, name: str) -> int:
     if isinstance(n, bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:

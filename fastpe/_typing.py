@@ -11,7 +11,6 @@ from numpy.typing import ArrayLike, DTypeLike
 # In-place functions return the very object they were given (an ndarray, or
 # a torch tensor or other DLPack/buffer-protocol array viewed in place).
 InPlace = TypeVar("InPlace")
-InPlaceOptional = TypeVar("InPlaceOptional")
 
 PositionsLike = Union[ArrayLike, None]
 ScalingDict = Mapping[str, Any]
@@ -19,5 +18,5 @@ Style = Literal["neox", "gptj"]
 RopeLayout = Literal["bshd", "bhsd", "shd"]
 SinusoidalLayout = Literal["interleaved", "split"]
 
-__all__ = ["ArrayLike", "DTypeLike", "InPlace", "InPlaceOptional", "PositionsLike",
+__all__ = ["ArrayLike", "DTypeLike", "InPlace", "PositionsLike",
            "RopeLayout", "ScalingDict", "SinusoidalLayout", "Style", "np"]

@@ -65,6 +65,7 @@ def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype) -> tuple[np.ndarray, np.
         cos = np.cos(angles) * plan.cos_scale
         sin = np.sin(angles) * plan.sin_scale
     else:
+        assert plan.cos is not None and plan.sin is not None
         cos = plan.cos[pos].astype(np.float64)
         sin = plan.sin[pos].astype(np.float64)
     cos, sin = cos.astype(work), sin.astype(work)

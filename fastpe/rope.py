@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,6 @@ from ._typing import (
     ArrayLike,
     DTypeLike,
     InPlace,
-    InPlaceOptional,
     PositionsLike,
     RopeLayout,
     ScalingDict,
@@ -40,7 +40,7 @@ def _run(plan: _args.RopePlan) -> None:
     kw = None if k is None else _checks.kernel_view(k)
     cos = sin = None
     cache_code = 0
-    if plan.cos is not None:
+    if plan.cos is not None and plan.sin is not None:
         cos, sin = _checks.kernel_view(plan.cos), _checks.kernel_view(plan.sin)
         cache_code = _checks.dtype_code(cos.dtype, "cos")
     nbytes = 2 * (q.nbytes + (0 if k is None else k.nbytes))
@@ -49,7 +49,7 @@ def _run(plan: _args.RopePlan) -> None:
               cos, sin, cache_code, plan.invert_cache, _threads.resolve(plan.num_threads, nbytes))
     if qw is not q:
         q[...] = qw
-    if kw is not k:
+    if k is not None and kw is not k:
         k[...] = kw
 
 
@@ -89,12 +89,12 @@ def _try_fast(kern, q, k, positions, offset, freqs, style, layout, inverse, num_
                           _threads.resolve(num_threads, 2 * nbytes))
 
 
-def apply_rope(q: InPlace, k: InPlaceOptional = None, positions: PositionsLike = None, *,
+def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
                base: float | None = None, scaling: ScalingDict | None = None,
                rotary_dim: int | None = None, style: Style = "neox", layout: RopeLayout = "bshd",
                inverse: bool = False, num_threads: int | None = None,
-               max_position_embeddings: int | None = None) -> tuple[InPlace, InPlaceOptional]:
+               max_position_embeddings: int | None = None) -> tuple[InPlace, Any]:
     """Rotate q and k in place by their positions; returns (q, k).
 
     Parameters
@@ -127,7 +127,7 @@ def apply_rope(q: InPlace, k: InPlaceOptional = None, positions: PositionsLike =
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
     kern = _backend.kernels()
-    if kern is not None and scaling is None and rotary_dim is None and type(q) is np.ndarray:
+    if kern is not None and scaling is None and rotary_dim is None and isinstance(q, np.ndarray):
         fast = None
         if freqs is None:
             if q.ndim >= 3 and (base is None or type(base) is float):
@@ -145,10 +145,10 @@ def apply_rope(q: InPlace, k: InPlaceOptional = None, positions: PositionsLike =
     return q, k
 
 
-def apply_rope_cached(q: InPlace, k: InPlaceOptional, cos: ArrayLike, sin: ArrayLike,
+def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
                       layout: RopeLayout = "bshd", inverse: bool = False,
-                      num_threads: int | None = None) -> tuple[InPlace, InPlaceOptional]:
+                      num_threads: int | None = None) -> tuple[InPlace, Any]:
     """Rotate q and k in place with cos and sin rows looked up by position.
 
     cos and sin are (max_positions, rotary_dim // 2), as :func:`rope_cos_sin`
@@ -222,12 +222,12 @@ class RotaryEmbedding:
         seq_len = int(pos.max()) + 1 if pos.size else None
         return rope_cos_sin(pos, self.frequencies(seq_len), dtype=dtype)
 
-    def __call__(self, q: InPlace, k: InPlaceOptional = None, positions: PositionsLike = None,
+    def __call__(self, q: InPlace, k: Any = None, positions: PositionsLike = None,
                  *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
-                 num_threads: int | None = None) -> tuple[InPlace, InPlaceOptional]:
+                 num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         kern = _backend.kernels()
-        if (kern is not None and not self._spec.depends_on_seq_len and type(q) is np.ndarray
+        if (kern is not None and not self._spec.depends_on_seq_len and isinstance(q, np.ndarray)
                 and q.ndim >= 3 and q.shape[-1] == self.head_dim
                 and _try_fast(kern, q, k, positions, offset, self._spec.frequencies(), self.style,
                               layout, inverse, num_threads)):

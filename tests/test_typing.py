@@ -29,7 +29,7 @@ VARIANTS = ("baseline", "avx2")
 
 # follow_imports = silent: stubtest type-checks the stub *and* everything it imports
 # (the fastpe package itself); this test is about the stubs, so errors elsewhere in
-# fastpe are for a mypy run over the package, not for this test.
+# fastpe are for test_the_package_type_checks, not for this test.
 MYPY_CONFIG = """\
 [mypy]
 follow_imports = silent
@@ -112,3 +112,11 @@ def test_mypy_sees_a_typed_package(tmp_path, request):
     signature = r"def \(isa: (builtins\.)?str\) -> (builtins\.)?bool"
     assert re.search(f'Revealed type is "{signature}"', out), out
     assert proc.returncode == 0, out
+
+
+@needs_mypy
+def test_the_package_type_checks(tmp_path, request):
+    """fastpe's own annotations hold together: mypy over the package under test
+    (-p fastpe, with its stubs for the compiled modules) reports nothing."""
+    proc = _run_mypy("mypy", ["-p", "fastpe"], tmp_path, request)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
