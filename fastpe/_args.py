@@ -212,7 +212,8 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
     att = given.attention_scaling
-    cos_scale, sin_scale = (1.0 / att, -1.0 / att) if inverse else (att, att)
+    cos_scale, sin_scale = ((1.0 / att, -1.0 / att) if _checks.flag(inverse, "inverse")
+                            else (att, att))
     return RopePlan(q4, k4, pos, neox, given.inv_freq, cos_scale, sin_scale, None, None,
                     False, _threads.check(num_threads))
 
@@ -233,7 +234,8 @@ def rope_cached(q: object, k: object, cos: object, sin: object, positions: objec
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
                          f"({cos.shape[0]} rows)")
-    return RopePlan(q4, k4, pos, neox, None, 1.0, 1.0, cos, sin, bool(inverse),
+    return RopePlan(q4, k4, pos, neox, None, 1.0, 1.0, cos, sin,
+                    _checks.flag(inverse, "inverse"),
                     _threads.check(num_threads))
 
 
@@ -280,14 +282,6 @@ def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> np.ndarra
         raise ValueError(f"slopes must be finite, got {s[~np.isfinite(s)][0]!r} "
                          f"at head {int(np.argmin(np.isfinite(s)))}")
     return s
-
-
-def _flag(value: object, name: str) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
 def _per_sequence(value: object, name: str, lead: tuple[int, ...], batch: int,
@@ -351,8 +345,8 @@ def _alibi_plan(scores: np.ndarray, slopes: object, max_bias: object, q_offset: 
     for n in lead:
         batch *= n
     slopes = _alibi_slopes_arg(slopes, max_bias, heads)
-    causal = _flag(causal, "causal")
-    symmetric = _flag(symmetric, "symmetric")
+    causal = _checks.flag(causal, "causal")
+    symmetric = _checks.flag(symmetric, "symmetric")
     num_threads = _threads.check(num_threads)
     offset = None if q_offset is None else _checks.count(q_offset, "q_offset")
     if offset is not None and q_positions is not None:

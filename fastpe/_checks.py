@@ -150,6 +150,14 @@ def real(v: object, name: str, *, positive: bool = False) -> float:
     return value
 
 
+def flag(value: object, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 def choice(value: object, name: str, options: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
