@@ -548,3 +548,12 @@ def pytest_report_header(config):
             f"not asked for (import error: {info.get('import_error')}); "
             "test_backend.py::test_compiled_backend_guard fails")
     return lines
+
+
+# Interior views of a (4, 80, 14) array (strided, negative steps, column slices), for
+# the tests that a write into a view lands in its base array and nowhere else.
+VIEWS_3D = {
+    "interior-strided": (slice(1, 3), slice(5, 75, 2), slice(2, -3)),
+    "negative-steps": (slice(3, 0, -1), slice(-4, 2, -3), slice(-2, 1, -2)),
+    "interior-columns": (slice(1, 2), slice(1, -1), slice(3, -3, 3)),
+}

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from conftest import (
+    VIEWS_3D,
     is_bf16,
     BF16,
     DTYPE_IDS,
@@ -473,13 +474,6 @@ def test_isa_variants_agree_within_tolerance(isa_runs):
 
 
 # ---- views: writes land in the base array, and nowhere else ------------------------------
-
-VIEWS_3D = {
-    "interior-strided": (slice(1, 3), slice(5, 75, 2), slice(2, -3)),
-    "negative-steps": (slice(3, 0, -1), slice(-4, 2, -3), slice(-2, 1, -2)),
-    "interior-columns": (slice(1, 2), slice(1, -1), slice(3, -3, 3)),
-}
-
 
 @pytest.mark.parametrize("base_kind", ["contiguous", "byteswapped", "unaligned"])
 @pytest.mark.parametrize("view", list(VIEWS_3D))
