@@ -59,6 +59,7 @@ def add_sinusoidal(x: object, positions: object, offset: object, base: object, l
     inv_freq, split = _sinusoidal_common(x3.shape[2], base, layout)
     scale = _checks.real(scale, "scale")
     pos = _checks.positions(positions, offset, x3.shape[0], x3.shape[1])
+    _checks.disjoint(x, "x", (positions, "positions"))
     return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads))
 
 
@@ -73,6 +74,7 @@ def add_learned(x: object, table: object, positions: object, offset: object,
         raise ValueError(f"table rows have {table.shape[1]} features but x has {x3.shape[2]} "
                          f"(table must be (max_len, {x3.shape[2]}))")
     pos = _checks.positions(positions, offset, x3.shape[0], x3.shape[1])
+    _checks.disjoint(x, "x", (table, "table"), (positions, "positions"))
     if pos.max >= table.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of table (max_len "
                          f"{table.shape[0]}): a learned table can't handle sequences longer "
@@ -129,6 +131,12 @@ def _rope_arrays(q: object, k: object, layout: object) -> tuple[np.ndarray, np.n
     if np.may_share_memory(q, k) and np.shares_memory(q, k):
         raise ValueError("q and k overlap in memory; rotating one would corrupt the other")
     return q4, k4
+
+
+def _rope_disjoint(q4: np.ndarray, k4: np.ndarray | None, *inputs: tuple[object, str]) -> None:
+    _checks.disjoint(q4, "q", *inputs)
+    if k4 is not None:
+        _checks.disjoint(k4, "k", *inputs)
 
 
 def _rotary_dim(rotary_dim: object, head_dim: int, implied: int | None, implied_by: str) -> int:
@@ -211,6 +219,8 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
+    _rope_disjoint(q4, k4, (positions, "positions"),
+                   (getattr(freqs, "inv_freq", freqs), "freqs"))
     att = given.attention_scaling
     cos_scale, sin_scale = ((1.0 / att, -1.0 / att) if _checks.flag(inverse, "inverse")
                             else (att, att))
@@ -231,6 +241,7 @@ def rope_cached(q: object, k: object, cos: object, sin: object, positions: objec
         raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
     _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], f"cos (width {cos.shape[1]})")
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
+    _rope_disjoint(q4, k4, (positions, "positions"), (cos, "cos"), (sin, "sin"))
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
                          f"({cos.shape[0]} rows)")
@@ -344,7 +355,7 @@ def _alibi_plan(scores: np.ndarray, slopes: object, max_bias: object, q_offset: 
     batch = 1
     for n in lead:
         batch *= n
-    slopes = _alibi_slopes_arg(slopes, max_bias, heads)
+    slope_values = _alibi_slopes_arg(slopes, max_bias, heads)
     causal = _checks.flag(causal, "causal")
     symmetric = _checks.flag(symmetric, "symmetric")
     num_threads = _threads.check(num_threads)
@@ -387,7 +398,10 @@ def _alibi_plan(scores: np.ndarray, slopes: object, max_bias: object, q_offset: 
         if q and offset + q - 1 > _checks.INT64_MAX:
             raise ValueError(f"q_offset {offset} + q_len {q} is past the int64 range")
         q_hi = offset + q - 1
-    return AlibiPlan(scores, batch, slopes, qpos, offset or 0, kpos, mask,
+    name = "scores" if accumulate else "out"
+    _checks.disjoint(scores, name, (slopes, "slopes"), (q_positions, "q_positions"),
+                     (k_positions, "k_positions"), (key_mask, "key_mask"))
+    return AlibiPlan(scores, batch, slope_values, qpos, offset or 0, kpos, mask,
                      causal, symmetric, accumulate,
                      max(q_hi if q else -1, k_hi if k else -1), num_threads)
 

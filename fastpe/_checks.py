@@ -117,15 +117,37 @@ def array(x: object, name: str, ndims: Sequence[int], *, writable: bool) -> np.n
     return x
 
 
+def elements_disjoint(x: np.ndarray) -> bool:
+    """Whether no two elements of x share memory, by the nesting rule: sorted by
+    stride, each axis steps past everything the smaller axes span. Exact for the
+    layouts slicing, transposing and reshaping make; an exotic layout that is
+    disjoint without nesting is (conservatively) refused."""
+    span = x.itemsize
+    for stride, n in sorted((abs(s), n) for s, n in zip(x.strides, x.shape) if n > 1):
+        if stride < span:
+            return False
+        span += stride * (n - 1)
+    return True
+
+
 def writable_array(x: np.ndarray, name: str) -> None:
     if not x.flags.writeable:
         raise TypeError(f"{name} is read-only; fastpe writes it in place")
-    if x.size == 0:
-        return  # NumPy gives empty arrays zero strides: nothing can overlap
-    for n, s in zip(x.shape, x.strides):
-        if s == 0 and n > 1:
-            raise ValueError(f"{name} has overlapping elements (a zero stride, as from "
-                             f"broadcasting); in-place results would be ill-defined")
+    if x.size and not elements_disjoint(x):
+        raise ValueError(f"{name} has overlapping elements (strides such as a broadcast's "
+                         f"zeros map several elements to the same memory); in-place results "
+                         f"would be ill-defined")
+
+
+def disjoint(out: np.ndarray, out_name: str, *inputs: tuple[object, str]) -> None:
+    """An array written in place must not share memory with one it reads: the
+    kernels would read values they have already overwritten. `inputs` are the
+    caller's arguments as given (what validation made of them is the same
+    memory or a fresh copy), so the rule does not depend on their layout."""
+    for a, name in inputs:
+        if isinstance(a, np.ndarray) and np.may_share_memory(out, a) and np.shares_memory(out, a):
+            raise ValueError(f"{name} overlaps {out_name} in memory: it is read while "
+                             f"{out_name} is written; pass a copy")
 
 
 def count(n: Any, name: str, *, minimum: int = 0) -> int:

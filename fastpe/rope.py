@@ -176,7 +176,7 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     half = freqs.inv_freq.size
     # One sinusoidal table in the "split" layout is [sin | cos] per row.
     table = np.empty(pos.shape + (2 * half,), dtype=dt)
-    rows = table.reshape(1, -1, 2 * half)
+    rows = table.reshape(1, pos.size, 2 * half)
     kern.sinusoidal(rows, _checks.dtype_code(dt, "dtype"), pos.reshape(1, -1), 0,
                     freqs.inv_freq, True, False, freqs.attention_scaling,
                     _threads.resolve(None, table.nbytes))

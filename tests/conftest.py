@@ -15,6 +15,9 @@
 - ``both_threads``: num_threads 1 and 2, with the threaded path really taken.
 - ``run_python`` / ``isa_runs``: fresh interpreters for environment variables
   that are only read at import (FASTPE_BACKEND, FASTPE_ISA, OMP_NUM_THREADS).
+- hypothesis profiles "default" (fast, derandomized) and "fuzz" (over 10,000 examples)
+  for tests/test_fuzz.py; tests marked ``slow`` are skipped unless ``-m slow`` or
+  FASTPE_SLOW=1 asks for them.
 """
 
 from __future__ import annotations
@@ -33,9 +36,39 @@ import pytest
 import fastpe
 
 try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # pragma: no cover - the test extra installs it
+    settings = None
+
+try:
     import ml_dtypes
 except ImportError:  # pragma: no cover - optional dependency
     ml_dtypes = None
+
+# ---- hypothesis profiles -----------------------------------------------------------------
+#
+# tests/test_fuzz.py's property tests run under one of these, chosen by
+# HYPOTHESIS_PROFILE=<name> or pytest's --hypothesis-profile=<name> (which wins):
+#   default  a few dozen examples per test (a few hundred in all), derandomized: the same
+#            examples every run, no example database written; part of the default suite.
+#   fuzz     1,500 examples per test (over 10,000 in all) from a fresh random seed, failures
+#            saved in .hypothesis/ and replayed first next time:
+#            HYPOTHESIS_PROFILE=fuzz pytest tests/test_fuzz.py --hypothesis-show-statistics
+# No deadline in either: the first call of a thread team or a large draw can take longer
+# than hypothesis' 200 ms default without anything being wrong.
+
+FUZZ_EXAMPLES_PER_TEST = 1500
+
+if settings is not None:
+    _quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    # "fuzz" first: a profile inherits from the default one at registration, and ours
+    # derandomizes and has no database
+    settings.register_profile("fuzz", max_examples=FUZZ_EXAMPLES_PER_TEST, deadline=None,
+                              derandomize=False, print_blob=True, suppress_health_check=_quiet)
+    settings.register_profile("default", max_examples=40, deadline=None, derandomize=True,
+                              database=None, print_blob=True, suppress_health_check=_quiet)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
 
 # ---- dtypes ------------------------------------------------------------------------------
 
@@ -527,6 +560,29 @@ def isa_runs(tmp_path_factory):
             results = {k: data[k] for k in data.files}
         runs[isa] = (json.loads(proc.stdout.strip().splitlines()[-1]), results)
     return runs
+
+
+# ---- slow tests --------------------------------------------------------------------------
+#
+# Tests marked `slow` (the million-call leak check, ...) are skipped unless the run asks
+# for them: `pytest -m slow` (any -m expression naming slow, other than "not slow"), or
+# FASTPE_SLOW=1 in the environment (runs them beside everything else).
+
+
+def _slow_requested(config) -> bool:
+    if os.environ.get("FASTPE_SLOW", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    expr = config.getoption("markexpr", "") or ""
+    return "slow" in expr and "not slow" not in " ".join(expr.split())
+
+
+def pytest_collection_modifyitems(config, items):
+    if _slow_requested(config):
+        return
+    skip = pytest.mark.skip(reason="slow: run with `pytest -m slow` or FASTPE_SLOW=1")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
 
 
 # ---- report header -----------------------------------------------------------------------

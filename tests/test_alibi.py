@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 
 import numpy as np
 import pytest
@@ -681,36 +680,8 @@ BAD_ADD = [
 ]
 
 
-def _backends():
-    out = ["numpy"]
-    if fastpe.info()["compiled"]:
-        out.insert(0, "cython")
-    return out
-
-
-@pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("case", BAD_ADD, ids=[c[0] for c in BAD_ADD])
-def test_bad_input_add_alibi(case, backend):
-    _, factory, kwargs, exc, words = case
-    scores = factory() if factory else np.random.default_rng(0).standard_normal(S).astype(
-        np.float32)
-    before = snapshot(scores)
-    args = dict(kwargs)
-    arrays_before = {k: np.array(v, copy=True) for k, v in args.items()
-                     if isinstance(v, np.ndarray)}
-    with fastpe.use_backend(backend), pytest.raises(exc) as info:
-        fastpe.add_alibi(scores, **args)
-    msg = str(info.value)
-    for w in words:
-        assert w in msg, f"{case[0]}: {w!r} not in {msg!r}"
-    assert snapshot(scores) == before, f"{case[0]}: scores changed"
-    for k, v in arrays_before.items():
-        assert np.array_equal(args[k], v, equal_nan=True), f"{case[0]}: {k} changed"
-
-
-def test_bad_input_scores_not_an_array():
-    with pytest.raises(TypeError, match="scores"):
-        fastpe.add_alibi(np.zeros(S).tolist())
+# BAD_ADD and BAD_BIAS are run by tests/test_bad_input.py (test_bad_input), with every
+# other function's bad-input rows (alibi_slopes' included): one table-driven test.
 
 
 BAD_BIAS = [
@@ -732,33 +703,6 @@ BAD_BIAS = [
      ["k_positions"]),
 ]
 
-
-@pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("case", BAD_BIAS, ids=[c[0] for c in BAD_BIAS])
-def test_bad_input_alibi_bias(case, backend):
-    name, args, kwargs, exc, words = case
-    kwargs = dict(kwargs)
-    out = kwargs.get("out")
-    if name == "out-read-only":
-        out.flags.writeable = False
-    before = snapshot(out) if isinstance(out, np.ndarray) else None
-    with fastpe.use_backend(backend), pytest.raises(exc) as info:
-        fastpe.alibi_bias(*args, **kwargs)
-    for w in words:
-        assert w in str(info.value), f"{name}: {w!r} not in {info.value}"
-    if before is not None:
-        assert snapshot(out) == before
-
-
-@pytest.mark.parametrize("num_heads,max_bias,exc,word", [
-    (0, 8.0, ValueError, "num_heads"), (-3, 8.0, ValueError, "num_heads"),
-    (2.0, 8.0, TypeError, "num_heads"), (None, 8.0, TypeError, "num_heads"),
-    (8, float("nan"), ValueError, "max_bias"), (8, -1.0, ValueError, "max_bias"),
-    (8, 0, ValueError, "max_bias"), (8, float("-inf"), ValueError, "max_bias"),
-    (8, None, TypeError, "max_bias")])
-def test_bad_input_alibi_slopes(num_heads, max_bias, exc, word):
-    with pytest.raises(exc, match=re.escape(word)):
-        fastpe.alibi_slopes(num_heads, max_bias=max_bias)
 
 
 # ---- the compiled fast path --------------------------------------------------------------------

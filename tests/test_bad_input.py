@@ -1,23 +1,43 @@
-"""Bad input, table-driven: every public function of the foundation issue against every kind
-of wrong argument, on both backends.
+"""The bad-input matrix, table-driven: every public function against every kind of wrong
+argument, on both backends (issue 7).
+
+One test, ``test_bad_input``, runs every row of one table (``ROWS``) on the compiled and
+on the NumPy backend. The rows cover, per function, what applies of: a wrong type, a
+wrong dtype, a wrong rank, mismatched shapes, read-only buffers, negative / huge /
+non-integer positions, non-finite parameters, and inputs that alias or overlap the
+output. The RoPE rows live in tests/test_rope.py (``BAD``: they use its arrays and
+scalings) and the ALiBi rows in tests/test_alibi.py (``BAD_ADD``, ``BAD_BIAS``); they are
+converted to ``Row`` here and run only here.
 
 Each row gives the call, the exception class DESIGN.md's rule asks for (TypeError for a
-wrong type or dtype or a read-only buffer, ValueError for shapes and values, IndexError for
-a position outside a learned table), and a regex the message must match: it names the
-argument. After the failed call every array the caller passed is byte-identical (and has
-the same dtype, shape, strides and writeable flag), and fastpe's thread count and backend
-are what they were.
+wrong type or dtype or a read-only buffer, ValueError for shapes and values, IndexError
+for a position outside a learned table or a cos/sin cache), and a regex the message must
+match: it names the argument. After the failed call every array the caller passed is
+byte-identical (and has the same dtype, shape, strides and writeable flag), and fastpe's
+thread count and backend are what they were.
+
+Rows marked ``isolate`` crash the interpreter on the compiled backend today (a read
+input that overlaps the output is read after the kernel wrote it, then used as an
+index): their compiled run happens in a fresh interpreter (``run_python``), so the crash
+is a test failure, not the end of the run.
+
+``test_matrix_covers_every_function`` checks that every public function has a row of
+every category that applies to it.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import COMPILED, snapshot
+import test_alibi as _alibi   # the ALiBi rows (BAD_ADD, BAD_BIAS) use its arrays
+import test_rope as _rope     # the RoPE rows (BAD) use its arrays and scalings
+from conftest import COMPILED, run_python, snapshot
 
 import fastpe
 
@@ -47,11 +67,14 @@ def zero_stride(shape, dtype=np.float32):
 
 @dataclass
 class Row:
-    id: str
+    id: str                        # "<public function>/<case>"
     call: Callable[[dict], object]
     exc: type[Exception]
     match: str
     arrays: Callable[[], dict] = field(default=dict)
+    marks: tuple = ()              # pytest marks: a mark, or (backend, mark) for one backend
+    isolate: bool = False          # the compiled call crashes: run it in a fresh interpreter
+    category: str | None = None    # None: derived from the id (see category())
 
 
 def x_only(**kw):
@@ -135,9 +158,9 @@ ROWS += [
     Row("add_sinusoidal/x-zero-stride", lambda a: AS(a["x"]), ValueError, r"\bx\b",
         lambda: {"x": zero_stride((B, S, D))}),
     Row("add_sinusoidal/positions-too-long", lambda a: AS(a["x"], np.arange(S + 1)),
-        ValueError, r"\bpositions\b.*shape", x_only()),
+        ValueError, r"\bpositions\b.*shape", x_only(), category="shape"),
     Row("add_sinusoidal/positions-batch", lambda a: AS(a["x"], np.zeros((B + 1, S), int)),
-        ValueError, r"\bpositions\b.*shape", x_only()),
+        ValueError, r"\bpositions\b.*shape", x_only(), category="shape"),
     Row("add_sinusoidal/positions-3d", lambda a: AS(a["x"], np.zeros((1, B, S), int)),
         ValueError, r"\bpositions\b", x_only()),
     Row("add_sinusoidal/positions-scalar", lambda a: AS(a["x"], 3), ValueError,
@@ -244,17 +267,379 @@ ROWS += [
     Row("use_backend/int", lambda a: _enter_backend(1), ValueError, r"\bname\b"),
 ]
 
-BACKENDS = [pytest.param("cython", marks=pytest.mark.skipif(
-    not COMPILED, reason="the compiled extension is not built")), "numpy"]
+
+# ---- RoPE: tests/test_rope.py's table, and what it lacks ----------------------------------
+
+_ROPE_FUNCTIONS = {"cached": "apply_rope_cached", "cos_sin": "rope_cos_sin",
+                   "embedding": "RotaryEmbedding"}
+
+
+def _rope_function(case_id: str) -> str:
+    return _ROPE_FUNCTIONS.get(case_id.split("-", 1)[0], "apply_rope")
+
+
+def _rope_marks(bad) -> tuple:
+    """test_rope's Bad.marks: () or (backend or None, mark)."""
+    if not bad.marks:
+        return ()
+    backend, mark = bad.marks
+    return (mark,) if backend is None else ((backend, mark),)
+
+
+ROWS += [Row(f"{_rope_function(b.id)}/{b.id}", b.call, b.exc, b.match, b.arrays,
+             marks=_rope_marks(b)) for b in _rope.BAD]
+
+RD, RB, RS, RH = _rope.D, _rope.B, 40, _rope.HQ
+
+
+def q64(shape=(RB, RS, RH, RD), low=-2.0, high=2.0):
+    return np.random.default_rng(11).uniform(low, high, shape)
+
+
+ROWS += [
+    Row("apply_rope/base-nan", lambda a: fastpe.apply_rope(a["q"], base=float("nan")),
+        ValueError, r"\bbase\b", lambda: {"q": q64()}),
+    Row("apply_rope/base-inf", lambda a: fastpe.apply_rope(a["q"], base=float("inf")),
+        ValueError, r"\bbase\b", lambda: {"q": q64()}),
+    Row("apply_rope/base-str", lambda a: fastpe.apply_rope(a["q"], base="1e4"),
+        TypeError, r"\bbase\b", lambda: {"q": q64()}),
+    Row("apply_rope/positions-list-of-floats",
+        lambda a: fastpe.apply_rope(a["q"], None, [0.5] * RS), TypeError, r"\bpositions\b",
+        lambda: {"q": q64()}),
+    Row("apply_rope_cached/positions-huge",
+        lambda a: fastpe.apply_rope_cached(a["q"], None, a["cos"], a["sin"],
+                                           np.full(RS, 2**62)),
+        IndexError, r"position \d+ is past the end of the cos/sin cache",
+        lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}),
+    Row("apply_rope_cached/cos-list", lambda a: fastpe.apply_rope_cached(
+        a["q"], None, "cos", a["sin"]), TypeError, r"\bcos\b",
+        lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}),
+    Row("apply_rope_cached/q-4d-for-shd", lambda a: fastpe.apply_rope_cached(
+        a["q"], None, a["cos"], a["sin"], layout="shd"), ValueError, r"\bq\b.*3 dimensions",
+        lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}),
+    Row("rope_cos_sin/positions-uint64-2**63",
+        lambda a: fastpe.rope_cos_sin(np.array([1, 2**63], np.uint64),
+                                      fastpe.rope_frequencies(8)), ValueError, r"\bpositions\b"),
+    Row("rope_cos_sin/positions-str", lambda a: fastpe.rope_cos_sin("0123",
+                                                                   fastpe.rope_frequencies(8)),
+        TypeError, r"\bpositions\b"),
+    Row("rope_cos_sin/freqs-2d", lambda a: fastpe.rope_cos_sin(np.arange(4), np.ones((2, 2))),
+        ValueError, r"\bfreqs\.inv_freq\b.*1-D"),
+    Row("rope_cos_sin/freqs-inf", lambda a: fastpe.rope_cos_sin(
+        np.arange(4), fastpe.RopeFrequencies(np.array([1.0, np.inf]), 1.0)), ValueError,
+        r"\bfreqs\.inv_freq\b"),
+    Row("rope_cos_sin/freqs-attention-scaling-inf", lambda a: fastpe.rope_cos_sin(
+        np.arange(4), fastpe.RopeFrequencies(np.ones(2), float("inf"))), ValueError,
+        r"\bfreqs\.attention_scaling\b"),
+    Row("RotaryEmbedding/head_dim-str", lambda a: fastpe.RotaryEmbedding("64"), TypeError,
+        r"\bhead_dim\b", category="type"),
+    Row("RotaryEmbedding/base-nan", lambda a: fastpe.RotaryEmbedding(RD, base=float("nan")),
+        ValueError, r"\bbase\b"),
+    Row("RotaryEmbedding/scaling-not-a-dict",
+        lambda a: fastpe.RotaryEmbedding(RD, scaling="linear"), TypeError, r"\bscaling\b"),
+    Row("RotaryEmbedding/call-q-int", lambda a: fastpe.RotaryEmbedding(RD)(a["q"]), TypeError,
+        r"\bq\b.*floating dtype", lambda: {"q": np.zeros((RB, RS, RH, RD), np.int32)}),
+    Row("RotaryEmbedding/call-q-3d-for-bshd", lambda a: fastpe.RotaryEmbedding(RD)(a["q"]),
+        ValueError, r"\bq\b.*4 dimensions", lambda: {"q": q64((RS, RH, RD))}),
+    Row("RotaryEmbedding/call-read-only-q", lambda a: fastpe.RotaryEmbedding(RD)(a["q"]),
+        TypeError, r"\bq\b.*read-only", lambda: {"q": read_only(q64())}),
+    Row("RotaryEmbedding/call-positions-float",
+        lambda a: fastpe.RotaryEmbedding(RD)(a["q"], None, np.arange(RS) + 0.5), TypeError,
+        r"\bpositions\b", lambda: {"q": q64()}),
+    Row("RotaryEmbedding/call-positions-uint64-2**63",
+        lambda a: fastpe.RotaryEmbedding(RD)(a["q"], None, np.full(RS, 2**63, np.uint64)),
+        ValueError, r"\bpositions\b", lambda: {"q": q64()}),
+    Row("RotaryEmbedding/call-k-batch-differs",
+        lambda a: fastpe.RotaryEmbedding(RD)(a["q"], a["k"]), ValueError, r"\bk\b.*batch",
+        lambda: {"q": q64(), "k": q64((RB + 1, RS, 1, RD))}),
+    Row("rope_frequencies/dim-str", lambda a: fastpe.rope_frequencies("8"), TypeError,
+        r"\bdim\b"),
+    Row("rope_frequencies/dim-zero", lambda a: fastpe.rope_frequencies(0), ValueError,
+        r"\bdim\b"),
+    Row("rope_frequencies/base-nan", lambda a: fastpe.rope_frequencies(8, base=float("nan")),
+        ValueError, r"\bbase\b"),
+    Row("rope_frequencies/base-negative", lambda a: fastpe.rope_frequencies(8, base=-1.0),
+        ValueError, r"\bbase\b"),
+    Row("rope_frequencies/scaling-not-a-dict",
+        lambda a: fastpe.rope_frequencies(8, scaling=[("rope_type", "linear")]), TypeError,
+        r"\bscaling\b"),
+    Row("rope_frequencies/factor-nan", lambda a: fastpe.rope_frequencies(
+        8, scaling={"rope_type": "linear", "factor": float("nan")}), ValueError, r"\bfactor\b"),
+    Row("rope_frequencies/factor-inf", lambda a: fastpe.rope_frequencies(
+        8, scaling={"rope_type": "linear", "factor": float("inf")}), ValueError, r"\bfactor\b"),
+    Row("rope_frequencies/seq_len-negative", lambda a: fastpe.rope_frequencies(8, seq_len=-1),
+        ValueError, r"\bseq_len\b"),
+]
+
+
+# ---- ALiBi: tests/test_alibi.py's tables, and what they lack ------------------------------
+
+AS_SHAPE = _alibi.S   # the scores of the ALiBi rows: batch 2, 3 heads, 4 queries, 6 keys
+
+
+def _words(words) -> str:
+    """A regex that matches when every word is in the message."""
+    return "(?s)" + "".join(f"(?=.*{re.escape(w)})" for w in words)
+
+
+def _fresh(value):
+    return value.copy() if isinstance(value, np.ndarray) else copy.deepcopy(value)
+
+
+def _scores():
+    return np.random.default_rng(0).standard_normal(AS_SHAPE).astype(np.float32)
+
+
+def _add_row(case) -> Row:
+    case_id, factory, kwargs, exc, words = case
+
+    def arrays():
+        return {"scores": factory() if factory else _scores(),
+                **{k: _fresh(v) for k, v in kwargs.items() if isinstance(v, (np.ndarray, list))}}
+
+    def call(a):
+        return fastpe.add_alibi(a["scores"], **{k: a.get(k, v) for k, v in kwargs.items()})
+
+    return Row(f"add_alibi/{case_id}", call, exc, _words(words), arrays)
+
+
+def _bias_row(case) -> Row:
+    case_id, args, kwargs, exc, words = case
+
+    def arrays():
+        out = {k: _fresh(v) for k, v in kwargs.items() if isinstance(v, (np.ndarray, list))}
+        if case_id == "out-read-only":
+            out["out"].flags.writeable = False
+        return out
+
+    def call(a):
+        return fastpe.alibi_bias(*args, **{k: a.get(k, v) for k, v in kwargs.items()})
+
+    return Row(f"alibi_bias/{case_id}", call, exc, _words(words), arrays)
+
+
+ROWS += [_add_row(c) for c in _alibi.BAD_ADD]
+ROWS += [_bias_row(c) for c in _alibi.BAD_BIAS]
+
+ROWS += [
+    Row("add_alibi/scores-list", lambda a: fastpe.add_alibi(a["scores"]), TypeError,
+        r"\bscores\b", lambda: {"scores": _scores().tolist()}),
+    Row("add_alibi/q_positions-uint64-2**63",
+        lambda a: fastpe.add_alibi(a["scores"], q_positions=np.full(4, 2**63, np.uint64)),
+        ValueError, r"\bq_positions\b", lambda: {"scores": _scores()}),
+    Row("add_alibi/k_positions-list-of-floats",
+        lambda a: fastpe.add_alibi(a["scores"], k_positions=[0.0, 1, 2, 3, 4, 5]),
+        TypeError, r"\bk_positions\b", lambda: {"scores": _scores()}),
+    Row("add_alibi/slopes-list-of-str", lambda a: fastpe.add_alibi(a["scores"], slopes="abc"),
+        TypeError, r"\bslopes\b", lambda: {"scores": _scores()}),
+    Row("alibi_bias/out-rank", lambda a: fastpe.alibi_bias(3, 4, 6, out=a["out"]), ValueError,
+        r"\bout\b.*dimension", lambda: {"out": np.zeros((1, 3, 4, 6))}),
+    Row("alibi_bias/out-int", lambda a: fastpe.alibi_bias(3, 4, 6, out=a["out"]), TypeError,
+        r"\bout\b", lambda: {"out": np.zeros((3, 4, 6), np.int32)}),
+    Row("alibi_bias/slopes-inf", lambda a: fastpe.alibi_bias(3, 4, 6, slopes=[1.0, np.inf, 1]),
+        ValueError, r"\bslopes\b.*finite"),
+    Row("alibi_bias/max_bias-nan",
+        lambda a: fastpe.alibi_bias(3, 4, 6, max_bias=float("nan")), ValueError,
+        r"\bmax_bias\b"),
+    Row("alibi_bias/k_positions-negative",
+        lambda a: fastpe.alibi_bias(3, 4, 6, k_positions=np.arange(6) - 1), ValueError,
+        r"\bk_positions\b.*>= 0"),
+    Row("alibi_bias/q_positions-float",
+        lambda a: fastpe.alibi_bias(3, 4, 6, q_positions=np.arange(4.0)), TypeError,
+        r"\bq_positions\b"),
+    Row("alibi_bias/q_offset-huge", lambda a: fastpe.alibi_bias(3, 4, 6, q_offset=2**63 - 2),
+        ValueError, r"\bq_offset\b"),
+    Row("alibi_bias/num_threads-zero", lambda a: fastpe.alibi_bias(3, 4, 6, num_threads=0),
+        ValueError, r"\bnum_threads\b"),
+    *[Row(f"alibi_slopes/{n}", lambda a, h=h, mb=mb: fastpe.alibi_slopes(h, max_bias=mb), e,
+          rf"\b{w}\b")
+      for n, h, mb, e, w in [
+          ("num_heads-zero", 0, 8.0, ValueError, "num_heads"),
+          ("num_heads-negative", -3, 8.0, ValueError, "num_heads"),
+          ("num_heads-float", 2.0, 8.0, TypeError, "num_heads"),
+          ("num_heads-none", None, 8.0, TypeError, "num_heads"),
+          ("num_heads-bool", True, 8.0, TypeError, "num_heads"),
+          ("max_bias-nan", 8, float("nan"), ValueError, "max_bias"),
+          ("max_bias-negative", 8, -1.0, ValueError, "max_bias"),
+          ("max_bias-zero", 8, 0, ValueError, "max_bias"),
+          ("max_bias-minus-inf", 8, float("-inf"), ValueError, "max_bias"),
+          ("max_bias-none", 8, None, TypeError, "max_bias"),
+          ("max_bias-str", 8, "8", TypeError, "max_bias")]],
+]
+
+
+# ---- inputs that alias or overlap the output -----------------------------------------------
+#
+# DESIGN.md lets q and k share a buffer but not overlap, and rejects writable arrays with
+# overlapping elements; the rows above check both. Also refused:
+# - an output whose elements overlap through non-zero strides (as_strided rows that start
+#   two elements apart): the result would depend on the kernel's loop order;
+# - an array that is only read (a learned table, a cos/sin cache, frequencies, slopes,
+#   positions, a key mask) sharing memory with the array written in place: the kernels
+#   would read values they have overwritten, and a position read after that indexes
+#   memory out of bounds (the `isolate` rows run in a fresh interpreter, so a crash is a
+#   failure, not the end of the run).
+# The contract is a ValueError naming the arguments, on both backends.
+
+def _overlap(*names: str) -> str:
+    return "(?s)" + "".join(rf"(?=.*\b{re.escape(n)}\b)" for n in names) + \
+        r"(?=.*(overlap|share|alias))"
+
+
+def _table_with_x():
+    """A float32 (MAX_LEN + 1, D) buffer: the table, and x = its rows 1 .. S."""
+    return {"buf": np.random.default_rng(3).uniform(-1, 1, (MAX_LEN + 1, D)).astype(np.float32)}
+
+
+def _positions_inside(shape, n, dtype=np.float64, values=None, seed=4):
+    """A float array whose first n int64 words hold positions (0 .. 9 repeating, or
+    `values`): `_pos(x, n)` reads them as a C-contiguous int64 view, so no copy is made."""
+    x = np.random.default_rng(seed).uniform(-1, 1, shape).astype(dtype)
+    x.reshape(-1).view(np.int64)[:n] = np.arange(n) % 10 if values is None else values
+    return x
+
+
+def _pos(x, n):
+    """The first n int64 words of x's buffer: C-contiguous int64, so no copy is made."""
+    return x.reshape(-1).view(np.int64)[:n]
+
+
+def _cache_with_q(rows=64, half=RD // 2, seq=RS):
+    """A float32 (rows, 2 * half) buffer holding [cos | sin] side by side; q = its first
+    `seq` rows seen as (1, seq, 1, 2 * half)."""
+    return {"buf": np.random.default_rng(5).uniform(-1, 1, (rows, 2 * half)).astype(np.float32)}
+
+
+def _cos(b):
+    return b[:, : b.shape[1] // 2]
+
+
+def _sin(b):
+    return b[:, b.shape[1] // 2:]
+
+
+def _q_rows(b, seq=RS):
+    return b[:seq].reshape(1, seq, 1, b.shape[1])
+
+
+ASEQ = 64  # two 32-token blocks: positions stored in block 0's rows are read by block 1
+
+
+def self_overlapping(shape, dtype=np.float32, seed=8):
+    """A *writable* view whose rows overlap without a zero stride (each row starts two
+    elements after the previous one): only zero strides are rejected today."""
+    n = int(np.prod(shape[1:]))
+    buf = np.random.default_rng(seed).uniform(-1, 1, 2 * shape[0] + n).astype(dtype)
+    st = [buf.itemsize * 2] + [0] * (len(shape) - 1)
+    for i in range(len(shape) - 1, 0, -1):
+        st[i] = buf.itemsize * int(np.prod(shape[i + 1:]))
+    return {"buf": buf, "view": np.lib.stride_tricks.as_strided(buf, shape, tuple(st),
+                                                                 writeable=True)}
+
+
+ROWS += [
+    Row("add_sinusoidal/x-self-overlapping", lambda a: AS(a["view"]), ValueError,
+        r"\bx\b.*overlapping", lambda: self_overlapping((B, S, D)),
+        category="overlap"),
+    Row("apply_rope/q-self-overlapping", lambda a: fastpe.apply_rope(a["view"]), ValueError,
+        r"\bq\b.*overlapping", lambda: self_overlapping((2, 5, 2, 8)),
+        category="overlap"),
+    Row("add_alibi/scores-self-overlapping", lambda a: fastpe.add_alibi(a["view"]),
+        ValueError, r"\bscores\b.*overlapping", lambda: self_overlapping(AS_SHAPE),
+        category="overlap"),
+    Row("add_learned/x-overlaps-table", lambda a: AL(a["buf"][1:S + 1], a["buf"]),
+        ValueError, _overlap("x", "table"), _table_with_x,
+        category="overlap"),
+    Row("add_learned/positions-overlap-x",
+        lambda a: AL(a["x"], a["table"], _pos(a["x"], ASEQ)), ValueError,
+        _overlap("positions", "x"),
+        lambda: {"x": _positions_inside((1, ASEQ, 8), ASEQ), "table": np.ones((10, 8))},
+        isolate=True, category="overlap"),
+    Row("add_sinusoidal/positions-overlap-x",
+        lambda a: AS(a["x"], _pos(a["x"], ASEQ)), ValueError, _overlap("positions", "x"),
+        lambda: {"x": _positions_inside((1, ASEQ, 8), ASEQ)},
+        category="overlap"),
+    Row("apply_rope/freqs-overlap-q",
+        lambda a: fastpe.apply_rope(a["q"], freqs=a["q"][0, 0, 0, :RD // 2]), ValueError,
+        _overlap("freqs", "q"), lambda: {"q": q64(low=0.01, high=0.5)},
+        category="overlap"),
+    Row("apply_rope/positions-overlap-q",
+        lambda a: fastpe.apply_rope(a["q"], None, _pos(a["q"], ASEQ)), ValueError,
+        _overlap("positions", "q"), lambda: {"q": _positions_inside((1, ASEQ, 2, RD), ASEQ)},
+        category="overlap"),
+    Row("apply_rope_cached/q-overlaps-cos",
+        lambda a: fastpe.apply_rope_cached(_q_rows(a["buf"]), None, _cos(a["buf"]),
+                                           _sin(a["buf"])),
+        ValueError, _overlap("q", "cos"), _cache_with_q,
+        category="overlap"),
+    Row("apply_rope_cached/k-overlaps-sin",
+        lambda a: fastpe.apply_rope_cached(a["q"], _q_rows(a["buf"]),
+                                           np.ascontiguousarray(_cos(a["buf"])),
+                                           _sin(a["buf"])),
+        ValueError, _overlap("k", "sin"),
+        lambda: {**_cache_with_q(), "q": q64((1, RS, 2, RD)).astype(np.float32)},
+        category="overlap"),
+    Row("apply_rope_cached/positions-overlap-q",
+        lambda a: fastpe.apply_rope_cached(a["q"], None, a["cos"], a["sin"],
+                                           _pos(a["q"], ASEQ)),
+        ValueError, _overlap("positions", "q"),
+        lambda: {"q": _positions_inside((1, ASEQ, 1, RD), ASEQ, np.float32),
+                 **_rope.cache(rows=10)},
+        isolate=True, category="overlap"),
+    Row("RotaryEmbedding/call-positions-overlap-q",
+        lambda a: fastpe.RotaryEmbedding(RD)(a["q"], None, _pos(a["q"], ASEQ)), ValueError,
+        _overlap("positions", "q"), lambda: {"q": _positions_inside((1, ASEQ, 2, RD), ASEQ)},
+        category="overlap"),
+    Row("add_alibi/slopes-overlap-scores",
+        lambda a: fastpe.add_alibi(a["scores"], slopes=a["scores"][0, 0, 0, :3]), ValueError,
+        _overlap("slopes", "scores"),
+        lambda: {"scores": np.random.default_rng(6).uniform(0.1, 1, AS_SHAPE)},
+        category="overlap"),
+    Row("add_alibi/q_positions-overlap-scores",
+        lambda a: fastpe.add_alibi(a["scores"], q_positions=_pos(a["scores"], 4)), ValueError,
+        _overlap("q_positions", "scores"),
+        lambda: {"scores": _positions_inside(AS_SHAPE, 4, values=[2, 3, 4, 5])},
+        category="overlap"),
+    Row("add_alibi/k_positions-overlap-scores",
+        lambda a: fastpe.add_alibi(a["scores"], k_positions=_pos(a["scores"], 6),
+                                   q_positions=np.arange(4)), ValueError,
+        _overlap("k_positions", "scores"),
+        lambda: {"scores": _positions_inside(AS_SHAPE, 6, values=np.arange(6))},
+        category="overlap"),
+    Row("add_alibi/key_mask-overlap-scores",
+        lambda a: fastpe.add_alibi(a["scores"], key_mask=a["scores"].reshape(-1).view(
+            np.uint8)[:6], q_positions=np.arange(4)), ValueError,
+        _overlap("key_mask", "scores"), lambda: {"scores": np.zeros(AS_SHAPE)},
+        category="overlap"),
+    Row("alibi_bias/slopes-overlap-out",
+        lambda a: fastpe.alibi_bias(3, 4, 6, slopes=a["out"][:, 0, 0], out=a["out"]),
+        ValueError, _overlap("slopes", "out"),
+        lambda: {"out": np.random.default_rng(7).uniform(0.1, 1, (3, 4, 6))},
+        category="overlap"),
+    Row("alibi_bias/q_positions-overlap-out",
+        lambda a: fastpe.alibi_bias(3, 4, 6, q_positions=_pos(a["out"], 4), out=a["out"]),
+        ValueError, _overlap("q_positions", "out"),
+        lambda: {"out": _positions_inside((3, 4, 6), 4, values=[2, 3, 4, 5])},
+        category="overlap"),
+]
+
+
+# ---- the test --------------------------------------------------------------------------------
+
+ROWS_BY_ID = {r.id: r for r in ROWS}
+assert len(ROWS_BY_ID) == len(ROWS), "duplicate row ids"
+
+BACKENDS = ("cython", "numpy")
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def _snap(obj):
     return snapshot(obj) if isinstance(obj, np.ndarray) else copy.deepcopy(obj)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
-def test_bad_input(row, backend):
+def check_row(row: Row, backend: str) -> None:
+    """Run one row on one backend: the exception, its class and message, and nothing
+    changed (arrays, thread count, backend)."""
     arrays = row.arrays()
     before = {k: _snap(v) for k, v in arrays.items()}
     state = fastpe.get_num_threads()
@@ -269,14 +654,106 @@ def test_bad_input(row, backend):
     assert type(info.value) is row.exc, f"{row.id}: {type(info.value).__name__}: {info.value}"
 
 
-def test_every_public_function_has_rows():
-    """The table covers every public function of the foundation issue."""
-    covered = {r.id.split("/")[0] for r in ROWS}
-    assert covered >= {"table", "add_sinusoidal", "add_learned", "set_num_threads",
-                       "use_backend"}
+ISOLATED = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_bad_input as t
+t.check_row(t.ROWS_BY_ID[sys.argv[2]], sys.argv[3])
+print("OK")
+"""
+
+
+def _params():
+    out = []
+    for row in ROWS:
+        for backend in BACKENDS:
+            marks = []
+            for m in row.marks:
+                if isinstance(m, tuple):           # (backend, mark): that backend only
+                    if m[0] == backend:
+                        marks.append(m[1])
+                else:
+                    marks.append(m)
+            if backend == "cython" and not COMPILED:
+                marks.append(pytest.mark.skip(reason="the compiled extension is not built"))
+            out.append(pytest.param(row, backend, id=f"{row.id}-{backend}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("row, backend", _params())
+def test_bad_input(row, backend):
+    if row.isolate and backend == "cython":
+        proc = run_python(ISOLATED, str(TESTS_DIR), row.id, backend)
+        lines = proc.stdout.strip().splitlines()
+        assert proc.returncode == 0 and lines and lines[-1] == "OK", (
+            f"{row.id} in a fresh interpreter: rc {proc.returncode} (negative: killed by that "
+            f"signal), stderr: {proc.stderr[-2000:]}")
+        return
+    check_row(row, backend)
+
+
+# ---- coverage of the matrix ------------------------------------------------------------------
+
+# Keywords of row ids, in order: the first category whose pattern matches a case id is its
+# category (rows may also say it themselves).
+CATEGORY_PATTERNS = [
+    ("overlap", r"overlap|zero-stride|k-is-q|view-of-q|same-buffer"),
+    ("read-only", r"read-only|broadcast_to"),
+    ("positions", r"position|offset|max_len|seq-longer"),
+    ("non-finite", r"nan|inf"),
+    ("dtype", r"int|complex|dtype|half-for|float16"),
+    ("rank", r"\dd\b|rank|dims|2d|1d|3d|4d"),
+    ("shape", r"shape|differs|mismatch|batch|wider|head_dim|rows|dim$|length"),
+    ("type", r"list|str|none|bool|float|text|scores-list"),
+]
+
+
+def category(row: Row) -> str:
+    if row.category:
+        return row.category
+    case = row.id.split("/", 1)[1]
+    for name, pattern in CATEGORY_PATTERNS:
+        if re.search(pattern, case):
+            return name
+    return "value"
+
+
+ALL = {"type", "dtype", "rank", "shape", "read-only", "positions", "non-finite", "overlap"}
+REQUIRED = {
+    "table": ALL,                 # offset is its position; out, the overlapping output
+    "add_sinusoidal": ALL,
+    "add_learned": ALL - {"non-finite"},                # no float parameter
+    "apply_rope": ALL,
+    "apply_rope_cached": ALL - {"non-finite"},          # cos/sin are data, not parameters
+    "rope_cos_sin": {"type", "dtype", "rank", "positions", "non-finite"},
+    "RotaryEmbedding": ALL,
+    "rope_frequencies": {"type", "non-finite", "value"},
+    "add_alibi": ALL,
+    "alibi_bias": ALL,
+    "alibi_slopes": {"type", "non-finite", "value"},
+    "set_num_threads": {"type", "value"},
+    "use_backend": {"value"},
+}
+
+
+def test_matrix_covers_every_function():
+    """Every public function that takes arguments has rows, of every category of bad
+    input that applies to it (sinusoidal_table has no read input to overlap its out
+    but a zero-stride out; rope_cos_sin has no output argument)."""
+    covered: dict[str, set[str]] = {}
+    for row in ROWS:
+        covered.setdefault(row.id.split("/")[0], set()).add(category(row))
+    public = {n for n in fastpe.__all__ if callable(getattr(fastpe, n))} - {
+        "backend", "get_num_threads", "info", "RopeFrequencies"}   # no arguments / a record
+    names = {"sinusoidal_table": "table"}
+    assert {names.get(n, n) for n in public} <= set(REQUIRED), "a public function has no rows"
+    missing = {f: sorted(REQUIRED[f] - covered.get(f, set())) for f in REQUIRED}
+    assert not {f: m for f, m in missing.items() if m}, f"categories without a row: {missing}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_offset_beyond_int64_with_no_rows_is_a_value_error(backend):
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
     with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"\boffset\b"):
         ST(0, D, offset=2**70)

@@ -44,7 +44,6 @@ from conftest import (
     assert_close,
     make_awkward,
     run_python,
-    snapshot,
     tolerance,
 )
 
@@ -1418,30 +1417,8 @@ BAD: list[Bad] = [
 ]
 
 
-def _bad_params():
-    out = []
-    for row in BAD:
-        for backend in ("cython", "numpy"):
-            marks = []
-            if backend == "cython" and not COMPILED:
-                marks.append(pytest.mark.skip(reason="the compiled extension is not built"))
-            if row.marks and row.marks[0] in (None, backend):
-                marks.append(row.marks[1])
-            out.append(pytest.param(row, backend, id=f"{row.id}-{backend}", marks=marks))
-    return out
-
-
-@pytest.mark.parametrize("row, backend", _bad_params())
-def test_bad_input_raises_naming_the_argument_and_writes_nothing(row, backend):
-    arrays = row.arrays()
-    before = {name: snapshot(a) for name, a in arrays.items() if isinstance(a, np.ndarray)}
-    with fastpe.use_backend(backend):
-        with pytest.raises(row.exc, match=row.match):
-            row.call(arrays)
-        assert fastpe.backend() == backend
-    for name, a in arrays.items():
-        if isinstance(a, np.ndarray):
-            assert snapshot(a) == before[name], f"{row.id}: {name} changed"
+# BAD is run by tests/test_bad_input.py (test_bad_input), with every other function's
+# bad-input rows: one table-driven test of the whole matrix.
 
 
 @pytest.mark.parametrize("backend", ["cython", "numpy"])

@@ -429,7 +429,7 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
 cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
     """kf[r, j] = key position as real_t, NaN where masked (rows of kst, from kmis)."""
     cdef Py_ssize_t r, j
-    cdef int jj, n = <int>a.k       # exact mode: k <= 2**24 + 1
+    cdef Py_ssize_t jj, n = a.k
     cdef const int64_t *kp
     cdef const unsigned char *m
     cdef real_t *row
@@ -441,7 +441,7 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
             for j in range(a.k):
                 row[j] = <real_t>kp[j]
         else:
-            for jj in range(n):         # an int counter: converts in vectors
+            for jj in range(n):
                 row[jj] = <real_t>jj
         if m != NULL:
             for j in range(a.k):
@@ -572,8 +572,7 @@ def alibi_fast(object scores, object slopes, object q_offset, bint causal, bint 
     otherwise, and the caller takes the general, fully validating path.
 
     Common case: scores an exact, writable, aligned, native float array of at
-    least 3 dimensions with whole-element strides, none zero on an axis longer
-    than 1; slopes a C-contiguous float64 vector of one finite value per head;
+    least 3 dimensions with whole-element strides and disjoint elements; slopes a C-contiguous float64 vector of one finite value per head;
     q_offset None (k_len - q_len, which must not be negative) or an int >= 0;
     no per-sequence positions and no mask.
     """
@@ -593,8 +592,10 @@ def alibi_fast(object scores, object slopes, object q_offset, bint causal, bint 
     cdef const double *sp
     cdef int64_t off
     for ax in range(nd):
-        if st[ax] % itemsize or (st[ax] == 0 and dims[ax] > 1):
+        if st[ax] % itemsize:
             return False
+    if not elements_disjoint(x):
+        return False
     if (cnp.PyArray_TYPE(s) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(s) != 1
             or not cnp.PyArray_IS_C_CONTIGUOUS(s) or s.shape[0] != dims[nd - 3]):
         return False

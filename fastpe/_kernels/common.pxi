@@ -193,6 +193,58 @@ cdef inline Py_ssize_t elem_stride(cnp.ndarray a, int axis) noexcept:
     return cnp.PyArray_STRIDES(a)[axis] // cnp.PyArray_ITEMSIZE(a)
 
 
+cdef void byte_extent(cnp.ndarray x, size_t *lo, size_t *hi) noexcept:
+    """[lo, hi) of the bytes x can touch."""
+    cdef size_t start = <size_t>cnp.PyArray_DATA(x)
+    cdef Py_ssize_t low = 0, high = cnp.PyArray_ITEMSIZE(x), n
+    cdef int i
+    for i in range(cnp.PyArray_NDIM(x)):
+        n = cnp.PyArray_DIMS(x)[i]
+        if n == 0:
+            lo[0] = hi[0] = start
+            return
+        if cnp.PyArray_STRIDES(x)[i] < 0:
+            low += (n - 1) * cnp.PyArray_STRIDES(x)[i]
+        else:
+            high += (n - 1) * cnp.PyArray_STRIDES(x)[i]
+    lo[0], hi[0] = start + low, start + high
+
+
+cdef bint extents_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Whether the byte ranges of a and b intersect (they may share memory)."""
+    cdef size_t alo, ahi, blo, bhi
+    byte_extent(a, &alo, &ahi)
+    byte_extent(b, &blo, &bhi)
+    return alo < bhi and blo < ahi
+
+
+cdef bint elements_disjoint(cnp.ndarray x) noexcept:
+    """fastpe._checks.elements_disjoint in C: sorted by stride, each axis steps
+    past everything the smaller axes span (so no two elements share memory)."""
+    cdef int nd = cnp.PyArray_NDIM(x), i, j, m = 0
+    cdef Py_ssize_t strides[64]
+    cdef Py_ssize_t sizes[64]
+    cdef Py_ssize_t s, n, span = cnp.PyArray_ITEMSIZE(x)
+    if cnp.PyArray_SIZE(x) == 0:
+        return True
+    for i in range(nd):
+        n = cnp.PyArray_DIMS(x)[i]
+        if n > 1:
+            s = cnp.PyArray_STRIDES(x)[i]
+            s = -s if s < 0 else s
+            j = m  # insertion sort: at most 64 axes (NumPy 2)
+            while j > 0 and strides[j - 1] > s:
+                strides[j], sizes[j] = strides[j - 1], sizes[j - 1]
+                j -= 1
+            strides[j], sizes[j] = s, n
+            m += 1
+    for i in range(m):
+        if strides[i] < span:
+            return False
+        span += strides[i] * (sizes[i] - 1)
+    return True
+
+
 cdef inline const int64_t *positions_ptr(object positions):
     if positions is None:
         return NULL

@@ -320,31 +320,6 @@ cdef int fast_code(object x) noexcept:
     return -1
 
 
-cdef bint no_zero_strides(const Py_ssize_t *shape, const Py_ssize_t *strides) noexcept:
-    cdef int i
-    for i in range(4):
-        if strides[i] == 0 and shape[i] > 1:
-            return False
-    return True
-
-
-cdef void byte_extent(cnp.ndarray x, size_t *lo, size_t *hi) noexcept:
-    """[lo, hi) of the bytes x can touch."""
-    cdef size_t start = <size_t>cnp.PyArray_DATA(x)
-    cdef Py_ssize_t low = 0, high = cnp.PyArray_ITEMSIZE(x), n
-    cdef int i
-    for i in range(cnp.PyArray_NDIM(x)):
-        n = cnp.PyArray_DIMS(x)[i]
-        if n == 0:
-            lo[0] = hi[0] = start
-            return
-        if cnp.PyArray_STRIDES(x)[i] < 0:
-            low += (n - 1) * cnp.PyArray_STRIDES(x)[i]
-        else:
-            high += (n - 1) * cnp.PyArray_STRIDES(x)[i]
-    lo[0], hi[0] = start + low, start + high
-
-
 def rope_fast(object q, object k, object positions, int64_t offset, int layout, bint neox,
               object inv_freq, double cos_scale, double sin_scale, int num_threads):
     """apply_rope's fast path: rotate and return True when every argument is the
@@ -352,8 +327,9 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
     nothing otherwise, and the caller takes the general, fully validating path.
 
     Common case: q and k exact, writable, aligned, native float arrays of one
-    dtype in `layout` with whole-element, non-broadcast strides, not sharing
-    bytes, matching in batch, seq and head_dim; positions None with offset >= 0,
+    dtype in `layout` with whole-element strides and disjoint elements, whose
+    byte ranges are apart from each other's and from positions' and
+    inv_freq's, matching in batch, seq and head_dim; positions None with offset >= 0,
     or a C-contiguous int64 array (seq,) or (1 or batch, seq) of values >= 0;
     inv_freq a C-contiguous float64 vector of finite values, no longer than
     head_dim / 2.
@@ -366,7 +342,6 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
     cdef int code = fast_code(q)
     cdef int kcode
     cdef cnp.ndarray qa, ka, pa, wa
-    cdef size_t qlo, qhi, klo, khi
     cdef char *kp = NULL
     cdef const int64_t *pos = NULL
     cdef Py_ssize_t pos_rows = 1, i, n
@@ -374,7 +349,7 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
     if code < 0 or not cnp.PyArray_CheckExact(inv_freq):
         return False
     qa = <cnp.ndarray>q
-    if not head_view(qa, layout, qshape, qstr) or not no_zero_strides(qshape, qstr):
+    if not head_view(qa, layout, qshape, qstr) or not elements_disjoint(qa):
         return False
     a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
     a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
@@ -384,13 +359,11 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
         if kcode != code or k is q:
             return False
         ka = <cnp.ndarray>k
-        if not head_view(ka, layout, kshape, kstr) or not no_zero_strides(kshape, kstr):
+        if not head_view(ka, layout, kshape, kstr) or not elements_disjoint(ka):
             return False
         if kshape[0] != qshape[0] or kshape[1] != qshape[1] or kshape[3] != qshape[3]:
             return False
-        byte_extent(qa, &qlo, &qhi)
-        byte_extent(ka, &klo, &khi)
-        if qlo < khi and klo < qhi:
+        if extents_overlap(qa, ka):
             return False  # maybe overlapping: the general path decides exactly
         a.hk = kshape[2]
         a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
@@ -398,6 +371,8 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
     wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
             or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or 2 * wa.shape[0] > qshape[3]):
+        return False
+    if extents_overlap(qa, wa) or (k is not None and extents_overlap(ka, wa)):
         return False
     w = <const double *>cnp.PyArray_DATA(wa)
     for i in range(wa.shape[0]):
@@ -419,6 +394,8 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
               and (pa.shape[0] == 1 or pa.shape[0] == a.batch)):
             pos_rows = pa.shape[0]
         else:
+            return False
+        if extents_overlap(qa, pa) or (k is not None and extents_overlap(ka, pa)):
             return False
         pos = <const int64_t *>cnp.PyArray_DATA(pa)
         n = cnp.PyArray_SIZE(pa)
