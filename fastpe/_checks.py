@@ -216,6 +216,8 @@ def position_array(positions: object, name: str) -> tuple[np.ndarray, int]:
     """Integer positions of any shape as a C-contiguous int64 array, all >= 0,
     and the largest (-1 when empty)."""
     pos = positions if isinstance(positions, np.ndarray) else np.asarray(positions)
+    if pos.size == 0 and not isinstance(positions, np.ndarray):
+        pos = pos.astype(np.int64)  # [] is float64 to NumPy, but holds no non-integer
     if pos.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
     if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:

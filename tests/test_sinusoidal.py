@@ -525,3 +525,10 @@ def test_no_writes_outside_the_view(op, view, dtype, both_threads):
     ctx = f"{op} on {view} view {describe(v)}, num_threads={both_threads}"
     assert_bytes_equal(big[~inside], before[~inside], ctx + ": outside the view")
     assert not np.any(as_f64(big[inside]) == SENTINEL), ctx + ": an element was not written"
+
+
+def test_empty_positions_list():
+    """[] is float64 to NumPy, but an empty list of positions is a valid empty sequence."""
+    x = np.zeros((2, 0, 4), np.float32)
+    assert fastpe.add_sinusoidal(x, positions=[]) is x
+    assert fastpe.rope_cos_sin([], fastpe.rope_frequencies(8))[0].shape == (0, 4)
