@@ -12,18 +12,16 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from . import _backend
 
-_ml_dtypes: ModuleType | None
 try:  # bfloat16 is an optional dtype
     import ml_dtypes as _ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
-    _ml_dtypes = None
+    _ml_dtypes = None  # type: ignore[assignment]
 
 # Storage codes the compiled kernels switch on (kernels.pyx: CODE_*).
 F32, F64, F16, BF16 = 0, 1, 2, 3

@@ -34,6 +34,10 @@ MYPY_CONFIG = """\
 [mypy]
 follow_imports = silent
 cache_dir = {cache}
+
+# optional dependencies (plots, bfloat16): absent from a plain test install
+[mypy-matplotlib.*,ml_dtypes.*]
+ignore_missing_imports = True
 """
 
 
