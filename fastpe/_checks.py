@@ -9,9 +9,10 @@ outside a table.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -267,3 +268,14 @@ def kernel_view(x: np.ndarray) -> np.ndarray:
     if x.dtype.isnative and x.flags.aligned and all(s % x.itemsize == 0 for s in x.strides):
         return x
     return np.array(x, dtype=x.dtype.newbyteorder("="), order="C")
+
+
+@contextlib.contextmanager
+def kernel_views(*arrays: np.ndarray | None) -> Iterator[list[Any]]:
+    """kernel_view() of each array (None stays None) for the block; copies are
+    written back into the caller's arrays when it ends."""
+    views = [None if a is None else kernel_view(a) for a in arrays]
+    yield views
+    for a, v in zip(arrays, views):
+        if a is not None and v is not a:
+            a[...] = v

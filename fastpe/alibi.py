@@ -30,14 +30,12 @@ def _run(plan: _args.AlibiPlan) -> None:
     if kern is None:
         reference.run_alibi(plan)
         return
-    x = plan.scores
-    work = _checks.kernel_view(x)
-    nbytes = x.nbytes * (2 if plan.accumulate else 1)
-    kern.alibi(work, _checks.dtype_code(work.dtype, "scores"), plan.slopes, plan.q_positions,
-               plan.q_offset, plan.k_positions, plan.key_mask, plan.causal, plan.symmetric,
-               plan.accumulate, plan.max_position, _threads.resolve(plan.num_threads, nbytes))
-    if work is not x:
-        x[...] = work
+    nbytes = plan.scores.nbytes * (2 if plan.accumulate else 1)
+    with _checks.kernel_views(plan.scores) as (work,):
+        kern.alibi(work, _checks.dtype_code(work.dtype, "scores"), plan.slopes,
+                   plan.q_positions, plan.q_offset, plan.k_positions, plan.key_mask,
+                   plan.causal, plan.symmetric, plan.accumulate, plan.max_position,
+                   _threads.resolve(plan.num_threads, nbytes))
 
 
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,

@@ -27,11 +27,8 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
     if kern is None:
         reference.run_learned(plan)
         return x
-    x3 = plan.x
-    work = _checks.kernel_view(x3)
-    table = _checks.kernel_view(plan.table)
-    kern.learned(work, _checks.dtype_code(work.dtype, "x"), table, plan.positions.array,
-                 plan.positions.offset, _threads.resolve(plan.num_threads, 2 * x3.nbytes))
-    if work is not x3:
-        x3[...] = work
+    with _checks.kernel_views(plan.x) as (work,):
+        kern.learned(work, _checks.dtype_code(work.dtype, "x"), _checks.kernel_view(plan.table),
+                     plan.positions.array, plan.positions.offset,
+                     _threads.resolve(plan.num_threads, 2 * plan.x.nbytes))
     return x

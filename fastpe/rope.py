@@ -35,22 +35,17 @@ def _run(plan: _args.RopePlan) -> None:
     if kern is None:
         reference.run_rope(plan)
         return
-    q, k = plan.q, plan.k
-    qw = _checks.kernel_view(q)
-    kw = None if k is None else _checks.kernel_view(k)
     cos = sin = None
     cache_code = 0
     if plan.cos is not None and plan.sin is not None:
         cos, sin = _checks.kernel_view(plan.cos), _checks.kernel_view(plan.sin)
         cache_code = _checks.dtype_code(cos.dtype, "cos")
-    nbytes = 2 * (q.nbytes + (0 if k is None else k.nbytes))
-    kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), plan.positions.array,
-              plan.positions.offset, plan.neox, plan.inv_freq, plan.cos_scale, plan.sin_scale,
-              cos, sin, cache_code, plan.invert_cache, _threads.resolve(plan.num_threads, nbytes))
-    if qw is not q:
-        q[...] = qw
-    if k is not None and kw is not k:
-        k[...] = kw
+    nbytes = 2 * (plan.q.nbytes + (0 if plan.k is None else plan.k.nbytes))
+    with _checks.kernel_views(plan.q, plan.k) as (qw, kw):
+        kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), plan.positions.array,
+                  plan.positions.offset, plan.neox, plan.inv_freq, plan.cos_scale,
+                  plan.sin_scale, cos, sin, cache_code, plan.invert_cache,
+                  _threads.resolve(plan.num_threads, nbytes))
 
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*

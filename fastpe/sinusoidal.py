@@ -18,13 +18,10 @@ def _run(plan: _args.SinusoidalPlan) -> None:
     if kern is None:
         reference.run_sinusoidal(plan)
         return
-    x = plan.x
-    work = _checks.kernel_view(x)
-    kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"), plan.positions.array,
-                    plan.positions.offset, plan.inv_freq, plan.split, plan.accumulate,
-                    plan.scale, _threads.resolve(plan.num_threads, x.size * x.itemsize))
-    if work is not x:
-        x[...] = work
+    with _checks.kernel_views(plan.x) as (work,):
+        kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"), plan.positions.array,
+                        plan.positions.offset, plan.inv_freq, plan.split, plan.accumulate,
+                        plan.scale, _threads.resolve(plan.num_threads, plan.x.nbytes))
 
 
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: int = 0,
