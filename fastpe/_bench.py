@@ -603,8 +603,9 @@ def has_alibi() -> bool:
     return hasattr(fastpe, "add_alibi") and hasattr(fastpe.reference, "add_alibi")
 
 
-def _slopes32(heads: int) -> np.ndarray:
-    return fastpe.alibi_slopes(heads).astype(np.float32)
+def _slopes(heads: int, work: np.dtype) -> np.ndarray:
+    """The slopes in the arithmetic dtype (float32, or float64 for float64 data)."""
+    return fastpe.alibi_slopes(heads).astype(work)
 
 
 def alibi_workloads(size: dict) -> list[Workload]:
@@ -658,21 +659,21 @@ def alibi_workloads(size: dict) -> list[Workload]:
 
     def numpy_decode(arrays: Arrays, threads: int) -> Runner:
         """The best NumPy for one query: per call the distances of the k_len keys (a
-        subtraction from a cached arange), times the float32 slopes into a preallocated
+        subtraction from a cached arange), times the slopes into a preallocated
         (heads, k_len) bias, added in place. Nothing per step is cached beyond what a
         decode loop can keep while k_len grows."""
         x0 = arrays["scores"]
         heads, k = x0.shape[-3], x0.shape[-1]
         work = _work_dtype(x0.dtype)
-        slopes = _slopes32(heads)[:, None]
-        keys = np.arange(k, dtype=np.float32)
-        dist = np.empty(k, np.float32)
+        slopes = _slopes(heads, work)[:, None]
+        keys = np.arange(k, dtype=work)
+        dist = np.empty(k, work)
         bias = np.empty((heads, k), work)
 
         def run(a: Arrays) -> tuple:
             scores = a["scores"]
             kk = scores.shape[-1]
-            np.subtract(keys[:kk], np.float32(kk - 1), out=dist[:kk])  # k_pos - q_pos <= 0
+            np.subtract(keys[:kk], work.type(kk - 1), out=dist[:kk])  # k_pos - q_pos <= 0
             np.multiply(slopes, dist[:kk], out=bias[:, :kk])
             np.add(scores, bias[:, None, :kk], out=scores, casting="same_kind")
             return (scores,)
@@ -690,14 +691,15 @@ def alibi_workloads(size: dict) -> list[Workload]:
         return run
 
     def numpy_bias(arrays: Arrays, threads: int) -> Runner:
-        """The best NumPy for the table: per call the (q, k) float32 distances k_pos -
-        q_pos (exact integers; 1/heads of the output), then one broadcast multiply by the
-        float32 slopes straight into out."""
+        """The best NumPy for the table: per call the (q, k) distances k_pos - q_pos
+        (exact integers; 1/heads of the output), then one broadcast multiply by the
+        slopes straight into out; float32 arithmetic, float64 for float64 out."""
         out0 = arrays["out"]
         heads, q, k = out0.shape
-        slopes = _slopes32(heads)[:, None, None]
-        kpos = np.arange(k, dtype=np.float32)
-        qpos = (np.arange(q, dtype=np.float32) + np.float32(k - q))[:, None]
+        work = _work_dtype(out0.dtype)
+        slopes = _slopes(heads, work)[:, None, None]
+        kpos = np.arange(k, dtype=work)
+        qpos = (np.arange(q, dtype=work) + work.type(k - q))[:, None]
 
         def run(a: Arrays) -> tuple:
             dist = kpos - qpos
