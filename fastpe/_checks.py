@@ -149,14 +149,15 @@ def disjoint(out: np.ndarray, out_name: str, *inputs: tuple[object, str]) -> Non
                              f"{out_name} is written; pass a copy")
 
 
-def count(n: Any, name: str, *, minimum: int = 0) -> int:
+def count(n: Any, name: str, *, minimum: int | None = 0) -> int:
+    """n as a Python int (bools refused); at least `minimum` unless it is None."""
     if isinstance(n, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool")
     try:
         value = operator.index(n)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(n).__name__}") from None
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
-from . import _backend
+from . import _backend, _checks
 
 # Entering an OpenMP region costs about a microsecond; below this many bytes
 # touched a call is cheaper on one thread than on a team.
@@ -20,12 +19,7 @@ def _openmp_max() -> int:
 
 
 def _as_count(n: Any, name: str) -> int:
-    if isinstance(n, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        n = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}") from None
+    n = _checks.count(n, name, minimum=None)
     if n == 0:
         raise ValueError(f"{name} must be a positive thread count, or negative to count back "
                          f"from the maximum (-1 = all); got 0")
