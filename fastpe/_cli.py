@@ -212,7 +212,8 @@ def bench_table(report: dict) -> str:
     ]
     if not info.get("compiled"):
         head.append("WARNING: the compiled kernels are not loaded: 'fastpe' is the NumPy "
-                    "fallback here.")
+                    "fallback here. In a source checkout, python -m puts ./fastpe (not built) "
+                    "first on sys.path: install with `pip install -e .`, or run elsewhere.")
     title_w = max([len("workload")] + [len(r["title"]) for r in rows])
     cols = ("fastpe", "numpy", "floor", "vs numpy", "% floor", "GB/s")
     lines = head + ["", f"{'workload':<{title_w}}  " + "  ".join(f"{c:>9}" for c in cols)]
