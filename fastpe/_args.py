@@ -100,6 +100,91 @@ class RopePlan(NamedTuple):
     sin: np.ndarray | None
     invert_cache: bool
     num_threads: int | None
+    # multi-axis positions: positions.array is int64 (axes, 1 or batch, seq) and
+    # pair i rotates by the position on axis pair_axis[i] (int8, (rotary_dim // 2,))
+    pair_axis: np.ndarray | None = None
+
+
+# the compiled kernel keeps one position per axis on the stack
+MAX_AXES = 16
+
+
+def mrope_pair_axis(half: int, sections: object, interleaved: object) -> np.ndarray:
+    """The axis of each of `half` frequency pairs from an M-RoPE ``mrope_section``.
+
+    Contiguous (Qwen2-VL): the first sections[0] pairs take axis 0, the next
+    sections[1] axis 1, and so on. Interleaved (Qwen3-VL): pair i takes axis
+    a = i % n (n axes) while i < n * sections[a], else axis 0, so each axis
+    spans the whole frequency range."""
+    interleaved = _checks.flag(interleaved, "mrope_interleaved")
+    if isinstance(sections, (str, bytes)) or not hasattr(sections, "__len__"):
+        raise TypeError(f"mrope_section must be a sequence of counts, one per axis, got "
+                        f"{type(sections).__name__}")
+    counts = [_checks.count(n, "mrope_section[]") for n in sections]  # type: ignore[attr-defined]
+    if not 1 <= len(counts) <= MAX_AXES:
+        raise ValueError(f"mrope_section must have 1 to {MAX_AXES} entries (one per axis), "
+                         f"got {len(counts)}")
+    if sum(counts) != half:
+        raise ValueError(f"mrope_section {counts} must add up to rotary_dim // 2 = {half} "
+                         f"(one entry per frequency pair), got {sum(counts)}")
+    n = len(counts)
+    if not interleaved:
+        return np.repeat(np.arange(n, dtype=np.int8), counts)
+    pair = np.arange(half)
+    axis = pair % n
+    return np.where(pair < n * np.asarray(counts)[axis], axis, 0).astype(np.int8)
+
+
+def pair_axis_arg(axes: object, pair_axis: object, half: int) -> tuple[int, np.ndarray | None]:
+    """(axes, int8 axis of each pair or None for one axis), validated."""
+    n = _checks.count(axes, "axes", minimum=1)
+    if n > MAX_AXES:
+        raise ValueError(f"axes must be at most {MAX_AXES}, got {n}")
+    if pair_axis is None:
+        if n > 1:
+            raise ValueError(f"axes={n} needs mrope_section: which frequency pairs rotate by "
+                             f"which axis")
+        return 1, None
+    a = np.asarray(pair_axis)
+    if a.dtype.kind not in "iu" or a.shape != (half,):
+        raise ValueError(f"the axis of each pair must be {half} integers, got {a.dtype} "
+                         f"{a.shape}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+        raise ValueError(f"pair axes must be in [0, {n}) for axes={n}, got "
+                         f"{int(a.min())}..{int(a.max())}")
+    return n, np.ascontiguousarray(a, dtype=np.int8)
+
+
+def axis_positions(positions: object, offset: object, batch: int, seq: int,
+                   axes: int) -> tuple[_checks.Positions, bool]:
+    """Positions for an embedding with `axes` position axes: (Positions, multi).
+
+    (axes, seq) and (axes, 1 or batch, seq) are per-axis positions (multi is
+    True and the array is (axes, rows, seq)); None, (seq,) and (1 or batch,
+    seq) are text positions that every axis shares. A 2-D array that reads
+    both ways (batch == axes) is refused."""
+    if positions is None:
+        return _checks.positions(None, offset, batch, seq), False
+    shape = np.shape(positions)  # type: ignore[call-overload]
+    if len(shape) == 2 and shape == (axes, seq) and batch == axes:
+        raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
+                         f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "
+                         f"positions shared by the batch, ({axes}, {batch}, {seq}) for "
+                         f"per-sequence ones, or a (1, {seq}) text row")
+    per_axis = ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch)
+                 and shape[2] == seq) or (len(shape) == 2 and shape == (axes, seq)))
+    text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
+    if not (per_axis or text):
+        raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, "
+                         f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) for "
+                         f"text tokens, got {shape}")
+    if text:
+        return _checks.positions(positions, offset, batch, seq), False
+    _checks.count(offset, "offset")
+    if offset:
+        raise ValueError(f"give either positions or offset, not both (offset={offset})")
+    pos, hi = _checks.position_array(positions, "positions")
+    return _checks.Positions(pos.reshape(axes, -1, seq), 0, hi), True
 
 
 def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
@@ -197,9 +282,13 @@ def rope_spec(head_dim: int, rotary_dim: object, base: object, scaling: object,
 def rope(q: object, k: object, positions: object, offset: object, rotary_dim: object,
          freqs: object, base: object, scaling: object, max_position_embeddings: object,
          style: object, layout: object, inverse: object, num_threads: object,
-         spec: _rope_scaling.RopeSpec | None = None, spec_head_dim: int = 0) -> RopePlan:
+         spec: _rope_scaling.RopeSpec | None = None, spec_head_dim: int = 0,
+         axes: int = 1, pair_axis: np.ndarray | None = None,
+         pair_freq: np.ndarray | None = None) -> RopePlan:
     """Plan of apply_rope; `spec` (with its rotary_dim and the head_dim it was
-    made for) comes from a RotaryEmbedding."""
+    made for) comes from a RotaryEmbedding, and so do the multi-axis layout
+    (`axes`, the axis of each pair, validated) and `pair_freq`, the index
+    of each pair's frequency among the spec's (None: pair i takes the i-th)."""
     q4, k4 = _rope_arrays(q, k, layout)
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     head_dim = q4.shape[3]
@@ -216,7 +305,11 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
                     f"freqs ({given.inv_freq.size} frequencies)")
     else:
         _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
-    pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
+    multi = False
+    if pair_axis is None:
+        pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
+    else:
+        pos, multi = axis_positions(positions, offset, q4.shape[0], q4.shape[1], axes)
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
     _rope_disjoint(q4, k4, (positions, "positions"),
@@ -224,8 +317,9 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
     att = given.attention_scaling
     cos_scale, sin_scale = ((1.0 / att, -1.0 / att) if _checks.flag(inverse, "inverse")
                             else (att, att))
-    return RopePlan(q4, k4, pos, neox, given.inv_freq, cos_scale, sin_scale, None, None,
-                    False, _threads.check(num_threads))
+    inv_freq = given.inv_freq if pair_freq is None else given.inv_freq[pair_freq]
+    return RopePlan(q4, k4, pos, neox, inv_freq, cos_scale, sin_scale, None, None,
+                    False, _threads.check(num_threads), pair_axis if multi else None)
 
 
 def rope_cached(q: object, k: object, cos: object, sin: object, positions: object,

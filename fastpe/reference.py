@@ -60,14 +60,19 @@ def run_learned(plan: _args.LearnedPlan) -> None:
 def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, (rows, seq, 1, half) in the compute dtype, as the kernel uses them."""
     pos = plan.positions.as_array(plan.q.shape[1])
+    if plan.pair_axis is not None:
+        # (axes, rows, seq) -> each pair's own axis: (rows, seq, half)
+        pos = np.moveaxis(pos[plan.pair_axis], 0, -1)
+    else:
+        pos = pos[..., None]
     if plan.inv_freq is not None:
-        angles = pos[..., None].astype(np.float64) * plan.inv_freq
+        angles = pos.astype(np.float64) * plan.inv_freq
         cos = np.cos(angles) * plan.cos_scale
         sin = np.sin(angles) * plan.sin_scale
     else:
         assert plan.cos is not None and plan.sin is not None
-        cos = plan.cos[pos].astype(np.float64)
-        sin = plan.sin[pos].astype(np.float64)
+        cos = plan.cos[pos[..., 0]].astype(np.float64)
+        sin = plan.sin[pos[..., 0]].astype(np.float64)
     cos, sin = cos.astype(work), sin.astype(work)
     if plan.invert_cache:
         norm = cos * cos + sin * sin

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from . import _args, _backend, _checks, _rope_scaling, _threads, reference
+from . import _args, _backend, _checks, _hf_multimodal, _rope_scaling, _threads, reference
 from ._rope_scaling import RopeFrequencies, rope_frequencies
 from ._typing import (
     ArrayLike,
@@ -45,7 +46,7 @@ def _run(plan: _args.RopePlan) -> None:
         kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), plan.positions.array,
                   plan.positions.offset, plan.neox, plan.inv_freq, plan.cos_scale,
                   plan.sin_scale, cos, sin, cache_code, plan.invert_cache,
-                  _threads.resolve(plan.num_threads, nbytes))
+                  _threads.resolve(plan.num_threads, nbytes), plan.pair_axis)
 
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*
@@ -181,17 +182,54 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
 class RotaryEmbedding:
     """A model's rotary embedding: parsed once, applied many times.
 
+    With ``axes`` > 1 (M-RoPE of Qwen2-VL and its successors, 2D RoPE of
+    vision towers) every token has one position per axis, and each frequency
+    pair rotates by the position on the axis that ``mrope_section`` assigns to
+    it: contiguous runs of pairs (Qwen2-VL) or, with ``mrope_interleaved``,
+    axes taking turns pair by pair (Qwen3-VL). Positions are then
+    ``(axes, seq)`` or ``(axes, batch, seq)``, as Hugging Face's
+    ``position_ids`` for these models; ``(seq,)`` or ``(batch, seq)`` text
+    positions give every axis the same position.
+
     >>> rope = fastpe.RotaryEmbedding.from_hf_config(config)   # or a config.json dict
     >>> q, k = rope(q, k, positions)
+    >>> mrope = fastpe.RotaryEmbedding(128, base=1e6, mrope_section=[16, 24, 24])
+    >>> q, k = mrope(q, k, position_ids)     # (3, batch, seq): temporal, height, width
     """
 
     def __init__(self, head_dim: int, *, base: float | None = None,
                  scaling: ScalingDict | None = None, rotary_dim: int | None = None,
-                 style: Style = "neox", max_position_embeddings: int | None = None) -> None:
+                 style: Style = "neox", max_position_embeddings: int | None = None,
+                 axes: int | None = None, mrope_section: Sequence[int] | None = None,
+                 mrope_interleaved: bool = False) -> None:
         self.head_dim = _checks.count(head_dim, "head_dim", minimum=1)
         self.style = _checks.choice(style, "style", _args.ROPE_STYLES)
         self.rotary_dim, self._spec = _args.rope_spec(self.head_dim, rotary_dim, base, scaling,
                                                       max_position_embeddings)
+        pair_axis = None
+        if mrope_section is not None:
+            pair_axis = _args.mrope_pair_axis(self.rotary_dim // 2, mrope_section,
+                                              mrope_interleaved)
+            if axes is None:
+                axes = len(mrope_section)  # type: ignore[arg-type]
+            elif axes != len(mrope_section):  # type: ignore[arg-type]
+                raise ValueError(f"axes={axes} but mrope_section has {len(mrope_section)} "  # type: ignore[arg-type]
+                                 f"entries, one per axis")
+        elif mrope_interleaved is not False:
+            raise ValueError("mrope_interleaved needs mrope_section")
+        self._set_layout(1 if axes is None else axes, pair_axis, None)
+
+    def _set_layout(self, axes: object, pair_axis: np.ndarray | None,
+                    pair_freq: np.ndarray | None) -> None:
+        """Multi-axis layout: the axis of each frequency pair, and the index of
+        each pair's frequency among the spec's (None: pair i takes the i-th)."""
+        half = self.rotary_dim // 2
+        self.axes, self._pair_axis = _args.pair_axis_arg(axes, pair_axis, half)
+        if self.axes == 1:
+            self._pair_axis = None
+        if pair_freq is not None and pair_freq.shape != (half,):
+            raise ValueError(f"{pair_freq.shape[0]} pair frequencies for {half} pairs")
+        self._pair_freq = pair_freq
 
     @classmethod
     def from_hf_config(cls, config: object, *, style: Style | None = None,
@@ -201,39 +239,56 @@ class RotaryEmbedding:
         rope_parameters, partial_rotary_factor / rotary_pct / rotary_dim,
         max_position_embeddings; "gptj" style for GPT-J-like model types
         unless ``style`` says otherwise."""
+        _hf_multimodal.check_supported(config)
         c = _rope_scaling.hf_rope_config(config, layer_type=layer_type)
         return cls(c["head_dim"], base=c["base"], scaling=c["scaling"],
                    rotary_dim=c["rotary_dim"], style=style or c["style"],
                    max_position_embeddings=c["max_position_embeddings"])
 
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
-        """The frequencies for sequences of seq_len positions."""
-        return self._spec.frequencies(seq_len)
+        """The frequency of each rotated pair, for sequences of seq_len positions."""
+        freqs = self._spec.frequencies(seq_len)
+        if self._pair_freq is None:
+            return freqs
+        return RopeFrequencies(freqs.inv_freq[self._pair_freq], freqs.attention_scaling)
 
     def cos_sin(self, positions: ArrayLike, *,
                 dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
-        """A cos/sin cache for :func:`apply_rope_cached`."""
-        pos = np.asarray(positions)
-        seq_len = int(pos.max()) + 1 if pos.size else None
-        return rope_cos_sin(pos, self.frequencies(seq_len), dtype=dtype)
+        """A cos/sin cache for :func:`apply_rope_cached`: positions.shape +
+        (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
+        result has the shape of one axis's positions."""
+        pos, hi = _checks.position_array(positions, "positions")
+        freqs = self.frequencies(hi + 1 if hi >= 0 else None)
+        if self._pair_axis is None:
+            return rope_cos_sin(pos, freqs, dtype=dtype)
+        if pos.ndim < 1 or pos.shape[0] != self.axes:
+            raise ValueError(f"positions must have shape ({self.axes}, ...), one row per "
+                             f"axis, got {pos.shape}")
+        dt = _checks.float_dtype(dtype, "dtype")
+        angles = np.moveaxis(pos[self._pair_axis], 0, -1).astype(np.float64) * freqs.inv_freq
+        att = freqs.attention_scaling
+        return (np.cos(angles) * att).astype(dt), (np.sin(angles) * att).astype(dt)
 
     def __call__(self, q: InPlace, k: Any = None, positions: PositionsLike = None,
                  *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         kern = _backend.kernels()
+        # the fast path reads 2-D positions as (batch, seq): text positions only
         if (kern is not None and not self._spec.depends_on_seq_len and isinstance(q, np.ndarray)
+                and (self.axes == 1 or positions is None) and self._pair_freq is None
                 and q.ndim >= 3 and q.shape[-1] == self.head_dim
                 and _try_fast(kern, q, k, positions, offset, self._spec.frequencies(), self.style,
                               layout, inverse, num_threads)):
             return q, k
         plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
                           self.style, layout, inverse, num_threads, spec=self._spec,
-                          spec_head_dim=self.head_dim)
+                          spec_head_dim=self.head_dim, axes=self.axes,
+                          pair_axis=self._pair_axis, pair_freq=self._pair_freq)
         _run(plan)
         return q, k
 
     def __repr__(self) -> str:
         return (f"RotaryEmbedding(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
                 f"style={self.style!r}, rope_type={self._spec.rope_type!r}, "
-                f"base={self._spec.base})")
+                f"base={self._spec.base}" + (f", axes={self.axes})" if self.axes > 1 else ")"))

@@ -16,6 +16,8 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_t n)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
+    void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
+                        Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS

@@ -175,14 +175,35 @@ static inline void fpe_sincos_reduced(double r, double *s, double *c)
     *c = 1.0 - 0.5 * z + z * z * cp;
 }
 
+/* scale * (sin x, cos x) for |x| <= FPE_FAST_ANGLE_LIMIT; branch-free, so the
+ * loops that call it vectorise. */
+static inline void fpe_sincos_fast(double x, double scale, double *s, double *c)
+{
+    const double fn = (x * FPE_TWO_OVER_PI + FPE_ROUND_MAGIC) - FPE_ROUND_MAGIC;
+    const double r = (((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C) - fn * FPE_PIO2_D;
+    const int q = (int)fn;
+    double sr, cr;
+    fpe_sincos_reduced(r, &sr, &cr);
+    /* quadrant q: sin(x) = (s, c, -s, -c)[q & 3], cos(x) = (c, -s, -c, s)[q & 3] */
+    const double so = (q & 1) ? cr : sr;
+    const double co = (q & 1) ? sr : cr;
+    *s = ((q & 2) ? -scale : scale) * so;
+    *c = (((q + 1) & 2) ? -scale : scale) * co;
+}
+
+static inline double fpe_abs_max(const double *v, Py_ssize_t n)
+{
+    double m = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        m = fabs(v[i]) > m ? fabs(v[i]) : m;
+    return m;
+}
+
 /* s[i] = scale * sin(p * w[i]), c[i] = scale * cos(p * w[i]) for i < n. */
 static inline void fpe_sincos_row(double p, const double *w, double *s, double *c,
                                   Py_ssize_t n, double scale)
 {
-    double wmax = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        wmax = fabs(w[i]) > wmax ? fabs(w[i]) : wmax;
-    if (fabs(p) * wmax > FPE_FAST_ANGLE_LIMIT) {
+    if (fabs(p) * fpe_abs_max(w, n) > FPE_FAST_ANGLE_LIMIT) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const double x = p * w[i];
             s[i] = scale * sin(x);
@@ -190,19 +211,25 @@ static inline void fpe_sincos_row(double p, const double *w, double *s, double *
         }
         return;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const double x = p * w[i];
-        const double fn = (x * FPE_TWO_OVER_PI + FPE_ROUND_MAGIC) - FPE_ROUND_MAGIC;
-        const double r = (((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C) - fn * FPE_PIO2_D;
-        const int q = (int)fn;
-        double sr, cr;
-        fpe_sincos_reduced(r, &sr, &cr);
-        /* quadrant q: sin(x) = (s, c, -s, -c)[q & 3], cos(x) = (c, -s, -c, s)[q & 3] */
-        const double so = (q & 1) ? cr : sr;
-        const double co = (q & 1) ? sr : cr;
-        s[i] = ((q & 2) ? -scale : scale) * so;
-        c[i] = (((q + 1) & 2) ? -scale : scale) * co;
+    for (Py_ssize_t i = 0; i < n; i++)
+        fpe_sincos_fast(p * w[i], scale, s + i, c + i);
+}
+
+/* The same with a position per element: the angles p[i] * w[i] of multi-axis
+ * (M-RoPE) positions. Equal p[i] give exactly fpe_sincos_row's values. */
+static inline void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
+                                  Py_ssize_t n, double scale)
+{
+    if (fpe_abs_max(p, n) * fpe_abs_max(w, n) > FPE_FAST_ANGLE_LIMIT) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const double x = p[i] * w[i];
+            s[i] = scale * sin(x);
+            c[i] = scale * cos(x);
+        }
+        return;
     }
+    for (Py_ssize_t i = 0; i < n; i++)
+        fpe_sincos_fast(p[i] * w[i], scale, s + i, c + i);
 }
 
 /* ---- CPU features, for choosing the variant at import ---------------------

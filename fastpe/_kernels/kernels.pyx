@@ -12,7 +12,7 @@ and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.
 
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.stdint cimport int64_t, uint16_t
+from libc.stdint cimport int8_t, int64_t, uint16_t
 from libc.stdlib cimport free, malloc
 
 cnp.import_array()

@@ -61,6 +61,7 @@ def rope(
     cache_code: int,
     invert_cache: bool,
     num_threads: int,
+    pair_axis: NDArray[np.int8] | None = None,
 ) -> None: ...
 def rope_fast(
     q: object,

@@ -10,6 +10,11 @@ cdef struct RopeCall:
     const int64_t *pos              # (pos_rows, seq) or NULL for offset + t
     Py_ssize_t pos_rows
     int64_t offset
+    # multi-axis positions (M-RoPE, 2D vision RoPE): pos is (axes, pos_rows, seq)
+    # and frequency pair i rotates by the position on axis pair_axis[i];
+    # pair_axis is NULL for one axis
+    const int8_t *pair_axis
+    Py_ssize_t axes
     bint neox                       # pair j with j + half, else 2j with 2j + 1
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w
@@ -67,18 +72,50 @@ cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const 
         scatter(tmp, row, sd, 2 * half)
 
 
+cdef inline void axis_angles_for_token(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t,
+                                       bint first_in_block, int64_t *prev, double *s, double *c,
+                                       double *pp) noexcept nogil:
+    """(s, c) = (sin, cos) of each pair's angle pos[pair_axis[i]] * w[i].
+
+    When every axis moved on by exactly one position (text tokens), the
+    angle-addition step of the one-axis kernel applies unchanged; otherwise
+    (image tokens: one axis holds, another jumps) the angles are formed from
+    the positions, in float64, and reduced afresh. Equal axes therefore give
+    the one-axis kernel's values bit for bit."""
+    cdef Py_ssize_t ax, i
+    cdef int64_t p
+    cdef bint consecutive = not first_in_block
+    for ax in range(a.axes):
+        p = a.pos[(ax * a.pos_rows + prow) * a.seq + t]
+        consecutive = consecutive and p == prev[ax] + 1
+        prev[ax] = p
+    if consecutive:
+        advance_angles(s, c, a.step_s, a.step_c, a.half)
+        return
+    for i in range(a.half):
+        pp[i] = <double>prev[a.pair_axis[i]]
+    fpe_sincos_vec(pp, a.w, s, c, a.half, 1.0)
+
+
 cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0, Py_ssize_t t1,
-                              real_t *ctab, real_t *stab, double *s, double *c) noexcept nogil:
-    """cos and sin rows (half values each) of tokens t0 .. t1 - 1, one row per token."""
+                              real_t *ctab, real_t *stab, double *s, double *c,
+                              double *pp) noexcept nogil:
+    """cos and sin rows (half values each) of tokens t0 .. t1 - 1, one row per token;
+    pp: room for half doubles (multi-axis positions only)."""
     cdef Py_ssize_t t, i, r
-    cdef int64_t p, prev = 0
+    cdef int64_t p = 0, prev = 0
+    cdef int64_t prev_axes[MAX_AXES]
     cdef real_t ci, si, norm
     for t in range(t0, t1):
-        p = position_at(a.pos, prow, a.seq, t, a.offset)
+        if a.pair_axis == NULL:
+            p = position_at(a.pos, prow, a.seq, t, a.offset)
         r = (t - t0) * a.half
         if a.w != NULL:
-            angles_for_token(s, c, a.w, a.step_s, a.step_c, a.half, p, prev, t == t0)
-            prev = p
+            if a.pair_axis != NULL:
+                axis_angles_for_token(a, prow, t, t == t0, prev_axes, s, c, pp)
+            else:
+                angles_for_token(s, c, a.w, a.step_s, a.step_c, a.half, p, prev, t == t0)
+                prev = p
             for i in range(a.half):
                 ctab[r + i] = <real_t>(c[i] * a.cos_scale)
                 stab[r + i] = <real_t>(s[i] * a.sin_scale)
@@ -125,7 +162,8 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef real_t *ctab = <real_t *>(c + a.half)
     cdef real_t *stab = ctab + a.block * a.half
     cdef real_t *tmp = stab + a.block * a.half
-    cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c)
+    cdef double *pp = <double *>(tmp + 2 * a.half)
+    cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
                  ctab, stab, a.half, a.neox, tmp)
     if a.hk:
@@ -159,6 +197,8 @@ cdef enum:
     LAYOUT_SHD = 2
     # decode-sized calls run on a stack buffer: no allocation at all
     STACK_WORK_BYTES = 16384
+    # position axes of multi-axis RoPE (HunYuan-VL has 4)
+    MAX_AXES = 16
 
 
 cdef bint head_view(cnp.ndarray x, int layout, Py_ssize_t *shape, Py_ssize_t *strides) noexcept:
@@ -203,6 +243,8 @@ cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_
     a.q_token_inner = magnitude(a.qs) < magnitude(a.qh)
     a.k_token_inner = magnitude(a.ks) < magnitude(a.kh)
     a.pos, a.pos_rows, a.offset = pos, pos_rows, offset
+    a.pair_axis = NULL
+    a.axes = 1
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
     a.w = NULL
@@ -219,8 +261,10 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     cdef Py_ssize_t nunits = a.batch * ceil_div(a.seq, BLOCK_TOKENS)
     cdef int nthreads = units_threads(nunits, num_threads)
     a.block = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
-    # s, c (double); cos and sin rows of a block and one rotated row (at most double)
-    cdef Py_ssize_t per_thread = round_up((4 * a.half + 2 * a.block * a.half) * sizeof(double), 64)
+    # s, c (double); cos and sin rows of a block and one rotated row (at most
+    # double); a row of per-pair positions (double) for multi-axis positions
+    cdef Py_ssize_t per_thread = round_up(
+        ((4 if a.pair_axis == NULL else 5) * a.half + 2 * a.block * a.half) * sizeof(double), 64)
     cdef bint steps = a.w != NULL and a.seq > 1
     cdef Py_ssize_t shared = 2 * a.half * sizeof(double) if steps else 0
     cdef char stack[STACK_WORK_BYTES + 64]
@@ -254,7 +298,7 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
 def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bint neox,
          object inv_freq, double cos_scale, double sin_scale,
          object cos_cache, object sin_cache, int cache_code, bint invert_cache,
-         int num_threads):
+         int num_threads, object pair_axis=None):
     """Rotate q (and k) in place.
 
     q, k: writable (batch, seq, heads, head_dim) views of storage `code` (k may
@@ -264,6 +308,9 @@ def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bi
     sin_scale, or from cos_cache/sin_cache ((rows, half) of storage
     cache_code, every position < rows), inverted when invert_cache.
     Only the first 2 * half features of each head rotate.
+    pair_axis: None, or with inv_freq a C-contiguous int8 (half,) array of
+    axes (each < MAX_AXES) and positions C-contiguous int64 (axes, 1 or
+    batch, seq): pair i rotates by the position on axis pair_axis[i].
     """
     cdef RopeCall a
     cdef Py_ssize_t qshape[4]
@@ -281,9 +328,15 @@ def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bi
         a.hk = kshape[2]
         a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
         kp = <char *>cnp.PyArray_DATA(<cnp.ndarray>k)
-    rope_setup(&a, 0, positions_ptr(positions),
-               1 if positions is None else (<cnp.ndarray>positions).shape[0],
-               offset, neox, cos_scale, sin_scale)
+    if pair_axis is None:
+        rope_setup(&a, 0, positions_ptr(positions),
+                   1 if positions is None else (<cnp.ndarray>positions).shape[0],
+                   offset, neox, cos_scale, sin_scale)
+    else:
+        rope_setup(&a, 0, positions_ptr(positions), (<cnp.ndarray>positions).shape[1],
+                   offset, neox, cos_scale, sin_scale)
+        a.axes = (<cnp.ndarray>positions).shape[0]
+        a.pair_axis = <const int8_t *>cnp.PyArray_DATA(<cnp.ndarray>pair_axis)
     if inv_freq is not None:
         a.w = <const double *>cnp.PyArray_DATA(<cnp.ndarray>inv_freq)
         a.half = (<cnp.ndarray>inv_freq).shape[0]

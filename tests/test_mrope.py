@@ -1,0 +1,309 @@
+"""Multi-axis RoPE: M-RoPE (Qwen2-VL and successors) and 2D vision RoPE.
+
+Truths, independent of the code under test:
+- ``rotate_axes`` below: a float64 rotation written from the M-RoPE formula (Qwen2-VL,
+  Wang et al. 2024, section 2.1): frequency pair j of a token rotates by
+  ``position[axis(j)] * w_j``, with explicit pair indices and np.cos / np.sin;
+- the axis of every pair written out by hand for the published layouts (Qwen2-VL's
+  contiguous sections, Qwen3-VL's interleaved ones);
+- ``fastpe.reference`` (the NumPy backend) for "compiled == reference";
+- properties: text positions (one per token) are plain RoPE on every axis, bit for bit;
+  shifting each axis by its own constant keeps every q.k product (relative positions);
+  ``inverse`` undoes the rotation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import rope_oracle as oracle
+from test_rope import bshd, make, shape_for
+from conftest import (
+    COMPILED,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    angle_atol,
+    as_f64,
+    assert_bytes_equal,
+    assert_close,
+    snapshot,
+    tolerance,
+)
+
+import fastpe
+
+LAYOUTS = ("bshd", "bhsd", "shd")
+B, S, HQ, HK, D = 2, 45, 3, 2, 32   # 45 tokens: a full 32-token block and a partial one
+SECTIONS = [4, 6, 6]                # Qwen2-VL's [16, 24, 24] at a quarter of the width
+
+
+def vl_positions(batch, seq, axes=3, seed=0):
+    """(axes, batch, seq) positions shaped like a vision-language prompt: text (every
+    axis equal, consecutive), an image grid (axis 0 constant, the others row and column),
+    text again from max + 1, and a far jump, so the angle recurrence of text runs, its
+    reseeds and the per-token angles of image tokens all run."""
+    rng = np.random.default_rng([seed, batch, seq, axes])
+    out = np.empty((axes, batch, seq), np.int64)
+    for b in range(batch):
+        start = int(rng.integers(0, 50))
+        n_text = int(rng.integers(3, 9))
+        rows, cols = 3, 4
+        col = []
+        for i in range(n_text):
+            col.append([start + i] * axes)
+        base = start + n_text
+        for r in range(rows):
+            for c in range(cols):
+                p = [base] * axes
+                p[-2], p[-1] = base + r, base + c
+                col.append(p)
+        nxt = base + max(rows, cols)
+        while len(col) < seq:
+            col.append([nxt] * axes)
+            nxt += 1 if len(col) != seq - 5 else 3000
+        out[:, b, :] = np.array(col[:seq]).T
+    return out
+
+
+def rotate_axes(x, positions, inv_freq, pair_axis, *, style="neox", inverse=False):
+    """M-RoPE of x (batch, seq, heads, head_dim) as a new float64 array: pair j rotates by
+    positions[pair_axis[j]] * inv_freq[j]; positions (axes, batch or 1, seq)."""
+    x = as_f64(x)
+    batch, seq = x.shape[:2]
+    pos = np.broadcast_to(np.asarray(positions), (positions.shape[0], batch, seq))
+    out = x.copy()
+    first, second = oracle.pair_indices(2 * len(inv_freq), style)
+    for j, (w, ax) in enumerate(zip(inv_freq, pair_axis)):
+        ang = pos[ax].astype(np.float64) * w                  # (batch, seq)
+        c, s = np.cos(ang)[:, :, None], np.sin(ang)[:, :, None]
+        if inverse:
+            s = -s
+        a, b = x[..., first[j]], x[..., second[j]]
+        out[..., first[j]] = a * c - b * s
+        out[..., second[j]] = b * c + a * s
+    return out
+
+
+def check(actual, expected, dtype, positions, context):
+    mag = max(float(np.abs(expected).max()), 1.0) * np.sqrt(2)
+    atol, rtol = tolerance(dtype, mag)
+    atol += angle_atol(float(np.max(positions))) * mag
+    assert_close(actual, expected, dtype, atol=atol, rtol=rtol, context=context)
+
+
+def inv_freq(dim, base=10000.0):
+    return np.float64(base) ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+# ---- the layouts of pairs ----------------------------------------------------------------
+
+
+def test_contiguous_sections_are_qwen2_vl_layout():
+    rope = fastpe.RotaryEmbedding(128, base=1e6, mrope_section=[16, 24, 24])
+    assert rope.axes == 3
+    assert rope._pair_axis.tolist() == [0] * 16 + [1] * 24 + [2] * 24
+
+
+def test_interleaved_sections_are_qwen3_vl_layout():
+    """Qwen3-VL: T H W T H W ... while each axis has pairs left, then T to the end."""
+    rope = fastpe.RotaryEmbedding(128, base=5e6, mrope_section=[24, 20, 20],
+                                  mrope_interleaved=True)
+    expected = [0, 1, 2] * 20 + [0] * 4
+    assert rope._pair_axis.tolist() == expected
+    # Qwen3.5: [11, 11, 10] over 32 pairs: the last W is at pair 29
+    r35 = fastpe.RotaryEmbedding(256, rotary_dim=64, base=1e7, mrope_section=[11, 11, 10],
+                                 mrope_interleaved=True)
+    assert r35._pair_axis.tolist() == [0, 1, 2] * 10 + [0, 1]
+
+
+# ---- rotation against the float64 formula and the reference backend --------------------
+
+KINDS = ("contiguous", "transposed", "strided-last", "reversed", "byteswapped")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["contiguous", "interleaved"])
+def test_matches_formula_and_reference(layout, kind, dtype, interleaved, both_threads):
+    batch = 1 if layout == "shd" else B
+    style = "gptj" if interleaved else "neox"
+    rope = fastpe.RotaryEmbedding(D, base=10000.0, mrope_section=SECTIONS,
+                                  mrope_interleaved=interleaved, style=style)
+    pos = vl_positions(batch, S)
+    q0 = make(kind, shape_for(layout, batch, S, HQ, D), dtype, seed=1)
+    k0 = make(kind, shape_for(layout, batch, S, HK, D), dtype, seed=2)
+    expect_q = rotate_axes(bshd(q0, layout), pos, inv_freq(D), rope._pair_axis, style=style)
+    expect_k = rotate_axes(bshd(k0, layout), pos, inv_freq(D), rope._pair_axis, style=style)
+    arg = pos[:, 0] if layout == "shd" else pos
+    results = {}
+    for backend in ("numpy", "cython") if COMPILED else ("numpy",):
+        q, k = make(kind, q0.shape, dtype, seed=1), make(kind, k0.shape, dtype, seed=2)
+        with fastpe.use_backend(backend):
+            out = rope(q, k, arg, layout=layout, num_threads=both_threads)
+        assert out[0] is q and out[1] is k
+        ctx = f"{backend} {layout} {kind} {dtype} interleaved={interleaved}"
+        check(bshd(q, layout), expect_q, dtype, pos, ctx + " q")
+        check(bshd(k, layout), expect_k, dtype, pos, ctx + " k")
+        results[backend] = q
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_thread_counts_give_identical_bits(dtype, threaded):
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    pos = vl_positions(3, 200, seed=4)
+    outs = []
+    for n in (1, 2, 3):
+        q = make("contiguous", (3, 200, HQ, D), dtype, seed=5)
+        rope(q, None, pos, num_threads=n)
+        outs.append(q)
+    for other in outs[1:]:
+        assert_bytes_equal(other, outs[0], f"{dtype} threads")
+
+
+@pytest.mark.skipif(not COMPILED, reason="bit identity with the compiled one-axis kernel")
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_text_positions_are_plain_rope_bit_for_bit(dtype):
+    """(seq,), (batch, seq), and per-axis positions that agree on every axis all give
+    exactly the one-axis embedding's values."""
+    plain = fastpe.RotaryEmbedding(D, base=500.0)
+    mrope = fastpe.RotaryEmbedding(D, base=500.0, mrope_section=SECTIONS)
+    text = np.stack([np.arange(S) + 7, np.arange(S) * 2]).astype(np.int64)
+    q_plain = make("contiguous", (B, S, HQ, D), dtype, seed=3)
+    plain(q_plain, None, text)
+    for form in (text, np.broadcast_to(text, (3, B, S)).copy()):
+        q = make("contiguous", (B, S, HQ, D), dtype, seed=3)
+        mrope(q, None, form)
+        assert_bytes_equal(q, q_plain, f"{np.shape(form)}")
+    q = make("contiguous", (1, S, HQ, D), dtype, seed=3)
+    q_none = q.copy()
+    mrope(q, None, np.arange(S) + 4)
+    plain(q_none, None, offset=4)
+    assert_bytes_equal(q, q_none, "offset")
+
+
+def test_shifting_each_axis_keeps_dot_products():
+    """Relative: adding a constant per axis to every token's positions changes no q.k."""
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    pos = vl_positions(1, S, seed=7)
+    q0 = make("contiguous", (1, S, 1, D), F64, seed=8)
+    k0 = make("contiguous", (1, S, 1, D), F64, seed=9)
+    q1, k1 = q0.copy(), k0.copy()
+    rope(q1, k1, pos)
+    q2, k2 = q0.copy(), k0.copy()
+    rope(q2, k2, pos + np.array([5, 300, 41])[:, None, None])
+    dots1 = np.einsum("bqhd,bkhd->bhqk", q1, k1)
+    dots2 = np.einsum("bqhd,bkhd->bhqk", q2, k2)
+    np.testing.assert_allclose(dots2, dots1, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cython"])
+def test_inverse_undoes(backend):
+    if backend == "cython" and not COMPILED:
+        pytest.skip("no compiled backend")
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS, mrope_interleaved=True)
+    pos = vl_positions(B, S, seed=2)
+    q0 = make("contiguous", (B, S, HQ, D), F64, seed=1)
+    q = q0.copy()
+    with fastpe.use_backend(backend):
+        rope(q, None, pos)
+        assert not np.allclose(q, q0)
+        rope(q, None, pos, inverse=True)
+    np.testing.assert_allclose(q, q0, rtol=0, atol=1e-12)
+
+
+def test_positions_shared_by_the_batch_and_per_sequence():
+    """(axes, seq) == (axes, 1, seq) broadcast over the batch == (axes, batch, seq) tiled."""
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    pos = vl_positions(1, S, seed=3)
+    outs = []
+    for form in (pos[:, 0], pos, np.repeat(pos, 2, axis=1)):
+        q = make("contiguous", (2, S, HQ, D), F32, seed=4)
+        rope(q, None, form)
+        outs.append(q)
+    for q in outs[1:]:
+        assert_bytes_equal(q, outs[0])
+
+
+def test_cos_sin_of_multi_axis_positions():
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    pos = vl_positions(1, S, seed=3)[:, 0]
+    cos, sin = rope.cos_sin(pos, dtype="float64")
+    ax = rope._pair_axis
+    ang = pos[ax].T.astype(np.float64) * inv_freq(D)
+    np.testing.assert_allclose(cos, np.cos(ang), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sin, np.sin(ang), rtol=0, atol=1e-12)
+
+
+# ---- refusals: a clear error naming the argument, nothing written ----------------------
+
+BAD = [
+    ("axes-mismatch", dict(axes=2, mrope_section=[4, 6, 6]), None, ValueError, "axes=2"),
+    ("sections-sum", dict(mrope_section=[4, 6, 5]), None, ValueError, "add up to"),
+    ("sections-type", dict(mrope_section=12), None, TypeError, "mrope_section"),
+    ("negative-section", dict(mrope_section=[4, -1, 13]), None, ValueError, "mrope_section"),
+    ("axes-without-sections", dict(axes=3), None, ValueError, "mrope_section"),
+    ("interleaved-alone", dict(mrope_interleaved=True), None, ValueError, "mrope_section"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_constructor_arguments(case):
+    _, kw, _, exc, match = case
+    with pytest.raises(exc, match=match):
+        fastpe.RotaryEmbedding(D, **kw)
+
+
+BAD_POSITIONS = [
+    ("wrong-axes", lambda p: p[:2], "positions must have shape"),
+    ("wrong-seq", lambda p: p[:, :, :-1], "positions must have shape"),
+    ("wrong-batch", lambda p: p[:, :2], "positions must have shape"),
+    ("four-d", lambda p: p[None], "positions must have shape"),
+    ("negative", lambda p: p - 10, "positions must be >= 0"),
+    ("float", lambda p: p.astype(np.float64), "positions must be integers"),
+    ("ambiguous-2d", lambda p: np.zeros((3, S), np.int64), "read both as"),
+]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cython"])
+@pytest.mark.parametrize("case", BAD_POSITIONS, ids=[c[0] for c in BAD_POSITIONS])
+def test_bad_positions_leave_buffers_unchanged(case, backend):
+    if backend == "cython" and not COMPILED:
+        pytest.skip("no compiled backend")
+    _, change, match = case
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    batch = 3  # batch == axes: the ambiguous 2-D form exists
+    pos = vl_positions(batch, S, seed=1)
+    q = make("contiguous", (batch, S, HQ, D), F32, seed=1)
+    k = make("contiguous", (batch, S, HK, D), F32, seed=2)
+    before = snapshot(q), snapshot(k)
+    exc = TypeError if "integers" in match else ValueError
+    with fastpe.use_backend(backend), pytest.raises(exc, match=match):
+        rope(q, k, change(pos))
+    assert (snapshot(q), snapshot(k)) == before
+
+
+def test_positions_and_offset_together_are_refused():
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    q = make("contiguous", (1, S, HQ, D), F32, seed=1)
+    before = snapshot(q)
+    with pytest.raises(ValueError, match="offset"):
+        rope(q, None, vl_positions(1, S), offset=3)
+    assert snapshot(q) == before
+
+
+# ---- from_hf_config never runs a multi-axis model as one-axis RoPE ---------------------
+
+UNSUPPORTED = [
+    {"model_type": "some_new_vl", "head_dim": 64,
+     "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [8, 12, 12]}},
+    {"model_type": "some_vision", "head_dim": 64,
+     "rope_parameters": {"rope_type": "axial", "rope_theta": 1e4}},
+]
+
+
+@pytest.mark.parametrize("config", UNSUPPORTED, ids=lambda c: c["model_type"])
+def test_unsupported_multi_axis_configs_raise(config):
+    with pytest.raises(ValueError, match="more than one position per token"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
