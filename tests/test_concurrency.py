@@ -1,6 +1,7 @@
 """Python threads: concurrent calls give the serial results, and the kernels release the GIL.
 
-- ``test_threads_match_serial``: 8 Python threads each run 1,000 rounds of every kernel
+- ``test_threads_match_serial``: 8 Python threads each run 50 rounds (1,000 in the
+  ``slow`` run) of every kernel
   (sinusoidal table and add, learned add, RoPE on its fast and general paths, cached
   RoPE, a shared RotaryEmbedding, cos/sin, ALiBi add on its fast and general paths, the
   ALiBi table), interleaved, on buffers of their own and on read-only inputs shared by
@@ -30,7 +31,8 @@ import fastpe
 from fastpe import _threads
 
 N_THREADS = 8
-ROUNDS = 1000
+# The default run shows the same interleavings in miniature; the slow run soaks.
+ROUNDS = {"default": 50, "soak": 1000}
 DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
           BF16 if BF16 is not None else np.dtype(np.float32)]
 
@@ -169,7 +171,11 @@ def _run_thread(tid, rounds, barrier=None):
 
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
-def test_threads_match_serial(monkeypatch):
+@pytest.mark.parametrize("rounds", [
+    pytest.param(ROUNDS["default"], id="default"),
+    pytest.param(ROUNDS["soak"], id="soak", marks=pytest.mark.slow),
+])
+def test_threads_match_serial(monkeypatch, rounds):
     monkeypatch.setattr(_threads, "SERIAL_BYTES", 0)   # num_threads=2 really runs a team
     shared_before = {name: a.copy() for name, a in _shared_inputs().items()}
     results: dict[int, list] = {}
@@ -178,7 +184,7 @@ def test_threads_match_serial(monkeypatch):
 
     def worker(tid):
         try:
-            results[tid] = _run_thread(tid, ROUNDS, barrier)
+            results[tid] = _run_thread(tid, rounds, barrier)
         except BaseException as exc:   # reported below, with the thread's id
             errors.append(exc)
             barrier.abort()
@@ -193,7 +199,7 @@ def test_threads_match_serial(monkeypatch):
     for name, a in _shared_inputs().items():
         assert_bytes_equal(a, shared_before[name], f"shared input {name} was written")
     for tid in range(N_THREADS):
-        serial = _run_thread(tid, ROUNDS)
+        serial = _run_thread(tid, rounds)
         for k, got, want in zip(KERNELS, results[tid], serial):
             for name in want:
                 assert_bytes_equal(got[name], want[name],
