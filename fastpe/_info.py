@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from typing import TypedDict
 
 import numpy as np
 
@@ -10,7 +11,29 @@ from . import _backend, _checks, _threads
 from ._version import __version__
 
 
-def info() -> dict:
+class _InfoWhenNotCompiled(TypedDict, total=False):
+    import_error: str
+
+
+class Info(_InfoWhenNotCompiled):
+    """What :func:`info` returns; ``import_error`` only when the extension did not load."""
+
+    version: str
+    backend: str
+    openmp: bool
+    num_threads: int
+    compiled: bool
+    isa: str | None
+    isa_available: list[str]
+    compile_flags: str | None
+    half_conversion: str | None
+    bfloat16: bool
+    numpy: str
+    python: str
+    machine: str
+
+
+def info() -> Info:
     """Version, active backend, OpenMP, threads, and the compiled build's details.
 
     Keys: version, backend, openmp (bool), num_threads, compiled (bool),
@@ -19,7 +42,7 @@ def info() -> dict:
     python, machine; import_error when the extension did not load.
     """
     compiled = _backend.compiled
-    out = {
+    out: Info = {
         "version": __version__,
         "backend": _backend.backend(),
         "openmp": bool(compiled is not None and compiled.OPENMP),
