@@ -416,13 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="RoPE's relative positions, sinusoidal frequencies, "
                                     "ALiBi slopes, with numbers",
-                       description="The seed notes' properties with numbers: equal RoPE "
+                       description="The encodings' defining properties with numbers: equal RoPE "
                                    "dot products at positions (2, 5) and (10, 13), "
                                    "sinusoidal frequencies falling across dimensions, ALiBi "
                                    "slopes and one bias row per head.")
     p.add_argument("--plot", metavar="FILE.png",
-                   help="draw a sinusoidal table and ALiBi biases as heatmaps (needs "
-                        "matplotlib)")
+                   help="draw RoPE's q.k by position, a sinusoidal table and ALiBi's "
+                        "per-head biases (needs matplotlib)")
     return parser
 
 

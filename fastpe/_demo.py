@@ -1,4 +1,8 @@
-"""``python -m fastpe demo``: the seed notes' properties, shown with numbers."""
+"""``python -m fastpe demo``: the defining properties of each encoding, with numbers.
+
+RoPE makes q.k depend only on the distance (Su et al., 2021); sinusoidal frequencies
+fall geometrically across the dimensions (Vaswani et al., 2017); ALiBi adds a per-head
+slope times the distance (Press et al., 2022)."""
 
 from __future__ import annotations
 
@@ -65,8 +69,6 @@ def _sinusoidal_lines() -> list[str]:
 
 
 def _alibi_lines() -> list[str]:
-    if not hasattr(fastpe, "alibi_slopes"):
-        return ["3. ALiBi: not in this fastpe build"]
     lines = ["3. ALiBi: a per-head slope times the distance, added to the attention "
              "scores (max_bias 8)"]
     for heads in ALIBI_HEADS:
@@ -85,41 +87,56 @@ def _alibi_lines() -> list[str]:
 
 def demo_text() -> str:
     parts = [f"fastpe {fastpe.__version__} demo ({fastpe.backend()} backend): "
-             "the properties from the seed notes, with numbers", ""]
+             "each encoding's defining property, with numbers", ""]
     for block in (_rope_lines(), _sinusoidal_lines(), _alibi_lines()):
         parts.extend(block)
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
 
 
+def _rope_scores(n: int) -> np.ndarray:
+    """q_m . k_n for one fixed q and k vector rotated to every pair of positions < n."""
+    rng = np.random.default_rng(0)
+    q = np.repeat(rng.standard_normal((1, 1, 1, ROPE_DIM)), n, axis=1)
+    k = np.repeat(rng.standard_normal((1, 1, 1, ROPE_DIM)), n, axis=1)
+    fastpe.apply_rope(q, k)
+    return np.einsum("md,nd->mn", q[0, :, 0], k[0, :, 0])
+
+
 def plot(path: str) -> None:
-    """Heatmaps of a sinusoidal table and of causal ALiBi biases, saved to `path`."""
+    """Three panels, saved to `path`: RoPE's q.k over query and key positions (constant
+    along each diagonal: it depends only on the distance), a sinusoidal table, and the
+    ALiBi bias of the newest query for every head on one colour scale (the slopes)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    alibi = hasattr(fastpe, "alibi_bias")
-    ncols = 3 if alibi else 1
-    fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4.6), squeeze=False)
-    axes = axes[0]
+    fig, (ax_rope, ax_sin, ax_alibi) = plt.subplots(1, 3, figsize=(16.5, 4.6))
+    n = 64
+    im = ax_rope.imshow(_rope_scores(n), aspect="auto", cmap="RdBu_r", interpolation="nearest")
+    ax_rope.set_title(f"RoPE: q.k of the same vectors at every position pair\n"
+                      f"(head_dim {ROPE_DIM}; equal along each diagonal)")
+    ax_rope.set_xlabel("key position")
+    ax_rope.set_ylabel("query position")
+    fig.colorbar(im, ax=ax_rope)
+
     table = fastpe.sinusoidal_table(128, 128)
-    im = axes[0].imshow(table, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1,
-                        interpolation="nearest")
-    axes[0].set_title("sinusoidal_table(128, 128)")
-    axes[0].set_xlabel("feature (even: sin, odd: cos)")
-    axes[0].set_ylabel("position")
-    fig.colorbar(im, ax=axes[0])
-    if alibi:
-        n, heads = 32, 8
-        bias = fastpe.alibi_bias(heads, n, n, causal=True)
-        for ax, h in zip(axes[1:], (0, heads - 1)):
-            shown = np.where(np.isfinite(bias[h]), bias[h], np.nan)  # masked: blank
-            im = ax.imshow(shown, aspect="auto", cmap="viridis", interpolation="nearest")
-            ax.set_title(f"alibi_bias({heads}, {n}, {n}, causal=True)[{h}]\n"
-                         f"slope {fastpe.alibi_slopes(heads)[h]:g}; blank = -inf")
-            ax.set_xlabel("key position")
-            ax.set_ylabel("query position")
-            fig.colorbar(im, ax=ax)
+    im = ax_sin.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1,
+                       interpolation="nearest")
+    ax_sin.set_title("sinusoidal_table(128, 128)")
+    ax_sin.set_xlabel("feature (even: sin, odd: cos)")
+    ax_sin.set_ylabel("position")
+    fig.colorbar(im, ax=ax_sin)
+
+    heads, keys = 8, 32
+    bias = fastpe.alibi_bias(heads, 1, keys, dtype="float64")[:, 0]
+    im = ax_alibi.imshow(bias, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax_alibi.set_title(f"ALiBi: bias of the newest query (position {keys - 1})\n"
+                       f"per head, slopes {fastpe.alibi_slopes(heads)[0]:g} .. "
+                       f"{fastpe.alibi_slopes(heads)[-1]:g}")
+    ax_alibi.set_xlabel("key position")
+    ax_alibi.set_ylabel("head")
+    fig.colorbar(im, ax=ax_alibi)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -17,8 +17,8 @@ def frozen(a: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def sinusoidal_inv_freq(dim: int, base: float) -> np.ndarray:
-    """w_i = base^(-2i/dim) for i < ceil(dim / 2), as the seed computes it:
-    exp(2i * -ln(base) / dim). Read-only float64."""
+    """w_i = base^(-2i/dim) for i < ceil(dim / 2), computed as exp(2i * -ln(base) / dim)
+    like the Transformer's reference code (Vaswani et al., 2017). Read-only float64."""
     if dim == 0:
         return frozen(np.empty(0))
     return frozen(np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(base) / dim)))
