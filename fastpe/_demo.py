@@ -24,7 +24,7 @@ def _rope_lines() -> list[str]:
     q0 = rng.standard_normal((1, 1, 1, ROPE_DIM))
     k0 = rng.standard_normal((1, 1, 1, ROPE_DIM))
 
-    def rotated(x, pos):
+    def rotated(x: np.ndarray, pos: int) -> np.ndarray:
         y = x.copy()
         fastpe.apply_rope(y, positions=np.array([pos]))
         return y
@@ -100,7 +100,8 @@ def _rope_scores(n: int) -> np.ndarray:
     q = np.repeat(rng.standard_normal((1, 1, 1, ROPE_DIM)), n, axis=1)
     k = np.repeat(rng.standard_normal((1, 1, 1, ROPE_DIM)), n, axis=1)
     fastpe.apply_rope(q, k)
-    return np.einsum("md,nd->mn", q[0, :, 0], k[0, :, 0])
+    scores: np.ndarray = np.einsum("md,nd->mn", q[0, :, 0], k[0, :, 0])
+    return scores
 
 
 def plot(path: str) -> None:

@@ -46,7 +46,7 @@ def cached_alibi_slopes(num_heads: int, max_bias: float) -> np.ndarray:
     return frozen(np.empty(0) if num_heads == 0 else _alibi_slopes_math(num_heads, max_bias))
 
 
-def alibi_slopes(num_heads, *, max_bias=8.0) -> np.ndarray:
+def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> np.ndarray:
     """The per-head ALiBi slopes (Press et al., 2022), float64 (num_heads,).
 
     A power-of-two head count n gets the geometric sequence

@@ -4,14 +4,16 @@
 it was not built or this CPU cannot run it); tests use it to check each one.
 """
 
+import importlib as _importlib
 import os as _os
+from types import ModuleType as _ModuleType
 
 from . import kernels_baseline as _baseline
 
 _ORDER = ("avx2", "baseline")
 
 
-def _load():
+def _load() -> _ModuleType:
     forced = _os.environ.get("FASTPE_ISA", "").strip().lower()
     if forced and forced not in _ORDER:
         raise ImportError(f"FASTPE_ISA={forced!r}: expected one of {', '.join(_ORDER)}")
@@ -21,7 +23,7 @@ def _load():
                 raise ImportError(f"FASTPE_ISA={forced!r}: this CPU cannot run that variant")
             continue
         try:
-            return __import__(f"{__name__}.kernels_{isa}", fromlist=["*"])
+            return _importlib.import_module(f"{__name__}.kernels_{isa}")
         except ImportError:
             if forced:
                 raise
