@@ -16,9 +16,57 @@ one-axis RoPE by mistake.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, NamedTuple
 
-from ._rope_scaling import _hf_get
+import numpy as np
 
+from . import _args
+from ._rope_scaling import _hf_get, hf_rope_config
+
+class TextMRope(NamedTuple):
+    """How one family's text attention lays M-RoPE out over the frequency pairs."""
+    sections: tuple[int, ...]  # the mrope_section its code uses when the config has none
+    scheme: str                # see _pair_axis
+    style: str                 # "neox" (rotate_half) or "gptj" (adjacent pairs)
+
+
+_QWEN2 = TextMRope((16, 24, 24), "contiguous", "neox")
+_QWEN3 = TextMRope((24, 20, 20), "interleaved", "neox")
+_QWEN35 = TextMRope((11, 11, 10), "interleaved", "neox")
+_GLM4V = TextMRope((8, 12, 12), "contiguous", "gptj")
+_GLM_NEOX = TextMRope((8, 12, 12), "contiguous", "neox")
+_ERNIE = TextMRope((22, 22, 20), "ernie", "gptj")
+
+# Text models with M-RoPE that fastpe reproduces, by model type (checked against each
+# family's own transformers code by tests/test_mrope.py's fixtures).
+TEXT_MROPE: dict[str, TextMRope] = {
+    # the flat config.json of Qwen2-VL and Qwen2.5-VL checkpoints
+    "qwen2_vl": _QWEN2, "qwen2_5_vl": _QWEN2,
+    "qwen2_vl_text": _QWEN2, "qwen2_5_vl_text": _QWEN2,
+    "qwen2_5_omni_text": _QWEN2, "qwen2_5_omni_thinker": _QWEN2,
+    "paddleocr_vl_text": _QWEN2,
+    "qwen3_vl_text": _QWEN3, "qwen3_vl_moe_text": _QWEN3, "qwen3_omni_moe_text": _QWEN3,
+    "qwen3_omni_moe_thinker": _QWEN3, "cosmos3_edge_text": _QWEN3,
+    "qwen3_5_text": _QWEN35, "qwen3_5_moe_text": _QWEN35,
+    "glm4v_text": _GLM4V, "glm_ocr_text": _GLM4V,
+    "glm4v_moe_text": _GLM_NEOX, "glm_image_text": _GLM_NEOX,
+    "ernie4_5_vl_moe_text": _ERNIE,
+}
+
+# Model types whose text attention rotates by M-RoPE in a way fastpe does not
+# reproduce (or has not been checked against), with the reason.
+UNSUPPORTED_TEXT = {
+    "hunyuan_vl": "HunYuan-VL rotates the two features of a pair by the angles of "
+                  "different axes (not a rotation)",
+    "hunyuan_vl_text": "HunYuan-VL rotates the two features of a pair by the angles of "
+                       "different axes (not a rotation)",
+    "hy_v4_vl": "its multi-head latent attention rotates a separate rope slice of q and k",
+    "hy_v4_vl_text": "its multi-head latent attention rotates a separate rope slice of q "
+                     "and k",
+}
+
+# Model types whose text attention rotates by M-RoPE (the composite configs name their
+# text model in text_config).
 # Model types whose text attention rotates by M-RoPE (the default sections their code
 # fills in when the config has none are part of each family's entry once supported).
 MROPE_TEXT_MODEL_TYPES = frozenset({
@@ -57,11 +105,93 @@ def is_multi_axis(config: object) -> bool:
             or model_type.endswith(_VISION_SUFFIXES))
 
 
+def _pair_axis(scheme: str, sections: list[int], half: int) -> np.ndarray:
+    """Axis of each frequency pair for the families' layouts.
+
+    contiguous (Qwen2-VL, GLM-4V): runs of sections[0], [1], [2] pairs on axes 0, 1, 2;
+    interleaved (Qwen3-VL): axes take turns pair by pair, each while it has pairs left;
+    ernie (ERNIE-4.5-VL): height and width alternate over the first sections[0] +
+    sections[1] pairs (its code pre-permutes the frequencies so that pair j keeps the
+    j-th), the temporal axis takes the rest."""
+    if len(sections) != 3:
+        raise ValueError(f"mrope_section must have 3 entries (temporal, height, width), "
+                         f"got {sections}")
+    if sum(sections) != half:
+        raise ValueError(f"mrope_section {sections} must add up to rotary_dim // 2 = {half}")
+    if scheme == "ernie":
+        if sections[0] != sections[1]:
+            raise ValueError(f"ERNIE-4.5-VL pairs height with width frequencies: "
+                             f"mrope_section[0] must equal mrope_section[1], got {sections}")
+        return np.array([1, 2] * sections[0] + [0] * sections[2], np.int8)
+    return _args.mrope_pair_axis(half, sections, scheme == "interleaved")
+
+
+def _as_dict(config: object) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    return dict(vars(config))
+
+
+def text_config(config: object) -> object:
+    """The text model's config of a composite vision-language config (its
+    text_config), or the config itself."""
+    inner = _hf_get(config, "text_config")
+    if inner is not None and is_multi_axis(inner):
+        return inner
+    return config
+
+
+def text_mrope(config: object) -> tuple[dict[str, Any], TextMRope] | None:
+    """(the config as a dict with a one-axis rope dict, the family's layout) for a text
+    model with M-RoPE that fastpe reproduces; None for any other model."""
+    model_type = _hf_get(config, "model_type")
+    family = TEXT_MROPE.get(str(model_type))
+    if family is None:
+        return None
+    cfg = _as_dict(config)
+    name = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    rope = dict(cfg.get(name) or {})
+    sections = rope.pop("mrope_section", None)
+    rope.pop("mrope_interleaved", None)
+    if rope.get("rope_type", rope.get("type")) == "mrope":
+        # Qwen2-VL's original config.json; transformers reads it as default RoPE
+        rope.pop("type", None)
+        rope["rope_type"] = "default"
+    cfg[name] = rope
+    cfg["mrope_section"] = list(family.sections if sections is None else sections)
+    return cfg, family
+
+
 def check_supported(config: object) -> None:
     """Raise for a multi-axis model fastpe does not reproduce."""
     if is_multi_axis(config):
         model_type = _hf_get(config, "model_type")
+        reason = UNSUPPORTED_TEXT.get(str(model_type))
+        if reason:
+            raise ValueError(f"model_type {model_type!r} is not supported: {reason}; "
+                             f"fastpe's rotation would give different numbers")
         raise ValueError(
             f"model_type {model_type!r} rotates by more than one position per token "
             f"(M-RoPE or 2D vision RoPE), which from_hf_config does not reproduce for this "
             f"model yet; running it as one-axis RoPE would give different numbers")
+
+
+def from_hf_config(cls: Any, config: object, style: str | None,
+                   layer_type: str | None) -> Any:
+    """``cls.from_hf_config`` for multi-axis models: the embedding, None for a
+    one-axis model, or a ValueError for a multi-axis model fastpe does not reproduce."""
+    config = text_config(config)
+    text = text_mrope(config)
+    if text is None:
+        check_supported(config)
+        return None
+    cfg, family = text
+    c = hf_rope_config(cfg, layer_type=layer_type)
+    rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],
+               style=style or family.style, max_position_embeddings=c["max_position_embeddings"])
+    rope._set_layout(3, _pair_axis(family.scheme, cfg["mrope_section"], rope.rotary_dim // 2),
+                     None)
+    return rope

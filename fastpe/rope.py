@@ -239,7 +239,9 @@ class RotaryEmbedding:
         rope_parameters, partial_rotary_factor / rotary_pct / rotary_dim,
         max_position_embeddings; "gptj" style for GPT-J-like model types
         unless ``style`` says otherwise."""
-        _hf_multimodal.check_supported(config)
+        multi_axis = _hf_multimodal.from_hf_config(cls, config, style, layer_type)
+        if multi_axis is not None:
+            return multi_axis
         c = _rope_scaling.hf_rope_config(config, layer_type=layer_type)
         return cls(c["head_dim"], base=c["base"], scaling=c["scaling"],
                    rotary_dim=c["rotary_dim"], style=style or c["style"],

@@ -14,6 +14,9 @@ Truths, independent of the code under test:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import rope_oracle as oracle
@@ -307,3 +310,42 @@ UNSUPPORTED = [
 def test_unsupported_multi_axis_configs_raise(config):
     with pytest.raises(ValueError, match="more than one position per token"):
         fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+# ---- transformers' own code (tests/data/make_hf_mrope_reference.py) ---------------------
+
+DATA = Path(__file__).parent / "data"
+HF = json.loads((DATA / "hf_mrope_reference.json").read_text())
+HF_ARRAYS = np.load(DATA / "hf_mrope_reference.npz")
+HF_CASES = {c["name"]: c for c in HF["cases"]}
+BACKENDS = ["numpy", "cython"] if COMPILED else ["numpy"]
+
+
+def _hf_case_ids(kind):
+    return [name for name, c in HF_CASES.items() if c["kind"] == kind]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", _hf_case_ids("text"))
+def test_text_models_match_transformers(name, backend):
+    """Each family's M-RoPE through from_hf_config equals its own rotary module and
+    apply_rotary_pos_emb (run in float64) to float64 rounding."""
+    case = HF_CASES[name]
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"])
+    rng = np.random.default_rng(case["seed"])
+    q = rng.standard_normal(case["q_shape"])
+    k = rng.standard_normal(case["k_shape"])
+    pos = np.array(case["positions"], dtype=np.int64)
+    assert rope.axes == pos.shape[0]
+    with fastpe.use_backend(backend):
+        rope(q, k, pos, layout=case["layout"])
+    for got, key in ((q, "q"), (k, "k")):
+        expected = HF_ARRAYS[f"{name}/{key}"]
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13,
+                                   err_msg=f"{name} {key} ({backend})")
+
+
+@pytest.mark.parametrize("name", _hf_case_ids("unsupported"))
+def test_unsupported_models_raise(name):
+    with pytest.raises(ValueError, match="not supported|more than one position"):
+        fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
