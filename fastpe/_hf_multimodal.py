@@ -43,10 +43,10 @@ TEXT_MROPE: dict[str, TextMRope] = {
     # the flat config.json of Qwen2-VL and Qwen2.5-VL checkpoints
     "qwen2_vl": _QWEN2, "qwen2_5_vl": _QWEN2,
     "qwen2_vl_text": _QWEN2, "qwen2_5_vl_text": _QWEN2,
-    "qwen2_5_omni_text": _QWEN2, "qwen2_5_omni_thinker": _QWEN2,
+    "qwen2_5_omni_text": _QWEN2,
     "paddleocr_vl_text": _QWEN2,
     "qwen3_vl_text": _QWEN3, "qwen3_vl_moe_text": _QWEN3, "qwen3_omni_moe_text": _QWEN3,
-    "qwen3_omni_moe_thinker": _QWEN3, "cosmos3_edge_text": _QWEN3,
+    "cosmos3_edge_text": _QWEN3,
     "qwen3_5_text": _QWEN35, "qwen3_5_moe_text": _QWEN35,
     "glm4v_text": _GLM4V, "glm_ocr_text": _GLM4V,
     "glm4v_moe_text": _GLM_NEOX, "glm_image_text": _GLM_NEOX,

@@ -116,6 +116,10 @@ TEXT_CASES = [
                                                  partial_rotary_factor=0.25)), 3, None),
     ("qwen3_5_moe", "qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeTextRotaryEmbedding",
      dict(SMALL, head_dim=128, rope_parameters=rp(1e7, partial_rotary_factor=0.5)), 3, None),
+    ("qwen3_omni_moe", "qwen3_omni_moe", "Qwen3OmniMoeTextConfig",
+     "Qwen3OmniMoeThinkerTextRotaryEmbedding",
+     dict(SMALL, rope_parameters=rp(1e6, mrope_section=[6, 5, 5], mrope_interleaved=True)), 3,
+     None),
     ("glm4v_partial_gptj", "glm4v", "Glm4vTextConfig", "Glm4vTextRotaryEmbedding",
      dict(SMALL, rope_parameters=rp(1e4, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)),
      3, None),
@@ -146,9 +150,8 @@ def run_text(case, seed):
     name, pkg, cfg_cls, rot_cls, kw, axes, layer_type = case
     cfg = getattr(module(pkg, "configuration"), cfg_cls)(**kw)
     mod = module(pkg)
-    batch, seq = 2, 11
-    heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    heads, kv = 2, 1
+    d = cfg.head_dim
+    batch, seq, heads, kv = (2, 11, 2, 1) if d <= 64 else (1, 11, 1, 1)
     pos = vl_positions(axes, batch, seq, seed)
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, heads, seq, d))
