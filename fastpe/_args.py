@@ -298,8 +298,9 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
                              f"head_dim {spec_head_dim}")
         _rotary_dim(rotary_dim, head_dim, None, "")
     elif freqs is not None:
-        if base is not None or scaling is not None:
-            raise ValueError("give freqs, or base/scaling to compute them, not both")
+        if base is not None or scaling is not None or max_position_embeddings is not None:
+            raise ValueError("give freqs, or base/scaling/max_position_embeddings to compute "
+                             "them, not both")
         given = frequencies_arg(freqs)
         _rotary_dim(rotary_dim, head_dim, 2 * given.inv_freq.size,
                     f"freqs ({given.inv_freq.size} frequencies)")

@@ -102,7 +102,7 @@ class RopeSpec:
         return cached if cached is not None else self._compute(regime)
 
     def _regime(self, seq_len):
-        if seq_len is not None:
+        if seq_len is not None and not (type(seq_len) is int and seq_len >= 0):
             seq_len = _whole_number("seq_len", seq_len, minimum=0)
         if not self.depends_on_seq_len:
             return None

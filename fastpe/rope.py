@@ -8,7 +8,6 @@ float64; the rotation runs in place, in one pass over q and k.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -50,39 +49,148 @@ def _run(plan: _args.RopePlan) -> None:
 
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*
+_SEQ_AXIS = {"bshd": (4, 1), "bhsd": (4, 2), "shd": (3, 0)}  # (q.ndim, axis of seq)
 _STYLE_NEOX = {"neox": True, "gptj": False}
+_INT64 = np.dtype(np.int64)
+_NOT_PLAIN = object()
+_POSITIONS_STACK = 512  # rope.pxi POSITIONS_STACK
+
+# (head_dim, rotary_dim, base, max_position_embeddings), each with its type (True and 1 are
+# equal keys but not equal arguments), and a dict scaling by its items and their types: the
+# parsed RopeSpec. A call with the same arguments costs a hash and a lookup; one passing the
+# same dict object, unchanged, costs less (_BY_DICT: id -> the dict, the other arguments,
+# the dict's items then, the spec).
+_SPECS: dict[tuple, _rope_scaling.RopeSpec] = {}
+_BY_DICT: dict[int, tuple] = {}
+_MAX_SPECS = 256
 
 
-@functools.lru_cache(maxsize=256)
-def _plain_frequencies(head_dim: int, base: float | None) -> RopeFrequencies:
-    return _rope_scaling.parse_rope_spec(head_dim, base=base).frequencies()
+def _cached_spec(kern, head_dim: int, rotary_dim: object, base: object, scaling: object,
+                 max_position_embeddings: object) -> _rope_scaling.RopeSpec | None:
+    """The spec _args.rope_spec parses from these arguments, memoised; None when
+    they are refused (the general path then raises, in its own order)."""
+    args = (head_dim, rotary_dim, type(rotary_dim), base, type(base), max_position_embeddings,
+            type(max_position_embeddings))
+    key: tuple | None
+    if scaling is None:
+        key = args
+    elif type(scaling) is dict:
+        seen = _BY_DICT.get(id(scaling))
+        if (seen is not None and seen[0] is scaling and seen[1] == args
+                and kern.same_items(scaling, seen[2])):
+            return seen[3]
+        key = (args, tuple(scaling.items()), tuple(map(type, scaling.values())))
+    else:
+        return None
+    spec = None
+    try:
+        spec = _SPECS.get(key)
+    except TypeError:
+        key = None  # an unhashable value (a list of longrope factors)
+    if spec is None:
+        try:
+            spec = _args.rope_spec(head_dim, rotary_dim, base, scaling,
+                                   max_position_embeddings)[1]
+        except Exception:
+            return None
+        if key is not None:
+            if len(_SPECS) >= _MAX_SPECS:
+                _SPECS.clear()
+            _SPECS[key] = spec
+    if scaling is not None:
+        if len(_BY_DICT) >= _MAX_SPECS:
+            _BY_DICT.clear()
+        _BY_DICT[id(scaling)] = (scaling, args, tuple(scaling.items()), spec)
+    return spec
 
 
-def _try_fast(kern, q, k, positions, offset, freqs, style, layout, inverse, num_threads) -> bool:
+def _fast_positions(positions: object, q: np.ndarray, k: object) -> object:
+    """positions for the compiled fast path: None, lists and arrays as they are
+    (the kernel reads a few hundred integers of any dtype, or of a list, itself),
+    a larger array of another integer dtype as an int64 copy; _NOT_PLAIN for
+    anything else, and for such an array that may share memory with q or k (the
+    general path decides those and names every problem)."""
+    if type(positions) is np.ndarray:
+        if positions.dtype is _INT64 or positions.size <= _POSITIONS_STACK:
+            return positions
+        if positions.dtype.kind not in "iu" or np.may_share_memory(q, positions) or (
+                type(k) is np.ndarray and np.may_share_memory(k, positions)):
+            return _NOT_PLAIN
+        return positions.astype(_INT64)
+    if positions is None or type(positions) in (list, tuple):
+        return positions  # the kernel reads a few hundred plain ints of a list itself
+    return _NOT_PLAIN
+
+
+def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
+                  layout: str) -> int | None:
+    """max(positions) + 1 of a fast-path call (0 with no positions), as the general
+    path computes it for the frequencies of dynamic and longrope; None to leave the
+    call to the general path."""
+    if positions is None:
+        ndim, axis = _SEQ_AXIS[layout]
+        if q.ndim != ndim:
+            return None
+        return offset + q.shape[axis] if q.shape[axis] else 0
+    if type(positions) is not np.ndarray:
+        try:
+            positions = np.asarray(positions)
+        except (TypeError, ValueError):
+            return None
+    if not positions.size:
+        return 0
+    if positions.dtype is not _INT64:
+        if positions.dtype.kind not in "iu":
+            return None
+        positions = positions.astype(_INT64)  # a uint64 past int64 turns negative: refused
+    elif not positions.flags.c_contiguous:
+        return None
+    lo, hi = _checks.int64_range(positions)
+    return hi + 1 if lo >= 0 else None
+
+
+def _try_fast(kern, q, k, positions, offset, source, style, layout, inverse, num_threads,
+              cache=None) -> bool:
     """Rotate through the compiled fast path when the arguments are the plain
     common case; False (nothing written) sends the call down the general,
     fully validating path, which also produces every error message.
 
-    Only cheap type tests happen here; the arrays are checked in C."""
+    `source` is a RopeFrequencies, or a RopeSpec whose frequencies follow the
+    call's positions; with `cache` = (cos, sin) it is ignored and the rows come
+    from the cache. Only cheap type tests happen here; the arrays are checked in C."""
     layout_code = _LAYOUT_CODES.get(layout) if type(layout) is str else None
     neox = _STYLE_NEOX.get(style) if type(style) is str else None
     if (layout_code is None or neox is None or type(offset) is not int
             or not 0 <= offset < _checks.INT64_MAX or type(inverse) is not bool
             or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         return False
-    att = freqs.attention_scaling
+    positions = _fast_positions(positions, q, k)
+    if positions is _NOT_PLAIN:
+        return False
+    nbytes = q.nbytes + (k.nbytes if type(k) is np.ndarray else 0)
+    threads = _threads.resolve(num_threads, 2 * nbytes)
+    if cache is not None:
+        return kern.rope_cached_fast(q, k, cache[0], cache[1], positions, offset, layout_code,
+                                     neox, inverse, threads)
+    if type(source) is not RopeFrequencies:
+        if source.depends_on_seq_len:
+            seq_len = _fast_seq_len(q, positions, offset, layout)
+            if seq_len is None:
+                return False
+            source = source.frequencies(seq_len)
+        else:
+            source = source.frequencies()
+    att = source.attention_scaling
     if att == 1.0:
         cos_scale = 1.0
     elif type(att) is float and 0.0 < att < math.inf:
         cos_scale = att
     else:
         return False
-    nbytes = q.nbytes + (k.nbytes if type(k) is np.ndarray else 0)
     if inverse:
         cos_scale = 1.0 / cos_scale
-    return kern.rope_fast(q, k, positions, offset, layout_code, neox, freqs.inv_freq,
-                          cos_scale, -cos_scale if inverse else cos_scale,
-                          _threads.resolve(num_threads, 2 * nbytes))
+    return kern.rope_fast(q, k, positions, offset, layout_code, neox, source.inv_freq,
+                          cos_scale, -cos_scale if inverse else cos_scale, threads)
 
 
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
@@ -123,18 +231,16 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
     kern = _backend.kernels()
-    if kern is not None and scaling is None and rotary_dim is None and isinstance(q, np.ndarray):
-        fast = None
+    if kern is not None and isinstance(q, np.ndarray) and q.ndim >= 3:
+        source: Any = None
         if freqs is None:
-            if q.ndim >= 3 and (base is None or type(base) is float):
-                try:
-                    fast = _plain_frequencies(q.shape[-1], base)
-                except ValueError:
-                    pass  # the general path names the bad argument
-        elif type(freqs) is RopeFrequencies and base is None:
-            fast = freqs
-        if fast is not None and _try_fast(kern, q, k, positions, offset, fast, style, layout,
-                                          inverse, num_threads):
+            source = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
+                                  max_position_embeddings)
+        elif (type(freqs) is RopeFrequencies and base is scaling is rotary_dim is None
+              and max_position_embeddings is None):
+            source = freqs
+        if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
+                                            layout, inverse, num_threads):
             return q, k
     _run(_args.rope(q, k, positions, offset, rotary_dim, freqs, base, scaling,
                     max_position_embeddings, style, layout, inverse, num_threads))
@@ -152,6 +258,11 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     or past max_positions is an IndexError. ``inverse=True`` applies the exact
     inverse of the cached rotation. Other arguments as :func:`apply_rope`.
     """
+    kern = _backend.kernels()
+    if kern is not None and isinstance(q, np.ndarray) and _try_fast(
+            kern, q, k, positions, offset, None, style, layout, inverse, num_threads,
+            cache=(cos, sin)):
+        return q, k
     _run(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
                            num_threads))
     return q, k
@@ -277,11 +388,11 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         kern = _backend.kernels()
         # the fast path reads 2-D positions as (batch, seq): text positions only
-        if (kern is not None and not self._spec.depends_on_seq_len and isinstance(q, np.ndarray)
+        if (kern is not None and isinstance(q, np.ndarray)
                 and (self.axes == 1 or positions is None) and self._pair_freq is None
                 and q.ndim >= 3 and q.shape[-1] == self.head_dim
-                and _try_fast(kern, q, k, positions, offset, self._spec.frequencies(), self.style,
-                              layout, inverse, num_threads)):
+                and _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
+                              inverse, num_threads)):
             return q, k
         plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
                           self.style, layout, inverse, num_threads, spec=self._spec,

@@ -174,10 +174,16 @@ def path_spy(monkeypatch):
     if not ON_CYTHON:
         pytest.skip("the compiled backend is not the one under test")
     real_fast = fastpe._backend.compiled.rope_fast
+    real_cached_fast = fastpe._backend.compiled.rope_cached_fast
     real_run = fastpe.rope._run
 
     def fast(*args):
         done = real_fast(*args)
+        events.append("fast" if done else "declined")
+        return done
+
+    def cached_fast(*args):
+        done = real_cached_fast(*args)
         events.append("fast" if done else "declined")
         return done
 
@@ -186,6 +192,7 @@ def path_spy(monkeypatch):
         return real_run(plan)
 
     monkeypatch.setattr(fastpe._backend.compiled, "rope_fast", fast)
+    monkeypatch.setattr(fastpe._backend.compiled, "rope_cached_fast", cached_fast)
     monkeypatch.setattr(fastpe.rope, "_run", run)
     return events
 
@@ -478,18 +485,12 @@ def _v_copy_to(kind):
 
 
 GENERAL_VARIANTS = {
-    "positions-list": _v_positions(lambda p: p.tolist()),
-    "positions-int32": _v_positions(lambda p: p.astype(np.int32)),
-    "positions-uint16": _v_positions(lambda p: p.astype(np.uint16)),
     "positions-strided-int64": _v_positions(lambda p: np.repeat(p, 2, axis=1)[:, ::2]),
     "positions-big-endian": _v_positions(lambda p: p.astype(">i8")),
     "q-k-byteswapped": _v_byteswapped,
     "q-k-fused-qkv-slices": _v_fused_qkv,
     "q-k-interleaved-features": _v_interleaved_features,
     "q-k-unaligned": _v_unaligned,
-    "rotary_dim-given": _v_kwargs(rotary_dim=D),
-    "scaling-default-dict": _v_kwargs(scaling={"rope_type": "default"}),
-    "base-int": _v_kwargs(base=10000),
     "freqs-bare-array": _v_kwargs(freqs=np.array(fastpe.rope_frequencies(D).inv_freq)),
     "num_threads-negative": _v_kwargs(num_threads=-1),
 }
@@ -501,6 +502,17 @@ FAST_VARIANTS = {
     "negative-strides": _v_copy_to("reversed"),
     "transposed-memory": _v_copy_to("transposed"),
     "num_threads=1": _v_kwargs(num_threads=1),
+    # every spelling of the same arguments
+    "positions-list": _v_positions(lambda p: p.tolist()),
+    "positions-int32": _v_positions(lambda p: p.astype(np.int32)),
+    "positions-uint16": _v_positions(lambda p: p.astype(np.uint16)),
+    "positions-uint64": _v_positions(lambda p: p.astype(np.uint64)),
+    "rotary_dim-given": _v_kwargs(rotary_dim=D),
+    "scaling-default-dict": _v_kwargs(scaling={"rope_type": "default"}),
+    "base-int": _v_kwargs(base=10000),
+    "base-numpy-float": _v_kwargs(base=np.float64(10000)),
+    "base-numpy-int": _v_kwargs(base=np.int32(10000)),
+    "max_position_embeddings": _v_kwargs(max_position_embeddings=4096),
 }
 
 
@@ -561,16 +573,120 @@ def test_rotary_embedding_call_paths_give_identical_bits(path_spy):
     q0, k0, pos = _plain_inputs()
     rope(q0, k0, pos)
     assert took(path_spy, "fast")[0]
+    for spelling in (pos.astype(np.int32), pos.tolist()):
+        q, k, _ = _plain_inputs()
+        rope(q, k, spelling)
+        assert took(path_spy, "fast")[0]
+        assert_bytes_equal(q, q0)
+        assert_bytes_equal(k, k0)
     q, k, _ = _plain_inputs()
-    rope(q, k, pos.astype(np.int32))
+    rope(q, k, np.repeat(pos, 2, axis=1)[:, ::2])
     assert took(path_spy, "general")[0]
     assert_bytes_equal(q, q0)
     assert_bytes_equal(k, k0)
-    q, k, _ = _plain_inputs()
-    fastpe.apply_rope(q, k, pos, base=5000.0, scaling=SCALINGS["yarn"])
-    assert took(path_spy, "general")[0]
-    assert_bytes_equal(q, q0)
-    assert_bytes_equal(k, k0)
+    for scaling in (SCALINGS["yarn"], dict(SCALINGS["yarn"])):  # the same dict, an equal one
+        q, k, _ = _plain_inputs()
+        fastpe.apply_rope(q, k, pos, base=5000.0, scaling=scaling)
+        assert took(path_spy, "fast")[0]
+        assert_bytes_equal(q, q0)
+        assert_bytes_equal(k, k0)
+
+
+@pytest.mark.parametrize("name", ["dynamic-above-original", "longrope"])
+def test_sequence_dependent_scalings_take_the_fast_path(path_spy, name):
+    """dynamic and longrope pick their frequencies from max(positions) + 1 on the fast
+    path too: the same bits as the general path, on both sides of the original length."""
+    scaling = SCALINGS[name] if name in SCALINGS else _longrope(16)
+    rope = fastpe.RotaryEmbedding(D, scaling=scaling, max_position_embeddings=64)
+    for pos in (np.arange(8)[None], np.arange(40)[None] + 30):
+        q0, k0, _ = _plain_inputs()
+        q0, k0 = q0[:1, :pos.shape[1]].copy(), k0[:1, :pos.shape[1]].copy()
+        q, k = q0.copy(), k0.copy()
+        rope(q, k, pos)
+        assert took(path_spy, "fast")[0]
+        for spelling in (pos.astype(np.uint16), pos.tolist()):
+            q2, k2 = q0.copy(), k0.copy()
+            rope(q2, k2, spelling)
+            assert took(path_spy, "fast")[0]
+            assert_bytes_equal(q2, q)
+        q3, k3 = q0.copy(), k0.copy()
+        rope(q3, k3, np.repeat(pos, 2, axis=1)[:, ::2])  # strided: the general path
+        assert took(path_spy, "general")[0]
+        assert_bytes_equal(q3, q)
+        assert_bytes_equal(k3, k)
+        q4, k4 = q0.copy(), k0.copy()
+        reference.apply_rope(q4, k4, pos, scaling=scaling, max_position_embeddings=64)
+        check_rotation(q, q4, F32, magnitude=magnitude_of(q0), max_position=int(pos.max()),
+                       context=name)
+
+
+def test_cached_fast_path_matches_the_general_path(path_spy):
+    q0, k0, pos = _plain_inputs()
+    cos, sin = fastpe.rope_cos_sin(np.arange(int(pos.max()) + 1), fastpe.rope_frequencies(D))
+    for inverse in (False, True):
+        q, k = q0.copy(), k0.copy()
+        fastpe.apply_rope_cached(q, k, cos, sin, pos, inverse=inverse)
+        assert took(path_spy, "fast")[0]
+        for spelling in (pos.tolist(), pos.astype(np.int32)):
+            q2, k2 = q0.copy(), k0.copy()
+            fastpe.apply_rope_cached(q2, k2, cos, sin, spelling, inverse=inverse)
+            assert took(path_spy, "fast")[0]
+            assert_bytes_equal(q2, q)
+        q3, k3 = q0.copy(), k0.copy()
+        fastpe.apply_rope_cached(q3, k3, cos.astype(">f4"), sin.astype(">f4"), pos,
+                                 inverse=inverse)
+        assert took(path_spy, "general")[0]
+        assert_bytes_equal(q3, q)
+        assert_bytes_equal(k3, k)
+
+
+def test_cached_fast_path_refuses_what_the_general_path_refuses():
+    q, k, pos = _plain_inputs()
+    cos, sin = fastpe.rope_cos_sin(np.arange(int(pos.max())), fastpe.rope_frequencies(D))
+    before = q.copy()
+    with pytest.raises(IndexError, match="past the end of the cos/sin cache"):
+        fastpe.apply_rope_cached(q, k, cos, sin, pos)
+    with pytest.raises(ValueError, match="positions must be >= 0"):
+        fastpe.apply_rope_cached(q, k, cos, sin, [[-1] * 40] * B)
+    with pytest.raises(TypeError, match="same dtype"):
+        fastpe.apply_rope_cached(q, k, cos, sin.astype(np.float64), pos % 10)
+    assert_bytes_equal(q, before)
+
+
+@pytest.mark.parametrize("value, error", [("abc", TypeError), (-5, ValueError),
+                                          (True, TypeError), (4096.5, ValueError)])
+def test_max_position_embeddings_is_validated_on_every_path(value, error):
+    """One validation: the fast path (plain arrays), the general path (a byte-swapped
+    q) and fastpe.reference refuse the same values, with or without freqs."""
+    q, k, pos = _plain_inputs()
+    for target in (q, q.astype(q.dtype.newbyteorder())):
+        before = target.copy()
+        with pytest.raises(error, match="max_position_embeddings"):
+            fastpe.apply_rope(target, positions=pos, max_position_embeddings=value)
+        with pytest.raises(error, match="max_position_embeddings"):
+            reference.apply_rope(target, positions=pos, max_position_embeddings=value)
+        assert_bytes_equal(target, before)
+    with pytest.raises(ValueError, match="give freqs"):
+        fastpe.apply_rope(q, positions=pos, freqs=fastpe.rope_frequencies(D),
+                          max_position_embeddings=4096)
+
+
+def test_a_scaling_dict_changed_in_place_is_read_again():
+    """Parsed settings are reused only while the dict holds the very same values: a
+    value replaced by an equal one of a refused type (True for 1.0) is refused."""
+    q, k, pos = _plain_inputs()
+    scaling = {"rope_type": "linear", "factor": 1.0}
+    fastpe.apply_rope(q, k, pos, scaling=scaling)
+    scaling["factor"] = True
+    with pytest.raises(TypeError, match="factor"):
+        fastpe.apply_rope(q, k, pos, scaling=scaling)
+    scaling["factor"] = 2.0
+    q1, k1, _ = _plain_inputs()
+    fastpe.apply_rope(q1, k1, pos, scaling=scaling)
+    q2, k2, _ = _plain_inputs()
+    linear2 = fastpe.rope_frequencies(D, scaling={"rope_type": "linear", "factor": 2.0})
+    fastpe.apply_rope(q2, k2, pos, freqs=linear2)
+    assert_bytes_equal(q1, q2)
 
 
 # ---- threads -----------------------------------------------------------------------------

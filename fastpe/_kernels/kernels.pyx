@@ -10,9 +10,14 @@ This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.
 """
 
+cimport cython
 cimport numpy as cnp
+from cpython.dict cimport PyDict_Next
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM
 from cython.parallel cimport prange
-from libc.stdint cimport int8_t, int64_t, uint16_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cnp.import_array()
@@ -53,3 +58,25 @@ def int64_range(cnp.ndarray a):
         lo = min(lo, p[i])
         hi = max(hi, p[i])
     return lo, hi
+
+
+def same_items(dict d, tuple items):
+    """Whether d holds exactly `items` now: the very key and value objects of each
+    ``(key, value)`` pair, in order (equal but different objects, such as True
+    for 1, do not count). Lets fastpe reuse what it parsed from a dict."""
+    cdef Py_ssize_t pos = 0, i = 0, n = len(items)
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef PyObject *pair
+    cdef bint same = True
+    with cython.critical_section(d):
+        if len(d) != n:
+            return False
+        while PyDict_Next(d, &pos, &key, &value):
+            pair = PyTuple_GET_ITEM(items, i)
+            if (key != PyTuple_GET_ITEM(<tuple>pair, 0)
+                    or value != PyTuple_GET_ITEM(<tuple>pair, 1)):
+                same = False
+                break
+            i += 1
+    return same

@@ -26,6 +26,7 @@ HALF_CONVERSION: Final[str]
 def cpu_supports(isa: str) -> bool: ...
 def openmp_max_threads() -> int: ...
 def int64_range(a: NDArray[np.int64]) -> tuple[int, int]: ...
+def same_items(d: dict[Any, Any], items: tuple[tuple[Any, Any], ...]) -> bool: ...
 def register_bfloat16(typenum: int) -> None: ...
 def sinusoidal(
     x: NDArray[Any],
@@ -73,6 +74,18 @@ def rope_fast(
     inv_freq: object,
     cos_scale: float,
     sin_scale: float,
+    num_threads: int,
+) -> bool: ...
+def rope_cached_fast(
+    q: object,
+    k: object,
+    cos: object,
+    sin: object,
+    positions: object,
+    offset: int,
+    layout: int,
+    neox: bool,
+    inverse: bool,
     num_threads: int,
 ) -> bool: ...
 def alibi(

@@ -373,89 +373,289 @@ cdef int fast_code(object x) noexcept:
     return -1
 
 
+cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
+    """Integer positions of any width and signedness into out as int64; False when
+    one is past the int64 range (a uint64 above 2**63 - 1)."""
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(pa)
+    cdef const char *p = <const char *>cnp.PyArray_DATA(pa)
+    cdef int size = <int>cnp.PyArray_ITEMSIZE(pa)
+    cdef bint unsigned = cnp.PyTypeNum_ISUNSIGNED(cnp.PyArray_TYPE(pa))
+    for i in range(n):
+        if unsigned:
+            if size == 1:
+                out[i] = (<const uint8_t *>p)[i]
+            elif size == 2:
+                out[i] = (<const uint16_t *>p)[i]
+            elif size == 4:
+                out[i] = (<const uint32_t *>p)[i]
+            elif (<const uint64_t *>p)[i] > <uint64_t>INT64_MAX_VALUE:
+                return False
+            else:
+                out[i] = <int64_t>(<const uint64_t *>p)[i]
+        elif size == 1:
+            out[i] = (<const int8_t *>p)[i]
+        elif size == 2:
+            out[i] = (<const int16_t *>p)[i]
+        elif size == 4:
+            out[i] = (<const int32_t *>p)[i]
+        else:
+            out[i] = (<const int64_t *>p)[i]
+    return True
+
+
+cdef enum:
+    # positions of another integer dtype, or in a list, are converted on the stack up to
+    # this many
+    POSITIONS_STACK = 512
+
+
+cdef bint read_ints(object seq_, Py_ssize_t n, int64_t *out) noexcept:
+    """A list or tuple of n Python ints >= 0 into out; False for anything else."""
+    cdef Py_ssize_t i
+    cdef int overflow
+    cdef object v
+    if not (type(seq_) is list or type(seq_) is tuple) or len(seq_) != n:
+        return False
+    for i in range(n):
+        v = seq_[i]
+        if type(v) is not int:
+            return False
+        out[i] = PyLong_AsLongLongAndOverflow(v, &overflow)
+        if overflow or out[i] < 0:
+            return False
+    return True
+
+
+cdef Py_ssize_t read_position_list(object positions, Py_ssize_t batch, Py_ssize_t seq,
+                                   int64_t *out) noexcept:
+    """Rows of positions given as a list (seq,) of Python ints or a list of 1 or
+    batch such lists (tuples too), read into out; 0 for anything else (the
+    general path then reads them, or names the problem)."""
+    cdef Py_ssize_t r, rows = len(positions)
+    if read_ints(positions, seq, out):
+        return 1
+    if seq == 0 or not (rows == 1 or rows == batch) or rows * seq > POSITIONS_STACK:
+        return 0
+    for r in range(rows):
+        if not read_ints(positions[r], seq, out + r * seq):
+            return 0
+    return rows
+
+
+cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t offset,
+                     int layout, int64_t *max_position, int64_t *buf) noexcept:
+    """The storage code of q when q, k and positions are the plain common case
+    (below), with their shapes, strides and positions filled into `a` and the
+    largest position into max_position; -1, having touched nothing, otherwise.
+
+    Common case: q and k exact, writable, aligned, native float arrays of one
+    dtype in `layout` with whole-element strides and disjoint elements, whose
+    byte ranges are apart from each other's and from positions', matching in
+    batch, seq and head_dim; positions None with offset >= 0, or a C-contiguous
+    integer array (seq,) or (1 or batch, seq) of values >= 0: int64, or another
+    integer dtype of at most POSITIONS_STACK values, converted into buf.
+    """
+    cdef Py_ssize_t qshape[4]
+    cdef Py_ssize_t qstr[4]
+    cdef Py_ssize_t kshape[4]
+    cdef Py_ssize_t kstr[4]
+    cdef int code = fast_code(q)
+    cdef cnp.ndarray qa, ka, pa
+    cdef const int64_t *pos = NULL
+    cdef Py_ssize_t pos_rows = 1, i, n
+    if code < 0:
+        return -1
+    qa = <cnp.ndarray>q
+    if not head_view(qa, layout, qshape, qstr) or not elements_disjoint(qa):
+        return -1
+    if k is not None:
+        if fast_code(k) != code or k is q:
+            return -1
+        ka = <cnp.ndarray>k
+        if not head_view(ka, layout, kshape, kstr) or not elements_disjoint(ka):
+            return -1
+        if kshape[0] != qshape[0] or kshape[1] != qshape[1] or kshape[3] != qshape[3]:
+            return -1
+        if extents_overlap(qa, ka):
+            return -1  # maybe overlapping: the general path decides exactly
+    if positions is None:
+        if offset < 0 or offset > INT64_MAX_VALUE - qshape[1]:
+            return -1
+    else:
+        if offset != 0:
+            return -1
+        if type(positions) is list or type(positions) is tuple:
+            if qshape[1] > POSITIONS_STACK:
+                return -1
+            pos_rows = read_position_list(positions, qshape[0], qshape[1], buf)
+            if pos_rows == 0:
+                return -1
+            return fast_finish(a, qshape, qstr, kshape, kstr, k, buf, pos_rows, 0,
+                               max_position, code)
+        if not cnp.PyArray_CheckExact(positions):
+            return -1
+        pa = <cnp.ndarray>positions
+        if (not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(pa))
+                or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
+                or not cnp.PyArray_ISNOTSWAPPED(pa)):
+            return -1
+        if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == qshape[1]:
+            pos_rows = 1
+        elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == qshape[1]
+              and (pa.shape[0] == 1 or pa.shape[0] == qshape[0])):
+            pos_rows = pa.shape[0]
+        else:
+            return -1
+        if extents_overlap(qa, pa) or (k is not None and extents_overlap(ka, pa)):
+            return -1
+        n = cnp.PyArray_SIZE(pa)
+        if cnp.PyArray_TYPE(pa) == cnp.NPY_INT64:
+            pos = <const int64_t *>cnp.PyArray_DATA(pa)
+        elif n <= POSITIONS_STACK and read_positions(pa, buf):
+            pos = buf
+        else:
+            return -1
+        for i in range(n):
+            if pos[i] < 0:
+                return -1
+    return fast_finish(a, qshape, qstr, kshape, kstr, k, pos, pos_rows, offset,
+                       max_position, code)
+
+
+cdef int fast_finish(RopeCall *a, Py_ssize_t *qshape, Py_ssize_t *qstr, Py_ssize_t *kshape,
+                     Py_ssize_t *kstr, object k, const int64_t *pos, Py_ssize_t pos_rows,
+                     int64_t offset, int64_t *max_position, int code) noexcept:
+    """fast_arrays' last step: fill in `a` and the largest position; returns code."""
+    cdef Py_ssize_t i, n = pos_rows * qshape[1]
+    cdef int64_t hi = -1
+    if pos == NULL:
+        hi = offset + qshape[1] - 1
+    for i in range(n if pos != NULL else 0):
+        hi = max(hi, pos[i])
+    a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
+    a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
+    a.hk = a.kb = a.ks = a.kh = a.kd = 0
+    if k is not None:
+        a.hk = kshape[2]
+        a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
+    rope_setup(a, 0, pos, pos_rows, offset, False, 1.0, 1.0)
+    max_position[0] = hi
+    return code
+
+
+cdef inline char *data_or_null(object x) noexcept:
+    return NULL if x is None else <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
+
+
+cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
+    """Whether x's bytes are apart from q's and (when there is one) k's."""
+    return not (extents_overlap(<cnp.ndarray>q, x)
+                or (k is not None and extents_overlap(<cnp.ndarray>k, x)))
+
+
 def rope_fast(object q, object k, object positions, int64_t offset, int layout, bint neox,
               object inv_freq, double cos_scale, double sin_scale, int num_threads):
     """apply_rope's fast path: rotate and return True when every argument is the
     plain common case (checked here in C, cheaply); return False having touched
     nothing otherwise, and the caller takes the general, fully validating path.
 
-    Common case: q and k exact, writable, aligned, native float arrays of one
-    dtype in `layout` with whole-element strides and disjoint elements, whose
-    byte ranges are apart from each other's and from positions' and
-    inv_freq's, matching in batch, seq and head_dim; positions None with offset >= 0,
-    or a C-contiguous int64 array (seq,) or (1 or batch, seq) of values >= 0;
-    inv_freq a C-contiguous float64 vector of finite values, no longer than
-    head_dim / 2.
+    Common case: q, k and positions as fast_arrays() takes them; inv_freq a
+    C-contiguous float64 vector of finite values, no longer than head_dim / 2,
+    apart from q and k.
     """
     cdef RopeCall a
-    cdef Py_ssize_t qshape[4]
-    cdef Py_ssize_t qstr[4]
-    cdef Py_ssize_t kshape[4]
-    cdef Py_ssize_t kstr[4]
-    cdef int code = fast_code(q)
-    cdef int kcode
-    cdef cnp.ndarray qa, ka, pa, wa
-    cdef char *kp = NULL
-    cdef const int64_t *pos = NULL
-    cdef Py_ssize_t pos_rows = 1, i, n
+    cdef int64_t hi
+    cdef int64_t posbuf[POSITIONS_STACK]
+    cdef cnp.ndarray wa
     cdef const double *w
-    if code < 0 or not cnp.PyArray_CheckExact(inv_freq):
+    cdef Py_ssize_t i
+    if not cnp.PyArray_CheckExact(inv_freq):
         return False
-    qa = <cnp.ndarray>q
-    if not head_view(qa, layout, qshape, qstr) or not elements_disjoint(qa):
+    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
+    if code < 0:
         return False
-    a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
-    a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
-    a.hk = a.kb = a.ks = a.kh = a.kd = 0
-    if k is not None:
-        kcode = fast_code(k)
-        if kcode != code or k is q:
-            return False
-        ka = <cnp.ndarray>k
-        if not head_view(ka, layout, kshape, kstr) or not elements_disjoint(ka):
-            return False
-        if kshape[0] != qshape[0] or kshape[1] != qshape[1] or kshape[3] != qshape[3]:
-            return False
-        if extents_overlap(qa, ka):
-            return False  # maybe overlapping: the general path decides exactly
-        a.hk = kshape[2]
-        a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
-        kp = <char *>cnp.PyArray_DATA(ka)
     wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or 2 * wa.shape[0] > qshape[3]):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or 2 * wa.shape[0] > cnp.PyArray_DIMS(
+                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
         return False
-    if extents_overlap(qa, wa) or (k is not None and extents_overlap(ka, wa)):
+    if not apart(wa, q, k):
         return False
     w = <const double *>cnp.PyArray_DATA(wa)
     for i in range(wa.shape[0]):
         if not (w[i] - w[i] == 0):  # NaN or infinite
             return False
-    if positions is None:
-        if offset < 0 or offset > INT64_MAX_VALUE - a.seq:
-            return False
-    else:
-        if offset != 0 or not cnp.PyArray_CheckExact(positions):
-            return False
-        pa = <cnp.ndarray>positions
-        if (cnp.PyArray_TYPE(pa) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(pa)
-                or not cnp.PyArray_ISALIGNED(pa) or not cnp.PyArray_ISNOTSWAPPED(pa)):
-            return False
-        if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == a.seq:
-            pos_rows = 1
-        elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == a.seq
-              and (pa.shape[0] == 1 or pa.shape[0] == a.batch)):
-            pos_rows = pa.shape[0]
-        else:
-            return False
-        if extents_overlap(qa, pa) or (k is not None and extents_overlap(ka, pa)):
-            return False
-        pos = <const int64_t *>cnp.PyArray_DATA(pa)
-        n = cnp.PyArray_SIZE(pa)
-        for i in range(n):
-            if pos[i] < 0:
-                return False
-    rope_setup(&a, wa.shape[0], pos, pos_rows, offset, neox, cos_scale, sin_scale)
+    a.half = wa.shape[0]
     a.w = w
-    rope_execute(&a, code, <char *>cnp.PyArray_DATA(qa), kp, num_threads)
+    a.neox = neox
+    a.cos_scale, a.sin_scale = cos_scale, sin_scale
+    rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
+                 num_threads)
+    return True
+
+
+cdef int cache_code_of(object x) noexcept:
+    """Storage code of an exact, aligned, native float array with whole-element
+    strides (read-only is fine), else -1."""
+    if not cnp.PyArray_CheckExact(x):
+        return -1
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    cdef int i
+    if not (cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)):
+        return -1
+    for i in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_STRIDES(a)[i] % cnp.PyArray_ITEMSIZE(a):
+            return -1
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return CODE_F32
+    if t == cnp.NPY_DOUBLE:
+        return CODE_F64
+    if t == NPY_HALF:
+        return CODE_F16
+    if t == bfloat16_typenum and t >= 0:
+        return CODE_BF16
+    return -1
+
+
+def rope_cached_fast(object q, object k, object cos, object sin, object positions,
+                     int64_t offset, int layout, bint neox, bint inverse, int num_threads):
+    """apply_rope_cached's fast path, as rope_fast: True when it rotated, False
+    having touched nothing when the call is not the plain common case.
+
+    Common case: q, k and positions as fast_arrays() takes them; cos and sin
+    exact 2-D arrays of one shape (rows, half) and one float dtype (any of
+    q's), aligned, native, whole-element strides, apart from q and k, with
+    2 * half <= head_dim and every position < rows.
+    """
+    cdef RopeCall a
+    cdef int64_t hi
+    cdef int64_t posbuf[POSITIONS_STACK]
+    cdef cnp.ndarray cc, sc
+    cdef int cache_code = cache_code_of(cos)
+    if cache_code < 0 or cache_code_of(sin) != cache_code:
+        return False
+    cc = <cnp.ndarray>cos
+    sc = <cnp.ndarray>sin
+    if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2
+            or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]):
+        return False
+    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
+    if code < 0:
+        return False
+    if (2 * cc.shape[1] > cnp.PyArray_DIMS(<cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
+            or hi >= cc.shape[0]):
+        return False
+    if not apart(cc, q, k) or not apart(sc, q, k):
+        return False
+    a.half = cc.shape[1]
+    a.neox = neox
+    a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
+    a.sin_cache = <const char *>cnp.PyArray_DATA(sc)
+    a.cache_code = cache_code
+    a.invert_cache = inverse
+    a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
+    a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
+    rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
+                 num_threads)
     return True
