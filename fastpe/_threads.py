@@ -1,7 +1,21 @@
-"""The one place that decides how many threads a kernel call uses."""
+"""The one place that decides how many threads a kernel call uses.
+
+The default is the OpenMP maximum, capped (unless ``OMP_NUM_THREADS`` says
+otherwise) by the CPUs this process may really use: its CPU affinity and its
+cgroup CPU quota, as scikit-learn and loky count them. A container limited to 2
+CPUs on a 64-core host runs 2 threads, not 64.
+
+A process forked after fastpe ran a threaded call runs every later call on one
+thread: GNU OpenMP's thread pool does not survive fork(), and the child's first
+parallel region would wait forever for the parent's threads (PyTorch's
+intra-op pool does the same). Processes started with "spawn" or "forkserver"
+keep their threads.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 from . import _backend, _checks
@@ -10,12 +24,77 @@ from . import _backend, _checks
 # touched a call is cheaper on one thread than on a team.
 SERIAL_BYTES = 256 * 1024
 
+# More threads than this is a mistake, not a request: OpenMP runtimes abort the
+# whole process when they cannot create a team (libgomp: "Thread creation
+# failed"), and past a few threads per CPU a memory-bound kernel only slows down.
+MAX_THREADS = max(256, 8 * (os.cpu_count() or 1))
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
 _user_threads: int | None = None
+_cgroup_budget: int | None = None  # CPUs the cgroup quota allows; 0: no quota
+# set once a call ran a team, so that a forked child knows its OpenMP pool is gone
+_threaded = False
+_forked_after_threads = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_threads
+    if _threaded:
+        _forked_after_threads = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _cgroup_cpus(root: str) -> float | None:
+    """CPUs the cgroup quota allows (quota / period), or None without a quota.
+
+    cgroup v2 writes "quota period" (or "max period") in cpu.max; v1 has
+    cpu.cfs_quota_us (-1 for none) and cpu.cfs_period_us."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        if quota == "max":
+            return None
+        return int(quota) / int(period) if int(period) > 0 and int(quota) > 0 else None
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (read each time: a
+    process may be pinned after it started), capped by the cgroup quota under
+    CGROUP_ROOT (read once) rounded up: a quota of 1.5 CPUs keeps two threads
+    busy part of the time."""
+    global _cgroup_budget
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    if _cgroup_budget is None:
+        quota = _cgroup_cpus(CGROUP_ROOT)
+        _cgroup_budget = 0 if quota is None else max(math.ceil(quota), 1)
+    return max(min(cpus, _cgroup_budget) if _cgroup_budget else cpus, 1)
 
 
 def _openmp_max() -> int:
     compiled = _backend.compiled
-    return compiled.openmp_max_threads() if compiled is not None else 1
+    if compiled is None:
+        return 1
+    n = compiled.openmp_max_threads()
+    if os.environ.get("OMP_NUM_THREADS", "").strip():
+        return n  # an explicit request, as OpenMP itself reads it
+    return min(n, usable_cpus())
 
 
 def _as_count(n: Any, name: str) -> int:
@@ -23,6 +102,10 @@ def _as_count(n: Any, name: str) -> int:
     if n == 0:
         raise ValueError(f"{name} must be a positive thread count, or negative to count back "
                          f"from the maximum (-1 = all); got 0")
+    if n > MAX_THREADS:
+        raise ValueError(f"{name} must be at most {MAX_THREADS} (8 threads per CPU, 256 at "
+                         f"least): OpenMP aborts the process when it cannot start a team; "
+                         f"got {n}")
     if n < 0:
         n = max(_openmp_max() + 1 + n, 1)
     return n
@@ -30,14 +113,19 @@ def _as_count(n: Any, name: str) -> int:
 
 def set_num_threads(n: int | None) -> None:
     """Threads for calls that don't pass num_threads; None restores the default
-    (the OpenMP maximum, which honours OMP_NUM_THREADS and threadpoolctl).
-    Negative counts back from the maximum: -1 is all of them."""
+    (the OpenMP maximum, which honours OMP_NUM_THREADS and threadpoolctl, capped
+    by the CPU affinity and cgroup quota when OMP_NUM_THREADS is not set).
+    Negative counts back from the maximum: -1 is all of them. At most
+    max(256, 8 * os.cpu_count()) threads."""
     global _user_threads
     _user_threads = None if n is None else _as_count(n, "n")
 
 
 def get_num_threads() -> int:
-    """Threads a call with num_threads=None may use."""
+    """Threads a call with num_threads=None may use (1 in a process forked after
+    a threaded call)."""
+    if _forked_after_threads:
+        return 1
     return _user_threads if _user_threads is not None else _openmp_max()
 
 
@@ -48,7 +136,14 @@ def check(num_threads: object) -> int | None:
 
 def resolve(num_threads: int | None, nbytes: int) -> int:
     """Threads for one call touching `nbytes` bytes (num_threads from check()):
-    small work stays serial."""
-    if nbytes < SERIAL_BYTES:
+    small work stays serial. The compiled fast paths pass num_threads here
+    unchecked, so the cap is enforced here too."""
+    global _threaded
+    if num_threads is not None and num_threads > MAX_THREADS:
+        check(num_threads)  # raises, naming num_threads
+    if nbytes < SERIAL_BYTES or _forked_after_threads:
         return 1
-    return get_num_threads() if num_threads is None else num_threads
+    n = get_num_threads() if num_threads is None else num_threads
+    if n > 1:
+        _threaded = True
+    return n

@@ -88,7 +88,9 @@ def x_table(**kw):
 BAD_BASES = [("zero", 0.0), ("negative", -10.0), ("nan", float("nan")),
              ("inf", float("inf")), ("-inf", -float("inf"))]
 BAD_THREADS = [("0", 0, ValueError), ("str", "2", TypeError), ("bool", True, TypeError),
-               ("float", 1.5, TypeError)]
+               ("float", 1.5, TypeError),
+               # past fastpe.MAX_THREADS: OpenMP would abort the process creating the team
+               ("40000", 40000, ValueError), ("2**40", 2**40, ValueError)]
 
 ROWS: list[Row] = []
 
@@ -261,6 +263,15 @@ def _enter_backend(name):
 ROWS += [
     *[Row(f"set_num_threads/{n}", lambda a, v=v: fastpe.set_num_threads(v), e, r"\bn\b")
       for n, v, e in BAD_THREADS],
+    # the compiled fast paths take num_threads unchecked; the cap holds there too
+    *[Row(f"add_alibi/fast-num_threads-{n}",
+          lambda a, v=v: fastpe.add_alibi(a["s"], q_offset=0, num_threads=v), ValueError,
+          r"\bnum_threads\b", lambda: {"s": x32((1, 4, 7, 1))}) for n, v in
+      [("40000", 40000), ("2**40", 2**40)]],
+    *[Row(f"apply_rope/fast-num_threads-{n}",
+          lambda a, v=v: fastpe.apply_rope(a["q"], num_threads=v), ValueError,
+          r"\bnum_threads\b", lambda: {"q": x32((1, 4, 2, 8))}) for n, v in
+      [("40000", 40000), ("2**40", 2**40)]],
     Row("use_backend/unknown", lambda a: _enter_backend("bogus"), ValueError, r"\bname\b"),
     Row("use_backend/none", lambda a: _enter_backend(None), ValueError, r"\bname\b"),
     Row("use_backend/wrong-case", lambda a: _enter_backend("NumPy"), ValueError, r"\bname\b"),
@@ -690,6 +701,52 @@ def test_bad_input(row, backend):
             f"signal), stderr: {proc.stderr[-2000:]}")
         return
     check_row(row, backend)
+
+
+# ---- fork: a child forked after a threaded call -------------------------------------------
+
+FORK = """
+import multiprocessing as mp, sys
+import numpy as np, fastpe
+
+def calls():
+    x = np.zeros((4096, 256), np.float32)          # 4 MiB, many work units: a threaded call
+    q = np.ones((1, 2048, 4, 64), np.float32)
+    s = np.zeros((1, 8, 256, 256), np.float32)
+    yield "add_sinusoidal", fastpe.add_sinusoidal(x, num_threads=2), \\
+        fastpe.reference.add_sinusoidal(np.zeros_like(x))
+    yield "apply_rope", fastpe.apply_rope(q, num_threads=2)[0], \\
+        fastpe.reference.apply_rope(np.ones_like(q))[0]
+    yield "add_alibi", fastpe.add_alibi(s, num_threads=2), \\
+        fastpe.reference.add_alibi(np.zeros_like(s))
+
+def child(queue):
+    errors = [name for name, got, want in calls() if not np.allclose(got, want, atol=1e-5)]
+    queue.put((fastpe.get_num_threads(), errors))
+
+list(calls())                                      # the parent's OpenMP pool exists now
+ctx = mp.get_context("fork")
+queue = ctx.Queue()
+proc = ctx.Process(target=child, args=(queue,))
+proc.start()
+proc.join(25)
+if proc.is_alive():
+    proc.kill()
+    sys.exit("the forked child hung")
+print(proc.exitcode, *queue.get(timeout=5))
+"""
+
+
+@pytest.mark.skipif(not COMPILED or not hasattr(__import__("os"), "fork"),
+                    reason="needs the compiled extension and fork()")
+def test_forked_child_after_a_threaded_call():
+    """GNU OpenMP's thread pool does not survive fork(): a child that entered a parallel
+    region would wait forever for its parent's threads. fastpe runs such a child on one
+    thread (the default start method of multiprocessing on Linux before Python 3.14 is
+    fork)."""
+    proc = run_python(FORK, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["0", "1", "[]"], proc.stdout
 
 
 # ---- coverage of the matrix ------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from conftest import F32, F64, assert_bytes_equal, assert_close, pe_exact, run_python
 
 import fastpe
+from fastpe import _backend, _threads
 
 OPENMP = fastpe.info()["openmp"]
 needs_openmp = pytest.mark.skipif(not OPENMP, reason="fastpe was built without OpenMP")
@@ -164,3 +165,80 @@ def test_large_table_and_learned_identical_for_1_2_3_threads():
         out.append(x)
     for n, r in zip((2, 3), out[1:]):
         assert_bytes_equal(r, out[0], f"add_learned num_threads={n}")
+
+
+# ---- the default respects CPU affinity and the cgroup CPU quota -----------------------------
+
+
+@pytest.fixture
+def fresh_budget(monkeypatch):
+    """The CPU budget recomputed from what the test sets up, restored afterwards."""
+    monkeypatch.setattr(_threads, "_cgroup_budget", None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    fastpe.set_num_threads(None)
+    yield monkeypatch
+    monkeypatch.setattr(_threads, "_cgroup_budget", None)
+
+
+@pytest.mark.parametrize("files, quota", [
+    ({"cpu.max": "100000 100000\n"}, 1),                        # cgroup v2, one CPU
+    ({"cpu.max": "150000 100000\n"}, 2),                        # 1.5 CPUs: two threads
+    ({"cpu.max": "max 100000\n"}, None),                        # no quota
+    ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),                                                 # no cgroup files at all
+], ids=["v2-1", "v2-1.5", "v2-max", "v1-0.5", "v1-none", "none"])
+def test_usable_cpus_reads_the_cgroup_quota(tmp_path, fresh_budget, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    fresh_budget.setattr(_threads, "CGROUP_ROOT", str(tmp_path))
+    assert _threads.usable_cpus() == (cpus() if quota is None else min(quota, cpus()))
+
+
+@needs_openmp
+def test_default_is_capped_by_the_cgroup_quota(tmp_path, fresh_budget):
+    """A container limited to one CPU gets one thread, whatever the host has; an explicit
+    OMP_NUM_THREADS still wins (as scikit-learn does)."""
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    fresh_budget.setattr(_threads, "CGROUP_ROOT", str(tmp_path))
+    assert fastpe.get_num_threads() == 1
+    assert fastpe.info()["num_threads"] == 1
+    fresh_budget.setenv("OMP_NUM_THREADS", "3")
+    assert fastpe.get_num_threads() == _backend.compiled.openmp_max_threads()
+
+
+@needs_openmp
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or cpus() < 2,
+                    reason="needs CPU affinity control and two CPUs")
+def test_default_follows_affinity_set_after_import():
+    """OpenMP reads the affinity mask once, when it starts; a process pinned later (taskset
+    -p, a job scheduler) gets a team the size of its new mask."""
+    proc = run_python("import os, fastpe\n"
+                      "fastpe.add_sinusoidal(__import__('numpy').zeros((4096, 256), 'f4'))\n"
+                      "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+                      "print(fastpe.get_num_threads())", OMP_NUM_THREADS=None)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1"]
+
+
+# ---- the thread cap ------------------------------------------------------------------------
+
+
+def test_thread_cap():
+    """More than MAX_THREADS threads is a ValueError naming the argument, before anything
+    is written, on the general and the fast paths; the cap itself is accepted."""
+    cap = _threads.MAX_THREADS
+    assert cap >= max(256, 8 * (os.cpu_count() or 1))
+    fastpe.set_num_threads(cap)
+    assert fastpe.get_num_threads() == cap
+    fastpe.set_num_threads(None)
+    for n in (cap + 1, 40000, 2**40, 2**100):
+        with pytest.raises(ValueError, match=r"\bn must be at most"):
+            fastpe.set_num_threads(n)
+        x = np.zeros((1, 4, 70000, 1), np.float32)     # big enough to be threaded
+        with pytest.raises(ValueError, match=r"\bnum_threads must be at most"):
+            fastpe.add_alibi(x, q_offset=0, num_threads=n)
+        with pytest.raises(ValueError, match=r"\bnum_threads must be at most"):
+            fastpe.add_sinusoidal(x[0, 0], num_threads=n)
+        assert not x.any()
