@@ -255,12 +255,16 @@ def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
     else:
         raise TypeError(f"freqs must be a RopeFrequencies (from rope_frequencies) or a "
                         f"1-D float array of inverse frequencies, got {type(freqs).__name__}")
+    inv_freq = _checks.as_array(inv_freq, "freqs.inv_freq")
     if inv_freq.dtype.kind not in "fiu":
         raise TypeError(f"freqs.inv_freq must be real numbers, got dtype {inv_freq.dtype}")
     inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-    if inv_freq.ndim != 1 or not np.isfinite(inv_freq).all():
-        raise ValueError(f"freqs.inv_freq must be a 1-D array of finite numbers, "
+    if inv_freq.ndim != 1 or not inv_freq.size:
+        raise ValueError(f"freqs.inv_freq must be a 1-D array of at least one frequency, "
                          f"got shape {inv_freq.shape}")
+    if not np.isfinite(inv_freq).all():
+        bad = int(np.argmin(np.isfinite(inv_freq)))
+        raise ValueError(f"freqs.inv_freq must be finite, got {float(inv_freq[bad])!r} at index {bad}")
     att = _checks.real(att, "freqs.attention_scaling", positive=True)
     return _rope_scaling.RopeFrequencies(inv_freq, att)
 
@@ -334,6 +338,9 @@ def rope_cached(q: object, k: object, cos: object, sin: object, positions: objec
         raise TypeError(f"cos and sin must have the same dtype, got {cos.dtype} and {sin.dtype}")
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
+    if cos.shape[1] == 0:
+        raise ValueError(f"cos and sin must have at least one column (rotary_dim // 2), got "
+                         f"shape {cos.shape}")
     _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], f"cos (width {cos.shape[1]})")
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     _rope_disjoint(q4, k4, (positions, "positions"), (cos, "cos"), (sin, "sin"))
@@ -377,7 +384,7 @@ def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> np.ndarra
         return _math.cached_alibi_slopes(heads, mb)
     if max_bias is not None:
         raise ValueError("give slopes, or max_bias to compute them, not both")
-    s = slopes if isinstance(slopes, np.ndarray) else np.asarray(slopes)
+    s = _checks.as_array(slopes, "slopes")
     if s.dtype.kind not in "fiu":
         raise TypeError(f"slopes must be real numbers, got dtype {s.dtype}")
     if s.ndim != 1 or s.shape[0] != heads:
@@ -412,16 +419,17 @@ def _per_sequence(value: object, name: str, lead: tuple[int, ...], batch: int,
 
 def _alibi_positions(value: object, name: str, lead: tuple[int, ...], batch: int,
                      length: int) -> tuple[np.ndarray, int]:
-    rows = _per_sequence(value, name, lead, batch, length, f"{length} positions")
-    pos, hi = _checks.position_array(value, name)
+    converted = _checks.as_array(value, name)
+    rows = _per_sequence(converted, name, lead, batch, length, f"{length} positions")
+    pos, hi = _checks.position_array(value, name, converted)
     return pos.reshape(rows, length), hi
 
 
 def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
                     length: int) -> np.ndarray:
-    rows = _per_sequence(value, "key_mask", lead, batch, length,
+    m = _checks.as_array(value, "key_mask")
+    rows = _per_sequence(m, "key_mask", lead, batch, length,
                             f"one flag per key, {length} keys")
-    m = value if isinstance(value, np.ndarray) else np.asarray(value)
     if m.dtype.kind == "b":
         return np.ascontiguousarray(m).view(np.uint8).reshape(rows, length)
     if m.dtype.kind not in "iu":

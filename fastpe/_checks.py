@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import operator
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -74,18 +76,64 @@ def float_dtype(dtype: Any, name: str) -> np.dtype:
     return dt
 
 
+def _torch_tensor(x: object) -> bool:
+    """Whether x is a torch tensor (without importing torch: a process that made
+    one has imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch_usable(x: Any, name: str) -> None:
+    """Refuse a tensor whose memory does not hold its values as NumPy would
+    read them, or whose gradient a NumPy result would lose."""
+    if x.requires_grad:
+        raise TypeError(f"{name} is a torch tensor that requires grad: fastpe's result would "
+                        f"not be part of the autograd graph; pass {name}.detach()")
+    if x.device.type != "cpu":
+        raise TypeError(f"{name} is a torch tensor on device {x.device.type!r}; fastpe works "
+                        f"on CPU memory: pass {name}.cpu()")
+
+
+def plain_array(x: np.ndarray, name: str) -> np.ndarray:
+    """An ndarray subclass as a plain ndarray of the same memory; refused when
+    the subclass changes what the elements mean (a masked array's mask, a
+    matrix's 2-D-only algebra), which the loops would ignore."""
+    if isinstance(x, (np.matrix, np.ma.MaskedArray)):
+        raise TypeError(f"{name} must be a plain numpy.ndarray, not {type(x).__name__}: "
+                        f"fastpe would ignore what the subclass adds (pass np.asarray({name}) "
+                        f"for its raw data)")
+    return x.view(np.ndarray)
+
+
 def in_place_view(x: object, name: str) -> np.ndarray:
     """A NumPy view of the memory of `x`, for writing in place: x itself, or a
     zero-copy view through DLPack (torch CPU tensors, JAX, CuPy refuse) or the
-    buffer protocol. Never a copy: a copy would be written and thrown away."""
+    buffer protocol. Never a copy: a copy would be written and thrown away.
+
+    A torch tensor's version counter is bumped when it is accepted (before the
+    write), so that autograd refuses a backward pass that saved its old values,
+    as it does after torch's own in-place operations."""
     if isinstance(x, np.ndarray):
-        return x
+        return x if type(x) is np.ndarray else plain_array(x, name)
+    if isinstance(x, (np.generic, numbers.Number)):
+        raise TypeError(f"{name} must be an array (it is written in place), got a "
+                        f"{type(x).__name__} scalar")
+    if _torch_tensor(x):
+        _torch_usable(x, name)
+        if x.is_neg() or x.is_conj():  # type: ignore[attr-defined]
+            raise TypeError(f"{name} is a torch view with its negative or conjugate bit set: "
+                            f"its memory holds other values than it shows; writing it in place "
+                            f"would store the wrong sign (pass a tensor without lazy "
+                            f"negation, e.g. {name}.resolve_neg() kept as a new tensor)")
     if hasattr(x, "__dlpack__"):
         try:
-            return np.from_dlpack(x)
+            view = np.from_dlpack(x)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise TypeError(f"{name} ({type(x).__name__}) cannot be viewed in place through "
                             f"DLPack: {exc}") from None
+        if _torch_tensor(x):
+            sys.modules["torch"].autograd.graph.increment_version(x)
+        return view
     try:
         return np.asarray(memoryview(x))  # type: ignore[arg-type]
     except TypeError:
@@ -94,19 +142,37 @@ def in_place_view(x: object, name: str) -> np.ndarray:
                         ) from None
 
 
+def as_array(x: object, name: str) -> np.ndarray:
+    """An input that is only read, as an ndarray (a view where one exists, else a
+    copy). torch tensors are read as their values (negative and conjugate bits
+    resolved); ragged nesting and unconvertible objects name the argument."""
+    if type(x) is np.ndarray:
+        return x
+    if isinstance(x, np.ndarray):
+        return plain_array(x, name)
+    if _torch_tensor(x):
+        _torch_usable(x, name)
+        try:
+            return x.resolve_conj().resolve_neg().numpy()  # type: ignore[attr-defined]
+        except (RuntimeError, TypeError) as exc:
+            raise TypeError(f"{name} ({x.dtype}) cannot be read as a NumPy array: "  # type: ignore[attr-defined]
+                            f"{exc}") from None
+    try:
+        return np.asarray(x)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a rectangular array (every row the same length): "
+                         f"{exc}") from None
+    except (TypeError, RuntimeError) as exc:
+        raise TypeError(f"{name} cannot be read as an array: {exc}") from None
+
+
 def array(x: object, name: str, ndims: Sequence[int], *, writable: bool) -> np.ndarray:
     """x as an ndarray of a supported float dtype with one of `ndims` dimensions.
 
     Outputs (writable=True) are viewed in place (in_place_view); inputs that
     are only read may be any array-like.
     """
-    if writable:
-        x = in_place_view(x, name)
-    elif not isinstance(x, np.ndarray):
-        try:
-            x = np.asarray(x)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an array of floats: {exc}") from None
+    x = in_place_view(x, name) if writable else as_array(x, name)
     dtype_code(x.dtype, name)
     if x.ndim not in ndims:
         want = " or ".join(str(n) for n in ndims)
@@ -138,13 +204,31 @@ def writable_array(x: np.ndarray, name: str) -> None:
                          f"would be ill-defined")
 
 
+def memory_of(a: object) -> np.ndarray | None:
+    """A zero-copy ndarray view of the memory `a` exposes (ndarray, torch
+    tensor, DLPack or buffer-protocol object), or None when it has none (a list,
+    a scalar): the memory a kernel would read if validation keeps it a view."""
+    if isinstance(a, np.ndarray):
+        return a
+    if a is None or isinstance(a, (list, tuple, int, float, str)):
+        return None
+    if _torch_tensor(a):
+        a = a.detach()  # type: ignore[attr-defined]
+    try:
+        return np.from_dlpack(a) if hasattr(a, "__dlpack__") else np.asarray(memoryview(a))  # type: ignore[arg-type]
+    except (BufferError, RuntimeError, TypeError, ValueError):
+        return None
+
+
 def disjoint(out: np.ndarray, out_name: str, *inputs: tuple[object, str]) -> None:
     """An array written in place must not share memory with one it reads: the
     kernels would read values they have already overwritten. `inputs` are the
-    caller's arguments as given (what validation made of them is the same
-    memory or a fresh copy), so the rule does not depend on their layout."""
+    caller's arguments as given, seen through memory_of (what validation made
+    of them is the same memory or a fresh copy), so the rule does not depend on
+    their layout or on whether a conversion happened to copy."""
     for a, name in inputs:
-        if isinstance(a, np.ndarray) and np.may_share_memory(out, a) and np.shares_memory(out, a):
+        m = memory_of(a)
+        if m is not None and np.may_share_memory(out, m) and np.shares_memory(out, m):
             raise ValueError(f"{name} overlaps {out_name} in memory: it is read while "
                              f"{out_name} is written; pass a copy")
 
@@ -165,7 +249,11 @@ def count(n: Any, name: str, *, minimum: int | None = 0) -> int:
 def real(v: object, name: str, *, positive: bool = False) -> float:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    value = float(v)
+    try:
+        value = float(v)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number, got an int too large for a "
+                         f"float ({v.bit_length()} bits)") from None  # type: ignore[union-attr]
     if not math.isfinite(value) or (positive and value <= 0):
         kind = "a finite number > 0" if positive else "a finite number"
         raise ValueError(f"{name} must be {kind}, got {v!r}")
@@ -212,10 +300,12 @@ def int64_range(a: np.ndarray) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
-def position_array(positions: object, name: str) -> tuple[np.ndarray, int]:
+def position_array(positions: object, name: str,
+                   converted: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Integer positions of any shape as a C-contiguous int64 array, all >= 0,
-    and the largest (-1 when empty)."""
-    pos = positions if isinstance(positions, np.ndarray) else np.asarray(positions)
+    and the largest (-1 when empty). `converted` is as_array(positions) when
+    the caller has it."""
+    pos = as_array(positions, name) if converted is None else converted
     if pos.size == 0 and not isinstance(positions, np.ndarray):
         pos = pos.astype(np.int64)  # [] is float64 to NumPy, but holds no non-integer
     if pos.dtype.kind not in "iu":
@@ -241,10 +331,11 @@ def positions(positions: Any, offset: object, batch: int, seq: int,
         return Positions(None, offset, offset + seq - 1 if seq else -1)
     if offset:
         raise ValueError(f"give either {name} or offset, not both (offset={offset})")
-    shape = np.shape(positions)
+    converted = as_array(positions, name)
+    shape = converted.shape
     if not (shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)):
         raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {shape}")
-    pos, hi = position_array(positions, name)
+    pos, hi = position_array(positions, name, converted)
     return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi)
 
 

@@ -635,6 +635,66 @@ ROWS += [
 ]
 
 
+# ---- subclasses, converted inputs, scalars, empty frequencies --------------------------------
+
+
+def masked(a):
+    return np.ma.masked_array(a, mask=np.zeros(a.shape, bool))
+
+
+NO_MATRIX_WARNING = (pytest.mark.filterwarnings("ignore::PendingDeprecationWarning"),)
+
+
+ROWS += [
+    # a mask or a matrix's semantics would be ignored by the loops: refused by both backends
+    Row("add_sinusoidal/x-matrix", lambda a: AS(np.asmatrix(a["x"])), TypeError,
+        r"\bx\b.*matrix", x_only(shape=(S, D)), category="type", marks=NO_MATRIX_WARNING),
+    Row("add_sinusoidal/x-masked", lambda a: AS(masked(a["x"])), TypeError,
+        r"\bx\b.*MaskedArray", x_only(), category="type"),
+    Row("add_learned/table-masked", lambda a: AL(a["x"], masked(a["table"])), TypeError,
+        r"\btable\b.*MaskedArray", x_table(), category="type"),
+    Row("apply_rope/q-masked", lambda a: fastpe.apply_rope(masked(a["q"])), TypeError,
+        r"\bq\b.*MaskedArray", lambda: {"q": q64()}, category="type"),
+    Row("apply_rope_cached/cos-matrix", lambda a: fastpe.apply_rope_cached(
+        a["q"], None, np.asmatrix(a["cos"]), a["sin"]), TypeError, r"\bcos\b.*matrix",
+        lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}, category="type",
+        marks=NO_MATRIX_WARNING),
+    Row("add_alibi/scores-masked", lambda a: fastpe.add_alibi(masked(a["s"])), TypeError,
+        r"\bscores\b.*MaskedArray",
+        lambda: {"s": np.zeros(AS_SHAPE)}, category="type"),
+    Row("add_alibi/scores-numpy-scalar", lambda a: fastpe.add_alibi(np.float32(0)), TypeError,
+        r"\bscores\b.*scalar", category="type"),
+    # the overlap check looks at the memory a converted argument reads, not its type
+    Row("add_alibi/slopes-memoryview-overlap-scores",
+        lambda a: fastpe.add_alibi(a["s"], slopes=memoryview(a["s"][0, 0, 0, :3])),
+        ValueError, _overlap("slopes", "scores"),
+        lambda: {"s": np.random.default_rng(6).uniform(0.1, 1, AS_SHAPE)}, category="overlap"),
+    Row("add_learned/table-memoryview-overlap-x",
+        lambda a: AL(a["x"][:, :2], memoryview(a["x"][1])), ValueError, _overlap("table", "x"),
+        x_only(), category="overlap"),
+    Row("add_sinusoidal/scale-10**400", lambda a: AS(a["x"], scale=10**400), ValueError,
+        r"\bscale\b", x_only(), category="non-finite"),
+    Row("add_sinusoidal/positions-ragged", lambda a: AS(a["x"], [[0, 1, 2, 3, 4], [0, 1]]),
+        ValueError, r"\bpositions\b", x_only(), category="shape"),
+    Row("add_alibi/k_positions-ragged", lambda a: fastpe.add_alibi(
+        a["s"], k_positions=[[0, 1], [0, 1, 2, 3, 4, 5]]), ValueError, r"\bk_positions\b",
+        lambda: {"s": np.zeros(AS_SHAPE)}, category="shape"),
+    Row("RotaryEmbedding/cos_sin-negative-dynamic",
+        lambda a: fastpe.RotaryEmbedding(RD, scaling={"rope_type": "dynamic", "factor": 2.0},
+                                         max_position_embeddings=16).cos_sin([-5]),
+        ValueError, r"\bpositions\b.*-5", category="positions"),
+    Row("apply_rope/freqs-nan-named", lambda a: fastpe.apply_rope(
+        a["q"], freqs=np.array([1.0, np.nan] * (RD // 4))), ValueError,
+        r"freqs\.inv_freq must be finite, got nan", lambda: {"q": q64()}, category="non-finite"),
+    # silent no-ops: nothing to rotate is a mistake, not a request
+    Row("apply_rope/freqs-empty", lambda a: fastpe.apply_rope(a["q"], freqs=np.ones(0)),
+        ValueError, r"\bfreqs\.inv_freq\b", lambda: {"q": q64()}, category="shape"),
+    Row("apply_rope_cached/cos-sin-zero-width", lambda a: fastpe.apply_rope_cached(
+        a["q"], None, np.ones((RS, 0)), np.ones((RS, 0))), ValueError, r"\bcos\b.*\bsin\b",
+        lambda: {"q": q64()}, category="shape"),
+]
+
+
 # ---- the test --------------------------------------------------------------------------------
 
 ROWS_BY_ID = {r.id: r for r in ROWS}

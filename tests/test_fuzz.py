@@ -674,13 +674,13 @@ def test_rope_cos_sin(pos_shape, data, dtype, half, source, seed):
     assert_close(s, sr, dtype, magnitude=att, max_position=mp, context=ctx + " sin")
 
 
-def test_rope_cos_sin_without_frequencies():
-    """An empty inv_freq is accepted by validation (a 1-D finite array); the reference
-    returns positions.shape + (0,) arrays, so should the compiled backend."""
-    with fastpe.use_backend("numpy"):
-        cr, sr = fastpe.rope_cos_sin(np.arange(3), np.empty(0))
-    c, s = fastpe.rope_cos_sin(np.arange(3), np.empty(0))
-    assert c.shape == s.shape == cr.shape == sr.shape == (3, 0)
+@pytest.mark.parametrize("backend", ["numpy", "cython"])
+def test_rope_cos_sin_without_frequencies(backend):
+    """An empty inv_freq rotates nothing: both backends refuse it, naming freqs."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"freqs\.inv_freq"):
+        fastpe.rope_cos_sin(np.arange(3), np.empty(0))
 
 
 # ---- ALiBi --------------------------------------------------------------------------------

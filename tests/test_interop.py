@@ -54,7 +54,7 @@ def test_torch_out_buffer_is_filled_and_returned(torch):
     np.testing.assert_allclose(out.numpy(), fastpe.reference.sinusoidal_table(10, 6, dtype="float64"))
 
 
-@pytest.mark.parametrize("kind, why", [("requires_grad", "require gradient"),
+@pytest.mark.parametrize("kind, why", [("requires_grad", r"\bq\b.*requires grad"),
                                        ("bfloat16", "Unsupported dtype")])
 def test_torch_tensors_that_cannot_be_shared_are_refused(torch, kind, why):
     if kind == "requires_grad":
@@ -88,3 +88,114 @@ def test_two_openmp_runtimes_in_one_process(torch):
     t.join()
     assert not errors
     np.testing.assert_allclose(x, expect, rtol=1e-6, atol=1e-6)
+
+
+# ---- torch views, autograd, tensors as read inputs --------------------------------------------
+
+
+def _rope_q(torch):
+    return torch.randn(1, 6, 2, 8, generator=torch.Generator().manual_seed(1))
+
+
+# every function that writes a tensor in place: (name, call on the tensor)
+WRITERS = {
+    "add_sinusoidal": (lambda t: t.zeros(3, 6, 8), lambda x: fastpe.add_sinusoidal(x)),
+    "sinusoidal_table": (lambda t: t.zeros(6, 8), lambda x: fastpe.sinusoidal_table(6, 8, out=x)),
+    "add_learned": (lambda t: t.zeros(3, 6, 8),
+                    lambda x: fastpe.add_learned(x, np.ones((6, 8), np.float32))),
+    "apply_rope": (_rope_q, lambda x: fastpe.apply_rope(x)),
+    "apply_rope_cached": (_rope_q, lambda x: fastpe.apply_rope_cached(
+        x, None, *fastpe.rope_cos_sin(np.arange(6), fastpe.rope_frequencies(8)))),
+    "RotaryEmbedding": (_rope_q, lambda x: fastpe.RotaryEmbedding(8)(x)),
+    "add_alibi": (lambda t: t.zeros(2, 3, 4, 6), lambda x: fastpe.add_alibi(x)),
+    "alibi_bias": (lambda t: t.zeros(3, 4, 6), lambda x: fastpe.alibi_bias(3, 4, 6, out=x)),
+}
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_negative_bit_views_are_refused(torch, name):
+    """x.conj().imag of a complex tensor is a real view whose memory holds -x.imag; writing
+    it as if it held its values would store the wrong sign."""
+    make, call = WRITERS[name]
+    shape = make(torch).shape
+    base = torch.zeros(*shape, dtype=torch.complex64)
+    view = base.conj().imag
+    assert view.is_neg()
+    with pytest.raises(TypeError, match=r"negative or conjugate bit"):
+        call(view)
+    assert not base.imag.any() and not base.real.any()
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_in_place_writes_bump_the_version_counter(torch, name):
+    """A tensor saved for backward and then written by fastpe makes backward raise, as
+    torch's own in-place operations do; without the bump the gradient would silently use
+    the new values."""
+    make, call = WRITERS[name]
+    x = make(torch) + 0.5
+    w = torch.ones_like(x, requires_grad=True)
+    loss = (x * w).sum()                  # saves x for the gradient of w
+    before = x._version
+    call(x)
+    assert x._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_writes_through_detach_bump_the_original_too(torch):
+    """detach() shares the version counter: writing the detached tensor is seen by
+    the graph that saved the original."""
+    x = torch.zeros(3, 6, 8) + 0.5
+    w = torch.ones_like(x, requires_grad=True)
+    loss = (x * w).sum()
+    fastpe.add_sinusoidal(x.detach())
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("arg", ["table", "cos", "slopes"])
+def test_read_inputs_that_require_grad_are_refused_by_name(torch, arg):
+    """fastpe's result would not carry their gradient: a TypeError naming the argument,
+    not torch's RuntimeError."""
+    x = np.zeros((1, 6, 8), np.float32)
+    q = np.zeros((1, 6, 2, 8), np.float32)
+    grad = {"table": torch.ones(6, 8, requires_grad=True),
+            "cos": torch.ones(6, 4, requires_grad=True),
+            "slopes": torch.ones(3, dtype=torch.float64, requires_grad=True)}[arg]
+    call = {"table": lambda: fastpe.add_learned(x, grad),
+            "cos": lambda: fastpe.apply_rope_cached(q, None, grad, np.ones((6, 4), np.float32)),
+            "slopes": lambda: fastpe.add_alibi(np.zeros((3, 4, 6)), slopes=grad)}[arg]
+    with pytest.raises(TypeError, match=rf"\b{arg}\b.*requires grad.*detach"):
+        call()
+    assert not x.any() and not q.any()
+
+
+def test_read_inputs_with_negative_bit_are_read_as_their_values(torch):
+    """A lazily negated table is resolved when read (a copy): x gets -values, as torch
+    itself would add it."""
+    values = torch.randn(6, 8, dtype=torch.complex64, generator=torch.Generator().manual_seed(2))
+    table = values.conj().imag
+    assert table.is_neg()
+    x = np.zeros((1, 6, 8), np.float32)
+    fastpe.add_learned(x, table)
+    np.testing.assert_array_equal(x[0], -values.imag.numpy())
+
+
+def test_positions_on_another_device_are_refused_by_name(torch):
+    q = np.zeros((1, 4, 2, 8))
+    with pytest.raises(TypeError, match=r"\bpositions\b.*device 'meta'"):
+        fastpe.apply_rope(q, None, torch.arange(4, device="meta"))
+    assert not q.any()
+
+
+def test_tensor_inputs_sharing_memory_with_the_output_are_refused(torch):
+    """The overlap check sees through tensors: a table that is x's own storage, slopes
+    that are a row of the scores."""
+    buf = torch.zeros(12, 8)
+    with pytest.raises(ValueError, match=r"table overlaps x"):
+        fastpe.add_learned(buf[None, :4], buf)
+    assert not buf.any()
+    scores = torch.full((3, 4, 6), 0.25, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"slopes overlaps scores"):
+        fastpe.add_alibi(scores, slopes=scores[0, 0, :3])
+    assert (scores == 0.25).all()
