@@ -689,6 +689,9 @@ ROWS += [
     # silent no-ops: nothing to rotate is a mistake, not a request
     Row("apply_rope/freqs-empty", lambda a: fastpe.apply_rope(a["q"], freqs=np.ones(0)),
         ValueError, r"\bfreqs\.inv_freq\b", lambda: {"q": q64()}, category="shape"),
+    Row("apply_rope/freqs-empty-RopeFrequencies", lambda a: fastpe.apply_rope(
+        a["q"], freqs=fastpe.RopeFrequencies(np.ones(0), 1.0)), ValueError,
+        r"\bfreqs\.inv_freq\b", lambda: {"q": q64()}, category="shape"),
     Row("apply_rope_cached/cos-sin-zero-width", lambda a: fastpe.apply_rope_cached(
         a["q"], None, np.ones((RS, 0)), np.ones((RS, 0))), ValueError, r"\bcos\b.*\bsin\b",
         lambda: {"q": q64()}, category="shape"),

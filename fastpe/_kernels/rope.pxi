@@ -576,7 +576,8 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
         return False
     wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or 2 * wa.shape[0] > cnp.PyArray_DIMS(
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] == 0
+            or 2 * wa.shape[0] > cnp.PyArray_DIMS(
                 <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
         return False
     if not apart(wa, q, k):
@@ -637,7 +638,7 @@ def rope_cached_fast(object q, object k, object cos, object sin, object position
         return False
     cc = <cnp.ndarray>cos
     sc = <cnp.ndarray>sin
-    if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2
+    if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2 or cc.shape[1] == 0
             or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]):
         return False
     cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
