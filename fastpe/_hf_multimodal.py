@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _args
-from ._rope_scaling import _hf_get, hf_rope_config
+from ._rope_scaling import _hf_get, hf_rope_config, parse_rope_spec
 
 class TextMRope(NamedTuple):
     """How one family's text attention lays M-RoPE out over the frequency pairs."""
@@ -83,7 +83,8 @@ MROPE_TEXT_MODEL_TYPES = frozenset({
 })
 
 _VISION_SUFFIXES = ("_vision", "_vision_model", "_vision_encoder")
-_VISION_MODEL_TYPES = frozenset({"pixtral", "mlcd_vision_model", "step3p5_vision"})
+_VISION_MODEL_TYPES = frozenset({"pixtral", "mlcd_vision_model", "step3p5_vision",
+                                 "llama4_vision_model"})
 
 
 def _rope_dict(config: object) -> Mapping:
@@ -165,11 +166,98 @@ def text_mrope(config: object) -> tuple[dict[str, Any], TextMRope] | None:
     return cfg, family
 
 
+# Vision towers' 2D RoPE (transformers' "axial" rope_type), by the layout of the
+# per-axis frequencies over the head (see _vision_layout).
+VISION: dict[str, str] = {
+    **dict.fromkeys([
+        "qwen2_vl_vision", "qwen2_5_vl_vision", "qwen2_5_omni_vision_encoder",
+        "qwen3_vl_vision", "qwen3_vl_moe_vision", "qwen3_5_vision", "qwen3_5_moe_vision",
+        "qwen3_omni_moe_vision_encoder", "qwen4_exp_vision", "glm4v_vision",
+        "glm4v_moe_vision", "glm_ocr_vision", "glm5_next_vision", "paddleocr_vl_vision",
+        "ernie4_5_vl_moe_vision", "cohere_compass_vision", "dots3_note_vision_encoder",
+        "exaone4_5_vision", "lfm3_vl_vision", "mlcd_vision_model", "muse_glimmer_vision",
+        "muse_spark_vision", "video_llama_3_vision"], "hw"),
+    "step3p5_vision": "wh",
+    "inkling2_vision": "wh_gptj",
+    "llama4_vision_model": "wh_gptj",
+    "kimi_k25_vision": "kimi",
+    "pixtral": "pixtral",
+    "minimax_m3_vl_vision": "thw",
+}
+
+UNSUPPORTED_VISION = {
+    "gemma4_vision": "Gemma 4's vision tower rotates each half of the head by one axis "
+                     "(rotate_half within each half), a pairing fastpe's kernel does not have",
+}
+
+
+def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, str]:
+    """(axes, width of the frequency spectrum, axis of each pair, index of each pair's
+    frequency in that spectrum, style) of a vision tower's 2D (or 3D) RoPE; the rotated
+    width is twice the number of pairs.
+
+    hw (Qwen2-VL and most towers): frequencies of width head_dim / 2, the first
+    head_dim / 4 pairs on the row, the next on the column, rotate_half pairing;
+    wh: the same with column first; wh_gptj (Inkling 2, Llama 4): column first,
+    adjacent pairs; kimi:
+    column and row alternate pair by pair; pixtral: the even frequencies of a
+    head_dim-wide spectrum on the row, the odd ones on the column; thw (MiniMax):
+    three axes (frame, row, column) of head_dim // 3 rounded down to even each, the
+    features past them untouched."""
+    if kind == "thw":
+        width = 2 * ((head_dim // 3) // 2)
+        m = width // 2
+        return 3, width, np.repeat(np.array([0, 1, 2], np.int8), m), np.tile(np.arange(m), 3), \
+            "neox"
+    if head_dim % 4:
+        raise ValueError(f"2D RoPE needs a head_dim divisible by 4, got {head_dim}")
+    n = head_dim // 4
+    freq = np.tile(np.arange(n), 2)
+    if kind in ("hw", "wh", "wh_gptj"):
+        first, second = (0, 1) if kind == "hw" else (1, 0)
+        axis = np.repeat(np.array([first, second], np.int8), n)
+        return 2, head_dim // 2, axis, freq, "gptj" if kind == "wh_gptj" else "neox"
+    if kind == "kimi":
+        return 2, head_dim // 2, np.tile(np.array([1, 0], np.int8), n), np.repeat(
+            np.arange(n), 2), "neox"
+    return 2, head_dim, np.repeat(np.array([0, 1], np.int8), n), np.concatenate(
+        [np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)]), "neox"
+
+
+def vision_rope(cls: Any, config: object, style: str | None) -> Any:
+    """The embedding of a vision tower's 2D RoPE, or None for another model."""
+    model_type = str(_hf_get(config, "model_type"))
+    kind = VISION.get(model_type)
+    if kind is None:
+        return None
+    rope = _rope_dict(config)
+    rope_type = rope.get("rope_type", rope.get("type", "axial"))
+    # Llama 4's tower reads only rope_theta, from a dict typed "default"
+    allowed = ("axial", "default") if model_type == "llama4_vision_model" else ("axial",)
+    if rope_type not in allowed:
+        raise ValueError(f"model_type {model_type!r}: its vision rotary embedding supports only "
+                         f"rope_type {' or '.join(map(repr, allowed))}, got {rope_type!r}")
+    theta = rope.get("rope_theta", _hf_get(config, "rope_theta"))
+    head_dim = _hf_get(config, "head_dim")
+    if head_dim is None:
+        width = _hf_get(config, "embed_dim" if model_type == "qwen2_vl_vision" else "hidden_size")
+        heads = _hf_get(config, "num_attention_heads", "num_heads")
+        if width is None or heads is None:
+            raise ValueError(f"config of model_type {model_type!r} has no head_dim, and no "
+                             f"hidden size and num_attention_heads to derive it from")
+        head_dim = int(width) // int(heads)
+    axes, width, pair_axis, pair_freq, own_style = _vision_layout(kind, int(head_dim))
+    emb = cls(int(head_dim), base=theta, rotary_dim=2 * len(pair_axis),
+              style=style or own_style)
+    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
+    return emb
+
+
 def check_supported(config: object) -> None:
     """Raise for a multi-axis model fastpe does not reproduce."""
     if is_multi_axis(config):
         model_type = _hf_get(config, "model_type")
-        reason = UNSUPPORTED_TEXT.get(str(model_type))
+        reason = UNSUPPORTED_TEXT.get(str(model_type)) or UNSUPPORTED_VISION.get(str(model_type))
         if reason:
             raise ValueError(f"model_type {model_type!r} is not supported: {reason}; "
                              f"fastpe's rotation would give different numbers")
@@ -186,8 +274,10 @@ def from_hf_config(cls: Any, config: object, style: str | None,
     config = text_config(config)
     text = text_mrope(config)
     if text is None:
-        check_supported(config)
-        return None
+        vision = vision_rope(cls, config, style)
+        if vision is None:
+            check_supported(config)
+        return vision
     cfg, family = text
     c = hf_rope_config(cfg, layer_type=layer_type)
     rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],

@@ -331,9 +331,13 @@ class RotaryEmbedding:
         self._set_layout(1 if axes is None else axes, pair_axis, None)
 
     def _set_layout(self, axes: object, pair_axis: np.ndarray | None,
-                    pair_freq: np.ndarray | None) -> None:
+                    pair_freq: np.ndarray | None,
+                    spec: _rope_scaling.RopeSpec | None = None) -> None:
         """Multi-axis layout: the axis of each frequency pair, and the index of
-        each pair's frequency among the spec's (None: pair i takes the i-th)."""
+        each pair's frequency among those of `spec` (default: this embedding's
+        own; None: pair i takes the i-th)."""
+        if spec is not None:
+            self._spec = spec
         half = self.rotary_dim // 2
         self.axes, self._pair_axis = _args.pair_axis_arg(axes, pair_axis, half)
         if self.axes == 1:

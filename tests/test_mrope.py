@@ -326,10 +326,12 @@ def _hf_case_ids(kind):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", _hf_case_ids("text"))
-def test_text_models_match_transformers(name, backend):
-    """Each family's M-RoPE through from_hf_config equals its own rotary module and
-    apply_rotary_pos_emb (run in float64) to float64 rounding."""
+@pytest.mark.parametrize("name", _hf_case_ids("text") + _hf_case_ids("vision"))
+def test_models_match_transformers(name, backend):
+    """Each family's M-RoPE (text) or 2D RoPE (vision tower) through from_hf_config
+    equals its own rotary module and apply function (run in float64) to float64
+    rounding, on (axes, batch, seq) positions (text, layout bhsd) or (axes, tokens)
+    (vision, layout shd)."""
     case = HF_CASES[name]
     rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"])
     rng = np.random.default_rng(case["seed"])

@@ -170,10 +170,116 @@ def run_text(case, seed):
             {f"{name}/q": qo.numpy(), f"{name}/k": ko.numpy()})
 
 
+# (name, package, rotary class, apply function, axes): vision towers at their default
+# config (the released model's sizes); the apply function takes q, k as (tokens, heads,
+# head_dim) and cos, sin as the rotary module returns them, except "pixtral" (its
+# apply_rotary_pos_emb on (heads, tokens, head_dim) with unsqueeze_dim=0).
+VISION_CASES = [
+    (pkg, pkg, rot, "apply_rotary_pos_emb_vision", 2) for pkg, rot in [
+        ("qwen2_vl", "Qwen2VLVisionRotaryEmbedding"),
+        ("qwen2_5_vl", "Qwen2_5_VLVisionRotaryEmbedding"),
+        ("qwen2_5_omni", "Qwen2_5OmniVisionRotaryEmbedding"),
+        ("qwen3_vl", "Qwen3VLVisionRotaryEmbedding"),
+        ("qwen3_vl_moe", "Qwen3VLMoeVisionRotaryEmbedding"),
+        ("qwen3_5", "Qwen3_5VisionRotaryEmbedding"),
+        ("qwen3_5_moe", "Qwen3_5MoeVisionRotaryEmbedding"),
+        ("qwen3_omni_moe", "Qwen3OmniMoeVisionRotaryEmbedding"),
+        ("qwen4_exp", "Qwen4ExpVisionRotaryEmbedding"),
+        ("glm4v", "Glm4vVisionRotaryEmbedding"),
+        ("glm4v_moe", "Glm4vMoeVisionRotaryEmbedding"),
+        ("glm_ocr", "GlmOcrVisionRotaryEmbedding"),
+        ("glm5_next", "Glm5NextVisionRotaryEmbedding"),
+        ("paddleocr_vl", "PaddleOCRVisionRotaryEmbedding"),
+        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeVisionRotaryEmbedding"),
+        ("cohere_compass", "CohereCompassVisionRotaryEmbedding"),
+        ("dots3_note", "Dots3NoteVisionRotaryEmbedding"),
+        ("exaone4_5", "Exaone4_5_VisionRotaryEmbedding"),
+        ("lfm3_vl", "Lfm3VlVisionRotaryEmbedding"),
+        ("mlcd", "MLCDRotaryEmbedding"),
+        ("muse_glimmer", "MuseGlimmerVisionRotaryEmbedding"),
+        ("muse_spark", "MuseSparkVisionRotaryEmbedding"),
+        ("video_llama_3", "VideoLlama3VisionRotaryEmbedding"),
+        ("step3p7", "Step3p7VisionRotaryEmbedding"),
+        ("inkling2", "Inkling2VisionRotaryEmbedding"),
+        ("kimi_k25", "Kimi_K25VisionRotaryEmbedding"),
+    ]
+] + [
+    ("pixtral", "pixtral", "PixtralVisionRotaryEmbedding", "pixtral", 2),
+    ("minimax_m3_vl", "minimax_m3_vl", "MiniMaxM3VLVisionRotaryEmbedding",
+     "apply_rotary_pos_emb_vision", 3),
+]
+
+
+def grid_positions(axes, seed):
+    """(tokens, axes): two images' patch grids, (row, column) from 0 in each
+    (a frame index first for three axes)."""
+    rows = []
+    for frame, (h, w) in enumerate(((2, 3), (1, 2))):
+        for r in range(h):
+            for c in range(w):
+                rows.append(([frame] if axes == 3 else []) + [r, c])
+    return np.array(rows, np.int64)
+
+
+def run_vision(case, seed):
+    name, pkg, rot_cls, apply_name, axes = case
+    mod = module(pkg)
+    rot_type = getattr(mod, rot_cls)
+    import inspect
+    ann = inspect.signature(rot_type.compute_axial_rope_parameters).parameters["config"].annotation
+    cfg = (getattr(mod, ann) if isinstance(ann, str) else ann)()
+    pos = grid_positions(axes, seed)
+    with float64_everywhere():
+        rot = rot_type(cfg)
+        # the head width as the tower's attention computes it
+        d = (cfg.embed_dim if pkg == "qwen2_vl" else cfg.hidden_size) // cfg.num_attention_heads
+        rng = np.random.default_rng(seed)
+        q = rng.standard_normal((len(pos), 1, d))
+        k = rng.standard_normal((len(pos), 1, d))
+        x = torch.zeros(1, dtype=torch.float64)
+        cos, sin = rot(x, torch.from_numpy(pos))
+        tq, tk = torch.from_numpy(q), torch.from_numpy(k)
+        if apply_name == "pixtral":
+            qo, ko = mod.apply_rotary_pos_emb(tq.transpose(0, 1), tk.transpose(0, 1), cos, sin,
+                                              unsqueeze_dim=0)
+            qo, ko = qo.transpose(0, 1), ko.transpose(0, 1)
+        else:
+            qo, ko = getattr(mod, apply_name)(tq, tk, cos, sin)
+    assert qo.dtype == torch.float64 and qo.shape == q.shape
+    return ({"name": f"{name}_vision", "kind": "vision", "config": config_json(cfg),
+             "layer_type": None, "positions": pos.T.tolist(), "seed": seed,
+             "q_shape": list(q.shape), "k_shape": list(k.shape), "layout": "shd"},
+            {f"{name}_vision/q": qo.numpy(), f"{name}_vision/k": ko.numpy()})
+
+
+def run_llama4(seed):
+    """Llama 4's vision tower: its rotary table covers the whole patch grid plus the CLS
+    token (last), so the positions are the model's own: (row + 1, column + 1) per patch
+    in row-major order, (0, 0) for CLS."""
+    mod = module("llama4")
+    cfg = module("llama4", "configuration").Llama4VisionConfig(image_size=56, patch_size=14)
+    side = cfg.image_size // cfg.patch_size
+    d = cfg.hidden_size // cfg.num_attention_heads
+    rows, cols = np.divmod(np.arange(side * side), side)
+    pos = np.stack([np.append(rows + 1, 0), np.append(cols + 1, 0)])
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, pos.shape[1], 1, d))
+    k = rng.standard_normal((1, pos.shape[1], 1, d))
+    with float64_everywhere():
+        freqs_ci = mod.Llama4VisionRotaryEmbedding(cfg)(torch.zeros(1))
+        qo, ko = mod.vision_apply_rotary_emb(torch.from_numpy(q), torch.from_numpy(k), freqs_ci)
+    assert qo.dtype == torch.float64
+    return ({"name": "llama4_vision", "kind": "vision", "config": config_json(cfg),
+             "layer_type": None, "positions": pos.tolist(), "seed": seed,
+             "q_shape": list(q.shape), "k_shape": list(k.shape), "layout": "bshd"},
+            {"llama4_vision/q": qo.numpy(), "llama4_vision/k": ko.numpy()})
+
+
 UNSUPPORTED = [
     ("hunyuan_vl", "hunyuan_vl", "HunYuanVLTextConfig",
      dict(SMALL, rope_parameters=rp(1e4, mrope_section=[4, 4, 4, 4]))),
     ("hy_v4_vl", "hy_v4_vl", "HYV4VLTextConfig", {}),
+    ("gemma4_vision", "gemma4", "Gemma4VisionConfig", {}),
 ]
 
 
@@ -184,6 +290,13 @@ def main():
         meta, arr = run_text(case, seed)
         cases.append(meta)
         arrays.update(arr)
+    for seed, case in enumerate(VISION_CASES, start=100):
+        meta, arr = run_vision(case, seed)
+        cases.append(meta)
+        arrays.update(arr)
+    meta, arr = run_llama4(200)
+    cases.append(meta)
+    arrays.update(arr)
     for name, pkg, cfg_cls, kw in UNSUPPORTED:
         cfg = getattr(module(pkg, "configuration"), cfg_cls)(**kw)
         cases.append({"name": name, "kind": "unsupported", "config": config_json(cfg)})
