@@ -8,6 +8,7 @@ arrays by compiled OpenMP kernels, with a pure-NumPy twin of every function in
 
 from . import reference
 from ._backend import backend, use_backend
+from ._grids import mrope_positions, vision_positions
 from ._info import info
 from ._threads import get_num_threads, set_num_threads
 from ._version import __version__
@@ -37,10 +38,12 @@ __all__ = [
     "backend",
     "get_num_threads",
     "info",
+    "mrope_positions",
     "reference",
     "rope_cos_sin",
     "rope_frequencies",
     "set_num_threads",
     "sinusoidal_table",
     "use_backend",
+    "vision_positions",
 ]

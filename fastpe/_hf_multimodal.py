@@ -23,6 +23,7 @@ import numpy as np
 from . import _args
 from ._rope_scaling import _hf_get, hf_rope_config, parse_rope_spec
 
+
 class TextMRope(NamedTuple):
     """How one family's text attention lays M-RoPE out over the frequency pairs."""
     sections: tuple[int, ...]  # the mrope_section its code uses when the config has none

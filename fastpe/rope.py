@@ -322,9 +322,9 @@ class RotaryEmbedding:
             pair_axis = _args.mrope_pair_axis(self.rotary_dim // 2, mrope_section,
                                               mrope_interleaved)
             if axes is None:
-                axes = len(mrope_section)  # type: ignore[arg-type]
-            elif axes != len(mrope_section):  # type: ignore[arg-type]
-                raise ValueError(f"axes={axes} but mrope_section has {len(mrope_section)} "  # type: ignore[arg-type]
+                axes = len(mrope_section)
+            elif axes != len(mrope_section):
+                raise ValueError(f"axes={axes} but mrope_section has {len(mrope_section)} "
                                  f"entries, one per axis")
         elif mrope_interleaved is not False:
             raise ValueError("mrope_interleaved needs mrope_section")

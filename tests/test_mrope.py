@@ -15,12 +15,12 @@ Truths, independent of the code under test:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rope_oracle as oracle
-from test_rope import bshd, make, shape_for
 from conftest import (
     COMPILED,
     F32,
@@ -33,6 +33,7 @@ from conftest import (
     snapshot,
     tolerance,
 )
+from test_rope import bshd, make, shape_for
 
 import fastpe
 
@@ -349,5 +350,44 @@ def test_models_match_transformers(name, backend):
 
 @pytest.mark.parametrize("name", _hf_case_ids("unsupported"))
 def test_unsupported_models_raise(name):
-    with pytest.raises(ValueError, match="not supported|more than one position"):
+    with pytest.raises(ValueError, match=r"not supported|more than one position"):
         fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
+
+
+# ---- position helpers against the models' own functions ------------------------------
+
+
+@pytest.mark.parametrize("name", _hf_case_ids("rope_index"))
+def test_mrope_positions_match_get_rope_index(name):
+    case = HF_CASES[name]
+    segments = [s if isinstance(s, int) else tuple(s) for s in case["segments"]]
+    got = fastpe.mrope_positions(segments, spatial_merge_size=case["spatial_merge_size"])
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, np.array(case["positions"]))
+
+
+@pytest.mark.parametrize("name", _hf_case_ids("vision_grid"))
+def test_vision_positions_match_transformers(name):
+    case = HF_CASES[name]
+    got = fastpe.vision_positions([tuple(g) for g in case["grids"]],
+                                  spatial_merge_size=case["spatial_merge_size"],
+                                  temporal=case["temporal"])
+    np.testing.assert_array_equal(got, np.array(case["positions"]))
+
+
+def test_vision_positions_llama4_grid_with_cls():
+    """Llama 4's own table: patches row-major from (1, 1), the class token last at (0, 0)."""
+    case = HF_CASES["llama4_vision"]
+    side = math.isqrt(len(case["positions"][0]) - 1)
+    got = fastpe.vision_positions((side, side), offset=1, cls=True)
+    np.testing.assert_array_equal(got, np.array(case["positions"]))
+
+
+def test_position_helpers_refuse_bad_grids():
+    with pytest.raises(ValueError, match="spatial_merge_size"):
+        fastpe.mrope_positions([2, (1, 3, 4)], spatial_merge_size=2)
+    with pytest.raises(ValueError, match=r"segments\[1\]"):
+        fastpe.mrope_positions([2, (1, 2, 3, 4)])
+    with pytest.raises(ValueError, match="grids"):
+        fastpe.vision_positions((0, 3))
+    assert fastpe.mrope_positions([]).shape == (3, 0)

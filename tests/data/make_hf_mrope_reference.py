@@ -275,6 +275,66 @@ def run_llama4(seed):
             {"llama4_vision/q": qo.numpy(), "llama4_vision/k": ko.numpy()})
 
 
+# (name, package, model class, prompt segments, spatial_merge_size): a prompt of text
+# runs (int) and images (t, h, w patches), through the model's own get_rope_index.
+ROPE_INDEX_CASES = [
+    ("qwen2_vl_prompt", "qwen2_vl", "Qwen2VLModel", [3, (1, 4, 6), 2], 2),
+    ("qwen2_5_vl_two_images", "qwen2_5_vl", "Qwen2_5_VLModel", [2, (1, 2, 2), 1, (1, 6, 4), 3], 2),
+    ("qwen3_vl_prompt", "qwen3_vl", "Qwen3VLModel", [(1, 4, 4), 4], 2),
+    ("glm4v_prompt", "glm4v", "Glm4vModel", [1, (1, 4, 8), 2], 2),
+    ("qwen2_vl_video", "qwen2_vl", "Qwen2VLModel", [2, (3, 2, 4), 1], 2),
+]
+
+# (name, grids, spatial_merge_size, include_temporal): transformers.vision_utils'
+# get_vision_position_ids, the patch order of the Qwen-VL, GLM-4V, PaddleOCR and
+# MiniMax-M3 towers.
+VISION_GRID_CASES = [
+    ("merge2_two_images", [(1, 4, 6), (2, 2, 4)], 2, False),
+    ("merge1", [(1, 3, 5)], 1, False),
+    ("temporal", [(2, 2, 2), (1, 4, 2)], 2, True),
+]
+
+
+def run_rope_index(case):
+    import functools
+    import types
+    name, pkg, model_cls, segments, merge = case
+    cls = getattr(module(pkg), model_cls)
+    ids, types_ = [], []
+    grids = []
+    for seg in segments:
+        if isinstance(seg, int):
+            ids += [7] * seg
+            types_ += [0] * seg
+        else:
+            t, h, w = seg
+            n = t * (h // merge) * (w // merge)
+            ids += [9] * n
+            types_ += [1 if t == 1 else 2] * n
+            grids.append(seg)
+    images = [g for g in grids if g[0] == 1]
+    videos = [g for g in grids if g[0] != 1]
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
+            spatial_merge_size=merge, tokens_per_second=2)),
+        get_vision_position_ids=functools.partial(cls.get_vision_position_ids, None))
+    pos, _ = cls.get_rope_index(
+        fake, torch.tensor([ids]), torch.tensor([types_]),
+        image_grid_thw=torch.tensor(images) if images else None,
+        video_grid_thw=torch.tensor(videos) if videos else None)
+    return {"name": name, "kind": "rope_index", "segments": [list(s) if not isinstance(s, int)
+                                                             else s for s in segments],
+            "spatial_merge_size": merge, "positions": pos[:, 0].tolist()}
+
+
+def run_vision_grid(case):
+    from transformers.vision_utils import get_vision_position_ids
+    name, grids, merge, temporal = case
+    pos = get_vision_position_ids(torch.tensor(grids), merge, include_temporal=temporal)
+    return {"name": name, "kind": "vision_grid", "grids": [list(g) for g in grids],
+            "spatial_merge_size": merge, "temporal": temporal, "positions": pos.T.tolist()}
+
+
 UNSUPPORTED = [
     ("hunyuan_vl", "hunyuan_vl", "HunYuanVLTextConfig",
      dict(SMALL, rope_parameters=rp(1e4, mrope_section=[4, 4, 4, 4]))),
@@ -297,6 +357,8 @@ def main():
     meta, arr = run_llama4(200)
     cases.append(meta)
     arrays.update(arr)
+    cases += [run_rope_index(c) for c in ROPE_INDEX_CASES]
+    cases += [run_vision_grid(c) for c in VISION_GRID_CASES]
     for name, pkg, cfg_cls, kw in UNSUPPORTED:
         cfg = getattr(module(pkg, "configuration"), cfg_cls)(**kw)
         cases.append({"name": name, "kind": "unsupported", "config": config_json(cfg)})

@@ -1,0 +1,151 @@
+"""Position grids of multi-axis RoPE: a prompt's M-RoPE positions, a vision tower's
+patch rows and columns.
+
+Both follow the published recipes (Qwen2-VL, Wang et al. 2024, section 2.1) as
+transformers' ``get_rope_index`` and ``get_vision_position_ids`` lay them out, and
+return int64 arrays axis first, ready for a :class:`fastpe.RotaryEmbedding` with
+``axes`` > 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _checks
+
+__all__ = ["mrope_positions", "vision_positions"]
+
+
+def _grid(value: object, name: str) -> tuple[int, int, int]:
+    """(t, h, w) of a grid given as (t, h, w) or (h, w)."""
+    if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence)
+            or len(value) not in (2, 3)):
+        raise ValueError(f"{name} must be (t, h, w) or (h, w) patch counts, got {value!r}")
+    sizes: list[object] = [1, *value] if len(value) == 2 else list(value)
+    return (_checks.count(sizes[0], f"{name} t", minimum=1),
+            _checks.count(sizes[1], f"{name} h", minimum=1),
+            _checks.count(sizes[2], f"{name} w", minimum=1))
+
+
+def _merged(grid: tuple[int, int, int], merge: int, name: str) -> tuple[int, int]:
+    _, h, w = grid
+    if h % merge or w % merge:
+        raise ValueError(f"{name} {grid}: h and w must be multiples of spatial_merge_size "
+                         f"{merge}")
+    return h // merge, w // merge
+
+
+def mrope_positions(segments: Sequence[int | Sequence[int]], *,
+                    spatial_merge_size: int = 1) -> np.ndarray:
+    """M-RoPE positions (temporal, height, width) of a prompt, shape (3, seq).
+
+    Parameters
+    ----------
+    segments : sequence
+        The prompt in order: an int is that many text tokens; a (t, h, w) tuple is an
+        image or video of t x h x w patches (``image_grid_thw``), which the language
+        model sees as t x (h / m) x (w / m) tokens after merging m x m patches.
+    spatial_merge_size : int
+        m, the vision tower's ``spatial_merge_size`` (2 for Qwen2-VL and its successors).
+
+    Returns
+    -------
+    ndarray of int64, shape (3, seq)
+        Text tokens count on from the previous position on every axis. A grid's tokens
+        take frame, row and column indices (row-major, frame-major), each offset by the
+        position where the grid starts; text after a grid resumes at that start plus
+        max(h, w) / m. This is what transformers' ``get_rope_index`` gives Qwen2-VL,
+        Qwen2.5-VL (images), Qwen3-VL and GLM-4V prompts.
+
+    Examples
+    --------
+    Qwen2-VL: 3 text tokens, an image of 4 x 6 patches (2 x 3 tokens after merging),
+    then 2 text tokens:
+
+    >>> fastpe.mrope_positions([3, (1, 4, 6), 2], spatial_merge_size=2)
+    array([[0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7],
+           [0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7],
+           [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7]])
+    """
+    merge = _checks.count(spatial_merge_size, "spatial_merge_size", minimum=1)
+    parts = []
+    start = 0
+    for i, seg in enumerate(segments):
+        if isinstance(seg, (int, np.integer)) and not isinstance(seg, bool):
+            n = _checks.count(seg, f"segments[{i}]")
+            parts.append(np.broadcast_to(start + np.arange(n, dtype=np.int64), (3, n)))
+            start += n
+            continue
+        grid = _grid(seg, f"segments[{i}]")
+        h, w = _merged(grid, merge, f"segments[{i}]")
+        t_idx, h_idx, w_idx = np.meshgrid(np.arange(grid[0]), np.arange(h), np.arange(w),
+                                          indexing="ij")
+        parts.append(start + np.stack([t_idx, h_idx, w_idx]).reshape(3, -1).astype(np.int64))
+        start += max(h, w)
+    if not parts:
+        return np.zeros((3, 0), np.int64)
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
+                     spatial_merge_size: int = 1, offset: int = 0, cls: bool = False,
+                     temporal: bool = False) -> np.ndarray:
+    """A vision tower's patch positions: (row, column) of every patch, shape (2, tokens).
+
+    Parameters
+    ----------
+    grids : (t, h, w) or (h, w), or a sequence of them
+        The patch grid of each image (``image_grid_thw``); t frames repeat the grid.
+    spatial_merge_size : int
+        Patches are ordered block by block of m x m, as the towers that merge m x m
+        patches afterwards order them (Qwen2-VL and successors, GLM-4V, PaddleOCR: 2);
+        1 is plain row-major order (Pixtral, Llama 4).
+    offset : int
+        Added to every row and column (Llama 4 numbers patches from 1).
+    cls : bool
+        Append one class token at (0, 0) after each image's patches (Llama 4).
+    temporal : bool
+        Return (3, tokens) with the frame index first (MiniMax-M3's 3D vision RoPE).
+
+    Examples
+    --------
+    Pixtral, an image of 2 x 3 patches:
+
+    >>> fastpe.vision_positions((2, 3))
+    array([[0, 0, 0, 1, 1, 1],
+           [0, 1, 2, 0, 1, 2]])
+
+    Qwen2-VL, 4 x 4 patches merged 2 x 2 (each block's four patches together):
+
+    >>> fastpe.vision_positions((1, 4, 4), spatial_merge_size=2)[:, :8]
+    array([[0, 0, 1, 1, 0, 0, 1, 1],
+           [0, 1, 0, 1, 2, 3, 2, 3]])
+
+    Llama 4, a 2 x 2 grid with its class token:
+
+    >>> fastpe.vision_positions((2, 2), offset=1, cls=True)
+    array([[1, 1, 2, 2, 0],
+           [1, 2, 1, 2, 0]])
+    """
+    merge = _checks.count(spatial_merge_size, "spatial_merge_size", minimum=1)
+    offset = _checks.count(offset, "offset")
+    cls = _checks.flag(cls, "cls")
+    temporal = _checks.flag(temporal, "temporal")
+    items = list(grids)  # type: ignore[arg-type]
+    single = all(isinstance(v, (int, np.integer)) for v in items)
+    parts = []
+    for i, value in enumerate([items] if single else items):
+        t, h, w = _grid(value, "grids" if single else f"grids[{i}]")
+        _merged((t, h, w), merge, "grids" if single else f"grids[{i}]")
+        row_grid, col_grid = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        block = (h // merge, merge, w // merge, merge)
+        rows = row_grid.reshape(block).transpose(0, 2, 1, 3).ravel() + offset
+        cols = col_grid.reshape(block).transpose(0, 2, 1, 3).ravel() + offset
+        frame = np.repeat(np.arange(t), h * w)
+        grid = np.stack([frame, np.tile(rows, t), np.tile(cols, t)])
+        if cls:
+            grid = np.concatenate([grid, np.zeros((3, 1), grid.dtype)], axis=1)
+        parts.append(grid if temporal else grid[1:])
+    return np.ascontiguousarray(np.concatenate(parts, axis=1).astype(np.int64))
