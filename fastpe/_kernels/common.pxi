@@ -247,6 +247,10 @@ cdef bint elements_disjoint(cnp.ndarray x) noexcept:
     return True
 
 
+cdef inline Py_ssize_t magnitude(Py_ssize_t n) noexcept nogil:
+    return -n if n < 0 else n
+
+
 cdef inline const int64_t *positions_ptr(object positions):
     if positions is None:
         return NULL

@@ -49,7 +49,23 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
     cdef Py_ssize_t prow = b if a.pos_rows > 1 else 0
     cdef Py_ssize_t t0 = (unit % nblocks) * LEARNED_TOKENS
     cdef Py_ssize_t t1 = min(t0 + LEARNED_TOKENS, a.seq)
-    cdef Py_ssize_t t
+    cdef Py_ssize_t t, j
+    cdef store_t *col
+    cdef float kind = 0
+    if a.sd != 1 and magnitude(a.ss) < magnitude(a.sd):
+        # tokens lie closer in memory than features (a transposed x): walk them
+        # inner, in memory order
+        for j in range(a.dim):
+            col = x + b * a.sb + j * a.sd
+            for t in range(t0, t1):
+                if store_t is double:
+                    col[t * a.ss] = col[t * a.ss] + table[
+                        position_at(a.pos, prow, a.seq, t, a.offset) * a.tr + j * a.td]
+                else:
+                    store(col, t * a.ss, load(col, t * a.ss, kind) + load(
+                        table, position_at(a.pos, prow, a.seq, t, a.offset) * a.tr + j * a.td,
+                        kind))
+        return
     for t in range(t0, t1):
         add_table_row(x + b * a.sb + t * a.ss, a.sd,
                       table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr, a.td, a.dim)

@@ -232,10 +232,6 @@ cdef bint head_view(cnp.ndarray x, int layout, Py_ssize_t *shape, Py_ssize_t *st
     return True
 
 
-cdef inline Py_ssize_t magnitude(Py_ssize_t n) noexcept nogil:
-    return -n if n < 0 else n
-
-
 cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_t pos_rows,
                      int64_t offset, bint neox, double cos_scale,
                      double sin_scale) noexcept nogil:

@@ -83,6 +83,24 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
         j0 += n
 
 
+cdef inline void add_columns(store_t *x, Py_ssize_t ss, Py_ssize_t sd, const real_t *pe,
+                             Py_ssize_t ntok, Py_ssize_t t0, Py_ssize_t dim, bint accumulate,
+                             real_t scale) noexcept nogil:
+    """add_row on tokens t0 .. t0 + ntok - 1 (pe rows of dim values), feature by
+    feature: each feature's run of tokens is a stride-ss walk through memory."""
+    cdef Py_ssize_t j, t
+    cdef store_t *col
+    cdef real_t kind = 0
+    for j in range(dim):
+        col = x + j * sd + t0 * ss
+        if accumulate:
+            for t in range(ntok):
+                store(col, t * ss, load(col, t * ss, kind) * scale + pe[t * dim + j])
+        else:
+            for t in range(ntok):
+                store(col, t * ss, pe[t * dim + j])
+
+
 cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                           char *work) noexcept nogil:
     """A chunk of tokens of one positions row: its PE rows (in place for a
@@ -104,6 +122,10 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef double mult = 1.0 if a.accumulate else a.scale
     cdef bint direct = ((store_t is float or store_t is double) and not a.accumulate
                         and a.sd == 1 and b1 - b0 == 1)
+    # one batch row, token-major: each PE row is added as soon as it is made, while it
+    # is in L1 (a chunk of rows made first, then added, makes the data pass twice)
+    cdef bint fused = (not direct and b1 - b0 == 1
+                       and (a.sd == 1 or magnitude(a.ss) >= magnitude(a.sd)))
     for t in range(t0, t1):
         p = position_at(a.pos, prow, a.seq, t, a.offset)
         # reseeded at fixed token indices, whatever the chunk: any thread count
@@ -111,7 +133,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
         angles_for_token(s, c, a.w, a.step_s, a.step_c, a.nfreq, p, prev,
                          t % BLOCK_TOKENS == 0)
         prev = p
-        r = (t - t0) * a.dim
+        r = 0 if fused else (t - t0) * a.dim
         if store_t is double:
             pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
                    a.dim, a.nfreq, a.split, mult)
@@ -120,11 +142,28 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                    a.dim, a.nfreq, a.split, mult)
         else:
             pe_row(s, c, pe_f + r, a.dim, a.nfreq, a.split, mult)
-        if not direct:
+        if fused:
+            if store_t is double:
+                add_row(x + b0 * a.sb + t * a.ss, a.sd, pe_d, a.dim, a.accumulate, a.scale)
+            else:
+                add_row(x + b0 * a.sb + t * a.ss, a.sd, pe_f, a.dim, a.accumulate,
+                        <float>a.scale)
+        elif not direct and a.sd == 1:
             # the arithmetic leaves memory idle: fetch the row the first batch
             # row will add into, so its stream starts warm
-            prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * a.sd * sizeof(store_t))
-    if direct:
+            prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
+    if direct or fused:
+        return
+    if a.sd != 1 and magnitude(a.ss) < magnitude(a.sd):
+        # tokens lie closer in memory than features (a transposed x): walk them
+        # inner, in memory order
+        for b in range(b0, b1):
+            if store_t is double:
+                add_columns(x + b * a.sb, a.ss, a.sd, pe_d, t1 - t0, t0, a.dim, a.accumulate,
+                            a.scale)
+            else:
+                add_columns(x + b * a.sb, a.ss, a.sd, pe_f, t1 - t0, t0, a.dim, a.accumulate,
+                            <float>a.scale)
         return
     for b in range(b0, b1):
         for t in range(t0, t1):
