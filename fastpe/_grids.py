@@ -20,8 +20,10 @@ __all__ = ["mrope_positions", "vision_positions"]
 
 def _grid(value: object, name: str) -> tuple[int, int, int]:
     """(t, h, w) of a grid given as (t, h, w) or (h, w)."""
-    if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence)
-            or len(value) not in (2, 3)):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be (t, h, w) or (h, w) patch counts, got "
+                        f"{type(value).__name__}")
+    if len(value) not in (2, 3):
         raise ValueError(f"{name} must be (t, h, w) or (h, w) patch counts, got {value!r}")
     sizes: list[object] = [1, *value] if len(value) == 2 else list(value)
     return (_checks.count(sizes[0], f"{name} t", minimum=1),

@@ -328,6 +328,14 @@ ROWS += [
     Row("apply_rope_cached/q-4d-for-shd", lambda a: fastpe.apply_rope_cached(
         a["q"], None, a["cos"], a["sin"], layout="shd"), ValueError, r"\bq\b.*3 dimensions",
         lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}),
+    Row("mrope_positions/segment-str", lambda a: fastpe.mrope_positions([3, "image"]),
+        TypeError, r"\bsegments\[1\]"),
+    Row("mrope_positions/grid-not-multiple-of-merge", lambda a: fastpe.mrope_positions(
+        [(1, 3, 4)], spatial_merge_size=2), ValueError, r"\bspatial_merge_size\b"),
+    Row("vision_positions/cls-str", lambda a: fastpe.vision_positions((2, 2), cls="yes"),
+        TypeError, r"\bcls\b"),
+    Row("vision_positions/grid-four-sizes", lambda a: fastpe.vision_positions((1, 2, 2, 2)),
+        ValueError, r"\bgrids\b"),
     Row("rope_cos_sin/positions-uint64-2**63",
         lambda a: fastpe.rope_cos_sin(np.array([1, 2**63], np.uint64),
                                       fastpe.rope_frequencies(8)), ValueError, r"\bpositions\b"),
@@ -851,6 +859,8 @@ REQUIRED = {
     "add_alibi": ALL,
     "alibi_bias": ALL,
     "alibi_slopes": {"type", "non-finite", "value"},
+    "mrope_positions": {"type", "value"},
+    "vision_positions": {"type", "value"},
     "set_num_threads": {"type", "value"},
     "use_backend": {"value"},
 }
