@@ -489,12 +489,15 @@ class NumpyRope:
         else:
             pos = np.asarray(positions)
             pos = pos[None] if pos.ndim == 1 else pos
+        # (rows, seq, half): a position per frequency pair (M-RoPE), else one per token
+        per_pair = pos.ndim == 3
         half = self.inv_freq.size
         for s0 in range(0, seq, self.chunk):
             s1 = min(seq, s0 + self.chunk)
             c, r = s1 - s0, pos.shape[0]
             ang = self.angles[:r, :c]
-            np.multiply(pos[:, s0:s1, None], self.inv_freq, out=ang)
+            np.multiply(pos[:, s0:s1] if per_pair else pos[:, s0:s1, None], self.inv_freq,
+                        out=ang)
             cos, sin = self.cos[:r, :c], self.sin[:r, :c]
             np.cos(ang, out=self.trig[:r, :c])
             if self.scale != 1.0:
@@ -595,6 +598,52 @@ def rope_workloads(size: dict) -> list[Workload]:
         _rope_workload("rope-llama3", f"RoPE llama3-scaled q {shape} k {(b, s, kvh, d)}",
                        shape, (b, s, kvh, d), base=LLAMA3_BASE, scaling=LLAMA3_SCALING),
     ]
+
+
+def mrope_workloads(size: dict) -> list[Workload]:
+    """Qwen2-VL-like prefill: the plain prefill's shapes (GQA k), M-RoPE sections
+    [16, 24, 24] (scaled to the head), positions of a prompt that is mostly one image
+    (text, a merged patch grid, text), as get_rope_index gives them."""
+    b, s, h, kvh, d = size["batch"], size["seq"], size["heads"], size["kv_heads"], size["head_dim"]
+    q_shape, k_shape = (b, s, h, d), (b, s, kvh, d)
+    text = max(1, s // 32)
+    w = min(32, s - 2 * text)
+    rows = (s - 2 * text) // w
+    positions = fastpe.mrope_positions([text, (1, 2 * rows, 2 * w), s - text - rows * w],
+                                       spatial_merge_size=2)
+    sections = [d // 8, 3 * d // 16, d // 2 - d // 8 - 3 * d // 16]
+    rope = fastpe.RotaryEmbedding(d, base=1e6, mrope_section=sections)
+    pair_axis = rope._pair_axis
+
+    def make(dtype) -> Arrays:
+        return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return rope(a["q"], a["k"], positions, num_threads=threads)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            with fastpe.use_backend("numpy"):
+                return rope(a["q"], a["k"], positions)
+        return run
+
+    def numpy_(arrays: Arrays, threads: int) -> Runner:
+        impl = NumpyRope(arrays["q"], arrays["k"], rope.frequencies().inv_freq, neox=True)
+
+        def run(a: Arrays) -> tuple:
+            # each pair's own axis: (1, seq, half) positions
+            return impl(a["q"], a["k"], positions[pair_axis].T[None].astype(np.float64))
+        return run
+
+    return [Workload(
+        name="rope-prefill-mrope", family="rope",
+        title=f"M-RoPE prefill q {q_shape} k {k_shape}, 3-axis image prompt (Qwen2-VL)",
+        make=make, inplace=("q", "k"), result=("q", "k"), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
+        numpy_note="the plain baseline on (seq, half) per-pair positions",
+        params=dict(positions=positions, mrope_section=sections, head_dim=d))]
 
 
 # ---- ALiBi --------------------------------------------------------------------------------
@@ -738,7 +787,7 @@ def workloads(size: str = "full") -> list[Workload]:
     """Every workload, in the order the command line prints them. ALiBi appears when
     this fastpe has it."""
     sz = SIZES[size]
-    rope = rope_workloads(sz)
+    rope = rope_workloads(sz) + mrope_workloads(sz)
     return [*rope, _table_workload(sz), _add_sinusoidal_workload(sz), _learned_workload(sz),
             *alibi_workloads(sz)]
 

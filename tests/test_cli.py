@@ -207,7 +207,7 @@ def test_bench_list():
     for wl in _bench.workloads():
         assert wl.name in proc.stdout
     expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-batched-decode",
-                "rope-llama3", "sinusoidal-table", "sinusoidal-add", "learned-add"}
+                "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add", "learned-add"}
     if _bench.has_alibi():
         expected |= {"alibi-prefill", "alibi-bias", "alibi-decode"}
     assert {w.name for w in _bench.workloads()} == expected

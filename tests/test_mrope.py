@@ -391,3 +391,19 @@ def test_position_helpers_refuse_bad_grids():
     with pytest.raises(ValueError, match="grids"):
         fastpe.vision_positions((0, 3))
     assert fastpe.mrope_positions([]).shape == (3, 0)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_wide_image_rows_at_long_context(dtype, both_threads):
+    """Image rows of 60 tokens (one axis steps, the others hold) across block boundaries,
+    after 5000 text tokens: the per-axis angle steps stay within float64 rounding."""
+    pos = fastpe.mrope_positions([5000, (1, 4, 120), 7], spatial_merge_size=2)[:, 4990:]
+    seq = pos.shape[1]
+    rope = fastpe.RotaryEmbedding(D, base=1e6, mrope_section=SECTIONS)
+    q0 = make("contiguous", (1, seq, HQ, D), dtype, seed=11)
+    expected = rotate_axes(q0, pos[:, None], rope.frequencies().inv_freq, rope._pair_axis)
+    for backend in BACKENDS:
+        q = q0.copy()
+        with fastpe.use_backend(backend):
+            rope(q, None, pos, num_threads=both_threads)
+        check(q, expected, dtype, pos, f"{backend} {dtype}")

@@ -77,24 +77,37 @@ cdef inline void axis_angles_for_token(const RopeCall *a, Py_ssize_t prow, Py_ss
                                        double *pp) noexcept nogil:
     """(s, c) = (sin, cos) of each pair's angle pos[pair_axis[i]] * w[i].
 
-    When every axis moved on by exactly one position (text tokens), the
-    angle-addition step of the one-axis kernel applies unchanged; otherwise
-    (image tokens: one axis holds, another jumps) the angles are formed from
-    the positions, in float64, and reduced afresh. Equal axes therefore give
-    the one-axis kernel's values bit for bit."""
+    Within a block, when every axis held its position or moved on by exactly one
+    (text tokens; image tokens along a row), the pairs of the axes that moved take
+    the angle-addition step of the one-axis kernel and the others keep their
+    values; any other jump (a new row, a new image, a new block) forms the angles
+    from the positions, in float64, and reduces them afresh. Equal axes therefore
+    give the one-axis kernel's values bit for bit."""
     cdef Py_ssize_t ax, i
     cdef int64_t p
-    cdef bint consecutive = not first_in_block
+    cdef bint fresh = first_in_block, every_axis_moved = True
+    cdef bint moved[MAX_AXES]
+    cdef double si, ci
     for ax in range(a.axes):
         p = a.pos[(ax * a.pos_rows + prow) * a.seq + t]
-        consecutive = consecutive and p == prev[ax] + 1
+        if not first_in_block:
+            moved[ax] = p == prev[ax] + 1
+            every_axis_moved = every_axis_moved and moved[ax]
+            fresh = fresh or not (moved[ax] or p == prev[ax])
         prev[ax] = p
-    if consecutive:
+    if fresh:
+        for i in range(a.half):
+            pp[i] = <double>prev[a.pair_axis[i]]
+        fpe_sincos_vec(pp, a.w, s, c, a.half, 1.0)
+    elif every_axis_moved:
         advance_angles(s, c, a.step_s, a.step_c, a.half)
-        return
-    for i in range(a.half):
-        pp[i] = <double>prev[a.pair_axis[i]]
-    fpe_sincos_vec(pp, a.w, s, c, a.half, 1.0)
+    else:
+        for i in range(a.half):
+            if moved[a.pair_axis[i]]:
+                si = s[i]
+                ci = c[i]
+                s[i] = si * a.step_c[i] + ci * a.step_s[i]
+                c[i] = ci * a.step_c[i] - si * a.step_s[i]
 
 
 cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0, Py_ssize_t t1,
