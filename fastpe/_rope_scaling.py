@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _hf_models
+
 __all__ = [
     "SUPPORTED_ROPE_TYPES",
     "RopeFrequencies",
@@ -28,7 +30,9 @@ __all__ = [
     "rope_frequencies",
 ]
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+SUPPORTED_ROPE_TYPES = (
+    "default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"
+)
 
 DEFAULT_BASE = 10000.0
 
@@ -37,25 +41,6 @@ _NEEDS_ORIGINAL_LENGTH = frozenset({"dynamic", "yarn", "longrope", "llama3"})
 # dynamic NTK has one set of frequencies per sequence length past the original one;
 # a long decode would otherwise grow its cache by one entry per token.
 _MAX_CACHED_LENGTHS = 64
-
-# Model types whose rotary pairs are adjacent features (2j, 2j+1) rather than j and
-# j + rotary_dim/2: their transformers modules rotate every two features or
-# repeat_interleave cos/sin.
-_GPTJ_STYLE_MODEL_TYPES = frozenset(
-    {
-        "gptj",
-        "codegen",
-        "cohere",
-        "cohere2",
-        "cohere2_moe",
-        "glm",
-        "glm4",
-        "helium",
-        "ernie4_5",
-        "ernie4_5_moe",
-        "moonshine",
-    }
-)
 
 
 class RopeFrequencies(NamedTuple):
@@ -114,7 +99,12 @@ class RopeSpec:
     def _compute(self, regime) -> RopeFrequencies:
         inv_freq = _INV_FREQ[self.rope_type](self, regime)
         inv_freq.flags.writeable = False
-        freqs = RopeFrequencies(inv_freq, self.attention_scaling)
+        attention = self.attention_scaling
+        if self.rope_type == "longrope":
+            # Phi-3.5-MoE: an explicit multiplier per side of the original length.
+            attention = dict(self.params).get("long_mscale" if regime else "short_mscale",
+                                              attention)
+        freqs = RopeFrequencies(inv_freq, attention)
         if len(self._cache) >= _MAX_CACHED_LENGTHS:
             self._cache.pop(next(iter(self._cache)), None)
         # setdefault: if two threads race, both callers get the object that was stored.
@@ -128,8 +118,8 @@ def rope_frequencies(
 
     Args:
         dim: head width. Frequencies are for the rotary width, which is ``dim``, or
-            ``int(dim * scaling["partial_rotary_factor"])`` when the dict has that key;
-            it must be even.
+            ``int(dim * scaling["partial_rotary_factor"])`` when the dict has that key
+            (except for "proportional"); it must be even.
         base: the RoPE base (theta). None means ``scaling["rope_theta"]`` when the dict
             has one, else 10000.0. A base that differs from the dict's ``rope_theta`` is
             a ValueError.
@@ -138,8 +128,10 @@ def rope_frequencies(
             "linear" (``factor``), "dynamic" (``factor``), "yarn" (``factor``,
             ``beta_fast`` = 32, ``beta_slow`` = 1, ``attention_factor``, ``mscale``,
             ``mscale_all_dim``, ``truncate`` = True), "longrope" (``short_factor``,
-            ``long_factor``, ``factor``, ``attention_factor``) or "llama3" (``factor``,
-            ``low_freq_factor``, ``high_freq_factor``). Other keys are ignored.
+            ``long_factor``, ``factor``, ``attention_factor``, and Phi-3.5-MoE's
+            ``short_mscale`` / ``long_mscale``), "llama3" (``factor``,
+            ``low_freq_factor``, ``high_freq_factor``) or "proportional" (``factor`` = 1,
+            ``partial_rotary_factor``). Other keys are ignored.
         seq_len: the number of positions the frequencies serve, i.e. the largest
             position + 1. Only dynamic and longrope depend on it; None means "not past
             the original length".
@@ -167,7 +159,12 @@ def rope_frequencies(
           does; 4.51 to 4.56 used the ratio instead.
         - longrope: long factors when ``seq_len > L``, short ones otherwise; attention
           factor ``attention_factor``, else ``sqrt(1 + ln factor / ln L)`` (1 when
-          factor <= 1).
+          factor <= 1). With ``short_mscale`` and ``long_mscale`` (Phi-3.5-MoE) those
+          replace the attention factor on their side of L.
+        - proportional (Gemma 4 full attention, LFM3): the rotary width stays ``dim``;
+          the first ``int(partial_rotary_factor * dim // 2)`` pairs get the plain
+          frequencies of width ``dim``, the rest 0 (they do not rotate); all divided
+          by ``factor``.
 
     Where fastpe differs from transformers:
         - dynamic reads ``original_max_position_embeddings`` from the dict when it is
@@ -206,33 +203,66 @@ def parse_rope_spec(dim, *, base=None, scaling=None, max_position_embeddings=Non
 def hf_rope_config(config, *, layer_type=None) -> dict:
     """The RoPE settings of a Hugging Face model config, ready for :func:`rope_frequencies`.
 
-    ``config`` is a transformers config object (read with getattr) or its dict (as in
-    config.json). Returns a dict with:
+    ``config`` is a transformers config object (its ``to_dict()``, or getattr) or its
+    dict (as in config.json). The model type's convention comes from the table in
+    :mod:`fastpe._hf_models`; a model type not in it is read as Llama's. Returns a dict:
 
-    - ``head_dim``: ``head_dim``, else ``hidden_size // num_attention_heads``;
+    - ``head_dim``: the width of the features the embedding rotates over: the model's
+      ``head_dim`` (else ``hidden_size // num_attention_heads``; per layer type where the
+      config sets it per layer), or for MLA ``qk_rope_head_dim`` and for trailing partial
+      rotary the rotated width;
     - ``rotary_dim``: from ``partial_rotary_factor`` (in the rope dict or top-level),
       ``rotary_pct`` (GPT-NeoX) or ``rotary_dim`` (GPT-J, CodeGen), else ``head_dim``;
     - ``base``: the rope dict's ``rope_theta``, else ``rope_theta``, else
       ``rotary_emb_base`` (GPT-NeoX), else 10000.0;
     - ``scaling``: the ``rope_scaling`` / ``rope_parameters`` dict without
       ``rope_theta`` and ``partial_rotary_factor`` (they are in ``base`` and
-      ``rotary_dim``), with a top-level ``original_max_position_embeddings`` (Phi-3)
-      merged in for llama3, yarn and longrope as transformers does; None for plain RoPE;
+      ``rotary_dim``; "proportional" keeps its factor), with a top-level
+      ``original_max_position_embeddings`` (Phi-3) merged in for llama3, yarn and
+      longrope as transformers does; None for plain RoPE;
     - ``max_position_embeddings`` (or GPT-J's ``n_positions``), None if absent;
     - ``style``: "gptj" for models that rotate adjacent pairs (GPT-J, CodeGen, Cohere,
-      GLM, ... or ``rope_interleave=True``), else "neox".
+      GLM, DeepSeek-V2, Llama 4, ... or ``rope_interleave=True``), else "neox";
+    - ``features``: ``(start, stop)``, the features of the model's query head that
+      ``head_dim`` covers: ``(0, head_dim)`` for most models, ``(qk_nope_head_dim,
+      qk_nope_head_dim + qk_rope_head_dim)`` for MLA (whose separate k_pe is rotated
+      whole), the last ``rotary_dim`` features for DeepSeek-V4;
+    - ``inverse``: True where the model rotates by -angle (nanochat).
 
-    Use it as ``rope_frequencies(c["rotary_dim"], base=c["base"], scaling=c["scaling"],
-    max_position_embeddings=c["max_position_embeddings"])``. ``layer_type`` picks one
-    entry of per-layer-type rope parameters (Gemma 3: "full_attention",
-    "sliding_attention").
+    ``layer_type`` picks one entry of per-layer-type rope parameters (Gemma 2/3/4:
+    "full_attention", "sliding_attention"). Configs fastpe does not reproduce exactly
+    (multi-axis M-RoPE, vision towers, composite configs, unknown rope types) are a
+    ValueError that says what is missing.
     """
-    head_dim = _hf_head_dim(config)
+    config = _hf_plain(config)
+    model_type = _hf_get(config, "model_type")
+    _hf_refuse(config, model_type)
+    conv = _hf_models.convention(model_type)
+    if conv.aliases and isinstance(config, Mapping):
+        config = dict(config, **{name: config[key] for name, key in conv.aliases
+                                 if _hf_get(config, key) is not None})
     scaling = _hf_scaling(config, layer_type)
+    if "mrope_section" in scaling or scaling.get("mrope_interleaved") is not None:
+        raise ValueError(
+            "config rope parameters have mrope_section: multi-axis M-RoPE (one position per "
+            "time/height/width axis) is not a 1-D text RoPE; fastpe does not load it yet"
+        )
     theta = scaling.pop("rope_theta", None)
-    partial = scaling.pop("partial_rotary_factor", None)
-
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type == "axial":
+        raise ValueError(
+            "config rope_type 'axial' is a 2-D vision RoPE (patch rows and columns); "
+            "the text loader does not reproduce it"
+        )
+    # proportional RoPE keeps the full head width and zeroes frequencies instead.
+    partial = None if rope_type == "proportional" else scaling.pop("partial_rotary_factor", None)
+    if not conv.mscale:
+        for name in ("short_mscale", "long_mscale"):
+            scaling.pop(name, None)  # only Phi-3.5-MoE's rotary module reads them
+    elif rope_type == "longrope" and "short_factor" in scaling:
+        # transformers' Phi-3.5-MoE module recomputes its frequencies without the
+        # sequence length, so only the multiplier follows it: short factors throughout.
+        scaling["long_factor"] = scaling["short_factor"]
     # transformers moves a top-level original length (Phi-3) into the dict for these types only.
     original = _hf_get(config, "original_max_position_embeddings")
     if rope_type in ("llama3", "yarn", "longrope") and original is not None:
@@ -242,16 +272,30 @@ def hf_rope_config(config, *, layer_type=None) -> dict:
     if max_positions is not None:
         max_positions = _whole_number("max_position_embeddings", max_positions, minimum=1)
     if theta is None:
-        theta = _hf_get(config, "rope_theta", "rotary_emb_base")
-    model_type = _hf_get(config, "model_type")
-    interleaved = model_type in _GPTJ_STYLE_MODEL_TYPES or bool(_hf_get(config, "rope_interleave"))
+        theta = _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
+    if conv.width_key is not None:
+        head_dim, rotary_dim, features = _hf_mla_width(config, conv, partial)
+    else:
+        head_dim = _hf_head_dim(config, layer_type)
+        rotary_dim = _hf_rotary_dim(config, head_dim, partial)
+        features = (0, head_dim)
+        if conv.trailing:
+            features = (head_dim - rotary_dim, head_dim)
+            head_dim = rotary_dim
+    if conv.style is not None:
+        interleaved = conv.style == "gptj" or bool(_hf_get(config, "rope_interleave"))
+    else:
+        flag = _hf_get(config, "rope_interleave")
+        interleaved = conv.interleave if flag is None else bool(flag)
     return {
         "head_dim": head_dim,
-        "rotary_dim": _hf_rotary_dim(config, head_dim, partial),
+        "rotary_dim": rotary_dim,
         "base": DEFAULT_BASE if theta is None else _positive("rope_theta", theta),
         "scaling": None if rope_type == "default" else scaling,
         "max_position_embeddings": max_positions,
         "style": "gptj" if interleaved else "neox",
+        "features": features,
+        "inverse": conv.inverse,
     }
 
 
@@ -303,7 +347,11 @@ def _parse(dim, base, scaling, max_position_embeddings) -> RopeSpec:
     rope_type = _rope_type(scaling)
     base = _resolve_base(base, scaling)
     partial = scaling.get("partial_rotary_factor")
-    rotary_dim = _rotary_width(head_dim, partial, _key("partial_rotary_factor"))
+    if rope_type == "proportional":
+        # The factor zeroes frequencies instead of narrowing the rotation.
+        rotary_dim = _rotary_width(head_dim, None, _key("partial_rotary_factor"))
+    else:
+        rotary_dim = _rotary_width(head_dim, partial, _key("partial_rotary_factor"))
     original = None
     if rope_type in _NEEDS_ORIGINAL_LENGTH:
         original = _original_length(rope_type, scaling, max_position_embeddings)
@@ -470,6 +518,13 @@ def _parse_longrope(dim, base, scaling, original, max_position_embeddings):
     else:
         attention = math.sqrt(1.0 + math.log(factor) / math.log(original))
     params = (("short_factor", short), ("long_factor", long))
+    mscales = [scaling.get(name) for name in ("short_mscale", "long_mscale")]
+    if any(m is not None for m in mscales):
+        if None in mscales:
+            raise ValueError(f"{_key('short_mscale')} and {_key('long_mscale')} go together; "
+                             "give both or neither")
+        params += tuple((name, _positive(_key(name), m))
+                        for name, m in zip(("short_mscale", "long_mscale"), mscales))
     return RopeSpec("longrope", dim, base, original, factor, attention, params)
 
 
@@ -496,6 +551,18 @@ def _parse_llama3(dim, base, scaling, original, max_position_embeddings):
     return RopeSpec("llama3", dim, base, original, factor, 1.0, params)
 
 
+def _parse_proportional(dim, base, scaling, original, max_position_embeddings):
+    partial = scaling.get("partial_rotary_factor")
+    partial = 1.0 if partial is None else _positive(_key("partial_rotary_factor"), partial)
+    if partial > 1.0:
+        raise ValueError(f"{_key('partial_rotary_factor')} must be in (0, 1], got {partial!r}")
+    factor = _optional_positive(scaling, "factor", 1.0)
+    # int(p * dim // 2) rotating pairs, as transformers rounds it (float floor division).
+    rotating = int(partial * dim // 2)
+    params = (("rotating_pairs", rotating),)
+    return RopeSpec("proportional", dim, base, factor=factor, params=params)
+
+
 _PARSERS = {
     "default": _parse_default,
     "linear": _parse_linear,
@@ -503,6 +570,7 @@ _PARSERS = {
     "yarn": _parse_yarn,
     "longrope": _parse_longrope,
     "llama3": _parse_llama3,
+    "proportional": _parse_proportional,
 }
 
 
@@ -622,6 +690,15 @@ def _llama3_inv_freq(spec, regime):
     )
 
 
+def _proportional_inv_freq(spec, regime):
+    # The first pairs keep the frequencies of the full head width; the rest get 0 and
+    # stay unrotated (cos 1, sin 0), so the head width still pairs j with j + dim/2.
+    inv_freq = np.zeros(spec.dim // 2, dtype=np.float64)
+    rotating = dict(spec.params)["rotating_pairs"]
+    inv_freq[:rotating] = _plain_inv_freq(spec.dim, spec.base)[:rotating]
+    return inv_freq / spec.factor
+
+
 _INV_FREQ = {
     "default": _default_inv_freq,
     "linear": _linear_inv_freq,
@@ -629,10 +706,47 @@ _INV_FREQ = {
     "yarn": _yarn_inv_freq,
     "longrope": _longrope_inv_freq,
     "llama3": _llama3_inv_freq,
+    "proportional": _proportional_inv_freq,
 }
 
 
 # -- Hugging Face configs --------------------------------------------------------------
+
+
+def _hf_plain(config):
+    """A transformers config object as its dict: its per-layer attributes (Gemma 4) raise
+    on plain attribute access, and the dict is what config.json users have anyway."""
+    if isinstance(config, Mapping):
+        return config
+    to_dict = getattr(config, "to_dict", None)
+    return to_dict() if callable(to_dict) else config
+
+
+# Sub-configs that hold a whole model of their own: the RoPE is in one of them.
+_SUB_CONFIG_SUFFIXES = ("_config", "encoder", "decoder")
+
+
+def _hf_refuse(config, model_type):
+    reason = _hf_models.REFUSED.get(model_type) if isinstance(model_type, str) else None
+    if reason is not None:
+        raise ValueError(f"model_type {model_type!r}: {reason}; fastpe does not reproduce it")
+    kind = _hf_get(config, "position_embedding_type")
+    if isinstance(kind, str) and "rot" not in kind:
+        raise ValueError(f"config has position_embedding_type={kind!r}: this model does not "
+                         "use rotary embeddings")
+    if not isinstance(config, Mapping):
+        return
+    subs = [k for k, v in config.items() if isinstance(v, Mapping)
+            and k.endswith(_SUB_CONFIG_SUFFIXES) and k != "per_layer_config"]
+    # A model whose own attention has RoPE keeps its rope keys at the top (Chameleon
+    # beside its VQ config); a wrapper of several models has them only inside.
+    if subs and not {"rope_parameters", "rope_scaling", "rope_theta"} & set(config):
+        raise ValueError(
+            f"config of model_type {model_type!r} is composite ({', '.join(subs)}); pass the "
+            f"sub-config of the attention you want, e.g. config[{subs[0]!r}]"
+        )
+
+
 
 
 def _hf_get(config, *names):
@@ -644,8 +758,10 @@ def _hf_get(config, *names):
     return None
 
 
-def _hf_head_dim(config) -> int:
-    head_dim = _hf_get(config, "head_dim")
+def _hf_head_dim(config, layer_type=None) -> int:
+    head_dim = _hf_per_layer(config, "head_dim", layer_type)
+    if head_dim is None:
+        head_dim = _hf_get(config, "head_dim")
     if head_dim is not None:
         return _whole_number("head_dim", head_dim, minimum=1)
     hidden = _hf_get(config, "hidden_size", "n_embd")
@@ -656,6 +772,61 @@ def _hf_head_dim(config) -> int:
         )
     hidden = _whole_number("hidden_size", hidden, minimum=1)
     return hidden // _whole_number("num_attention_heads", heads, minimum=1)
+
+
+def _hf_per_layer(config, name, layer_type):
+    """``name`` from ``per_layer_config`` (Gemma 4: layer index -> overrides) for the
+    layers of ``layer_type``; None where no layer of that type overrides it."""
+    per_layer = _hf_get(config, "per_layer_config")
+    if not isinstance(per_layer, Mapping) or not per_layer:
+        return None
+    layer_types = _hf_get(config, "layer_types")
+    if layer_type is None or not isinstance(layer_types, Sequence):
+        if any(isinstance(v, Mapping) and name in v for v in per_layer.values()):
+            raise ValueError(
+                f"config sets {name} per layer (per_layer_config); choose the layers with "
+                f"layer_type= (one of {', '.join(sorted(set(map(str, layer_types or ()))))})"
+            )
+        return None
+    values = set()
+    for index, kind in enumerate(layer_types):
+        if kind != layer_type:
+            continue
+        overrides = per_layer.get(str(index), per_layer.get(f"{index:02d}", per_layer.get(index)))
+        values.add(overrides.get(name) if isinstance(overrides, Mapping) else None)
+    if len(values) > 1:
+        raise ValueError(f"config's layers of type {layer_type!r} differ in {name} "
+                         f"({sorted(map(str, values))}); fastpe needs one value per layer type")
+    return next(iter(values), None)
+
+
+def _hf_mla_width(config, conv, partial):
+    """(rotated width, rotary_dim, features of the query head) of an MLA config."""
+    width = _hf_get(config, conv.width_key)
+    if width is None:
+        raise ValueError(f"config has no {conv.width_key}, the rotated width of this model's "
+                         "latent attention")
+    width = _whole_number(conv.width_key, width, minimum=2)
+    # transformers' MLA configs set head_dim to the rope width when config.json omits it.
+    head_dim = _hf_get(config, "head_dim")
+    head_dim = width if head_dim is None else _whole_number("head_dim", head_dim, minimum=1)
+    # transformers' module rotates int(head_dim * partial_rotary_factor) features: that
+    # must be the rope part, or the config contradicts itself.
+    if partial is None:
+        partial = _hf_get(config, "partial_rotary_factor")
+    if partial is not None and _rotary_width(head_dim, partial, "partial_rotary_factor") != width:
+        raise ValueError(f"config's head_dim {head_dim} * partial_rotary_factor {partial!r} "
+                         f"does not give {conv.width_key}={width}")
+    if partial is None and head_dim != width:
+        raise ValueError(f"config's head_dim {head_dim} differs from {conv.width_key}={width}: "
+                         "its rotary module would rotate head_dim features")
+    offset = _hf_get(config, conv.offset_key)
+    if offset is None:
+        raise ValueError(f"config has no {conv.offset_key}, the width of the unrotated part "
+                         "of each query head")
+    offset = _whole_number(conv.offset_key, offset, minimum=0)
+    return width, _rotary_width(width, None, conv.width_key, dim_name=conv.width_key), (
+        offset, offset + width)
 
 
 def _hf_scaling(config, layer_type) -> dict:

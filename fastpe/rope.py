@@ -302,6 +302,11 @@ class RotaryEmbedding:
     ``position_ids`` for these models; ``(seq,)`` or ``(batch, seq)`` text
     positions give every axis the same position.
 
+    ``feature_slice`` is the slice of the model's query head that this embedding's
+    head_dim covers (all of it, except for MLA and trailing partial rotary; see
+    :meth:`from_hf_config`). ``reverse`` is True for a model that rotates by -angle:
+    calls then rotate that way (and ``inverse=True`` undoes it).
+
     >>> rope = fastpe.RotaryEmbedding.from_hf_config(config)   # or a config.json dict
     >>> q, k = rope(q, k, positions)
     >>> mrope = fastpe.RotaryEmbedding(128, base=1e6, mrope_section=[16, 24, 24])
@@ -329,6 +334,8 @@ class RotaryEmbedding:
         elif mrope_interleaved is not False:
             raise ValueError("mrope_interleaved needs mrope_section")
         self._set_layout(1 if axes is None else axes, pair_axis, None)
+        self.feature_slice = slice(0, self.head_dim)
+        self.reverse = False
 
     def _set_layout(self, axes: object, pair_axis: np.ndarray | None,
                     pair_freq: np.ndarray | None,
@@ -349,18 +356,38 @@ class RotaryEmbedding:
     @classmethod
     def from_hf_config(cls, config: object, *, style: Style | None = None,
                        layer_type: str | None = None) -> RotaryEmbedding:
-        """From a transformers config object or its dict: head_dim (or
-        hidden_size / num_attention_heads), rope_theta, rope_scaling or
-        rope_parameters, partial_rotary_factor / rotary_pct / rotary_dim,
-        max_position_embeddings; "gptj" style for GPT-J-like model types
-        unless ``style`` says otherwise."""
+        """The rotary embedding of a transformers model, from its config object or dict.
+
+        Reproduces the model's own rotary module and apply function to float64
+        rounding, or raises ValueError naming what it cannot reproduce (a vision
+        tower or multi-axis family fastpe does not cover, a composite config: pass
+        its sub-config). Reads head_dim (or hidden_size / num_attention_heads),
+        rope_theta, rope_scaling or rope_parameters, partial_rotary_factor /
+        rotary_pct / rotary_dim and max_position_embeddings; the model type gives
+        what the config cannot say (adjacent-pair "gptj" pairing, MLA's rope slice,
+        rotation direction, M-RoPE sections). A model type transformers does not
+        have loads as Llama's. ``style`` overrides the pairing; ``layer_type`` picks
+        per-layer-type settings (Gemma 2/3/4, ...).
+
+        ``feature_slice`` says which features of the model's query head to pass:
+        ``rope(q[..., rope.feature_slice], k_pe)`` for MLA (DeepSeek-V2/V3), whose
+        q is [nope | rope] and whose k_pe is rotated whole.
+        """
         multi_axis = _hf_multimodal.from_hf_config(cls, config, style, layer_type)
         if multi_axis is not None:
             return multi_axis
         c = _rope_scaling.hf_rope_config(config, layer_type=layer_type)
-        return cls(c["head_dim"], base=c["base"], scaling=c["scaling"],
+        rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"],
                    rotary_dim=c["rotary_dim"], style=style or c["style"],
                    max_position_embeddings=c["max_position_embeddings"])
+        if c["inverse"]:
+            if rope._spec.attention_scaling != 1.0 or rope._spec.rope_type == "longrope":
+                raise ValueError("this model rotates by -angle, which fastpe applies as the "
+                                 "inverse rotation: exact only without an attention scaling, "
+                                 f"and rope type {rope._spec.rope_type!r} has one")
+            rope.reverse = True
+        rope.feature_slice = slice(*c["features"])
+        return rope
 
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
         """The frequency of each rotated pair, for sequences of seq_len positions."""
@@ -377,7 +404,10 @@ class RotaryEmbedding:
         pos, hi = _checks.position_array(positions, "positions")
         freqs = self.frequencies(hi + 1 if hi >= 0 else None)
         if self._pair_axis is None:
-            return rope_cos_sin(pos, freqs, dtype=dtype)
+            cos, sin = rope_cos_sin(pos, freqs, dtype=dtype)
+            if self.reverse:
+                np.negative(sin, out=sin)
+            return cos, sin
         if pos.ndim < 1 or pos.shape[0] != self.axes:
             raise ValueError(f"positions must have shape ({self.axes}, ...), one row per "
                              f"axis, got {pos.shape}")
@@ -390,6 +420,8 @@ class RotaryEmbedding:
                  *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
+        if self.reverse and type(inverse) is bool:
+            inverse = not inverse
         kern = _backend.kernels()
         # the fast path reads 2-D positions as (batch, seq): text positions only
         if (kern is not None and isinstance(q, np.ndarray)

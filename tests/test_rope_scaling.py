@@ -621,7 +621,8 @@ LLAMA32_1B_V5 = {
 def test_hf_rope_config_on_real_config_dicts(config, expected):
     snapshot = json.dumps(config, sort_keys=True)
     got = hf_rope_config(config)
-    assert got == expected
+    # these families rotate the leading features of the whole head, forwards
+    assert got == dict(expected, features=(0, expected["head_dim"]), inverse=False)
     assert isinstance(got["base"], float)
     assert json.dumps(config, sort_keys=True) == snapshot  # the caller's config is untouched
 
@@ -670,7 +671,8 @@ def test_hf_rope_config_on_config_object():
     config = SimpleNamespace(model_type="codegen", hidden_size=4096, num_attention_heads=16,
                              rotary_dim=64, max_position_embeddings=2048, head_dim=None)
     assert hf_rope_config(config) == dict(head_dim=256, rotary_dim=64, base=10000.0, scaling=None,
-                                          max_position_embeddings=2048, style="gptj")
+                                          max_position_embeddings=2048, style="gptj",
+                                          features=(0, 256), inverse=False)
 
     llama = SimpleNamespace(model_type="llama", hidden_size=4096, num_attention_heads=32,
                             head_dim=128, max_position_embeddings=131072,
@@ -685,8 +687,10 @@ def test_hf_rope_config_styles():
         assert hf_rope_config(dict(base, model_type=model_type))["style"] == "gptj"
     for model_type in ("llama", "gpt_neox", "phi", "qwen2", "mistral", None):
         assert hf_rope_config(dict(base, model_type=model_type))["style"] == "neox"
-    deepseek = dict(base, model_type="deepseek_v3", rope_interleave=True)
+    deepseek = dict(base, model_type="deepseek_v3", rope_interleave=True, qk_rope_head_dim=64,
+                    qk_nope_head_dim=128)
     assert hf_rope_config(deepseek)["style"] == "gptj"
+    assert hf_rope_config(dict(deepseek, rope_interleave=False))["style"] == "neox"
 
 
 def test_hf_rope_config_per_layer_type_parameters():

@@ -104,6 +104,18 @@ def cases():
                                    "partial_rotary_factor": 0.5,
                                    "original_max_position_embeddings": 2048}, 8192),
     ]
+    # proportional (Gemma 4 full attention, LFM3): the head width stays, the frequencies
+    # past int(partial * dim // 2) pairs are zero.
+    out += [
+        case("proportional_gemma4_global", 512, {"rope_type": "proportional", "rope_theta": 1e6,
+                                                 "partial_rotary_factor": 0.25}, 131072),
+        case("proportional_lfm3", 128, {"rope_type": "proportional", "rope_theta": 1e6,
+                                        "partial_rotary_factor": 0.5}, 128000),
+        case("proportional_factor_no_partial", 64, {"rope_type": "proportional",
+                                                    "rope_theta": 10000.0, "factor": 2.0}, 4096),
+        case("proportional_odd_pairs", 96, {"rope_type": "proportional", "rope_theta": 10000.0,
+                                            "partial_rotary_factor": 0.3}, 4096),
+    ]
     dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     for seq_len in (None, 1000, 4096, 4097, 10000, 20000):
         out.append(case(f"dynamic_d128_seq{seq_len}", 128, dict(dynamic), 4096, seq_len))
@@ -152,7 +164,9 @@ def main():
     out_cases = []
     for c in cases():
         inv_freq, attention = hf_frequencies(c)
-        assert all(math.isfinite(x) and x > 0 for x in inv_freq), c["name"]
+        # Only proportional RoPE has zero frequencies (its unrotated pairs).
+        positive = [x for x in inv_freq if x != 0.0] if "proportional" in c["name"] else inv_freq
+        assert all(math.isfinite(x) and x > 0 for x in positive), c["name"]
         out_cases.append(dict(c, inv_freq=inv_freq, attention_scaling=attention))
     document = {
         "generated_by": "tests/data/make_hf_rope_reference.py",

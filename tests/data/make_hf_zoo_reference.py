@@ -1,0 +1,364 @@
+"""Regenerate hf_zoo_reference.json / .npz: every transformers text RoPE, run by its own code.
+
+Run by hand, never by the test suite, with transformers and torch installed in a scratch
+virtualenv outside the repository:
+
+    /tmp/hfenv/bin/python tests/data/make_hf_zoo_reference.py
+
+It walks transformers' model types (``CONFIG_MAPPING``), keeps those whose modeling
+module has a rotary embedding class built from that config, shrinks the config, and for
+every layer type with its own RoPE runs the family's rotary module and the function its
+attention applies, in float64 (torch's float32 is redirected to float64 while they run,
+so the truth is not rounded to float32). Each case stores the config as a dict
+(``to_dict()``), the layer type and what the model returned for q and k, which are
+rebuilt from ``seed`` by ``inputs()`` (the test has the same function), at the positions
+in ``positions``. ``features`` says which features of the model's query head q covers
+(MLA rotates ``q[..., qk_nope_head_dim:]``); ``hf_order`` is "deinterleaved"
+where the model's interleaving apply function also permutes features to
+[even | odd] (DeepSeek-V3 style), which the q.k product does not see.
+
+Model types whose configs fastpe must refuse (multi-axis M-RoPE, vision towers,
+composite configs, ...) are stored with the reason the generator saw; the test checks
+that each raises a ValueError. A model type the generator cannot run is listed under
+``not_run`` with the error, for a reader to see what is not covered.
+"""
+
+import contextlib
+import importlib
+import inspect
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers import CONFIG_MAPPING
+
+OUTPUT = Path(__file__).with_name("hf_zoo_reference.json")
+ARRAYS = Path(__file__).with_name("hf_zoo_reference.npz")
+
+# Positions past every small original length the variants below use (dynamic, longrope).
+POSITIONS = np.array([0, 3, 17, 300], dtype=np.int64)
+SMALL = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+# MLA configs keep their own head widths (several derive head_dim from them).
+SMALL_MLA = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4}
+
+
+@contextlib.contextmanager
+def float64_torch():
+    """Make the rotary modules' explicit float32 (torch.float, .float()) compute in float64."""
+    saved = (torch.float, torch.float32, torch.Tensor.float, torch.get_default_dtype())
+    torch.float = torch.float64
+    torch.float32 = torch.float64
+    torch.Tensor.float = lambda self, *a, **k: self.to(torch.float64)
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.float, torch.float32, torch.Tensor.float = saved[:3]
+        torch.set_default_dtype(saved[3])
+
+
+def modeling_module(config_class):
+    return importlib.import_module(config_class.__module__.replace("configuration_", "modeling_"))
+
+
+def rotary_class(module, config_class):
+    """The module's rotary embedding built from exactly this config class, if any."""
+    for name, obj in vars(module).items():
+        if inspect.isclass(obj) and obj.__module__ == module.__name__ and "Rotary" in name:
+            param = inspect.signature(obj.__init__).parameters.get("config")
+            ann = None if param is None else param.annotation
+            ann = ann if isinstance(ann, str) else getattr(ann, "__name__", None)
+            if ann == config_class.__name__:
+                return obj
+    return None
+
+
+def small_config(config_class, extra=None):
+    defaults = config_class().to_dict()
+    small = SMALL_MLA if "qk_rope_head_dim" in defaults else SMALL
+    kwargs = {k: v for k, v in small.items() if k in defaults}
+    kwargs.update(extra or {})
+    try:
+        return config_class(**kwargs)
+    except Exception:
+        return config_class(**(extra or {}))
+
+
+def rope_layer_types(config):
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params and all(isinstance(v, dict) or v is None
+                                                   for v in params.values()):
+        keys = [k for k, v in params.items() if v is not None]
+        # The modules build the layer types the model has (Laguna lists a type it never
+        # uses); DeepSeek-V4 keys its rope by attention part instead ("main", "compress").
+        used = [k for k in keys if k in set(getattr(config, "layer_types", None) or ())]
+        return used or keys
+    return [None]
+
+
+def refusal_reason(config, rot_cls):
+    """Why fastpe's 1-D text loader must refuse this config, or None."""
+    d = config.to_dict()
+    subs = [k for k, v in d.items() if isinstance(v, dict)
+            and k in (getattr(type(config), "sub_configs", None) or {})]
+    if subs and not {"rope_parameters", "rope_scaling", "rope_theta"} & set(d):
+        return "composite config: " + ", ".join(subs)
+    kind = getattr(config, "position_embedding_type", None)
+    if isinstance(kind, str) and "rot" not in kind:
+        return f"no RoPE: position_embedding_type={kind!r}"
+    if "mrope" in inspect.getsource(rot_cls):
+        return "multi-axis M-RoPE (mrope_section)"
+    params = getattr(config, "rope_parameters", None) or {}
+    flat = [params] if not all(isinstance(v, dict) for v in params.values()) else params.values()
+    for p in flat:
+        if p.get("rope_type") == "axial":
+            return "vision (axial) RoPE"
+        if "mrope_section" in p or p.get("mrope_interleaved") is not None:
+            return "multi-axis M-RoPE (mrope_section)"
+    return None
+
+
+def attention_source(module, rot_cls):
+    """The source of the attention classes that use this rotary module (same name
+    prefix where there are several), less indexers (DeepSeek-V3.2's lightning indexer
+    rotates its own, separate features)."""
+    classes = {name: obj for name, obj in vars(module).items()
+               if inspect.isclass(obj) and obj.__module__ == module.__name__
+               and name.endswith("Attention") and "Indexer" not in name
+               and "Vision" not in name}
+    prefix = rot_cls.__name__.removesuffix("RotaryEmbedding")
+    mine = [obj for name, obj in classes.items() if name.startswith(prefix)] or classes.values()
+    return "".join(inspect.getsource(obj) for obj in mine)
+
+
+def pick_apply(module, config, rot_cls):
+    """The function the attention applies, and how it is called."""
+    names = {n for n, o in vars(module).items() if inspect.isfunction(o)}
+    calls = attention_source(module, rot_cls)
+    interleave = "apply_rotary_pos_emb_interleave" in names and (
+        "apply_rotary_pos_emb(" not in calls or "apply_rotary_pos_emb_interleave(" in calls
+        and ("rope_interleave" not in calls or getattr(config, "rope_interleave", False)))
+    if interleave:
+        return module.apply_rotary_pos_emb_interleave, "interleave"
+    if "apply_rotary_emb" in names and "apply_rotary_pos_emb" not in names:
+        return module.apply_rotary_emb, "complex"
+    apply = getattr(module, "apply_rotary_pos_emb", None)
+    params = list(inspect.signature(apply).parameters)
+    if params[:3] == ["tensor", "sin", "cos"]:
+        return apply, "sincos"  # GPT-J, CodeGen: one tensor, (b, s, h, d)
+    if params[1:3] == ["cos", "sin"]:
+        return apply, "single"  # one tensor at a time (Gemma 3n, DeepSeek-V4)
+    return apply, "standard"
+
+
+def mla_slice(config):
+    nope = getattr(config, "qk_nope_head_dim", None)
+    rope = getattr(config, "qk_rope_head_dim", None)
+    if nope is None or rope is None:
+        return None
+    return [int(nope), int(nope + rope)]
+
+
+def head_dim_of(config, layer_type):
+    try:
+        head = getattr(config, "head_dim", None)
+    except Exception:  # Gemma 4: a per-layer attribute, resolved per layer type
+        return config.per_layer_config[layer_type].head_dim
+    if head is None and getattr(config, "num_attention_heads", None):
+        head = config.hidden_size // config.num_attention_heads
+    return head
+
+
+def call_apply(apply, kind, out, q, k):
+    """q, k: numpy (1, 1, seq, dim); returns the rotated pair as numpy."""
+    if kind == "complex":
+        # Llama 4 holds q as (b, s, h, d); DeepSeek-V2 as (b, h, s, d).
+        bshd = "freqs_cis[:, :, None, :]" in inspect.getsource(apply)
+        perm = (0, 2, 1, 3) if bshd else (0, 1, 2, 3)
+        qo, ko = apply(torch.from_numpy(q.transpose(perm).copy()),
+                       torch.from_numpy(k.transpose(perm).copy()), out)
+        return qo.detach().numpy().transpose(perm), ko.detach().numpy().transpose(perm)
+    if kind == "sincos":
+        sin, cos = out
+        return tuple(apply(torch.from_numpy(x.transpose(0, 2, 1, 3).copy()), sin, cos)
+                     .detach().numpy().transpose(0, 2, 1, 3) for x in (q, k))
+    if kind == "single":
+        return tuple(apply(torch.from_numpy(x.copy()), out[0], out[1]).detach().numpy()
+                     for x in (q, k))
+    qo, ko = apply(torch.from_numpy(q.copy()), torch.from_numpy(k.copy()), out[0], out[1])[:2]
+    return qo.detach().numpy(), ko.detach().numpy()
+
+
+def inputs(seed, dim):
+    """Deterministic q or k rows, (positions, dim), in [-1, 1): exact integer arithmetic and
+    one IEEE division, so the test rebuilds them bit for bit without storing them."""
+    p = np.arange(len(POSITIONS), dtype=np.int64)[:, None]
+    j = np.arange(dim, dtype=np.int64)[None, :]
+    return ((j * 7919 + p * 104729 + seed * 15485863) % 2003) / 1001.5 - 1.0
+
+
+def run_case(config, rot_cls, apply, kind, layer_type, seed):
+    with float64_torch():
+        rot = rot_cls(config=config)
+        kw = {} if layer_type is None else {"layer_type": layer_type}
+        pos = torch.from_numpy(POSITIONS[None])
+        out = rot(torch.zeros(1, dtype=torch.float64), pos, **kw)
+        width = 2 * out.shape[-1] if kind == "complex" else out[0].shape[-1]
+        if kind == "sincos":
+            width *= 2
+        head = head_dim_of(config, layer_type) or width
+        sl = mla_slice(config)
+        # The apply function sees the rope part only (MLA), or the whole head and splits
+        # off the rotated slice itself, or (Phi, StableLM, Persimmon, GPT-J) only the
+        # leading slice its attention cut out.
+        dim = width if sl is not None else head
+        q = inputs(seed, dim)[None, None]
+        k = inputs(seed + 1, dim)[None, None]
+        try:
+            qo, ko = call_apply(apply, kind, out, q, k)
+        except (RuntimeError, TypeError):
+            if sl is not None or width >= dim:
+                raise
+            # The attention cut out the leading rotary features itself.
+            qo, ko = call_apply(apply, kind, out, q[..., :width], k[..., :width])
+            qo = np.concatenate([qo, q[..., width:]], axis=-1)
+            ko = np.concatenate([ko, k[..., width:]], axis=-1)
+        if qo.shape != q.shape:
+            raise ValueError(f"apply returned {qo.shape} for {q.shape}")
+        features = sl if sl is not None else [0, dim]
+        return {"q": q, "k": k, "q_out": qo, "k_out": ko, "features": features}
+
+
+def json_safe(obj):
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return repr(obj)
+
+
+def config_dict(config):
+    d = config.to_dict()
+    # Drop bulky fields that no RoPE reads; keep everything else a user's dict would have.
+    for key in ("id2label", "label2id", "task_specific_params", "mlp_layer_types",
+                "num_attention_heads_per_layer", "layer_types", "transformers_version",
+                "architectures", "auto_map", "tokenizer_class", "dtype"):
+        if key == "layer_types" and key in d:
+            # Which layer types exist is what RoPE needs, not their order (Gemma 4's
+            # per-layer overrides are by layer index, so its list stays whole).
+            if d[key] and "per_layer_config" not in d:
+                d[key] = sorted(set(d[key]))
+            continue
+        d.pop(key, None)
+    return json_safe(d)
+
+
+# Variants beyond each family's default config: the scaling types the families ship with.
+# Default configs that the small head width would make odd (int(32 * 0.8) = 25).
+SMALL_EXTRA = {"moonshine_streaming": {"head_dim": 40}}
+
+VARIANTS = {
+    "esm": [("rotary", {"position_embedding_type": "rotary"})],
+    "llama4_text": [("llama3_x8", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})],
+    "deepseek_v2": [("yarn", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 128}})],
+    "deepseek_v3": [("yarn", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 128}}),
+        ("no_interleave", {"rope_interleave": False})],
+    "llama": [("dynamic", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
+                                               "factor": 2.0}, "max_position_embeddings": 64}),
+              ("linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
+                                              "factor": 4.0}})],
+    "phi3": [("longrope", {"max_position_embeddings": 4096, "original_max_position_embeddings": 128,
+                           "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                               "short_factor": [1.0 + i / 40 for i in range(16)],
+                                               "long_factor": [2.0 + i for i in range(16)]}})],
+    "phimoe": [("longrope_mscale", {
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                            "short_factor": [1.0 + i / 40 for i in range(16)],
+                            "long_factor": [2.0 + i for i in range(16)],
+                            "short_mscale": 1.243, "long_mscale": 1.118,
+                            "original_max_position_embeddings": 128}})],
+    "qwen2": [("yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                            "original_max_position_embeddings": 128}})],
+}
+
+
+def main():
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    only = set(sys.argv[1:])
+    cases, refusals, not_run, arrays = [], [], {}, {}
+    for model_type in CONFIG_MAPPING.keys():
+        if only and model_type not in only:
+            continue
+        try:
+            config_class = CONFIG_MAPPING[model_type]
+            module = modeling_module(config_class)
+        except Exception:
+            continue
+        rot_cls = rotary_class(module, config_class)
+        if rot_cls is None:
+            continue
+        variants = [("default", SMALL_EXTRA.get(model_type))] + VARIANTS.get(model_type, [])
+        for variant, extra in variants:
+            name = model_type if variant == "default" else f"{model_type}/{variant}"
+            try:
+                config = small_config(config_class, extra)
+                reason = refusal_reason(config, rot_cls)
+                if reason is not None:
+                    refusals.append({"name": name, "reason": reason,
+                                     "config": config_dict(config)})
+                    continue
+                apply, kind = pick_apply(module, config, rot_cls)
+                for layer_type in rope_layer_types(config):
+                    seed = 2 * len(cases)
+                    got = run_case(config, rot_cls, apply, kind, layer_type, seed)
+                    case_name = name if layer_type is None else f"{name}[{layer_type}]"
+                    key = f"c{len(cases)}"
+                    for field in ("q_out", "k_out"):
+                        arrays[f"{key}_{field}"] = got[field][0, 0]
+                    cases.append({"name": case_name, "key": key, "seed": seed,
+                                  "model_type": model_type,
+                                  "layer_type": layer_type, "features": got["features"],
+                                  "hf_order": "deinterleaved" if kind == "interleave" else "same",
+                                  "config": config_dict(config)})
+            except Exception as exc:
+                not_run[name] = f"{type(exc).__name__}: {exc}"[:300]
+        print(model_type, "ok" if model_type not in not_run else not_run[model_type][:100],
+              flush=True)
+    document = {
+        "generated_by": "tests/data/make_hf_zoo_reference.py",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "positions": POSITIONS.tolist(),
+        "note": "q = inputs(seed), k = inputs(seed + 1) as in inputs() here; the model's "
+                "outputs in hf_zoo_reference.npz as <key>_q_out, <key>_k_out, "
+                "(positions, dim) float64",
+        "cases": cases,
+        "refusals": refusals,
+        "not_run": not_run,
+    }
+    OUTPUT.write_text(json.dumps(document, indent=None, separators=(",", ":")) + "\n")
+    np.savez_compressed(ARRAYS, **arrays)
+    print(f"wrote {len(cases)} cases, {len(refusals)} refusals, {len(not_run)} not run")
+
+
+if __name__ == "__main__":
+    main()
