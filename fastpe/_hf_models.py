@@ -10,6 +10,8 @@ A model type that is not in the table loads as Llama does (rotate_half pairing, 
 leading ``head_dim * partial_rotary_factor`` features), which is what transformers does
 for a custom model that copies Llama's attention. Model types listed with a reason in
 ``REFUSED`` raise instead: their encoding is not a 1-D text RoPE that fastpe reproduces.
+Multi-axis RoPE (M-RoPE text models, vision towers) is recognised before this table is
+read, in :mod:`fastpe._hf_multimodal`.
 """
 
 from __future__ import annotations
@@ -107,19 +109,7 @@ MODELS: dict[str, Convention] = {
 }
 
 REFUSED: dict[str, str] = {
-    # Composite configs hold the language model in a sub-config; fastpe says which.
-    # Multi-axis and vision encodings: another embedding, not 1-D text RoPE.
-    **dict.fromkeys((
-        "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text", "qwen2_5_omni_thinker",
-        "qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_5_text", "qwen3_5_moe_text",
-        "qwen3_omni_moe_text", "qwen3_omni_moe_thinker", "qwen3_omni_moe_talker_text",
-        "qwen4_exp_text", "glm4v_text", "glm4v_moe_text", "glm46v", "glm_image_text",
-        "glm_ocr_text", "ernie4_5_vl_moe_text", "hunyuan_vl_text", "hy_v4_vl_text",
-        "cosmos3_edge_text", "cosmos3_omni", "cohere_compass_text", "neomme", "minicpmv4_7",
-        "paddleocr_vl_text",
-    ), "multi-axis M-RoPE (positions per time/height/width axis, mrope_section)"),
     "dots3_note_text": "per-layer MLA head widths (per_layer_config qk_nope_head_dim)",
-    "llama4_vision_model": "2-D vision RoPE of the Llama 4 vision tower",
     "efficientloftr": "2-D vision RoPE of a feature matcher",
     "eomt_dinov3": "2-D vision RoPE of a DINOv3 backbone",
     **dict.fromkeys(("blt", "blt_global_transformer", "blt_local_encoder", "blt_local_decoder",
