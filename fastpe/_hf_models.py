@@ -120,6 +120,6 @@ REFUSED: dict[str, str] = {
 }
 
 
-def convention(model_type) -> Convention:
+def convention(model_type: object) -> Convention:
     """The convention of a model type; Llama's for one not in the table."""
     return MODELS.get(model_type, LLAMA) if isinstance(model_type, str) else LLAMA
