@@ -264,8 +264,17 @@ def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
                          f"got shape {inv_freq.shape}")
     if not np.isfinite(inv_freq).all():
         bad = int(np.argmin(np.isfinite(inv_freq)))
-        raise ValueError(f"freqs.inv_freq must be finite, got {float(inv_freq[bad])!r} at index {bad}")
+        raise ValueError(f"freqs.inv_freq must be finite, got {float(inv_freq[bad])!r} at "
+                         f"index {bad}")
     att = _checks.real(att, "freqs.attention_scaling", positive=True)
+    lo, hi = _rope_scaling.ATTENTION_SCALING_RANGE
+    if not lo <= att <= hi:
+        raise ValueError(f"freqs.attention_scaling must be in [{lo:.4g}, {hi:.4g}] (a normal "
+                         f"float32: cos and sin are scaled in float32), got {att!r}")
+    if np.abs(inv_freq).max() > _rope_scaling.MAX_INV_FREQ:
+        raise ValueError(f"freqs.inv_freq must be at most {_rope_scaling.MAX_INV_FREQ:.3g} in "
+                         f"magnitude (so that every int64 position has a finite angle), got "
+                         f"{float(np.abs(inv_freq).max())!r}")
     return _rope_scaling.RopeFrequencies(inv_freq, att)
 
 

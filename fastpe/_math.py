@@ -8,11 +8,13 @@ import math
 import numpy as np
 
 from . import _checks
+from ._rope_scaling import MAX_INV_FREQ
 
 
 def frozen(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
+    """A read-only copy of `a` for a shared cache: a view of immutable bytes, so
+    that not even ``flags.writeable = True`` can make it writable."""
+    return np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
 
 
 @functools.lru_cache(maxsize=256)
@@ -21,7 +23,13 @@ def sinusoidal_inv_freq(dim: int, base: float) -> np.ndarray:
     like the Transformer's reference code (Vaswani et al., 2017). Read-only float64."""
     if dim == 0:
         return frozen(np.empty(0))
-    return frozen(np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(base) / dim)))
+    with np.errstate(over="ignore"):
+        w = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(base) / dim))
+    if not w[-1] <= MAX_INV_FREQ:  # the largest; inf when base**(-2i/dim) overflows
+        raise ValueError(f"base={base!r} gives inverse wavelength {float(w[-1])!r} for "
+                         f"dim {dim}, above {MAX_INV_FREQ:.3g} (the largest for which "
+                         f"every int64 position has a finite angle); use a larger base")
+    return frozen(w)
 
 
 def _alibi_slopes_math(n: int, max_bias: float) -> np.ndarray:

@@ -11,6 +11,7 @@ why the returned arrays are read-only.
 
 import math
 import numbers
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -42,6 +43,11 @@ _NEEDS_ORIGINAL_LENGTH = frozenset({"dynamic", "yarn", "longrope", "llama3"})
 # a long decode would otherwise grow its cache by one entry per token.
 _MAX_CACHED_LENGTHS = 64
 
+# An inverse frequency above this overflows position * inv_freq for some int64 position.
+MAX_INV_FREQ = np.finfo(np.float64).max / 2.0**63
+# Normal float32 numbers: the attention scaling multiplies cos and sin in float32.
+ATTENTION_SCALING_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
+
 
 class RopeFrequencies(NamedTuple):
     """Inverse frequencies of the rotary pairs and the factor that multiplies cos and sin.
@@ -71,6 +77,8 @@ class RopeSpec:
     params: tuple[tuple[str, Any], ...] = ()
     depends_on_seq_len: bool = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _cache_lock: Any = field(default_factory=threading.Lock, init=False, repr=False,
+                             compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
@@ -97,18 +105,44 @@ class RopeSpec:
         return seq_len is not None and seq_len > original
 
     def _compute(self, regime) -> RopeFrequencies:
-        inv_freq = _INV_FREQ[self.rope_type](self, regime)
-        inv_freq.flags.writeable = False
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            inv_freq = _INV_FREQ[self.rope_type](self, regime)
+        self._check_frequencies(inv_freq)
         attention = self.attention_scaling
         if self.rope_type == "longrope":
             # Phi-3.5-MoE: an explicit multiplier per side of the original length.
-            attention = dict(self.params).get("long_mscale" if regime else "short_mscale",
-                                              attention)
-        freqs = RopeFrequencies(inv_freq, attention)
-        if len(self._cache) >= _MAX_CACHED_LENGTHS:
-            self._cache.pop(next(iter(self._cache)), None)
-        # setdefault: if two threads race, both callers get the object that was stored.
-        return self._cache.setdefault(regime, freqs)
+            side = "long_mscale" if regime else "short_mscale"
+            attention = dict(self.params).get(side, attention)
+            _check_attention_scaling(attention, (side,))
+        # shared by every later caller: a view of immutable bytes, so that not even
+        # flags.writeable = True can make it writable
+        freqs = RopeFrequencies(np.frombuffer(inv_freq.tobytes(), dtype=np.float64),
+                                attention)
+        # the eviction iterates the dict: without the lock another thread's insert
+        # makes it raise "dictionary changed size during iteration"
+        with self._cache_lock:
+            if regime not in self._cache and len(self._cache) >= _MAX_CACHED_LENGTHS:
+                self._cache.pop(next(iter(self._cache)))
+            # if two threads raced, both callers get the object that was stored first
+            return self._cache.setdefault(regime, freqs)
+
+    def _check_frequencies(self, inv_freq) -> None:
+        """Every angle position * inv_freq must be a finite float64 for every int64
+        position: finite, tiny or huge inputs can still make base**(-2i/d) / factor
+        overflow."""
+        ok = np.isfinite(inv_freq) & (inv_freq >= 0.0) & (inv_freq <= MAX_INV_FREQ)
+        if ok.all():
+            return
+        i = int(np.argmin(ok))
+        names = ["base"] + [_key(k) for k, _ in self.params if k.endswith("factor")]
+        if self.factor is not None:
+            names.append(_key("factor"))
+        raise ValueError(
+            f"base={self.base!r} with rope_type {self.rope_type!r} gives inverse frequency "
+            f"{float(inv_freq[i])!r} for pair {i}, outside [0, {MAX_INV_FREQ:.3g}] (the "
+            f"largest for which every int64 position has a finite angle); check "
+            f"{', '.join(dict.fromkeys(names))}"
+        )
 
 
 def rope_frequencies(
@@ -355,7 +389,30 @@ def _parse(dim, base, scaling, max_position_embeddings) -> RopeSpec:
     original = None
     if rope_type in _NEEDS_ORIGINAL_LENGTH:
         original = _original_length(rope_type, scaling, max_position_embeddings)
-    return _intern(_PARSERS[rope_type](rotary_dim, base, scaling, original, max_position_embeddings))
+    spec = _intern(_PARSERS[rope_type](rotary_dim, base, scaling, original,
+                                       max_position_embeddings))
+    _check_attention_scaling(spec.attention_scaling,
+                             [k for k in ("attention_factor", "mscale", "mscale_all_dim",
+                                          "factor") if k in scaling])
+    # out-of-range derived frequencies are an error of the configuration, raised here
+    # rather than at the first call (longrope: both sets of factors)
+    spec.frequencies()
+    if rope_type == "longrope":
+        spec.frequencies(spec.original_max_position_embeddings + 1)
+    return spec
+
+
+def _check_attention_scaling(value, keys) -> None:
+    """cos and sin are multiplied by the attention scaling in float32 for every storage
+    dtype but float64: it must be a normal float32. `keys`: the scaling fields it
+    comes from."""
+    if not ATTENTION_SCALING_RANGE[0] <= value <= ATTENTION_SCALING_RANGE[1]:
+        source = [_key(k) for k in keys]
+        raise ValueError(
+            f"the attention scaling {value!r} derived from {', '.join(source) or 'scaling'} "
+            f"must be in [{ATTENTION_SCALING_RANGE[0]:.4g}, {ATTENTION_SCALING_RANGE[1]:.4g}] "
+            f"(a normal float32: cos and sin are scaled in float32)"
+        )
 
 
 def _rope_type(scaling) -> str:

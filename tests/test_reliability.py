@@ -1,0 +1,187 @@
+"""Shared state and derived values: the frequency caches under threads, cached arrays that
+cannot be written, and configurations whose inputs are finite but whose frequencies or
+scales are not."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastpe
+from fastpe import _rope_scaling
+
+# ---- the dynamic-NTK cache under threads ------------------------------------------------
+
+
+class _WatchedDict(dict):
+    """A dict that records an insert by one thread while another is between iterating
+    it and popping the key it found (the eviction): the window in which CPython raises
+    "dictionary changed size during iteration". The iteration yields the GIL to open
+    the window wide."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.evicting: set[int] = set()
+        self.clashes = 0
+
+    def __iter__(self):
+        it = super().__iter__()
+        self.evicting.add(threading.get_ident())
+        time.sleep(0.0005)
+        return it
+
+    def pop(self, *args):
+        self.evicting.discard(threading.get_ident())
+        return super().pop(*args)
+
+    def setdefault(self, *args):
+        if self.evicting - {threading.get_ident()}:
+            self.clashes += 1
+        return super().setdefault(*args)
+
+
+def test_dynamic_frequency_cache_is_thread_safe():
+    """Eight threads asking for many sequence lengths at once: the cache evicts while
+    others insert, which must neither raise ("dictionary changed size during iteration")
+    nor hand out frequencies of another length."""
+    spec = _rope_scaling.parse_rope_spec(
+        64, scaling={"rope_type": "dynamic", "factor": 2.0},
+        max_position_embeddings=4099)   # an original length no other test uses
+    watched = _WatchedDict(spec._cache)
+    object.__setattr__(spec, "_cache", watched)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def worker(tid: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(40):
+                seq_len = 5000 + (i * 8 + tid) % 300   # more lengths than the cache keeps
+                got = spec.frequencies(seq_len)
+                want = _rope_scaling._dynamic_inv_freq(spec, seq_len)
+                np.testing.assert_array_equal(got.inv_freq, want)
+        except BaseException as exc:   # pragma: no cover - only on failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        object.__setattr__(spec, "_cache", dict(spec._cache))
+    assert not errors, repr(errors[0])
+    assert watched.clashes == 0, f"{watched.clashes} inserts during another thread's eviction"
+    assert len(spec._cache) <= _rope_scaling._MAX_CACHED_LENGTHS
+
+
+# ---- cached arrays cannot be made writable ------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fastpe.rope_frequencies(8).inv_freq,
+    lambda: fastpe.rope_frequencies(8, scaling={"rope_type": "dynamic", "factor": 2.0},
+                                    max_position_embeddings=16, seq_len=40).inv_freq,
+    lambda: fastpe.RotaryEmbedding(8).frequencies().inv_freq,
+], ids=["default", "dynamic", "RotaryEmbedding"])
+def test_cached_frequencies_cannot_be_made_writable(make):
+    """Setting the flag back would let one caller poison every later default call."""
+    a = make()
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        a.flags.writeable = True
+    with pytest.raises(ValueError, match="read-only"):
+        a[:] = 0
+    assert np.array_equal(make(), a) and a.all()
+
+
+def test_default_rope_is_not_poisoned():
+    f = fastpe.rope_frequencies(8)
+    with pytest.raises(ValueError):
+        f.inv_freq.flags.writeable = True
+    q = np.ones((1, 3, 1, 8))
+    fastpe.apply_rope(q)
+    assert not np.array_equal(q[0, 2], np.ones(8))   # position 2 rotated
+
+
+# ---- derived frequencies and scales ---------------------------------------------------------
+
+TINY = 1e-320   # finite, positive, subnormal
+
+DERIVED = [
+    ("linear-factor", dict(scaling={"rope_type": "linear", "factor": TINY}),
+     r"scaling\['factor'\]"),
+    ("base-5e-324", dict(base=5e-324), r"\bbase\b"),
+    ("longrope-factors", dict(scaling={"rope_type": "longrope", "short_factor": [TINY] * 32,
+                                       "long_factor": [1.0] * 32, "factor": 2.0,
+                                       "original_max_position_embeddings": 16}),
+     r"scaling\['short_factor'\]"),
+    ("longrope-long-factors", dict(scaling={"rope_type": "longrope", "short_factor": [1.0] * 32,
+                                            "long_factor": [TINY] * 32, "factor": 2.0,
+                                            "original_max_position_embeddings": 16}),
+     r"scaling\['long_factor'\]"),
+    ("yarn-attention_factor", dict(scaling={"rope_type": "yarn", "factor": 2.0,
+                                            "attention_factor": 1e300,
+                                            "original_max_position_embeddings": 16}),
+     r"scaling\['attention_factor'\]"),
+    ("yarn-tiny-attention_factor", dict(scaling={"rope_type": "yarn", "factor": 2.0,
+                                                 "attention_factor": 1e-300,
+                                                 "original_max_position_embeddings": 16}),
+     r"scaling\['attention_factor'\]"),
+]
+
+
+@pytest.mark.parametrize("kw, match", [pytest.param(kw, m, id=i) for i, kw, m in DERIVED])
+@pytest.mark.parametrize("entry", ["rope_frequencies", "RotaryEmbedding", "apply_rope"])
+def test_out_of_range_derived_values_are_refused(entry, kw, match):
+    """Finite inputs whose frequencies (base**(-2i/d) / factor) or attention scaling
+    overflow give NaN or inf downstream: a ValueError naming the inputs instead, before
+    anything is written."""
+    q = np.ones((1, 3, 2, 64))
+    with pytest.raises(ValueError, match=match):
+        if entry == "rope_frequencies":
+            fastpe.rope_frequencies(64, **kw)
+        elif entry == "RotaryEmbedding":
+            fastpe.RotaryEmbedding(64, **kw)
+        else:
+            fastpe.apply_rope(q, **kw)
+    assert (q == 1).all()
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_sinusoidal_base_that_overflows_the_frequencies(backend):
+    if backend == "cython" and fastpe.info()["backend"] != "cython":
+        pytest.skip("the compiled extension is not built")
+    x = np.zeros((2, 64), np.float32)
+    with fastpe.use_backend(backend):
+        with pytest.raises(ValueError, match=r"\bbase\b"):
+            fastpe.add_sinusoidal(x, base=1e-320)
+        with pytest.raises(ValueError, match=r"\bbase\b"):
+            fastpe.sinusoidal_table(2, 64, base=1e-320)
+        # the smallest bases whose frequencies stay in range still give finite values
+        fastpe.add_sinusoidal(x, base=1e-3)
+    assert np.isfinite(x).all() and x.any()
+
+
+@pytest.mark.parametrize("freqs, match", [
+    (fastpe.RopeFrequencies(np.ones(4), 1e300), r"freqs\.attention_scaling"),
+    (fastpe.RopeFrequencies(np.ones(4), 1e-300), r"freqs\.attention_scaling"),
+    (np.array([1.0, 1e300, 1.0, 1.0]), r"freqs\.inv_freq"),
+], ids=["attention-huge", "attention-tiny", "inv_freq-huge"])
+def test_given_frequencies_out_of_range(freqs, match):
+    with pytest.raises(ValueError, match=match):
+        fastpe.rope_cos_sin(np.arange(4), freqs)
+    with fastpe.use_backend("numpy"), pytest.raises(ValueError, match=match):
+        fastpe.rope_cos_sin(np.arange(4), freqs)
+
+
+def test_extreme_but_valid_configurations_stay_finite():
+    """The edge of the accepted range still gives finite cos and sin."""
+    top = _rope_scaling.MAX_INV_FREQ
+    cos, sin = fastpe.rope_cos_sin(np.array([0, 1, 2**62]),
+                                   fastpe.RopeFrequencies(np.array([top, 1.0]), 3e38),
+                                   dtype="float64")
+    assert np.isfinite(cos).all() and np.isfinite(sin).all()
