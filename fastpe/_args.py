@@ -196,7 +196,7 @@ def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
     return x
 
 
-def _rope_arrays(q: object, k: object, layout: object) -> tuple[np.ndarray, np.ndarray | None]:
+def rope_views(q: object, k: object, layout: object) -> tuple[np.ndarray, np.ndarray | None]:
     layout = _checks.choice(layout, "layout", tuple(ROPE_LAYOUTS))
     ndim = ROPE_LAYOUTS[layout]
     q = _checks.array(q, "q", (ndim,), writable=True)
@@ -218,7 +218,7 @@ def _rope_arrays(q: object, k: object, layout: object) -> tuple[np.ndarray, np.n
     return q4, k4
 
 
-def _rope_disjoint(q4: np.ndarray, k4: np.ndarray | None, *inputs: tuple[object, str]) -> None:
+def rope_disjoint(q4: np.ndarray, k4: np.ndarray | None, *inputs: tuple[object, str]) -> None:
     _checks.disjoint(q4, "q", *inputs)
     if k4 is not None:
         _checks.disjoint(k4, "k", *inputs)
@@ -302,7 +302,7 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
     made for) comes from a RotaryEmbedding, and so do the multi-axis layout
     (`axes`, the axis of each pair, validated) and `pair_freq`, the index
     of each pair's frequency among the spec's (None: pair i takes the i-th)."""
-    q4, k4 = _rope_arrays(q, k, layout)
+    q4, k4 = rope_views(q, k, layout)
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     head_dim = q4.shape[3]
     if spec is not None:
@@ -326,7 +326,7 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
         pos, multi = axis_positions(positions, offset, q4.shape[0], q4.shape[1], axes)
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
-    _rope_disjoint(q4, k4, (positions, "positions"),
+    rope_disjoint(q4, k4, (positions, "positions"),
                    (getattr(freqs, "inv_freq", freqs), "freqs"))
     att = given.attention_scaling
     cos_scale, sin_scale = ((1.0 / att, -1.0 / att) if _checks.flag(inverse, "inverse")
@@ -339,7 +339,7 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
 def rope_cached(q: object, k: object, cos: object, sin: object, positions: object,
                 offset: object, style: object, layout: object, inverse: object,
                 num_threads: object) -> RopePlan:
-    q4, k4 = _rope_arrays(q, k, layout)
+    q4, k4 = rope_views(q, k, layout)
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     cos = _checks.array(cos, "cos", (2,), writable=False)
     sin = _checks.array(sin, "sin", (2,), writable=False)
@@ -352,7 +352,7 @@ def rope_cached(q: object, k: object, cos: object, sin: object, positions: objec
                          f"shape {cos.shape}")
     _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], f"cos (width {cos.shape[1]})")
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
-    _rope_disjoint(q4, k4, (positions, "positions"), (cos, "cos"), (sin, "sin"))
+    rope_disjoint(q4, k4, (positions, "positions"), (cos, "cos"), (sin, "sin"))
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
                          f"({cos.shape[0]} rows)")

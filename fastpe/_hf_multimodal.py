@@ -184,12 +184,10 @@ VISION: dict[str, str] = {
     "kimi_k25_vision": "kimi",
     "pixtral": "pixtral",
     "minimax_m3_vl_vision": "thw",
+    "gemma4_vision": "halves",
 }
 
-UNSUPPORTED_VISION = {
-    "gemma4_vision": "Gemma 4's vision tower rotates each half of the head by one axis "
-                     "(rotate_half within each half), a pairing fastpe's kernel does not have",
-}
+UNSUPPORTED_VISION: dict[str, str] = {}
 
 
 def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, str]:
@@ -225,6 +223,20 @@ def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.n
         [np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)]), "neox"
 
 
+def _halves_rope(cls: Any, head_dim: int, theta: Any) -> Any:
+    """Gemma 4's tower: the first half of the head rotates by the column (its x), the
+    second by the row, each half with rotate_half pairing over frequencies of width
+    head_dim / 2."""
+    if head_dim % 4:
+        raise ValueError(f"2D RoPE needs a head_dim divisible by 4, got {head_dim}")
+    n = head_dim // 4
+    emb = cls(head_dim, base=theta)
+    emb._set_layout(2, np.repeat(np.array([1, 0], np.int8), n), np.tile(np.arange(n), 2),
+                    parse_rope_spec(head_dim // 2, base=theta))
+    emb._halves = (1, 0)
+    return emb
+
+
 def vision_rope(cls: Any, config: object, style: str | None) -> Any:
     """The embedding of a vision tower's 2D RoPE, or None for another model."""
     model_type = str(_hf_get(config, "model_type"))
@@ -247,6 +259,8 @@ def vision_rope(cls: Any, config: object, style: str | None) -> Any:
             raise ValueError(f"config of model_type {model_type!r} has no head_dim, and no "
                              f"hidden size and num_attention_heads to derive it from")
         head_dim = int(width) // int(heads)
+    if kind == "halves":
+        return _halves_rope(cls, int(head_dim), theta)
     axes, width, pair_axis, pair_freq, own_style = _vision_layout(kind, int(head_dim))
     emb = cls(int(head_dim), base=theta, rotary_dim=2 * len(pair_axis),
               style=style or own_style)

@@ -336,6 +336,9 @@ class RotaryEmbedding:
         self._set_layout(1 if axes is None else axes, pair_axis, None)
         self.feature_slice = slice(0, self.head_dim)
         self.reverse = False
+        # Gemma 4's vision tower: the axis of each half of the head, each half a
+        # rotate_half RoPE of its own (None: one pairing over rotary_dim)
+        self._halves: tuple[int, int] | None = None
 
     def _set_layout(self, axes: object, pair_axis: np.ndarray | None,
                     pair_freq: np.ndarray | None,
@@ -401,6 +404,9 @@ class RotaryEmbedding:
         """A cos/sin cache for :func:`apply_rope_cached`: positions.shape +
         (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
         result has the shape of one axis's positions."""
+        if self._halves is not None:
+            raise ValueError("this embedding rotates each half of the head on its own, "
+                             "which one cos/sin table for apply_rope_cached cannot express")
         pos, hi = _checks.position_array(positions, "positions")
         freqs = self.frequencies(hi + 1 if hi >= 0 else None)
         if self._pair_axis is None:
@@ -422,6 +428,10 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         if self.reverse and type(inverse) is bool:
             inverse = not inverse
+        if self._halves is not None:
+            for plan in self._half_plans(q, k, positions, offset, layout, inverse, num_threads):
+                _run(plan)
+            return q, k
         kern = _backend.kernels()
         # the fast path reads 2-D positions as (batch, seq): text positions only
         if (kern is not None and isinstance(q, np.ndarray)
@@ -436,6 +446,31 @@ class RotaryEmbedding:
                           pair_axis=self._pair_axis, pair_freq=self._pair_freq)
         _run(plan)
         return q, k
+
+    def _half_plans(self, q: object, k: object, positions: object, offset: object,
+                    layout: object, inverse: object,
+                    num_threads: object) -> list[_args.RopePlan]:
+        """Plans for the two halves of the head, each rotated (rotate_half pairing)
+        by its own axis's positions; every argument is checked before either half
+        is written."""
+        q4, k4 = _args.rope_views(q, k, layout)
+        if q4.shape[3] != self.head_dim:
+            raise ValueError(f"q has head_dim {q4.shape[3]} but this RotaryEmbedding is for "
+                             f"head_dim {self.head_dim}")
+        pos, multi = _args.axis_positions(positions, offset, q4.shape[0], q4.shape[1],
+                                          self.axes)
+        _args.rope_disjoint(q4, k4, (positions, "positions"))
+        assert self._halves is not None
+        width = self.head_dim // 2
+        plans = []
+        for part, axis in enumerate(self._halves):
+            cols = slice(part * width, (part + 1) * width)
+            plans.append(_args.rope(
+                q4[..., cols], None if k4 is None else k4[..., cols],
+                pos.as_array(q4.shape[1])[axis] if multi else positions, 0 if multi else offset,
+                None, None, None, None, None, "neox", "bshd", inverse, num_threads,
+                spec=self._spec, spec_head_dim=width))
+        return plans
 
     def __repr__(self) -> str:
         return (f"RotaryEmbedding(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "

@@ -407,3 +407,23 @@ def test_wide_image_rows_at_long_context(dtype, both_threads):
         with fastpe.use_backend(backend):
             rope(q, None, pos, num_threads=both_threads)
         check(q, expected, dtype, pos, f"{backend} {dtype}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma4_halves_refuse_before_writing(backend):
+    """Gemma 4's tower rotates the two halves of the head separately: a bad argument is
+    refused before either half is written."""
+    rope = fastpe.RotaryEmbedding.from_hf_config(HF_CASES["gemma4_vision"]["config"])
+    q = make("contiguous", (1, 6, 2, rope.head_dim), F32, seed=1)
+    k = make("contiguous", (1, 6, 1, rope.head_dim), F32, seed=2)
+    before = snapshot(q), snapshot(k)
+    good = fastpe.vision_positions((2, 3))
+    for bad, exc in ((good - 1, ValueError), (good[:, :5], ValueError),
+                     (good.astype(float), TypeError)):
+        with fastpe.use_backend(backend), pytest.raises(exc, match="positions"):
+            rope(q, k, bad)
+        assert (snapshot(q), snapshot(k)) == before
+    with pytest.raises(ValueError, match="head_dim"):
+        rope(q[..., :-4], None, good)
+    with pytest.raises(ValueError, match="cos/sin"):
+        rope.cos_sin(good)

@@ -335,11 +335,34 @@ def run_vision_grid(case):
             "spatial_merge_size": merge, "temporal": temporal, "positions": pos.T.tolist()}
 
 
+def run_gemma4(seed):
+    """Gemma 4's tower: positions (batch, patches, 2) hold (x, y) = (column, row); each
+    half of the head rotates by one of them (apply_multidimensional_rope)."""
+    mod = module("gemma4")
+    cfg = module("gemma4", "configuration").Gemma4VisionConfig()
+    grid = grid_positions(2, seed)                       # (tokens, 2): row, column
+    xy = grid[:, ::-1].copy()[None]                      # (1, tokens, 2): column, row
+    d = cfg.head_dim
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, len(grid), 2, d))
+    k = rng.standard_normal((1, len(grid), 1, d))
+    with float64_everywhere():
+        rot = mod.Gemma4VisionRotaryEmbedding(cfg)
+        cos, sin = rot(torch.zeros(1, dtype=torch.float64), torch.from_numpy(xy))
+        pid = torch.from_numpy(xy)
+        qo = mod.apply_multidimensional_rope(torch.from_numpy(q), cos, sin, pid)
+        ko = mod.apply_multidimensional_rope(torch.from_numpy(k), cos, sin, pid)
+    assert qo.dtype == torch.float64
+    return ({"name": "gemma4_vision", "kind": "vision", "config": config_json(cfg),
+             "layer_type": None, "positions": grid.T.tolist(), "seed": seed,
+             "q_shape": list(q.shape), "k_shape": list(k.shape), "layout": "bshd"},
+            {"gemma4_vision/q": qo.numpy(), "gemma4_vision/k": ko.numpy()})
+
+
 UNSUPPORTED = [
     ("hunyuan_vl", "hunyuan_vl", "HunYuanVLTextConfig",
      dict(SMALL, rope_parameters=rp(1e4, mrope_section=[4, 4, 4, 4]))),
     ("hy_v4_vl", "hy_v4_vl", "HYV4VLTextConfig", {}),
-    ("gemma4_vision", "gemma4", "Gemma4VisionConfig", {}),
 ]
 
 
@@ -354,9 +377,10 @@ def main():
         meta, arr = run_vision(case, seed)
         cases.append(meta)
         arrays.update(arr)
-    meta, arr = run_llama4(200)
-    cases.append(meta)
-    arrays.update(arr)
+    for run in (run_llama4, run_gemma4):
+        meta, arr = run(200)
+        cases.append(meta)
+        arrays.update(arr)
     cases += [run_rope_index(c) for c in ROPE_INDEX_CASES]
     cases += [run_vision_grid(c) for c in VISION_GRID_CASES]
     for name, pkg, cfg_cls, kw in UNSUPPORTED:
