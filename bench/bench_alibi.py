@@ -9,14 +9,13 @@ to a constant per row (softmax ignores it), so its check allows that constant. T
 is built per call, as BLOOM's forward does.
 """
 
-import numpy as np
 import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from benchutil import cases, run_case  # noqa: E402
+from benchutil import cases, run_case
 
-from fastpe import _bench  # noqa: E402
+from fastpe import _bench
 
 WORKLOADS = _bench.alibi_workloads(_bench.FULL)
 if not WORKLOADS:

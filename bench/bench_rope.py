@@ -16,12 +16,15 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from benchutil import cases, run_case  # noqa: E402
+from benchutil import cases, run_case
 
-import fastpe  # noqa: E402
-from fastpe import _bench  # noqa: E402
+import fastpe
+from fastpe import _bench
 
 WORKLOADS = _bench.rope_workloads(_bench.FULL)
+# numba, ONNX Runtime and torch.compile where installed (torch eager is below, in
+# transformers' own code)
+PEERS_SKIPPED = _bench.attach_peers(WORKLOADS, ("numba", "onnxruntime", "torch.compile"))
 
 
 def _torch_rope(wl: _bench.Workload):
@@ -70,6 +73,7 @@ except ImportError as exc:
     UNAVAILABLE = {"torch": f"torch/transformers not installed ({exc})"}
 
 
-@pytest.mark.parametrize("wl, dtype, impl, threads", cases(WORKLOADS, UNAVAILABLE))
+@pytest.mark.parametrize("wl, dtype, impl, threads",
+                         cases(WORKLOADS, {**UNAVAILABLE, **PEERS_SKIPPED}))
 def test_rope(benchmark, wl, dtype, impl, threads):
     run_case(benchmark, wl, dtype, impl, threads)

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from benchutil import cases, run_case  # noqa: E402
+from benchutil import cases, run_case
 
-from fastpe import _bench  # noqa: E402
+from fastpe import _bench
 
 WORKLOADS = [w for w in _bench.workloads() if w.family == "sinusoidal"]
 

@@ -61,7 +61,8 @@ def cases(workloads: list[_bench.Workload], unavailable: dict[str, str] | None =
     out = []
     for wl in workloads:
         for dtype in _bench.DTYPES:
-            names = list(wl.impls) + [n for n in unavailable if n not in wl.impls] + ["floor"]
+            names = (list(wl.impls) + list(wl.peers)
+                     + [n for n in unavailable if n not in wl.impls] + ["floor"])
             for impl in names:
                 threads = THREADS if impl in ("fastpe", "floor") else [1]
                 for t in threads:
@@ -75,9 +76,11 @@ def cases(workloads: list[_bench.Workload], unavailable: dict[str, str] | None =
 def run_case(benchmark, wl: _bench.Workload, dtype: str, impl: str, threads: int) -> None:
     base = inputs(wl, dtype)
     floor = impl == "floor"
-    prepare = wl.prepare_floor() if floor else wl.impls[impl]
+    prepare = wl.prepare_floor() if floor else {**wl.peers, **wl.impls}[impl]
     work = _bench.copy_arrays(base, wl.written)
     run = prepare(work, threads)
+    if run is None:
+        pytest.skip(f"{impl} does not run on {dtype}")
 
     # The check, on pristine inputs, outside the timed region.
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fastpe  # noqa: E402
+import fastpe
 
 
 def rss_bytes() -> int:

@@ -178,6 +178,19 @@ def _threads_arg(text: str) -> int:
     return n
 
 
+def _peers_arg(text: str) -> tuple[str, ...]:
+    if text.strip().lower() == "all":
+        return _bench.PEERS
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in _bench.PEERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected 'all', 'none' or names from "
+                                         f"{', '.join(_bench.PEERS)}; got {text!r}")
+    return names
+
+
 def _need_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
@@ -194,36 +207,47 @@ def _check_output_path(parser, option: str, path: str | None) -> None:
         parser.error(f"{option} {path}: directory {parent} does not exist")
 
 
+def _peer_names(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(n for r in rows for n in r.get("peers", {})))
+
+
 def bench_table(report: dict) -> str:
     rows = report["results"]
     info = report["fastpe"]
     threads = report["threads"]
+    peers = _peer_names(rows)
     head = [
         f"fastpe {info['version']} bench: {report['dtype']}, fastpe on {threads} thread"
         f"{'s' if threads != 1 else ''} (of {info['num_threads']}); {info['backend']} backend"
         + (f", {info['isa']} kernels" if info.get("isa") else "")
         + f"; {report['machine']['cpu']}, {report['machine']['logical_cpus']} CPUs",
-        f"Medians of up to {report['rounds']} rounds, fastpe, numpy and floor interleaved "
-        f"({report['mode']} mode). floor: one in-place",
-        "streaming pass over the same bytes (np.multiply(a, 1.0, out=a)), a fill for tables. "
-        "% floor = floor time /",
-        "fastpe time, fastpe's fraction of memory bandwidth; GB/s: the floor's bytes moved / "
-        "fastpe time.",
+        f"Medians of up to {report['rounds']} rounds, every contender in each round in a "
+        f"random order ({report['mode']} mode).",
+        "floor: the fastest of several in-place streaming passes over the same bytes "
+        "(NumPy's, a C loop), a fill for tables;",
+        "% floor = floor time / fastpe time, fastpe's fraction of memory bandwidth; GB/s: "
+        "the floor's bytes moved / fastpe time.",
     ]
+    if peers:
+        head.append("Peers (" + ", ".join(peers) + "): their time / fastpe's, one thread, "
+                    "each result checked against fastpe.reference; above 1x fastpe is faster.")
     if not info.get("compiled"):
         head.append("WARNING: the compiled kernels are not loaded: 'fastpe' is the NumPy "
                     "fallback here. In a source checkout, python -m puts ./fastpe (not built) "
                     "first on sys.path: install with `pip install -e .`, or run elsewhere.")
     title_w = max([len("workload")] + [len(r["title"]) for r in rows])
-    cols = ("fastpe", "numpy", "floor", "vs numpy", "% floor", "GB/s")
-    lines = head + ["", f"{'workload':<{title_w}}  " + "  ".join(f"{c:>9}" for c in cols)]
+    cols = ["fastpe", "numpy", "floor", "vs numpy", "% floor", "GB/s"] + peers
+    width = max(9, *(len(c) for c in cols))
+    lines = head + ["", f"{'workload':<{title_w}}  " + "  ".join(f"{c:>{width}}" for c in cols)]
     for r in rows:
         t = r["seconds"]
         cells = [format_time(t["fastpe"]), format_time(t["numpy"]), format_time(t["floor"]),
                  f"{r['speedup_vs_numpy']:.1f}x", f"{100 * r['fraction_of_floor']:.0f}%",
                  f"{r['fastpe_gb_per_s']:.1f}"]
+        cells += [f"{r['peers'][n]:.2f}x" if n in r.get("peers", {}) else "-" for n in peers]
         mark = "" if r["check"] == "ok" else "  MISMATCH"
-        lines.append(f"{r['title']:<{title_w}}  " + "  ".join(f"{c:>9}" for c in cells) + mark)
+        lines.append(f"{r['title']:<{title_w}}  " + "  ".join(f"{c:>{width}}" for c in cells)
+                     + mark)
     lines.append("")
     lines.append("numpy: the best NumPy a careful user writes, single-threaded, "
                  "temporaries preallocated:")
@@ -245,16 +269,34 @@ def bench_plot(report: dict, path: str) -> None:
 
     rows = report["results"]
     names = [r["name"] for r in rows][::-1]
-    speed = [r["speedup_vs_numpy"] for r in rows][::-1]
+    against = ["numpy"] + _peer_names(rows)
     frac = [100 * r["fraction_of_floor"] for r in rows][::-1]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.42 * len(rows) + 1.8), sharey=True)
-    a1.barh(names, speed, color="tab:blue")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) * len(against) ** 0.5 + 2),
+                                 sharey=True)
+    # Ratio bars start at 1.0 (no difference), so a loss (below 1x) points left.
+    height = 0.8 / len(against)
+    ratios = []
+    for i, other in enumerate(against):
+        vals = [(r["speedup_vs_numpy"] if other == "numpy" else r.get("peers", {}).get(other))
+                for r in rows][::-1]
+        ys = [y - 0.4 + height * (i + 0.5) for y in range(len(rows))]
+        pts = [(y, v) for y, v in zip(ys, vals) if v is not None]
+        if not pts:
+            continue
+        a1.barh([y for y, _ in pts], [v - 1.0 for _, v in pts], left=1.0, height=height,
+                label=f"vs {other}")
+        for y, v in pts:
+            a1.annotate(f"{v:.2g}x", (v, y), xytext=(3 if v >= 1 else -3, 0),
+                        textcoords="offset points", va="center",
+                        ha="left" if v >= 1 else "right", fontsize=7)
+        ratios += [v for _, v in pts]
+    a1.set_yticks(range(len(rows)), names)
     a1.set_xscale("log")
+    lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
+    a1.set_xlim(lo / 1.6, hi * 1.6)
     a1.axvline(1.0, color="k", lw=0.8)
-    a1.set_xlabel("speedup over NumPy (log scale)")
-    for y, v in enumerate(speed):
-        a1.annotate(f"{v:.1f}x", (v, y), xytext=(3, 0), textcoords="offset points",
-                    va="center", fontsize=8)
+    a1.set_xlabel("their time / fastpe's (log scale; right of 1: fastpe faster)")
+    a1.legend(fontsize=7, loc="lower right")
     a2.barh(names, frac, color="tab:green")
     a2.axvline(100.0, color="k", lw=0.8, ls="--")
     a2.set_xlabel("% of memory bandwidth (floor time / fastpe time)")
@@ -275,6 +317,8 @@ def run_bench(args, progress: Progress) -> dict:
     skipped = []
     if not _bench.has_alibi():
         skipped.append({"name": "alibi-*", "reason": "this fastpe has no add_alibi"})
+    for name, reason in _bench.attach_peers(wls, args.peers).items():
+        skipped.append({"name": name, "reason": f"{reason} (pip install 'fastpe[peers]')"})
     mode_name = "quick" if args.quick else "default"
     mode = dict(_bench.MODES[mode_name])
     if args.rounds is not None:
@@ -296,6 +340,7 @@ def run_bench(args, progress: Progress) -> dict:
         "mode": mode_name,
         "size": args.size,
         "rounds": mode["rounds"],
+        "peers": list(args.peers),
         "elapsed_s": time.perf_counter() - start,
         "results": results,
         "skipped": skipped,
@@ -341,7 +386,7 @@ def cmd_bench(args, parser) -> int:
         print(f"plot written to {args.plot}", file=sys.stderr)
     bad = [r["name"] for r in report["results"] if r["check"] != "ok"]
     if bad:
-        raise CommandError(f"fastpe and NumPy disagree on: {', '.join(bad)}")
+        raise CommandError(f"results differ from fastpe.reference on: {', '.join(bad)}")
     return 0
 
 
@@ -380,15 +425,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print fastpe.info() as JSON")
 
     p = sub.add_parser(
-        "bench", help="the canonical workloads: fastpe vs NumPy vs memory bandwidth",
+        "bench", help="the canonical workloads: fastpe vs NumPy, other libraries and memory "
+                      "bandwidth",
         description="Time the canonical workloads (LLaMA-7B-like RoPE prefill and decode, "
                     "batched decode, Llama-3-scaled RoPE, a sinusoidal table, sinusoidal "
                     "and learned adds, BLOOM-like ALiBi prefill, bias table and decode): "
-                    "fastpe, the best single-threaded NumPy, and the streaming floor (one "
-                    "in-place pass over the same bytes, or a fill), measured side by side "
-                    "in interleaved rounds; prints medians, the speedup over NumPy and "
-                    "fastpe's fraction of the floor (of memory bandwidth). About a minute; "
-                    "--quick about ten seconds.")
+                    "fastpe, the best single-threaded NumPy, other libraries where "
+                    "installed (numba, ONNX Runtime, torch, torch.compile) and the "
+                    "streaming floor (the fastest in-place pass over the same bytes, or a "
+                    "fill), measured side by side in shuffled rounds; prints medians, the "
+                    "speedups and fastpe's fraction of the floor (of memory bandwidth). "
+                    "A few minutes with the peers; --quick --peers none about ten seconds.")
     p.add_argument("--quick", action="store_true",
                    help="fewer, shorter rounds (same shapes): about ten seconds")
     # Default 1: NumPy's ufuncs are single-threaded, so speedups compare like with like;
@@ -405,6 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("--peers", type=_peers_arg, default=_bench.PEERS, metavar="NAMES",
+                   help="other libraries timed beside fastpe on the RoPE workloads, where "
+                        f"installed: comma-separated from {', '.join(_bench.PEERS)}, 'all' "
+                        "(the default) or 'none'")
     p.add_argument("--json", metavar="FILE",
                    help="also write every number (all samples, shapes, fastpe.info()) as "
                         "JSON to FILE; '-' prints JSON on stdout and the table on stderr")

@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import textwrap
-
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ except ImportError:  # pragma: no cover - matplotlib is in the bench extra
     HAVE_MPL = False
 
 needs_mpl = pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
-TINY = ["--quick", "--size", "tiny", "--rounds", "1"]
+TINY = ["--quick", "--size", "tiny", "--rounds", "1", "--peers", "none"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -118,6 +117,7 @@ def test_version():
     ["bench", "--only", "no-such-workload"],
     ["bench", "--rounds", "0"],
     ["bench", "--json", "/no/such/directory/out.json"],
+    ["bench", "--peers", "no-such-library"],
     ["demo", "--plot"],
 ], ids=" ".join)
 def test_usage_errors_exit_2(args):
@@ -140,7 +140,7 @@ RESULT_KEYS = {
     "floor": str, "numpy_baseline": str, "per_call": bool, "threads": dict, "seconds": dict,
     "seconds_min": dict, "samples": dict, "calls_per_sample": dict, "rounds": int, "speedup_vs_numpy": float,
     "fraction_of_floor": float, "fastpe_gb_per_s": float, "floor_gb_per_s": float,
-    "check": str,
+    "check": str, "peers": dict, "skipped": dict, "floor_form": str,
 }
 
 
@@ -158,13 +158,22 @@ def check_report(report: dict, *, dtype="float32", threads=1) -> None:
         assert r["check"] == "ok", r
         assert r["dtype"] == dtype
         assert r["floor"] in ("stream", "fill")
-        assert set(r["seconds"]) == {"fastpe", "numpy", "floor"}
-        assert all(t > 0 for t in r["seconds"].values())
-        assert all(len(s) == r["rounds"] for s in r["samples"].values())
         t = r["seconds"]
+        floors = {n for n in t if n.startswith("floor:")}
+        assert "floor:numpy" in floors and floors <= {"floor:numpy", "floor:c"}
+        assert set(t) == {"fastpe", "numpy", "floor", *floors, *r["peers"]}
+        assert set(r["peers"]) <= set(_bench.PEERS)
+        assert all(v > 0 for v in t.values())
+        # the floor is the fastest of its forms, timed like the others
+        assert t["floor"] == min(t[n] for n in floors) == t[f"floor:{r['floor_form']}"]
+        assert set(r["samples"]) == set(t) - {"floor"}
+        assert all(len(s) == r["rounds"] for s in r["samples"].values())
         assert r["speedup_vs_numpy"] == pytest.approx(t["numpy"] / t["fastpe"])
         assert r["fraction_of_floor"] == pytest.approx(t["floor"] / t["fastpe"])
-        assert r["threads"] == {"fastpe": threads, "numpy": 1, "floor": threads}
+        for name, ratio in r["peers"].items():
+            assert ratio == pytest.approx(t[name] / t["fastpe"])
+        assert r["threads"] == {n: threads if n == "fastpe" or n in floors else 1
+                                for n in r["samples"]}
     if not _bench.has_alibi():
         assert report["skipped"]
 
@@ -199,6 +208,38 @@ def test_bench_json_on_stdout_threads_dtype_only():
     assert report["dtype"] == "float16" and report["threads"] == fastpe.get_num_threads()
     assert all(r["check"] == "ok" for r in report["results"])
     assert "vs numpy" in proc.stderr          # the table went to stderr
+
+
+@pytest.mark.parametrize("peers", ["numba", "onnxruntime"])
+def test_bench_peers_are_timed_and_checked(peers):
+    """A peer runs where installed, on the RoPE workloads, and its result is checked
+    against fastpe.reference like every contender's."""
+    reason = _bench.peers.missing(peers)
+    if reason is not None:
+        pytest.skip(reason)
+    proc = fastpe_cli("bench", *TINY[:-2], "--peers", peers, "--only", "rope-decode,rope-batched,"
+                      "sinusoidal-add", "--json", "-", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    by_name = {r["name"]: r for r in report["results"]}
+    for name in ("rope-decode", "rope-batched-decode"):
+        assert set(by_name[name]["peers"]) == {peers} and by_name[name]["check"] == "ok"
+    assert by_name["sinusoidal-add"]["peers"] == {}
+    assert f" {peers}" in proc.stderr.splitlines()[next(
+        i for i, line in enumerate(proc.stderr.splitlines()) if line.startswith("workload"))]
+
+
+def test_bench_peers_not_installed_are_skipped_by_name():
+    missing = [p for p in _bench.PEERS if _bench.peers.missing(p) is not None]
+    if not missing:
+        pytest.skip("every peer is installed here")
+    proc = fastpe_cli("bench", *TINY[:-2], "--peers", missing[0], "--only", "rope-decode",
+                      "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["results"][0]["peers"] == {}
+    assert any(s["name"] == missing[0] and "fastpe[peers]" in s["reason"]
+               for s in report["skipped"])
 
 
 def test_bench_list():
@@ -314,6 +355,28 @@ def test_every_implementation_matches_the_reference(wl, dtype):
             assert np.array_equal(arrays[name], base[name], equal_nan=True)
 
 
+@pytest.mark.parametrize("kind", ["stream", "fill"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_every_floor_form_streams_the_same_bytes(kind, dtype):
+    """Every form of the floor (NumPy's, the C loop) leaves a stream's values unchanged,
+    and fills a table with ones, on 1 and 2 threads."""
+    forms = _bench.floors.forms(kind, ("a",))
+    if fastpe.info()["compiled"]:
+        assert set(forms) == {"numpy", "c"}
+    for form, prepare in forms.items():
+        for threads in (1, 2):
+            a = _bench.random_array((5, 300_001), dtype)[:, :-1]  # 8-byte multiple rows
+            a = np.ascontiguousarray(a)
+            before = a.copy()
+            run = prepare({"a": a}, threads)
+            assert run is not None, form
+            run({"a": a})
+            if kind == "stream":
+                assert np.array_equal(a.view(np.uint8), before.view(np.uint8)), form
+            else:
+                assert (a == 1).all(), form
+
+
 def test_threaded_floor_leaves_values_unchanged():
     a = _bench.random_array((3, 1 << 20), np.float16)
     before = a.copy()
@@ -346,5 +409,9 @@ def test_measure_interleaves_and_takes_medians():
     for t in timings.values():
         assert t.number == 1      # sample_s=0: one call per sample
         assert len(t.samples) == 4 and t.median == pytest.approx(np.median(t.samples))
-    # one calibration call each, then rounds in a rotating order
-    assert "".join(calls) == "abc" + "abc" + "bca" + "cab" + "abc"
+    # one calibration call each, then rounds of every runner once, in shuffled orders
+    order = "".join(calls)
+    assert order[:3] == "abc"
+    rounds = [order[i:i + 3] for i in range(3, len(order), 3)]
+    assert len(rounds) == 4 and all(sorted(r) == list("abc") for r in rounds)
+    assert len(set(rounds)) > 1

@@ -31,8 +31,6 @@ import numpy as np
 import pytest
 import rope_oracle as oracle
 from conftest import (
-    is_bf16,
-    BF16,
     COMPILED,
     F16,
     F32,
@@ -42,6 +40,7 @@ from conftest import (
     as_f64,
     assert_bytes_equal,
     assert_close,
+    is_bf16,
     make_awkward,
     run_python,
     tolerance,
@@ -658,7 +657,7 @@ def test_cached_fast_path_refuses_what_the_general_path_refuses():
 def test_max_position_embeddings_is_validated_on_every_path(value, error):
     """One validation: the fast path (plain arrays), the general path (a byte-swapped
     q) and fastpe.reference refuse the same values, with or without freqs."""
-    q, k, pos = _plain_inputs()
+    q, _, pos = _plain_inputs()
     for target in (q, q.astype(q.dtype.newbyteorder())):
         before = target.copy()
         with pytest.raises(error, match="max_position_embeddings"):

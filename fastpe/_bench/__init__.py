@@ -1,0 +1,89 @@
+"""The canonical workloads of ``python -m fastpe bench`` and of ``bench/``.
+
+Every workload is one call of a fastpe function on model-sized arrays, with
+implementations of the same call side by side:
+
+- ``fastpe``: the fastpe function (the compiled kernels unless the NumPy
+  backend was asked for);
+- ``reference``: ``fastpe.reference``, the pure-NumPy oracle every other
+  result is checked against;
+- ``numpy``: the best NumPy a skilled user would write for the same result
+  (``baselines``);
+- peers: other libraries' implementations, where installed (``peers``: numba,
+  ONNX Runtime, torch eager, ``torch.compile``);
+- ``floor``: the fastest of several streaming passes over the same bytes, in
+  place (or a fill, for workloads that write a table): the machine's memory
+  bandwidth for those bytes, so ``floor / fastpe`` is the fraction of it
+  fastpe reaches (``floors``).
+
+A workload builds its input arrays once (``make``); an implementation is
+*prepared* for those arrays and a thread count (temporaries, cached tables,
+frequencies, compilation: all untimed) and returns a *runner*
+``run(arrays) -> results``, the timed call. Runners write in place, so bench/
+hands them a fresh copy of the ``inplace`` arrays each round; ``python -m
+fastpe bench`` lets them work on the same arrays round after round (every
+workload keeps its values finite and bounded that way), as the floor does.
+
+The modules: ``common`` (sizes, data, the Workload record, comparing results),
+``workloads`` (one function per workload), ``baselines`` (NumPy), ``peers``,
+``floors``, ``timing`` (the interleaved timing of the command line). ``FULL``
+are the canonical shapes, ``TINY`` the same workloads in a few kilobytes, for
+the tests.
+"""
+
+from . import floors, peers
+from .baselines import NumpyRope, chunked_add
+from .common import (
+    DTYPES,
+    FULL,
+    LLAMA3_BASE,
+    LLAMA3_SCALING,
+    SIZES,
+    TINY,
+    TOLERANCE,
+    Arrays,
+    Prepare,
+    Runner,
+    Workload,
+    compare,
+    copy_arrays,
+    random_array,
+)
+from .floors import prepare_floor
+from .peers import PEERS
+from .peers import attach as attach_peers
+from .timing import MODES, Timing, measure, run_workload
+from .workloads import alibi_workloads, has_alibi, rope_workloads, select, workloads
+
+__all__ = [
+    "DTYPES",
+    "FULL",
+    "LLAMA3_BASE",
+    "LLAMA3_SCALING",
+    "MODES",
+    "PEERS",
+    "SIZES",
+    "TINY",
+    "TOLERANCE",
+    "Arrays",
+    "NumpyRope",
+    "Prepare",
+    "Runner",
+    "Timing",
+    "Workload",
+    "alibi_workloads",
+    "attach_peers",
+    "chunked_add",
+    "compare",
+    "copy_arrays",
+    "floors",
+    "has_alibi",
+    "measure",
+    "peers",
+    "prepare_floor",
+    "random_array",
+    "rope_workloads",
+    "run_workload",
+    "select",
+    "workloads",
+]

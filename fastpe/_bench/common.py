@@ -1,0 +1,176 @@
+"""What every part of the bench shares: sizes, input data, the Workload record and
+the comparison of results."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+Runner = Callable[[Arrays], tuple]
+Prepare = Callable[[Arrays, int], Runner]
+
+DTYPES = ("float32", "float16")
+
+# ---- sizes --------------------------------------------------------------------------------
+
+# The canonical shapes: LLaMA-7B attention (32 heads of 128) at 2048
+# tokens, Llama-3-8B (GQA: 8 KV heads, rope_theta 500000, llama3 scaling), BLOOM-like ALiBi
+# (32 heads, 2048 tokens), an (8, 2048, 1024) embedding batch, an (8192, 1024) table.
+FULL = dict(batch=1, seq=2048, heads=32, kv_heads=8, head_dim=128, decode_pos=4095,
+            decode_batch=32, table=(8192, 1024), embed=(8, 2048, 1024), max_len=4096,
+            alibi_heads=32, alibi_seq=2048, alibi_keys=4096)
+# A few kilobytes each: for the tests of the command line and of the baselines.
+TINY = dict(batch=1, seq=48, heads=4, kv_heads=2, head_dim=32, decode_pos=4095,
+            decode_batch=3, table=(40, 33), embed=(2, 24, 20), max_len=64,
+            alibi_heads=3, alibi_seq=24, alibi_keys=40)
+SIZES = {"full": FULL, "tiny": TINY}
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_BASE = 500000.0
+
+
+# ---- data ---------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _noise() -> np.ndarray:
+    # A prime length, so the repeated block does not line up with rows or heads.
+    return np.random.default_rng(20240601).standard_normal(65521).astype(np.float32)
+
+
+def random_array(shape: tuple[int, ...], dtype, scale: float = 1.0) -> np.ndarray:
+    """Deterministic standard-normal-like values, filled fast (a 64 Ki block repeated:
+    a random generator would take seconds over the 512 MiB of an ALiBi workload)."""
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    block = _noise() * np.float32(scale)
+    for i in range(0, flat.size, block.size):
+        n = min(block.size, flat.size - i)
+        flat[i:i + n] = block[:n]
+    return out
+
+
+def copy_arrays(arrays: Arrays, names: Iterable[str]) -> Arrays:
+    """A dict sharing the read-only arrays and holding fresh copies of `names`."""
+    names = set(names)
+    return {k: (v.copy() if k in names else v) for k, v in arrays.items()}
+
+
+# ---- comparing results --------------------------------------------------------------------
+
+# (atol, rtol), relative to the result's largest finite magnitude and to each value. These
+# check that a benchmark computes the right thing; tests/ checks accuracy. float16 allows a
+# few ulp: NumPy baselines round after each operation.
+TOLERANCE = {"float64": 1e-10, "float32": 2e-6, "float16": 4e-3}
+
+
+def compare(actual, expected, dtype, *, atol: float = 0.0, offset_per_row: bool = False,
+            chunk: int = 1 << 22, max_elements: int | None = None) -> str | None:
+    """None when `actual` matches `expected` within the dtype's tolerance (plus `atol`,
+    absolute), else a message. Infinities must match exactly. `offset_per_row` accepts a
+    constant difference along the last axis (BLOOM's ALiBi form, equal after softmax).
+    Compared in float64, `chunk` elements at a time; with `max_elements`, only every n-th
+    row (last axis) so that about that many elements are compared."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    if a.shape != e.shape:
+        return f"shape {a.shape} != expected {e.shape}"
+    if a.size == 0:
+        return None
+    tol = TOLERANCE[np.dtype(dtype).name]
+    last = a.shape[-1] if a.ndim else 1
+    a2, e2 = a.reshape(-1, last), e.reshape(-1, last)
+    if max_elements is not None and a.size > max_elements:
+        step = -(-a.size // max_elements)
+        a2, e2 = a2[::step], e2[::step]
+    rows = max(1, chunk // last)
+    finite = [np.abs(e2[i:i + rows][np.isfinite(e2[i:i + rows])]) for i in range(0, len(e2), rows)]
+    magnitude = max((float(f.max()) for f in finite if f.size), default=1.0)
+    bound = tol * max(magnitude, 1.0) + atol
+    for i in range(0, len(e2), rows):
+        ac = a2[i:i + rows].astype(np.float64)
+        ec = e2[i:i + rows].astype(np.float64)
+        fin = np.isfinite(ec)
+        if not np.array_equal(fin, np.isfinite(ac)) or not np.array_equal(ac[~fin], ec[~fin]):
+            return f"infinities or NaNs differ in rows {i}..{i + len(ec) - 1}"
+        with np.errstate(invalid="ignore"):  # inf - inf where both are -inf
+            diff = np.where(fin, ac - ec, 0.0)
+        if offset_per_row:
+            # the first finite difference of each row
+            first = np.argmax(fin, axis=1)
+            diff = np.where(fin, diff - diff[np.arange(len(diff)), first][:, None], 0.0)
+        err = np.abs(diff) - tol * np.abs(np.where(fin, ec, 0.0))
+        worst = float(err.max())
+        if worst > bound:
+            idx = np.unravel_index(int(np.argmax(err)), err.shape)
+            return (f"differs by {worst + tol * abs(ec[idx]):.3g} (allowed {bound:.3g} + "
+                    f"{tol:g} relative) at flat row {i + idx[0]}, column {idx[1]}: "
+                    f"{ac[idx]!r} vs {ec[idx]!r}")
+    return None
+
+
+# ---- workloads ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Workload:
+    """One canonical call and its implementations (see the module docstring)."""
+
+    name: str            # "rope-prefill-neox": pytest ids, --only, JSON
+    family: str          # "sinusoidal" | "learned" | "rope" | "alibi"
+    title: str           # human-readable, with the shapes
+    make: Callable[[np.dtype], Arrays]
+    inplace: tuple[str, ...]          # arrays read and written in place
+    result: tuple[str, ...]           # arrays holding the result: the floor's bytes
+    floor: str                        # "stream" (in-place pass) or "fill" (a table)
+    impls: dict[str, Prepare]         # fastpe, reference, numpy (and seed)
+    numpy_note: str                   # what the NumPy baseline does, in one line
+    peers: dict[str, Prepare] = dataclasses.field(default_factory=dict)  # other libraries
+    #                                             (peers.py), timed beside fastpe
+    per_call: bool = False            # a small call: report microseconds
+    atol: dict[str, float] = dataclasses.field(default_factory=dict)  # extra, per impl
+    offset_per_row: set = dataclasses.field(default_factory=set)  # equal up to a per-row
+    #                                             constant (BLOOM's ALiBi form)
+    params: dict = dataclasses.field(default_factory=dict)  # the call's arguments, for
+    #                                             implementations added elsewhere (bench/)
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """Every array a call writes: each implementation needs its own."""
+        return tuple(dict.fromkeys(self.inplace + self.result))
+
+    def floor_bytes(self, arrays: Arrays) -> int:
+        return sum(arrays[n].nbytes for n in self.result)
+
+    def traffic_bytes(self, arrays: Arrays) -> int:
+        """Bytes the floor moves: read + write for a stream, write for a fill."""
+        return self.floor_bytes(arrays) * (2 if self.floor == "stream" else 1)
+
+    def prepare_floor(self) -> Prepare:
+        """The NumPy form of the floor over this workload's result arrays."""
+        from .floors import prepare_floor
+        return prepare_floor(self.floor, self.result)
+
+    def expected(self, arrays: Arrays) -> tuple:
+        """The reference result, on copies of `arrays`."""
+        fresh = copy_arrays(arrays, self.written)
+        return tuple(np.array(r) for r in self.impls["reference"](fresh, 1)(fresh))
+
+
+def kw_threads(fn: Callable, threads: int) -> dict:
+    """{"num_threads": threads} for the fastpe functions that take it."""
+    try:
+        return {"num_threads": threads} if "num_threads" in inspect.signature(fn).parameters \
+            else {}
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return {}
+
+
+def work_dtype(dtype: np.dtype) -> np.dtype:
+    """The arithmetic dtype a careful NumPy user picks: float32 for half floats."""
+    return np.dtype(np.float64) if np.dtype(dtype).itemsize == 8 else np.dtype(np.float32)
+
+

@@ -1,0 +1,109 @@
+"""The floor: the machine's streaming speed over a workload's bytes.
+
+A floor runs over the very arrays the workload writes (the same bytes, in the same cache
+state) and leaves their values unchanged. Several forms of the same pass are timed side by
+side and the fastest counts, so "% of floor" means the machine's limit rather than one
+form's overheads:
+
+- ``numpy``: ``np.multiply(a, 1.0, out=a)`` for float32/float64 (half floats: the bytes
+  as unsigned integers, ``np.bitwise_or(u, 0, out=u)``: NumPy's float16 multiply converts
+  one element at a time, ~40x slower than memory); ``a.fill(1)`` for a table;
+- ``c``: a plain C loop over 8-byte words from the compiled module (``stream``: XOR with
+  0, or a fill), threaded with OpenMP like fastpe's kernels.
+
+A Python thread pool splits a multi-threaded NumPy floor into contiguous pieces (NumPy
+releases the GIL in ufunc loops); only worth it for big buffers, as a dispatch costs tens
+of microseconds: smaller floors run on one thread, as fastpe runs small calls serially.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import _backend
+from .common import Arrays, Prepare, Runner
+
+_THREADED_FLOOR_BYTES = 4 << 20
+_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _pieces(flat: np.ndarray, threads: int) -> list[np.ndarray]:
+    step = -(-flat.size // threads)
+    return [flat[i:i + step] for i in range(0, flat.size, step)]
+
+
+def _parallel(fn: Callable[[np.ndarray], object], flat: np.ndarray, threads: int) -> None:
+    if threads <= 1 or flat.nbytes < _THREADED_FLOOR_BYTES:
+        fn(flat)
+        return
+    pool = _pools.get(threads)
+    if pool is None:
+        pool = _pools[threads] = concurrent.futures.ThreadPoolExecutor(threads)
+    for f in [pool.submit(fn, p) for p in _pieces(flat, threads)]:
+        f.result()
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    if not a.flags.c_contiguous:  # pragma: no cover - every workload's arrays are
+        raise ValueError("the floor needs C-contiguous arrays")
+    return a.reshape(-1)
+
+
+def _stream(a: np.ndarray) -> None:
+    if a.dtype.kind == "f" and a.dtype.itemsize >= 4:
+        np.multiply(a, 1.0, out=a)
+    else:
+        u = a.view(np.dtype(f"u{a.dtype.itemsize}"))
+        np.bitwise_or(u, 0, out=u)
+
+
+def _fill(a: np.ndarray) -> None:
+    a.fill(1)
+
+
+def _c_ready(a: np.ndarray) -> bool:
+    return a.flags.c_contiguous and a.ctypes.data % 8 == 0 and a.nbytes % 8 == 0
+
+
+def forms(kind: str, names: tuple[str, ...]) -> dict[str, Prepare]:
+    """The forms of the floor over arrays `names`: "stream" (read + write each byte,
+    in place) or "fill" (write each byte; what producing a table must at least do).
+    The C form is there when the compiled kernels are."""
+    op = _stream if kind == "stream" else _fill
+
+    def numpy_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            for n in names:
+                _parallel(op, _flat(a[n]), threads)
+            return ()
+        return run
+
+    out: dict[str, Prepare] = {"numpy": numpy_}
+    kern = _backend.compiled
+    if kern is not None:
+        fill = kind == "fill"
+
+        def c(arrays: Arrays, threads: int) -> Runner | None:
+            if not all(_c_ready(arrays[n]) for n in names):
+                return None
+            word = 0
+            if fill:
+                # the bytes of a float 1 (the NumPy form's value), repeated to a word
+                one = np.ones(8 // arrays[names[0]].itemsize, arrays[names[0]].dtype)
+                word = int(one.view(np.uint64)[0])
+
+            def run(a: Arrays) -> tuple:
+                for n in names:
+                    kern.stream(a[n], fill, word, threads)
+                return ()
+            return run
+        out["c"] = c
+    return out
+
+
+def prepare_floor(kind: str, names: tuple[str, ...]) -> Prepare:
+    """The NumPy form of the floor (what bench/ times beside each implementation)."""
+    return forms(kind, names)["numpy"]

@@ -1,0 +1,225 @@
+"""Other libraries' RoPE, timed beside fastpe on the RoPE workloads (float32).
+
+What a user would pick instead of fastpe, each written as its users write it and each
+exact in the same sense as fastpe (angles formed in float64):
+
+- ``numba``: a hand-written numba kernel: one pass, the token's cos/sin computed once in
+  float64 and used for every head of q and k, rotation in float32, in place;
+- ``onnxruntime``: ONNX Runtime's ``RotaryEmbedding`` contrib operator (com.microsoft),
+  one graph of two nodes (q and k) built in memory with ``onnx.helper``, with a float32
+  cos/sin cache made from float64 angles; it writes new arrays;
+- ``torch``: PyTorch eager in Hugging Face's form (``q * cos + rotate_half(q) * sin``,
+  GPT-J's ``rotate_every_two`` for gptj), cos/sin per call from float64 angles;
+- ``torch.compile``: the same function through ``torch.compile``.
+
+Each is skipped when its packages are not installed (``pip install 'fastpe[peers]'``).
+Every peer runs on one thread (ONNX Runtime and torch are told so), like the NumPy
+baseline and the default ``--threads 1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+
+import numpy as np
+
+import fastpe
+
+from .common import Arrays, Prepare, Runner, Workload
+
+PEERS = ("numba", "onnxruntime", "torch", "torch.compile")
+_NEEDS = {"numba": ("numba",), "onnxruntime": ("onnxruntime", "onnx"), "torch": ("torch",),
+          "torch.compile": ("torch",)}
+
+
+def missing(name: str) -> str | None:
+    """Why peer `name` cannot run here, or None when it can."""
+    lacking = [m for m in _NEEDS[name] if importlib.util.find_spec(m) is None]
+    return f"{', '.join(lacking)} not installed" if lacking else None
+
+
+def _positions(wl: Workload, arrays: Arrays) -> np.ndarray:
+    """The workload's positions as a (rows, seq) int64 array."""
+    p = wl.params
+    seq = arrays["q"].shape[1]
+    if p["positions"] is None:
+        return (p["offset"] + np.arange(seq, dtype=np.int64))[None]
+    return np.asarray(p["positions"], np.int64).reshape(-1, seq)
+
+
+def _frequencies(wl: Workload) -> fastpe.RopeFrequencies:
+    p = wl.params
+    return fastpe.rope_frequencies(p["head_dim"], base=p["base"], scaling=p["scaling"])
+
+
+# ---- numba --------------------------------------------------------------------------------
+
+@functools.cache
+def _numba_kernel():
+    import numba
+
+    @numba.njit(nogil=True, cache=False)
+    def rotate(x, row, t, c, s, half, neox):
+        for h in range(x.shape[2]):
+            if neox:
+                for j in range(half):
+                    a = x[row, t, h, j]
+                    b = x[row, t, h, j + half]
+                    x[row, t, h, j] = a * c[j] - b * s[j]
+                    x[row, t, h, j + half] = b * c[j] + a * s[j]
+            else:
+                for j in range(half):
+                    a = x[row, t, h, 2 * j]
+                    b = x[row, t, h, 2 * j + 1]
+                    x[row, t, h, 2 * j] = a * c[j] - b * s[j]
+                    x[row, t, h, 2 * j + 1] = b * c[j] + a * s[j]
+
+    @numba.njit(nogil=True, cache=False)
+    def rope(q, k, pos, inv_freq, att, neox, c, s):
+        half = inv_freq.shape[0]
+        for b in range(q.shape[0]):
+            prow = b if pos.shape[0] > 1 else 0
+            for t in range(q.shape[1]):
+                p = np.float64(pos[prow, t])
+                for j in range(half):
+                    angle = p * inv_freq[j]              # float64, as fastpe
+                    c[j] = np.float32(math.cos(angle) * att)
+                    s[j] = np.float32(math.sin(angle) * att)
+                rotate(q, b, t, c, s, half, neox)
+                rotate(k, b, t, c, s, half, neox)
+    return rope
+
+
+def _numba(wl: Workload) -> Prepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        if arrays["q"].dtype != np.float32:
+            return None
+        kernel = _numba_kernel()
+        freqs = _frequencies(wl)
+        pos = _positions(wl, arrays)
+        half = freqs.inv_freq.size
+        c, s = np.empty(half, np.float32), np.empty(half, np.float32)
+        neox = wl.params["style"] == "neox"
+        att = float(freqs.attention_scaling)
+        q0 = arrays["q"][:1, :1].copy()
+        kernel(q0, q0.copy(), pos, freqs.inv_freq, att, neox, c, s)  # compiles: not timed
+
+        def run(a: Arrays) -> tuple:
+            kernel(a["q"], a["k"], pos, freqs.inv_freq, att, neox, c, s)
+            return a["q"], a["k"]
+        return run
+    return prepare
+
+
+# ---- ONNX Runtime -------------------------------------------------------------------------
+
+def _onnxruntime(wl: Workload) -> Prepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        q0, k0 = arrays["q"], arrays["k"]
+        if q0.dtype != np.float32:
+            return None
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        b, seq, hq, d = q0.shape
+        hk = k0.shape[2]
+        freqs = _frequencies(wl)
+        pos = _positions(wl, arrays)
+        rows = int(pos.max()) + 1
+        angles = np.arange(rows, dtype=np.float64)[:, None] * freqs.inv_freq
+        att = freqs.attention_scaling
+        cos = (np.cos(angles) * att).astype(np.float32)
+        sin = (np.sin(angles) * att).astype(np.float32)
+        interleaved = 0 if wl.params["style"] == "neox" else 1
+        nodes = [helper.make_node("RotaryEmbedding", [x, "pos", "cos", "sin"], [x + "_out"],
+                                  domain="com.microsoft", interleaved=interleaved,
+                                  num_heads=heads)
+                 for x, heads in (("q", hq), ("k", hk))]
+        graph = helper.make_graph(
+            nodes, "rope",
+            [helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, seq, hq * d]),
+             helper.make_tensor_value_info("k", TensorProto.FLOAT, [b, seq, hk * d]),
+             helper.make_tensor_value_info("pos", TensorProto.INT64, list(pos.shape))],
+            [helper.make_tensor_value_info("q_out", TensorProto.FLOAT, [b, seq, hq * d]),
+             helper.make_tensor_value_info("k_out", TensorProto.FLOAT, [b, seq, hk * d])],
+            initializer=[numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        if pos.shape[0] != b:
+            pos = np.ascontiguousarray(np.broadcast_to(pos, (b, seq)))
+
+        def run(a: Arrays) -> tuple:
+            qo, ko = session.run(None, {"q": a["q"].reshape(b, seq, -1),
+                                        "k": a["k"].reshape(b, seq, -1), "pos": pos})
+            return qo.reshape(a["q"].shape), ko.reshape(a["k"].shape)
+        return run
+    return prepare
+
+
+# ---- torch --------------------------------------------------------------------------------
+
+def _torch_rope(q, k, cos, sin, neox: bool):
+    """Hugging Face's apply_rotary_pos_emb: cos and sin (rows, seq, 1, width)."""
+    import torch
+    if neox:
+        def rot(x):
+            x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+            return torch.cat((-x2, x1), dim=-1)
+    else:
+        def rot(x):
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            return torch.stack((-x2, x1), dim=-1).flatten(-2)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def _torch(wl: Workload, compiled: bool) -> Prepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        if arrays["q"].dtype != np.float32:
+            return None
+        import torch
+        torch.set_num_threads(1)
+        freqs = _frequencies(wl)
+        neox = wl.params["style"] == "neox"
+        pos = torch.from_numpy(_positions(wl, arrays))
+        inv_freq = torch.from_numpy(freqs.inv_freq)          # float64: exact angles
+        att = freqs.attention_scaling
+        fn = functools.partial(_torch_rope, neox=neox)
+        if compiled:
+            fn = torch.compile(fn, dynamic=False)
+
+        def run(a: Arrays) -> tuple:
+            q, k = torch.from_numpy(a["q"]), torch.from_numpy(a["k"])
+            angles = pos[..., None].double() * inv_freq          # (rows, seq, half)
+            emb = torch.cat((angles, angles), -1) if neox else angles.repeat_interleave(2, -1)
+            cos = (emb.cos() * att).float()[:, :, None]
+            sin = (emb.sin() * att).float()[:, :, None]
+            qo, ko = fn(q, k, cos, sin)
+            return qo.numpy(), ko.numpy()
+        run(arrays)  # torch.compile compiles on the first call: not timed
+        return run
+    return prepare
+
+
+def attach(workloads: list[Workload], wanted: tuple[str, ...] = PEERS) -> dict[str, str]:
+    """Add the wanted peers that can run here to every RoPE workload; returns the
+    skipped ones with the reason."""
+    skipped = {}
+    makers = {"numba": _numba, "onnxruntime": _onnxruntime,
+              "torch": functools.partial(_torch, compiled=False),
+              "torch.compile": functools.partial(_torch, compiled=True)}
+    for name in wanted:
+        reason = missing(name)
+        if reason is not None:
+            skipped[name] = reason
+            continue
+        for wl in workloads:
+            if wl.family == "rope" and "style" in wl.params:
+                wl.peers[name] = makers[name](wl)
+    return skipped

@@ -1,0 +1,331 @@
+"""The canonical workloads: one function per workload, returning its Workload (the call,
+its input arrays, and the fastpe, reference and NumPy implementations of it).
+
+Adding a workload is adding one such function and listing it in ``workloads()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import fastpe
+
+from .baselines import (
+    NumpyRope,
+    numpy_add_learned,
+    numpy_add_sinusoidal,
+    numpy_alibi_bias,
+    numpy_alibi_decode,
+    numpy_alibi_prefill,
+    prepare_numpy_table,
+    prepare_seed_table,
+)
+from .common import (
+    LLAMA3_BASE,
+    LLAMA3_SCALING,
+    SIZES,
+    Arrays,
+    Runner,
+    Workload,
+    kw_threads,
+    random_array,
+)
+
+# ---- sinusoidal ---------------------------------------------------------------------------
+
+def _table_workload(size: dict) -> Workload:
+    length, dim = size["table"]
+
+    def make(dtype) -> Arrays:
+        return {"out": np.zeros((length, dim), dtype)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.sinusoidal_table(length, dim, out=a["out"], num_threads=threads),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.reference.sinusoidal_table(length, dim, out=a["out"]),)
+        return run
+
+    # float32 angles: the angle's absolute error is a few float32 ulp of position * w,
+    # up to about 2 * length * 2^-23 (measured: 8.5e-4 at length 8192).
+    seed_atol = 2.0 * length * 2.0**-23 + 1e-6
+    return Workload(
+        name="sinusoidal-table", family="sinusoidal",
+        title=f"sinusoidal_table({length}, {dim}, out=buf)",
+        make=make, inplace=(), result=("out",), floor="fill",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": prepare_numpy_table,
+               "seed": prepare_seed_table},
+        numpy_note="the seed's float32 formula in 64-row blocks, sin/cos straight into out",
+        atol={"numpy": seed_atol, "seed": seed_atol})
+
+
+def _add_sinusoidal_workload(size: dict) -> Workload:
+    shape = size["embed"]
+
+    def make(dtype) -> Arrays:
+        return {"x": random_array(shape, dtype)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.add_sinusoidal(a["x"], num_threads=threads),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.reference.add_sinusoidal(a["x"]),)
+        return run
+
+    return Workload(
+        name="sinusoidal-add", family="sinusoidal",
+        title=f"add_sinusoidal(x {shape})",
+        make=make, inplace=("x",), result=("x",), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_sinusoidal},
+        numpy_note="x += a cached table (built once, untimed): one in-place broadcast add")
+
+
+# ---- learned ------------------------------------------------------------------------------
+
+def _learned_workload(size: dict) -> Workload:
+    shape, max_len = size["embed"], size["max_len"]
+
+    def make(dtype) -> Arrays:
+        return {"x": random_array(shape, dtype),
+                "table": random_array((max_len, shape[-1]), dtype, scale=0.02)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.add_learned(a["x"], a["table"], num_threads=threads),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.reference.add_learned(a["x"], a["table"]),)
+        return run
+
+    return Workload(
+        name="learned-add", family="learned",
+        title=f"add_learned(x {shape}, table ({max_len}, {shape[-1]}))",
+        make=make, inplace=("x",), result=("x",), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_learned},
+        numpy_note="x += table[:seq]: one in-place broadcast add of a table slice")
+
+
+def _rope_workload(name: str, title: str, q_shape, k_shape, *, style="neox", positions=None,
+                   offset=0, base=None, scaling=None, per_call=False,
+                   note="64-token chunks in place, 2 preallocated temporaries, cos/sin "
+                        "inside") -> Workload:
+    neox = style == "neox"
+    head_dim = q_shape[-1]
+
+    def make(dtype) -> Arrays:
+        return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        if scaling is None:
+            def run(a: Arrays) -> tuple:
+                return fastpe.apply_rope(a["q"], a["k"], positions, offset=offset, base=base,
+                                         style=style, num_threads=threads)
+        else:
+            # The way a model applies scaled RoPE: the embedding parsed once (at init).
+            rope = fastpe.RotaryEmbedding(head_dim, base=base, scaling=scaling, style=style)
+
+            def run(a: Arrays) -> tuple:
+                return rope(a["q"], a["k"], positions, offset=offset, num_threads=threads)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return fastpe.reference.apply_rope(a["q"], a["k"], positions, offset=offset,
+                                               base=base, scaling=scaling, style=style)
+        return run
+
+    def numpy_(arrays: Arrays, threads: int) -> Runner:
+        # The frequencies (and any scaling) are per-model constants, computed at init.
+        freqs = fastpe.rope_frequencies(head_dim, base=base, scaling=scaling)
+        impl = NumpyRope(arrays["q"], arrays["k"], freqs.inv_freq, neox=neox,
+                         attention_scaling=freqs.attention_scaling)
+
+        def run(a: Arrays) -> tuple:
+            return impl(a["q"], a["k"], positions, offset)
+        return run
+
+    return Workload(
+        name=name, family="rope", title=title, make=make, inplace=("q", "k"),
+        result=("q", "k"), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
+        numpy_note=note, per_call=per_call,
+        params=dict(style=style, positions=positions, offset=offset, base=base,
+                    scaling=scaling, head_dim=head_dim,
+                    max_position=int(offset + q_shape[1] - 1 if positions is None
+                                     else np.max(positions))))
+
+
+def rope_workloads(size: dict) -> list[Workload]:
+    b, s, h, kvh, d = size["batch"], size["seq"], size["heads"], size["kv_heads"], size["head_dim"]
+    nb, pos = size["decode_batch"], size["decode_pos"]
+    shape = (b, s, h, d)
+    # batched decode: one new token per sequence, each sequence at its own length
+    batch_pos = (np.arange(nb, dtype=np.int64) * 97 + pos - 97 * nb).reshape(nb, 1)
+    return [
+        _rope_workload("rope-prefill-neox", f"RoPE prefill q,k {shape} neox (LLaMA)",
+                       shape, shape),
+        _rope_workload("rope-prefill-gptj", f"RoPE prefill q,k {shape} gptj",
+                       shape, shape, style="gptj"),
+        _rope_workload("rope-decode", f"RoPE decode q,k {(1, 1, h, d)} at {pos}",
+                       (1, 1, h, d), (1, 1, h, d), offset=pos, per_call=True,
+                       note="the same code: cos/sin of the token, six in-place ufuncs per "
+                            "array"),
+        _rope_workload("rope-batched-decode",
+                       f"RoPE batched decode q,k {(nb, 1, h, d)}, {nb} positions",
+                       (nb, 1, h, d), (nb, 1, h, d), positions=batch_pos, per_call=True,
+                       note="the same code: (batch, 1) cos/sin rows, six in-place ufuncs "
+                            "per array"),
+        _rope_workload("rope-llama3", f"RoPE llama3-scaled q {shape} k {(b, s, kvh, d)}",
+                       shape, (b, s, kvh, d), base=LLAMA3_BASE, scaling=LLAMA3_SCALING),
+    ]
+
+
+def mrope_prefill_workload(size: dict) -> Workload:
+    """Qwen2-VL-like prefill: the plain prefill's shapes (GQA k), M-RoPE sections
+    [16, 24, 24] (scaled to the head), positions of a prompt that is mostly one image
+    (text, a merged patch grid, text), as get_rope_index gives them."""
+    b, s, h, kvh, d = size["batch"], size["seq"], size["heads"], size["kv_heads"], size["head_dim"]
+    q_shape, k_shape = (b, s, h, d), (b, s, kvh, d)
+    text = max(1, s // 32)
+    w = min(32, s - 2 * text)
+    rows = (s - 2 * text) // w
+    positions = fastpe.mrope_positions([text, (1, 2 * rows, 2 * w), s - text - rows * w],
+                                       spatial_merge_size=2)
+    sections = [d // 8, 3 * d // 16, d // 2 - d // 8 - 3 * d // 16]
+    rope = fastpe.RotaryEmbedding(d, base=1e6, mrope_section=sections)
+    pair_axis = rope._pair_axis
+
+    def make(dtype) -> Arrays:
+        return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return rope(a["q"], a["k"], positions, num_threads=threads)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            with fastpe.use_backend("numpy"):
+                return rope(a["q"], a["k"], positions)
+        return run
+
+    def numpy_(arrays: Arrays, threads: int) -> Runner:
+        impl = NumpyRope(arrays["q"], arrays["k"], rope.frequencies().inv_freq, neox=True)
+
+        def run(a: Arrays) -> tuple:
+            # each pair's own axis: (1, seq, half) positions
+            return impl(a["q"], a["k"], positions[pair_axis].T[None].astype(np.float64))
+        return run
+
+    return Workload(
+        name="rope-prefill-mrope", family="rope",
+        title=f"M-RoPE prefill q {q_shape} k {k_shape}, 3-axis image prompt (Qwen2-VL)",
+        make=make, inplace=("q", "k"), result=("q", "k"), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
+        numpy_note="the plain baseline on (seq, half) per-pair positions",
+        params=dict(positions=positions, mrope_section=sections, head_dim=d))
+
+
+# ---- ALiBi --------------------------------------------------------------------------------
+
+def has_alibi() -> bool:
+    return hasattr(fastpe, "add_alibi") and hasattr(fastpe.reference, "add_alibi")
+
+
+def _make_scores(shape):
+    def make(dtype) -> Arrays:
+        return {"scores": random_array(shape, dtype)}
+    return make
+
+
+def _fastpe_add_alibi(causal: bool):
+    def prepare(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.add_alibi(a["scores"], causal=causal, num_threads=threads),)
+        return run
+    return prepare
+
+
+def _reference_add_alibi(causal: bool):
+    def prepare(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.reference.add_alibi(a["scores"], causal=causal),)
+        return run
+    return prepare
+
+
+def alibi_prefill_workload(size: dict) -> Workload:
+    shape = (1, size["alibi_heads"], size["alibi_seq"], size["alibi_seq"])
+    return Workload(
+        name="alibi-prefill", family="alibi", title=f"add_alibi(scores {shape}, causal) (BLOOM)",
+        make=_make_scores(shape), inplace=("scores",), result=("scores",), floor="stream",
+        impls={"fastpe": _fastpe_add_alibi(True), "reference": _reference_add_alibi(True),
+               "numpy": numpy_alibi_prefill},
+        numpy_note="scores += a cached masked (heads, q, k) bias: one in-place add",
+        params=dict(causal=True))
+
+
+def alibi_bias_workload(size: dict) -> Workload:
+    h, s = size["alibi_heads"], size["alibi_seq"]
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.alibi_bias(h, s, s, out=a["out"],
+                                      **kw_threads(fastpe.alibi_bias, threads)),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> tuple:
+            return (fastpe.reference.alibi_bias(h, s, s, out=a["out"]),)
+        return run
+
+    return Workload(
+        name="alibi-bias", family="alibi", title=f"alibi_bias({h}, {s}, {s}, out=buf)",
+        make=lambda dtype: {"out": np.zeros((h, s, s), dtype)}, inplace=(), result=("out",),
+        floor="fill", impls={"fastpe": fastpe_, "reference": reference,
+                             "numpy": numpy_alibi_bias},
+        numpy_note="(q, k) distances, then one broadcast multiply by the slopes into out")
+
+
+def alibi_decode_workload(size: dict) -> Workload:
+    shape = (1, size["alibi_heads"], 1, size["alibi_keys"])
+    return Workload(
+        name="alibi-decode", family="alibi", title=f"add_alibi(scores {shape})",
+        make=_make_scores(shape), inplace=("scores",), result=("scores",), floor="stream",
+        impls={"fastpe": _fastpe_add_alibi(False), "reference": _reference_add_alibi(False),
+               "numpy": numpy_alibi_decode},
+        numpy_note="distances from a cached arange, times the slopes into a preallocated "
+                   "bias, one add",
+        per_call=True, params=dict(causal=False))
+
+
+def alibi_workloads(size: dict) -> list[Workload]:
+    if not has_alibi():
+        return []
+    return [alibi_prefill_workload(size), alibi_bias_workload(size),
+            alibi_decode_workload(size)]
+
+
+def workloads(size: str = "full") -> list[Workload]:
+    """Every workload, in the order the command line prints them. ALiBi appears when
+    this fastpe has it."""
+    sz = SIZES[size]
+    rope = [*rope_workloads(sz), mrope_prefill_workload(sz)]
+    return [*rope, _table_workload(sz), _add_sinusoidal_workload(sz), _learned_workload(sz),
+            *alibi_workloads(sz)]
+
+
+def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:
+    """Workloads whose name contains any of the comma-separated patterns."""
+    if not only:
+        return all_workloads
+    pats = [p.strip() for p in only.split(",") if p.strip()]
+    return [w for w in all_workloads if any(p in w.name for p in pats)]
