@@ -247,11 +247,11 @@ LONG_CALLS = {
         8, 1024, 1024, q_offset=0, out=_transposed((8, 1024, 1024), np.float32, (0, 2, 1)),
         num_threads=1),
     "add_sinusoidal": lambda: fastpe.add_sinusoidal(
-        _transposed((4, 256, 2048), np.float32, (0, 2, 1)), num_threads=1),
+        _transposed((4, 1024, 2048), np.float32, (0, 2, 1)), num_threads=1),
     "sinusoidal_table": lambda: fastpe.sinusoidal_table(
         2048, 1024, out=_transposed((2048, 1024), np.float32, (1, 0)), num_threads=1),
     "add_learned": lambda: fastpe.add_learned(
-        _transposed((4, 256, 2048), np.float32, (0, 2, 1)), np.ones((300, 2048), np.float32),
+        _transposed((4, 1024, 2048), np.float32, (0, 2, 1)), np.ones((1100, 2048), np.float32),
         num_threads=1),
     "apply_rope": lambda: fastpe.apply_rope(
         _transposed((4, 128, 8, 1024), np.float32, (0, 3, 2, 1)), num_threads=1),
