@@ -50,6 +50,10 @@ class Convention:
     mscale : bool
         Phi-3.5-MoE: longrope's cos and sin are multiplied by the dict's
         ``short_mscale`` / ``long_mscale`` instead of the attention factor.
+    ignored : tuple of str
+        Config keys the family's rotary module does not read although fastpe reads
+        them for others (MiniMax-M3's text model keeps a ``rotary_dim`` beside its
+        rope dict's ``partial_rotary_factor``).
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
@@ -65,6 +69,7 @@ class Convention:
     inverse: bool = False
     base_keys: tuple[str, ...] = ()
     mscale: bool = False
+    ignored: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
     axes: int = 1
 
@@ -84,6 +89,7 @@ MODELS: dict[str, Convention] = {
         "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4",
         "helium", "ernie4_5", "ernie4_5_moe", "llama4_text", "openai_privacy_filter",
         "moonshine_streaming", "pe_audio_encoder", "pe_audio_video_encoder", "pe_video_encoder",
+        "blt_global_transformer", "blt_local_encoder", "blt_local_decoder", "blt_patcher",
     ), GPTJ),
     # MLA.
     "deepseek_v2": MLA_GPTJ,       # view_as_complex
@@ -103,6 +109,7 @@ MODELS: dict[str, Convention] = {
     "zamba2": Convention(aliases=(("head_dim", "attention_head_dim"),)),
     "moonshine": Convention(style="gptj",
                             aliases=(("num_attention_heads", "decoder_num_attention_heads"),)),
+    "minimax_m3_vl_text": Convention(ignored=("rotary_dim",)),
     "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"))),
     "bailing_hybrid": replace(MLA_GPTJ, aliases=(("max_position_embeddings",
                                                    "model_max_length"),)),
@@ -112,11 +119,24 @@ REFUSED: dict[str, str] = {
     "dots3_note_text": "per-layer MLA head widths (per_layer_config qk_nope_head_dim)",
     "efficientloftr": "2-D vision RoPE of a feature matcher",
     "eomt_dinov3": "2-D vision RoPE of a DINOv3 backbone",
-    **dict.fromkeys(("blt", "blt_global_transformer", "blt_local_encoder", "blt_local_decoder",
-                     "blt_patcher"),
-                    "BLT's rotary settings live in its patcher, encoder, decoder and global "
-                    "configs, and its modules are not checked here"),
-    "musicflamingo": "an audio language model whose rotary module is not checked here",
+    **dict.fromkeys((
+        "dinov3_vit", "sapiens2", "vjepa2", "sam2_video_mask_decoder", "sam3_detr_decoder",
+        "sam3_detr_encoder", "sam3_geometry_encoder", "sam3_mask_decoder",
+        "sam3_tracker_video_mask_decoder", "edgetam_video_mask_decoder",
+    ), "a 2-D or 3-D vision RoPE over patch coordinates"),
+    # Rotary code that tests/data/make_hf_zoo_reference.py cannot run from the config
+    # alone (own module signatures, positions made inside the model, audio and speech
+    # encoders, sub-models), or whose attention does not rotate at all: not checked, so
+    # not guessed.
+    **dict.fromkeys((
+        "musicflamingo", "roformer", "wav2vec2-conformer", "wav2vec2-bert", "seamless_m4t",
+        "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
+        "gemma4_audio", "phi4_multimodal_audio", "molmo2_adapter", "emu3_vqgan",
+        "inkling2_text", "qwen3_omni_moe_talker_code_predictor", "canary_decoder",
+        "parakeet_encoder", "nemotron_asr_streaming_encoder", "jamba", "nemotron_h",
+        "kimi_linear",
+    ), "its rotary embedding (if its attention has one) is not checked against "
+       "transformers' code"),
 }
 
 

@@ -272,9 +272,10 @@ def hf_rope_config(config, *, layer_type=None) -> dict:
     model_type = _hf_get(config, "model_type")
     _hf_refuse(config, model_type)
     conv = _hf_models.convention(model_type)
-    if conv.aliases and isinstance(config, Mapping):
-        config = dict(config, **{name: config[key] for name, key in conv.aliases
-                                 if _hf_get(config, key) is not None})
+    if (conv.aliases or conv.ignored) and isinstance(config, Mapping):
+        config = {k: v for k, v in config.items() if k not in conv.ignored}
+        config.update({name: config[key] for name, key in conv.aliases
+                       if _hf_get(config, key) is not None})
     scaling = _hf_scaling(config, layer_type)
     if "mrope_section" in scaling or scaling.get("mrope_interleaved") is not None:
         raise ValueError(

@@ -19,8 +19,9 @@ where the model's interleaving apply function also permutes features to
 
 Model types whose configs fastpe must refuse (multi-axis M-RoPE, vision towers,
 composite configs, ...) are stored with the reason the generator saw; the test checks
-that each raises a ValueError. A model type the generator cannot run is listed under
-``not_run`` with the error, for a reader to see what is not covered.
+that each raises a ValueError (or loads with its axes, for the multi-axis ones). A model
+type with rotary code that the generator cannot run is listed under ``not_run`` with
+the error and its config, which must be refused too: fastpe has not checked it.
 """
 
 import contextlib
@@ -67,15 +68,20 @@ def modeling_module(config_class):
 
 
 def rotary_class(module, config_class):
-    """The module's rotary embedding built from exactly this config class, if any."""
+    """(the module's rotary embedding built from exactly this config class, True), else
+    (the one a sub-model builds from its own sub-config, False): Dia's decoder, CSM's
+    depth decoder use a text rotary class whose config annotation is the parent's."""
+    fallback = None
     for name, obj in vars(module).items():
         if inspect.isclass(obj) and obj.__module__ == module.__name__ and "Rotary" in name:
             param = inspect.signature(obj.__init__).parameters.get("config")
             ann = None if param is None else param.annotation
             ann = ann if isinstance(ann, str) else getattr(ann, "__name__", None)
             if ann == config_class.__name__:
-                return obj
-    return None
+                return obj, True
+            if param is not None and "Vision" not in name and fallback is None:
+                fallback = obj
+    return fallback, False
 
 
 def small_config(config_class, extra=None):
@@ -259,7 +265,8 @@ def config_dict(config):
                 d[key] = sorted(set(d[key]))
             continue
         d.pop(key, None)
-    return json_safe(d)
+    # None reads as absent everywhere a config is read; leaving it out keeps the file small.
+    return json_safe({k: v for k, v in d.items() if v is not None})
 
 
 # Variants beyond each family's default config: the scaling types the families ship with.
@@ -313,7 +320,7 @@ def main():
             module = modeling_module(config_class)
         except Exception:
             continue
-        rot_cls = rotary_class(module, config_class)
+        rot_cls, own = rotary_class(module, config_class)
         if rot_cls is None:
             continue
         variants = [("default", SMALL_EXTRA.get(model_type))] + VARIANTS.get(model_type, [])
@@ -322,6 +329,8 @@ def main():
             try:
                 config = small_config(config_class, extra)
                 reason = refusal_reason(config, rot_cls)
+                if reason is not None and not own:
+                    raise ValueError(f"{rot_cls.__name__} is not this config's: {reason}")
                 if reason is not None:
                     refusals.append({"name": name, "reason": reason,
                                      "config": config_dict(config)})
@@ -340,8 +349,12 @@ def main():
                                   "hf_order": "deinterleaved" if kind == "interleave" else "same",
                                   "config": config_dict(config)})
             except Exception as exc:
-                not_run[name] = f"{type(exc).__name__}: {exc}"[:300]
-        print(model_type, "ok" if model_type not in not_run else not_run[model_type][:100],
+                try:
+                    stored = config_dict(small_config(config_class, extra))
+                except Exception:
+                    stored = {"model_type": model_type}
+                not_run[name] = {"error": f"{type(exc).__name__}: {exc}"[:300], "config": stored}
+        print(model_type, "ok" if model_type not in not_run else not_run[model_type]["error"][:100],
               flush=True)
     document = {
         "generated_by": "tests/data/make_hf_zoo_reference.py",
