@@ -113,9 +113,10 @@ def mrope_pair_axis(half: int, sections: object, interleaved: object) -> np.ndar
     """The axis of each of `half` frequency pairs from an M-RoPE ``mrope_section``.
 
     Contiguous (Qwen2-VL): the first sections[0] pairs take axis 0, the next
-    sections[1] axis 1, and so on. Interleaved (Qwen3-VL): pair i takes axis
-    a = i % n (n axes) while i < n * sections[a], else axis 0, so each axis
-    spans the whole frequency range."""
+    sections[1] axis 1, and so on; the sections add up to the pairs. Interleaved
+    (Qwen3-VL): pair i takes axis a = i % n (n axes) when a > 0 and i < n *
+    sections[a], else axis 0, so each axis spans the whole frequency range (as
+    in Qwen3-VL's code, sections[0] and the sum do not matter)."""
     interleaved = _checks.flag(interleaved, "mrope_interleaved")
     if isinstance(sections, (str, bytes)) or not hasattr(sections, "__len__"):
         raise TypeError(f"mrope_section must be a sequence of counts, one per axis, got "
@@ -124,15 +125,15 @@ def mrope_pair_axis(half: int, sections: object, interleaved: object) -> np.ndar
     if not 1 <= len(counts) <= MAX_AXES:
         raise ValueError(f"mrope_section must have 1 to {MAX_AXES} entries (one per axis), "
                          f"got {len(counts)}")
-    if sum(counts) != half:
-        raise ValueError(f"mrope_section {counts} must add up to rotary_dim // 2 = {half} "
-                         f"(one entry per frequency pair), got {sum(counts)}")
     n = len(counts)
     if not interleaved:
+        if sum(counts) != half:
+            raise ValueError(f"mrope_section {counts} must add up to rotary_dim // 2 = {half} "
+                             f"(one entry per frequency pair), got {sum(counts)}")
         return np.repeat(np.arange(n, dtype=np.int8), counts)
     pair = np.arange(half)
     axis = pair % n
-    return np.where(pair < n * np.asarray(counts)[axis], axis, 0).astype(np.int8)
+    return np.where((axis > 0) & (pair < n * np.asarray(counts)[axis]), axis, 0).astype(np.int8)
 
 
 def pair_axis_arg(axes: object, pair_axis: object, half: int) -> tuple[int, np.ndarray | None]:

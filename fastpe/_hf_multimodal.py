@@ -37,6 +37,7 @@ _QWEN35 = TextMRope((11, 11, 10), "interleaved", "neox")
 _GLM4V = TextMRope((8, 12, 12), "contiguous", "gptj")
 _GLM_NEOX = TextMRope((8, 12, 12), "contiguous", "neox")
 _ERNIE = TextMRope((22, 22, 20), "ernie", "gptj")
+_NEOMME = TextMRope((), "row_col", "neox")
 
 # Text models with M-RoPE that fastpe reproduces, by model type (checked against each
 # family's own transformers code by tests/test_mrope.py's fixtures).
@@ -48,7 +49,8 @@ TEXT_MROPE: dict[str, TextMRope] = {
     "paddleocr_vl_text": _QWEN2,
     "qwen3_vl_text": _QWEN3, "qwen3_vl_moe_text": _QWEN3, "qwen3_omni_moe_text": _QWEN3,
     "cosmos3_edge_text": _QWEN3,
-    "qwen3_5_text": _QWEN35, "qwen3_5_moe_text": _QWEN35,
+    "qwen3_5_text": _QWEN35, "qwen3_5_moe_text": _QWEN35, "qwen4_exp_text": _QWEN35,
+    "cohere_compass_text": _QWEN3, "neomme": _NEOMME,
     "glm4v_text": _GLM4V, "glm_ocr_text": _GLM4V,
     "glm4v_moe_text": _GLM_NEOX, "glm_image_text": _GLM_NEOX,
     "ernie4_5_vl_moe_text": _ERNIE,
@@ -114,13 +116,17 @@ def _pair_axis(scheme: str, sections: list[int], half: int) -> np.ndarray:
     interleaved (Qwen3-VL): axes take turns pair by pair, each while it has pairs left;
     ernie (ERNIE-4.5-VL): height and width alternate over the first sections[0] +
     sections[1] pairs (its code pre-permutes the frequencies so that pair j keeps the
-    j-th), the temporal axis takes the rest."""
+    j-th), the temporal axis takes the rest; row_col (NeoMME, two axes): row and
+    column alternate pair by pair."""
+    if scheme == "row_col":
+        return np.arange(half, dtype=np.int8) % 2
     if len(sections) != 3:
         raise ValueError(f"mrope_section must have 3 entries (temporal, height, width), "
                          f"got {sections}")
-    if sum(sections) != half:
-        raise ValueError(f"mrope_section {sections} must add up to rotary_dim // 2 = {half}")
     if scheme == "ernie":
+        if sum(sections) != half:
+            raise ValueError(f"mrope_section {sections} must add up to rotary_dim // 2 = "
+                             f"{half}")
         if sections[0] != sections[1]:
             raise ValueError(f"ERNIE-4.5-VL pairs height with width frequencies: "
                              f"mrope_section[0] must equal mrope_section[1], got {sections}")
@@ -146,9 +152,11 @@ def text_config(config: object) -> object:
     return config
 
 
-def text_mrope(config: object) -> tuple[dict[str, Any], TextMRope] | None:
-    """(the config as a dict with a one-axis rope dict, the family's layout) for a text
-    model with M-RoPE that fastpe reproduces; None for any other model."""
+def text_mrope(config: object,
+               layer_type: str | None) -> tuple[dict[str, Any], TextMRope] | None:
+    """(the config as a dict with a one-axis rope dict, for `layer_type` where the
+    config has one per layer type; the family's layout) for a text model with M-RoPE
+    that fastpe reproduces; None for any other model."""
     model_type = _hf_get(config, "model_type")
     family = TEXT_MROPE.get(str(model_type))
     if family is None:
@@ -156,6 +164,12 @@ def text_mrope(config: object) -> tuple[dict[str, Any], TextMRope] | None:
     cfg = _as_dict(config)
     name = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
     rope = dict(cfg.get(name) or {})
+    if rope and all(v is None or isinstance(v, Mapping) for v in rope.values()):
+        if layer_type is None or rope.get(layer_type) is None:
+            raise ValueError(f"this M-RoPE model's config {name} has one entry per layer "
+                             f"type ({', '.join(map(str, rope))}); choose one with "
+                             f"layer_type=")
+        rope = dict(rope[layer_type])
     sections = rope.pop("mrope_section", None)
     rope.pop("mrope_interleaved", None)
     if rope.get("rope_type", rope.get("type")) == "mrope":
@@ -287,16 +301,16 @@ def from_hf_config(cls: Any, config: object, style: str | None,
     """``cls.from_hf_config`` for multi-axis models: the embedding, None for a
     one-axis model, or a ValueError for a multi-axis model fastpe does not reproduce."""
     config = text_config(config)
-    text = text_mrope(config)
+    text = text_mrope(config, layer_type)
     if text is None:
         vision = vision_rope(cls, config, style)
         if vision is None:
             check_supported(config)
         return vision
     cfg, family = text
-    c = hf_rope_config(cfg, layer_type=layer_type)
+    c = hf_rope_config(cfg)
     rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],
                style=style or family.style, max_position_embeddings=c["max_position_embeddings"])
-    rope._set_layout(3, _pair_axis(family.scheme, cfg["mrope_section"], rope.rotary_dim // 2),
-                     None)
+    rope._set_layout(2 if family.scheme == "row_col" else 3,
+                     _pair_axis(family.scheme, cfg["mrope_section"], rope.rotary_dim // 2), None)
     return rope
