@@ -162,7 +162,7 @@ class BuildExt(build_ext):
                        "get threads.")
             if _env_flag("FASTPE_FAIL_NO_OPENMP"):
                 raise SystemExit(message + " (FASTPE_FAIL_NO_OPENMP is set)")
-            warnings.warn(message)
+            warnings.warn(message, stacklevel=2)
             openmp = False
         if not openmp:
             cflags, ldflags = [], []

@@ -49,7 +49,7 @@ def _initial_backend() -> str:
 
 
 _current: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "fastpe_backend", default=_initial_backend()
+    "fastpe_backend", default=_initial_backend()  # noqa: B039 (an immutable str)
 )
 
 

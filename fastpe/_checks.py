@@ -278,7 +278,7 @@ class Positions:
     """Normalised token positions: either `offset + t` (array None) or an
     int64 C-contiguous (rows, seq) array with rows 1 (shared) or batch."""
 
-    __slots__ = ("array", "offset", "max")
+    __slots__ = ("array", "max", "offset")
 
     def __init__(self, array: np.ndarray | None, offset: int, maximum: int):
         self.array = array

@@ -172,7 +172,8 @@ def _threads_arg(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer or 'all', got {text!r}") from None
     if n <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {n}")
     return n

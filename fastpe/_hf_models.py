@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Convention", "MODELS", "REFUSED", "convention"]
+__all__ = ["MODELS", "REFUSED", "Convention", "convention"]
 
 
 @dataclass(frozen=True)

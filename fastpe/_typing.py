@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -12,7 +12,7 @@ from numpy.typing import ArrayLike, DTypeLike
 # a torch tensor or other DLPack/buffer-protocol array viewed in place).
 InPlace = TypeVar("InPlace")
 
-PositionsLike = Union[ArrayLike, None]
+PositionsLike = ArrayLike | None
 ScalingDict = Mapping[str, Any]
 Style = Literal["neox", "gptj"]
 RopeLayout = Literal["bshd", "bhsd", "shd"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import _args, _backend, _checks, _threads, reference
 from ._typing import ArrayLike, InPlace, PositionsLike
 

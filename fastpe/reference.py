@@ -15,9 +15,16 @@ import numpy as np
 from . import _args, _checks, _math, _rope_scaling
 
 __all__ = [
-    "sinusoidal_table", "add_sinusoidal", "add_learned",
-    "rope_frequencies", "rope_cos_sin", "apply_rope", "apply_rope_cached",
-    "alibi_slopes", "alibi_bias", "add_alibi",
+    "add_alibi",
+    "add_learned",
+    "add_sinusoidal",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "apply_rope_cached",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "sinusoidal_table",
 ]
 
 

@@ -11,8 +11,6 @@ import math
 import numpy as np
 import pytest
 from conftest import (
-    is_bf16,
-    BF16,
     DTYPE_IDS,
     F32,
     F64,
@@ -23,6 +21,7 @@ from conftest import (
     awkward_params,
     awkward_values,
     describe,
+    is_bf16,
     make_awkward,
     needs_compiled,
     snapshot,
@@ -45,7 +44,7 @@ def paper_rule(n: int, max_bias: float = 8.0) -> np.ndarray:
     """The rule as the paper states it, evaluated directly: p = the largest power of two
     <= n; slopes 2^(-max_bias * h / p) for h = 1..p, then 2^(-max_bias * h / (2p)) for the
     odd h = 1, 3, 5, ... until there are n."""
-    p = 2 ** int(math.floor(math.log2(n)))
+    p = 2 ** math.floor(math.log2(n))
     out = [2.0 ** (-max_bias * h / p) for h in range(1, p + 1)]
     out += [2.0 ** (-max_bias * h / (2 * p)) for h in range(1, 2 * (n - p), 2)]
     return np.array(out)

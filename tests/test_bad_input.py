@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_alibi as _alibi   # the ALiBi rows (BAD_ADD, BAD_BIAS) use its arrays
-import test_rope as _rope     # the RoPE rows (BAD) use its arrays and scalings
+import test_alibi as _alibi  # the ALiBi rows (BAD_ADD, BAD_BIAS) use its arrays
+import test_rope as _rope  # the RoPE rows (BAD) use its arrays and scalings
 from conftest import COMPILED, run_python, snapshot
 
 import fastpe

@@ -359,7 +359,7 @@ def learned_case(draw):
        table_kind=st.sampled_from(["strided", "strided", "read-only", "broadcast-row"]),
        seed=seeds, nt=threads)
 def test_add_learned(case, dtype, t_layout, data, table_kind, seed, nt):
-    shape, max_len, (positions, offset, full) = case
+    shape, max_len, (positions, offset, _) = case
     x_layout = data.draw(layouts(len(shape)))
     dim = shape[-1]
     placed = place(values_of(shape, dtype, seed), x_layout)
@@ -600,7 +600,7 @@ def cache_case(draw):
 def test_apply_rope_cached(case, dtype, cache_dtype, seed, nt, data, style, inverse,
                            cache_layout, computed):
     c = case
-    positions, offset, full = c["pos"]
+    positions, offset, _ = c["pos"]
     arrays = data.draw(rope_arrays(dtype, c["layout"], c["batch"], c["seq"], c["hq"], c["hk"],
                                    c["head_dim"], seed))
     q, k = arrays.q, arrays.k

@@ -8,8 +8,6 @@ import re
 import numpy as np
 import pytest
 from conftest import (
-    VIEWS_3D,
-    is_bf16,
     BF16,
     DTYPE_IDS,
     F16,
@@ -17,12 +15,14 @@ from conftest import (
     F64,
     FLOAT_DTYPES,
     POSITION_FORMS,
+    VIEWS_3D,
     as_f64,
     assert_bytes_equal,
     assert_close,
     awkward_params,
     awkward_values,
     describe,
+    is_bf16,
     make_awkward,
     make_positions,
     snapshot,

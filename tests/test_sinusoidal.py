@@ -9,8 +9,6 @@ import math
 import numpy as np
 import pytest
 from conftest import (
-    VIEWS_3D,
-    is_bf16,
     BF16,
     DTYPE_IDS,
     F16,
@@ -19,12 +17,14 @@ from conftest import (
     FLOAT_DTYPES,
     POSITION_FORMS,
     STORAGE_EPS,
+    VIEWS_3D,
     as_f64,
     assert_bytes_equal,
     assert_close,
     awkward_params,
     awkward_values,
     describe,
+    is_bf16,
     make_awkward,
     make_positions,
     needs_compiled,

@@ -572,7 +572,8 @@ def alibi_fast(object scores, object slopes, object q_offset, bint causal, bint 
     otherwise, and the caller takes the general, fully validating path.
 
     Common case: scores an exact, writable, aligned, native float array of at
-    least 3 dimensions with whole-element strides and disjoint elements; slopes a C-contiguous float64 vector of one finite value per head;
+    least 3 dimensions with whole-element strides and disjoint elements; slopes a
+    C-contiguous float64 vector of one finite value per head;
     q_offset None (k_len - q_len, which must not be negative) or an int >= 0;
     no per-sequence positions and no mask.
     """

@@ -51,6 +51,7 @@ def register_bfloat16(int typenum):
     global bfloat16_typenum
     bfloat16_typenum = typenum
 
+
 # Storage dtypes, as the codes fastpe._checks hands over.
 cdef enum:
     CODE_F32 = 0

@@ -1,4 +1,4 @@
 """Type stub of the AVX2 build of the compiled kernels: the same interface as
 kernels_baseline (one Cython source, built once per instruction-set level)."""
 
-from .kernels_baseline import *
+from .kernels_baseline import *  # noqa: F403

@@ -147,8 +147,8 @@ def pick_apply(module, config, rot_cls):
     names = {n for n, o in vars(module).items() if inspect.isfunction(o)}
     calls = attention_source(module, rot_cls)
     interleave = "apply_rotary_pos_emb_interleave" in names and (
-        "apply_rotary_pos_emb(" not in calls or "apply_rotary_pos_emb_interleave(" in calls
-        and ("rope_interleave" not in calls or getattr(config, "rope_interleave", False)))
+        "apply_rotary_pos_emb(" not in calls or ("apply_rotary_pos_emb_interleave(" in calls
+        and ("rope_interleave" not in calls or getattr(config, "rope_interleave", False))))
     if interleave:
         return module.apply_rotary_pos_emb_interleave, "interleave"
     if "apply_rotary_emb" in names and "apply_rotary_pos_emb" not in names:
