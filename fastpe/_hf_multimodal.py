@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _args
-from ._rope_scaling import _hf_get, hf_rope_config, parse_rope_spec
+from ._rope_scaling import _hf_get, _hf_refuse, hf_rope_config, parse_rope_spec
 
 
 class TextMRope(NamedTuple):
@@ -68,10 +68,8 @@ UNSUPPORTED_TEXT = {
                      "and k",
 }
 
-# Model types whose text attention rotates by M-RoPE (the composite configs name their
-# text model in text_config).
-# Model types whose text attention rotates by M-RoPE (the default sections their code
-# fills in when the config has none are part of each family's entry once supported).
+# Model types whose attention rotates by M-RoPE, supported or not, and the composite
+# configs that hold such a text model (refused: the caller passes the sub-config).
 MROPE_TEXT_MODEL_TYPES = frozenset({
     "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_5_omni",
     "qwen2_5_omni_text", "qwen2_5_omni_thinker", "qwen2_5_omni_talker", "qwen3_vl",
@@ -143,15 +141,6 @@ def _as_dict(config: object) -> dict[str, Any]:
     return dict(vars(config))
 
 
-def text_config(config: object) -> object:
-    """The text model's config of a composite vision-language config (its
-    text_config), or the config itself."""
-    inner = _hf_get(config, "text_config")
-    if inner is not None and is_multi_axis(inner):
-        return inner
-    return config
-
-
 def text_mrope(config: object,
                layer_type: str | None) -> tuple[dict[str, Any], TextMRope] | None:
     """(the config as a dict with a one-axis rope dict, for `layer_type` where the
@@ -200,9 +189,6 @@ VISION: dict[str, str] = {
     "minimax_m3_vl_vision": "thw",
     "gemma4_vision": "halves",
 }
-
-UNSUPPORTED_VISION: dict[str, str] = {}
-
 
 def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, str]:
     """(axes, width of the frequency spectrum, axis of each pair, index of each pair's
@@ -286,10 +272,15 @@ def check_supported(config: object) -> None:
     """Raise for a multi-axis model fastpe does not reproduce."""
     if is_multi_axis(config):
         model_type = _hf_get(config, "model_type")
-        reason = UNSUPPORTED_TEXT.get(str(model_type)) or UNSUPPORTED_VISION.get(str(model_type))
+        reason = UNSUPPORTED_TEXT.get(str(model_type))
         if reason:
             raise ValueError(f"model_type {model_type!r} is not supported: {reason}; "
                              f"fastpe's rotation would give different numbers")
+        if str(model_type).endswith(_VISION_SUFFIXES) and not _rope_dict(config):
+            raise ValueError(
+                f"model_type {model_type!r} is a vision tower whose positional encoding "
+                f"from_hf_config does not reproduce (it is not one of the 2D RoPE layouts "
+                f"fastpe knows)")
         raise ValueError(
             f"model_type {model_type!r} rotates by more than one position per token "
             f"(M-RoPE or 2D vision RoPE), which from_hf_config does not reproduce for this "
@@ -300,7 +291,11 @@ def from_hf_config(cls: Any, config: object, style: str | None,
                    layer_type: str | None) -> Any:
     """``cls.from_hf_config`` for multi-axis models: the embedding, None for a
     one-axis model, or a ValueError for a multi-axis model fastpe does not reproduce."""
-    config = text_config(config)
+    if is_multi_axis(config):
+        # refused model types, configs without RoPE, and composite configs (a
+        # vision-language model's text and vision towers rotate differently: the
+        # caller picks the sub-config), as for one-axis models
+        _hf_refuse(_as_dict(config), _hf_get(config, "model_type"))
     text = text_mrope(config, layer_type)
     if text is None:
         vision = vision_rope(cls, config, style)

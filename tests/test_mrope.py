@@ -427,3 +427,21 @@ def test_gemma4_halves_refuse_before_writing(backend):
         rope(q[..., :-4], None, good)
     with pytest.raises(ValueError, match="cos/sin"):
         rope.cos_sin(good)
+
+
+def test_flat_qwen2_vl_config_json_loads_and_composites_are_refused():
+    """Qwen2-VL's original config.json keeps the text model's keys at the top (rope_scaling
+    of type "mrope", which transformers reads as default RoPE); a composite config (text
+    and vision sub-configs only) is refused: its two parts rotate differently."""
+    flat = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "vision_config": {"embed_dim": 1280, "num_heads": 16, "spatial_merge_size": 2}}
+    rope = fastpe.RotaryEmbedding.from_hf_config(flat)
+    assert (rope.axes, rope.head_dim, rope._spec.base) == (3, 128, 1e6)
+    assert rope._pair_axis.tolist() == [0] * 16 + [1] * 24 + [2] * 24
+    text = HF_CASES["qwen2_vl"]["config"]
+    composite = {"model_type": "qwen2_vl", "text_config": text,
+                 "vision_config": HF_CASES["qwen2_vl_vision"]["config"]}
+    with pytest.raises(ValueError, match=r"composite.*text_config"):
+        fastpe.RotaryEmbedding.from_hf_config(composite)
