@@ -14,17 +14,20 @@ import numpy as np
 
 from . import _checks, _math, _rope_scaling, _threads
 
-LAYOUTS = ("interleaved", "split")
+LAYOUTS = ("interleaved", "split", "split_cos")
+SINUSOIDAL_FREQUENCIES = ("transformer", "fairseq")
 
 
 class SinusoidalPlan(NamedTuple):
     x: np.ndarray              # (batch, seq, dim) view of the caller's array
     positions: _checks.Positions
-    inv_freq: np.ndarray       # float64 (ceil(dim / 2),)
+    inv_freq: np.ndarray       # float64: (ceil(dim / 2),), fairseq (dim // 2,)
     split: bool
     accumulate: bool           # x * scale + PE, else PE
     scale: float
     num_threads: int | None
+    cos_first: bool = False    # split halves as [cos | sin] (MusicGen)
+    zero_tail: bool = False    # fairseq's odd dim: a last column of zeros
 
 
 class LearnedPlan(NamedTuple):
@@ -34,33 +37,63 @@ class LearnedPlan(NamedTuple):
     num_threads: int | None
 
 
-def _sinusoidal_common(dim: int, base: object, layout: object) -> tuple[np.ndarray, bool]:
+def _sinusoidal_common(dim: int, base: object, layout: object,
+                       frequencies: object) -> tuple[np.ndarray, bool, bool, bool]:
+    """(inv_freq, split, cos_first, zero_tail)."""
     base = _checks.real(base, "base", positive=True)
-    split = _checks.choice(layout, "layout", LAYOUTS) == "split"
-    return _math.sinusoidal_inv_freq(dim, base), split
+    layout = _checks.choice(layout, "layout", LAYOUTS)
+    fairseq = _checks.choice(frequencies, "frequencies", SINUSOIDAL_FREQUENCIES) == "fairseq"
+    if layout == "split_cos" and not fairseq and dim % 2:
+        raise ValueError(f"layout='split_cos' with an odd dim ({dim}) needs "
+                         "frequencies='fairseq' (its last column is zero)")
+    if not fairseq:
+        return _math.sinusoidal_inv_freq(dim, base), layout != "interleaved", False, False
+    if dim < 4:
+        raise ValueError(f"frequencies='fairseq' needs dim >= 4 (it divides by dim // 2 - 1), "
+                         f"got {dim}")
+    return (_math.fairseq_inv_freq(dim, base), layout != "interleaved",
+            layout == "split_cos", dim % 2 == 1)
+
+
+def _padding_shift(positions: _checks.Positions, padding_idx: object) -> _checks.Positions:
+    """fairseq's rows: position p reads row padding_idx + 1 + p."""
+    if padding_idx is None:
+        return positions
+    shift = _checks.count(padding_idx, "padding_idx") + 1
+    if positions.max > _checks.INT64_MAX - shift:
+        raise ValueError(f"position {positions.max} + padding_idx + 1 overflows int64")
+    if positions.array is None:
+        return _checks.Positions(None, positions.offset + shift, positions.max + shift)
+    return _checks.Positions(positions.array + shift, 0,
+                             positions.max + shift if positions.max >= 0 else -1)
 
 
 def sinusoidal_table(length: object, dim: object, base: object, offset: object,
                      layout: object, dtype: object, out: object,
-                     num_threads: object) -> SinusoidalPlan:
+                     num_threads: object, frequencies: object = "transformer",
+                     padding_idx: object = None) -> SinusoidalPlan:
     length = _checks.count(length, "length")
     dim = _checks.count(dim, "dim", minimum=1)
-    inv_freq, split = _sinusoidal_common(dim, base, layout)
+    inv_freq, split, cos_first, zero_tail = _sinusoidal_common(dim, base, layout, frequencies)
     out = _checks.output(out, (length, dim), dtype)
-    positions = _checks.positions(None, offset, 1, length)
+    positions = _padding_shift(_checks.positions(None, offset, 1, length), padding_idx)
     return SinusoidalPlan(out[None], positions, inv_freq, split, False, 1.0,
-                          _threads.check(num_threads))
+                          _threads.check(num_threads), cos_first, zero_tail)
 
 
 def add_sinusoidal(x: object, positions: object, offset: object, base: object, layout: object,
-                   scale: object, num_threads: object) -> SinusoidalPlan:
+                   scale: object, num_threads: object, frequencies: object = "transformer",
+                   padding_idx: object = None) -> SinusoidalPlan:
     x = _checks.array(x, "x", (2, 3), writable=True)
     x3 = x if x.ndim == 3 else x[None]
-    inv_freq, split = _sinusoidal_common(x3.shape[2], base, layout)
+    inv_freq, split, cos_first, zero_tail = _sinusoidal_common(x3.shape[2], base, layout,
+                                                               frequencies)
     scale = _checks.real(scale, "scale")
-    pos = _checks.positions(positions, offset, x3.shape[0], x3.shape[1])
+    pos = _padding_shift(_checks.positions(positions, offset, x3.shape[0], x3.shape[1]),
+                         padding_idx)
     _checks.disjoint(x, "x", (positions, "positions"))
-    return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads))
+    return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads),
+                          cos_first, zero_tail)
 
 
 def add_learned(x: object, table: object, positions: object, offset: object,

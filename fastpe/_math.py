@@ -32,6 +32,20 @@ def sinusoidal_inv_freq(dim: int, base: float) -> np.ndarray:
     return frozen(w)
 
 
+@functools.lru_cache(maxsize=256)
+def fairseq_inv_freq(dim: int, base: float) -> np.ndarray:
+    """w_j = base^(-j / (half - 1)) for j < half = dim // 2, computed as
+    exp(j * -ln(base) / (half - 1)) like fairseq's sinusoidal positional embedding
+    (and M2M100, Whisper, MusicGen after it). Read-only float64; dim >= 4."""
+    half = dim // 2
+    with np.errstate(over="ignore"):
+        w = np.exp(np.arange(half, dtype=np.float64) * (-math.log(base) / (half - 1)))
+    if not w.max() <= MAX_INV_FREQ:
+        raise ValueError(f"base={base!r} gives inverse wavelength {float(w.max())!r} for "
+                         f"dim {dim}, above {MAX_INV_FREQ:.3g}; use a larger base")
+    return frozen(w)
+
+
 def _alibi_slopes_math(n: int, max_bias: float) -> np.ndarray:
     """The ALiBi paper's slopes in float64, exactly 2**(-max_bias * e) per head.
 

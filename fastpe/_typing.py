@@ -16,7 +16,9 @@ PositionsLike = ArrayLike | None
 ScalingDict = Mapping[str, Any]
 Style = Literal["neox", "gptj"]
 RopeLayout = Literal["bshd", "bhsd", "shd"]
-SinusoidalLayout = Literal["interleaved", "split"]
+SinusoidalLayout = Literal["interleaved", "split", "split_cos"]
+SinusoidalFrequencies = Literal["transformer", "fairseq"]
 
 __all__ = ["ArrayLike", "DTypeLike", "InPlace", "PositionsLike",
-           "RopeLayout", "ScalingDict", "SinusoidalLayout", "Style", "np"]
+           "RopeLayout", "ScalingDict", "SinusoidalFrequencies", "SinusoidalLayout", "Style",
+           "np"]

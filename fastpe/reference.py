@@ -47,8 +47,14 @@ def _sinusoidal_rows(positions: np.ndarray, inv_freq: np.ndarray, dim: int,
 
 def run_sinusoidal(plan: _args.SinusoidalPlan) -> None:
     x = plan.x
-    pe = _sinusoidal_rows(plan.positions.as_array(x.shape[1]), plan.inv_freq, x.shape[2],
+    width = x.shape[2] - plan.zero_tail
+    pe = _sinusoidal_rows(plan.positions.as_array(x.shape[1]), plan.inv_freq, width,
                           plan.split)
+    if plan.cos_first:
+        half = width // 2
+        pe = np.concatenate([pe[..., half:], pe[..., :half]], axis=-1)
+    if plan.zero_tail:
+        pe = np.concatenate([pe, np.zeros(pe.shape[:-1] + (1,))], axis=-1)
     if plan.accumulate:
         work = _checks.compute_dtype(x.dtype)
         pe = pe.astype(work)
@@ -109,17 +115,20 @@ def run_rope(plan: _args.RopePlan) -> None:
 # ---- the public twins --------------------------------------------------------
 
 def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved",
-                     dtype=None, out=None, num_threads=None):
+                     dtype=None, out=None, num_threads=None, frequencies="transformer",
+                     padding_idx=None):
     """NumPy twin of :func:`fastpe.sinusoidal_table`."""
-    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads)
+    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads,
+                                  frequencies, padding_idx)
     run_sinusoidal(plan)
     return plan.x[0] if out is None else out
 
 
 def add_sinusoidal(x, positions=None, *, offset=0, base=10000.0, layout="interleaved",
-                   scale=1.0, num_threads=None):
+                   scale=1.0, num_threads=None, frequencies="transformer", padding_idx=None):
     """NumPy twin of :func:`fastpe.add_sinusoidal`."""
-    run_sinusoidal(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads))
+    run_sinusoidal(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads,
+                                        frequencies, padding_idx))
     return x
 
 

@@ -2,7 +2,14 @@
 
 ``PE[p, 2i] = sin(p * w_i)`` and ``PE[p, 2i + 1] = cos(p * w_i)`` with
 ``w_i = base^(-2i / dim)``; the "split" layout puts all sines first, then all
-cosines (fairseq, GPT-J). An odd ``dim`` ends on a sine column.
+cosines (Marian, Pegasus). An odd ``dim`` ends on a sine column.
+
+``frequencies="fairseq"`` is the form fairseq's sinusoidal positional embedding
+introduced and Hugging Face's M2M100, NLLB, XGLM, Speech2Text, Whisper (encoder) and
+MusicGen keep: ``w_j = base^(-j / (half - 1))`` for ``j < half = dim // 2``, an odd
+``dim`` padded with a last column of zeros, and with ``padding_idx`` the rows of its
+table: position p reads row ``padding_idx + 1 + p``. ``layout="split_cos"`` puts the
+cosines first (MusicGen).
 """
 
 from __future__ import annotations
@@ -10,23 +17,47 @@ from __future__ import annotations
 import numpy as np
 
 from . import _args, _backend, _checks, _threads, reference
-from ._typing import DTypeLike, InPlace, PositionsLike, SinusoidalLayout
+from ._typing import (
+    DTypeLike,
+    InPlace,
+    PositionsLike,
+    SinusoidalFrequencies,
+    SinusoidalLayout,
+)
 
 
 def _run(plan: _args.SinusoidalPlan) -> None:
     kern = _backend.kernels()
-    if kern is None:
+    if kern is None or (plan.cos_first and plan.accumulate):
+        # [cos | sin] added to x: the kernels write [sin | cos] only; NumPy does it.
         reference.run_sinusoidal(plan)
         return
-    with _checks.kernel_views(plan.x) as (work,):
+    x = plan.x
+    if plan.zero_tail:  # fairseq's odd dim: the kernel fills the even-width part
+        x = plan.x[..., :-1]
+    with _checks.kernel_views(x) as (work,):
         kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"), plan.positions.array,
                         plan.positions.offset, plan.inv_freq, plan.split, plan.accumulate,
                         plan.scale, _threads.resolve(plan.num_threads, plan.x.nbytes))
+    if plan.zero_tail:
+        tail = plan.x[..., -1]
+        if plan.accumulate:
+            work_dtype = _checks.compute_dtype(tail.dtype)
+            tail[...] = tail.astype(work_dtype) * work_dtype.type(plan.scale)
+        else:
+            tail[...] = 0
+    if plan.cos_first:
+        half = x.shape[-1] // 2
+        sines = x[..., :half].copy()
+        x[..., :half] = x[..., half:2 * half]
+        x[..., half:2 * half] = sines
 
 
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: int = 0,
                      layout: SinusoidalLayout = "interleaved", dtype: DTypeLike | None = None,
-                     out: np.ndarray | None = None, num_threads: int | None = None) -> np.ndarray:
+                     out: np.ndarray | None = None, num_threads: int | None = None,
+                     frequencies: SinusoidalFrequencies = "transformer",
+                     padding_idx: int | None = None) -> np.ndarray:
     """The (length, dim) table of encodings for positions offset .. offset + length - 1.
 
     Parameters
@@ -37,8 +68,9 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
         The wavelength base, 10000 in the original Transformer.
     offset : int
         Position of the first row.
-    layout : {"interleaved", "split"}
-        sin/cos in alternate columns, or a block of sines then a block of cosines.
+    layout : {"interleaved", "split", "split_cos"}
+        sin/cos in alternate columns, a block of sines then a block of cosines, or
+        cosines then sines (MusicGen; even dim, or with fairseq frequencies).
     dtype : dtype, optional
         float32 (the default), float64, float16 or bfloat16 (with ml_dtypes);
         with ``out``, out's dtype, which a given dtype must match.
@@ -46,6 +78,13 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
         A writable (length, dim) array to fill instead of allocating one.
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``.
+    frequencies : {"transformer", "fairseq"}
+        ``base^(-2i / dim)`` (Vaswani et al.), or fairseq's ``base^(-j / (dim // 2 - 1))``
+        with an odd dim's last column zero (M2M100, Whisper, MusicGen; dim >= 4).
+    padding_idx : int, optional
+        fairseq's row offset: position p is row ``padding_idx + 1 + p`` of its table
+        (M2M100 and NLLB use 1). The table's padding row itself, all zeros there, is
+        not a position.
 
     Values are exact to the output precision for every position up to 2**20
     (float32: within 1.5e-7): angles are formed and reduced in float64.
@@ -53,24 +92,30 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
     >>> fastpe.sinusoidal_table(4, 6, dtype="float64")[1, :2]  # sin(1), cos(1)
     array([0.84147098, 0.54030231])
     """
-    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads)
+    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads,
+                                  frequencies, padding_idx)
     _run(plan)
     return plan.x[0] if out is None else out
 
 
 def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int = 0,
                    base: float = 10000.0, layout: SinusoidalLayout = "interleaved",
-                   scale: float = 1.0, num_threads: int | None = None) -> InPlace:
+                   scale: float = 1.0, num_threads: int | None = None,
+                   frequencies: SinusoidalFrequencies = "transformer",
+                   padding_idx: int | None = None) -> InPlace:
     """``x = x * scale + PE[positions]`` in place, in one pass; returns x.
 
     x is (seq, dim) or (batch, seq, dim), any float dtype and strides.
     positions: None for ``offset + arange(seq)``, or integers of shape (seq,)
     shared by the batch or (batch, seq) per sequence. ``scale`` is the
-    embedding multiplier (sqrt(dim) in the original Transformer).
+    embedding multiplier (sqrt(dim) in the original Transformer). ``layout``,
+    ``frequencies`` and ``padding_idx`` as in :func:`sinusoidal_table`
+    ("split_cos" takes a NumPy pass here).
 
     >>> x = np.zeros((2, 16, 64), np.float32)
     >>> fastpe.add_sinusoidal(x, scale=8.0) is x
     True
     """
-    _run(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads))
+    _run(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads,
+                              frequencies, padding_idx))
     return x

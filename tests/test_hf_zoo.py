@@ -137,3 +137,26 @@ def test_per_layer_config_needs_layer_type():
 def test_refusals_name_what_is_missing(config, pattern):
     with pytest.raises(ValueError, match=pattern):
         fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+# -- sinusoidal tables of the transformers families ------------------------------------
+
+SINUSOIDAL = json.loads((DATA / "hf_sinusoidal_reference.json").read_text())
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("case", SINUSOIDAL["cases"], ids=lambda c: c["name"])
+def test_sinusoidal_family_matches_its_transformers_code(case, backend):
+    if backend == "cython" and fastpe.info()["backend"] != "cython":
+        pytest.skip("compiled backend not built")
+    want = np.array(case["table"])
+    length, dim = want.shape
+    with fastpe.use_backend(backend):
+        table = fastpe.sinusoidal_table(length, dim, dtype="float64", **case["fastpe"])
+        np.testing.assert_allclose(table, want, rtol=1e-12, atol=1e-13, err_msg=case["name"])
+        # add_sinusoidal adds the same rows, scaled input first
+        x = np.full((length, dim), 0.5)
+        kwargs = dict(case["fastpe"])
+        offset = kwargs.pop("offset", 0)
+        fastpe.add_sinusoidal(x, np.arange(length) + offset, scale=2.0, **kwargs)
+        np.testing.assert_allclose(x, 1.0 + want, rtol=1e-12, atol=1e-13, err_msg=case["name"])

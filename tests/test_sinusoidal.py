@@ -532,3 +532,77 @@ def test_empty_positions_list():
     x = np.zeros((2, 0, 4), np.float32)
     assert fastpe.add_sinusoidal(x, positions=[]) is x
     assert fastpe.rope_cos_sin([], fastpe.rope_frequencies(8))[0].shape == (0, 4)
+
+
+# -- the fairseq / Hugging Face form ---------------------------------------------------------
+
+def fairseq_exact(positions, dim, *, base=10000.0, cos_first=False):
+    """fairseq's table written out: w_j = base^(-j / (half - 1)), [sin | cos] or
+    [cos | sin] halves, an odd dim's last column zero."""
+    half = dim // 2
+    angles = np.asarray(positions, np.float64)[..., None] * base ** (-np.arange(half) / (half - 1))
+    halves = [np.cos(angles), np.sin(angles)] if cos_first else [np.sin(angles), np.cos(angles)]
+    tail = np.zeros(angles.shape[:-1] + (dim - 2 * half,))
+    return np.concatenate(halves + [tail], axis=-1)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+@pytest.mark.parametrize("layout", ["split", "split_cos"])
+@pytest.mark.parametrize("dim", [4, 9, 64, 65])
+@pytest.mark.parametrize("padding_idx, offset", [(None, 0), (1, 0), (0, 3000)])
+def test_fairseq_table_matches_formula(backend, layout, dim, padding_idx, offset):
+    shift = 0 if padding_idx is None else padding_idx + 1
+    with fastpe.use_backend(backend):
+        table = fastpe.sinusoidal_table(40, dim, offset=offset, layout=layout, dtype="float64",
+                                        frequencies="fairseq", padding_idx=padding_idx)
+    want = fairseq_exact(offset + shift + np.arange(40), dim, cos_first=layout == "split_cos")
+    assert_close(table, want, F64, max_position=offset + 40 + shift)
+
+
+def test_fairseq_interleaved_pairs_the_same_frequencies():
+    split = fastpe.sinusoidal_table(9, 11, frequencies="fairseq", layout="split", dtype="float64")
+    inter = fastpe.sinusoidal_table(9, 11, frequencies="fairseq", dtype="float64")
+    np.testing.assert_array_equal(inter[:, 0:10:2], split[:, :5])
+    np.testing.assert_array_equal(inter[:, 1:10:2], split[:, 5:10])
+    np.testing.assert_array_equal(inter[:, 10], 0.0)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "split", "split_cos"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_fairseq_add_in_every_dtype_on_a_strided_view(dtype, layout):
+    # per-sequence positions, an odd dim (the zero column is scaled, not added to)
+    base = np.full((2, 6, 19), 0.25).astype(dtype)
+    x = base[:, :, ::2]                                   # (2, 6, 10), strided
+    x = x[..., :9]
+    positions = np.array([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+    fastpe.add_sinusoidal(x, positions, scale=2.0, layout=layout, frequencies="fairseq",
+                          padding_idx=1)
+    want = 0.5 + fairseq_exact(positions + 2, 9, cos_first=layout == "split_cos")
+    if layout == "interleaved":
+        order = np.empty(8, int)
+        order[0::2], order[1::2] = np.arange(4), np.arange(4, 8)
+        want = np.concatenate([want[..., order], want[..., 8:]], axis=-1)
+    assert_close(x, want, dtype, magnitude=1.5)
+    assert_bytes_equal(base[:, :, 1::2], np.full((2, 6, 9), 0.25).astype(dtype))
+
+
+@pytest.mark.parametrize("kwargs, exception, pattern", [
+    (dict(frequencies="tensor2tensor"), ValueError, r"frequencies"),
+    (dict(frequencies="fairseq", dim=3), ValueError, r"fairseq.*dim >= 4"),
+    (dict(layout="split_cos", dim=9), ValueError, r"split_cos.*odd dim.*fairseq"),
+    (dict(frequencies="fairseq", padding_idx=-1), ValueError, r"padding_idx"),
+    (dict(frequencies="fairseq", padding_idx=True), TypeError, r"padding_idx"),
+    (dict(padding_idx=2**63 - 2, offset=5), ValueError, r"overflows"),
+])
+def test_new_sinusoidal_arguments_are_checked_before_writing(kwargs, exception, pattern):
+    kwargs = dict(kwargs)
+    dim = kwargs.pop("dim", 8)
+    out = np.full((4, dim), 7.0, np.float32)
+    x = np.full((4, dim), 7.0, np.float32)
+    with pytest.raises(exception, match=pattern):
+        fastpe.sinusoidal_table(4, dim, out=out, **kwargs)
+    kwargs.pop("offset", None)
+    with pytest.raises(exception, match=pattern):
+        fastpe.add_sinusoidal(x, np.full(4, 2**63 - 2) if "overflows" in pattern else None,
+                              **kwargs)
+    assert (out == 7.0).all() and (x == 7.0).all()
