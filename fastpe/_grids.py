@@ -48,7 +48,10 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
     segments : sequence
         The prompt in order: an int is that many text tokens; a (t, h, w) tuple is an
         image or video of t x h x w patches (``image_grid_thw``), which the language
-        model sees as t x (h / m) x (w / m) tokens after merging m x m patches.
+        model sees as t x (h / m) x (w / m) tokens after merging m x m patches. A
+        video may carry a fourth entry, the temporal step between its frames
+        (Qwen2.5-VL: ``tokens_per_second * second_per_grid_t``): frame f then sits
+        at int(f * step) past the start.
     spatial_merge_size : int
         m, the vision tower's ``spatial_merge_size`` (2 for Qwen2-VL and its successors).
 
@@ -58,8 +61,8 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
         Text tokens count on from the previous position on every axis. A grid's tokens
         take frame, row and column indices (row-major, frame-major), each offset by the
         position where the grid starts; text after a grid resumes at that start plus
-        max(h, w) / m. This is what transformers' ``get_rope_index`` gives Qwen2-VL,
-        Qwen2.5-VL (images), Qwen3-VL and GLM-4V prompts.
+        max(h, w) / m (the frames do not count). This is what transformers'
+        ``get_rope_index`` gives Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4V prompts.
 
     Examples
     --------
@@ -80,10 +83,14 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
             parts.append(np.broadcast_to(start + np.arange(n, dtype=np.int64), (3, n)))
             start += n
             continue
+        step = 1.0
+        if isinstance(seg, Sequence) and not isinstance(seg, (str, bytes)) and len(seg) == 4:
+            step = _checks.real(seg[3], f"segments[{i}] temporal step", positive=True)
+            seg = seg[:3]
         grid = _grid(seg, f"segments[{i}]")
         h, w = _merged(grid, merge, f"segments[{i}]")
-        t_idx, h_idx, w_idx = np.meshgrid(np.arange(grid[0]), np.arange(h), np.arange(w),
-                                          indexing="ij")
+        frames = (np.arange(grid[0]) * step).astype(np.int64)
+        t_idx, h_idx, w_idx = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")
         parts.append(start + np.stack([t_idx, h_idx, w_idx]).reshape(3, -1).astype(np.int64))
         start += max(h, w)
     if not parts:

@@ -387,7 +387,7 @@ def test_position_helpers_refuse_bad_grids():
     with pytest.raises(ValueError, match="spatial_merge_size"):
         fastpe.mrope_positions([2, (1, 3, 4)], spatial_merge_size=2)
     with pytest.raises(ValueError, match=r"segments\[1\]"):
-        fastpe.mrope_positions([2, (1, 2, 3, 4)])
+        fastpe.mrope_positions([2, (1, 2, 3, 4, 5)])
     with pytest.raises(ValueError, match="grids"):
         fastpe.vision_positions((0, 3))
     assert fastpe.mrope_positions([]).shape == (3, 0)

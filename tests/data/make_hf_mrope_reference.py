@@ -295,6 +295,8 @@ ROPE_INDEX_CASES = [
     ("qwen3_vl_prompt", "qwen3_vl", "Qwen3VLModel", [(1, 4, 4), 4], 2),
     ("glm4v_prompt", "glm4v", "Glm4vModel", [1, (1, 4, 8), 2], 2),
     ("qwen2_vl_video", "qwen2_vl", "Qwen2VLModel", [2, (3, 2, 4), 1], 2),
+    # Qwen2.5-VL video: frames tokens_per_second (2) * second_per_grid_t (1.5) apart
+    ("qwen2_5_vl_video", "qwen2_5_vl", "Qwen2_5_VLModel", [2, (3, 2, 4, 3.0), 1], 2),
 ]
 
 # (name, grids, spatial_merge_size, include_temporal): transformers.vision_utils'
@@ -319,21 +321,24 @@ def run_rope_index(case):
             ids += [7] * seg
             types_ += [0] * seg
         else:
-            t, h, w = seg
+            t, h, w = seg[:3]
             n = t * (h // merge) * (w // merge)
             ids += [9] * n
             types_ += [1 if t == 1 else 2] * n
-            grids.append(seg)
+            grids.append(tuple(seg[:3]))
     images = [g for g in grids if g[0] == 1]
     videos = [g for g in grids if g[0] != 1]
     fake = types.SimpleNamespace(
         config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
             spatial_merge_size=merge, tokens_per_second=2)),
         get_vision_position_ids=functools.partial(cls.get_vision_position_ids, None))
+    extra = {}
+    if pkg == "qwen2_5_vl" and videos:
+        extra["second_per_grid_ts"] = [1.5] * len(videos)
     pos, _ = cls.get_rope_index(
         fake, torch.tensor([ids]), torch.tensor([types_]),
         image_grid_thw=torch.tensor(images) if images else None,
-        video_grid_thw=torch.tensor(videos) if videos else None)
+        video_grid_thw=torch.tensor(videos) if videos else None, **extra)
     return {"name": name, "kind": "rope_index", "segments": [list(s) if not isinstance(s, int)
                                                              else s for s in segments],
             "spatial_merge_size": merge, "positions": pos[:, 0].tolist()}
