@@ -143,6 +143,61 @@ static inline void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_
     }
 }
 
+/* ---- RoPE on adjacent pairs (GPT-J style) --------------------------------
+ * x[2j], x[2j + 1] = a, b -> a c[2j] + b s[2j], b c[2j + 1] + a s[2j + 1], with
+ * tables of one value per feature (c: cos repeated, s: -sin, sin). Every lane does
+ * the same multiply-add with its partner's value swapped in: with AVX2 one
+ * in-register swap per vector (GCC's own vectorisation of the pair loop shuffles
+ * far more). The scalar loop rounds the same way as the vectors (the b s product
+ * fused when FMA is there), so every row gives the same bits whatever its length.
+ */
+#if defined(__AVX2__) && defined(__FMA__)
+#define FPE_PAIRS_AVX2 1
+#define FPE_PAIR_MADD_F(a, c, b, s) fmaf((b), (s), (a) * (c))
+#define FPE_PAIR_MADD_D(a, c, b, s) fma((b), (s), (a) * (c))
+#else
+#define FPE_PAIRS_AVX2 0
+#define FPE_PAIR_MADD_F(a, c, b, s) ((a) * (c) + (b) * (s))
+#define FPE_PAIR_MADD_D(a, c, b, s) ((a) * (c) + (b) * (s))
+#endif
+
+static inline void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+#if FPE_PAIRS_AVX2
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 w = _mm256_permute_ps(v, 0xB1);   /* lanes 1 0 3 2 ... */
+        _mm256_storeu_ps(x + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(s + i),
+                                                _mm256_mul_ps(v, _mm256_loadu_ps(c + i))));
+    }
+#endif
+    for (; i + 1 < n; i += 2) {
+        const float a = x[i], b = x[i + 1];
+        x[i] = FPE_PAIR_MADD_F(a, c[i], b, s[i]);
+        x[i + 1] = FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]);
+    }
+}
+
+static inline void fpe_rotate_pairs_f64(double *x, const double *c, const double *s,
+                                        Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+#if FPE_PAIRS_AVX2
+    for (; i + 4 <= n; i += 4) {
+        const __m256d v = _mm256_loadu_pd(x + i);
+        const __m256d w = _mm256_permute_pd(v, 0x5);   /* lanes 1 0 3 2 */
+        _mm256_storeu_pd(x + i, _mm256_fmadd_pd(w, _mm256_loadu_pd(s + i),
+                                                _mm256_mul_pd(v, _mm256_loadu_pd(c + i))));
+    }
+#endif
+    for (; i + 1 < n; i += 2) {
+        const double a = x[i], b = x[i + 1];
+        x[i] = FPE_PAIR_MADD_D(a, c[i], b, s[i]);
+        x[i + 1] = FPE_PAIR_MADD_D(b, c[i + 1], a, s[i + 1]);
+    }
+}
+
 /* ---- sin and cos of p * w[i] ----------------------------------------------
  * Angles are formed in double and reduced modulo pi/2 with a three-part
  * Cody-Waite split of pi/2 (33 significant bits each, so n * part is exact

@@ -3,6 +3,7 @@
 cdef struct RopeCall:
     Py_ssize_t batch, seq, half     # half = rotary_dim / 2 = number of frequencies
     Py_ssize_t block                # tokens per unit: min(seq, BLOCK_TOKENS)
+    Py_ssize_t width                # values per cos/sin table row: half (neox), 2 * half
     Py_ssize_t hq, qb, qs, qh, qd   # q: (batch, seq, hq, head_dim), element strides
     Py_ssize_t hk, kb, ks, kh, kd   # k likewise; hk = 0 when there is no k
     bint q_token_inner              # walk tokens inside heads (tokens closer in memory)
@@ -43,13 +44,28 @@ cdef inline void rotate_neox(real_t *x, const real_t *c, const real_t *s,
 
 cdef inline void rotate_gptj(real_t *x, const real_t *c, const real_t *s,
                              Py_ssize_t half) noexcept nogil:
+    """Adjacent pairs, with tables of one value per feature (expand_pairs): the
+    same multiply-add on every feature, its partner's value swapped in
+    (fastpe_math.h), which vectorises as contiguous loads, one in-register swap
+    and contiguous stores."""
+    if real_t is float:
+        fpe_rotate_pairs_f32(x, c, s, 2 * half)
+    else:
+        fpe_rotate_pairs_f64(x, c, s, 2 * half)
+
+
+cdef inline void expand_pairs(real_t *c, real_t *s, Py_ssize_t half) noexcept nogil:
+    """cos and sin rows of half values, in place, to one value per feature for
+    rotate_gptj: c -> (c0, c0, c1, c1, ...), s -> (-s0, s0, -s1, s1, ...)."""
     cdef Py_ssize_t j
-    cdef real_t a, b
-    for j in range(half):
-        a = x[2 * j]
-        b = x[2 * j + 1]
-        x[2 * j] = a * c[j] - b * s[j]
-        x[2 * j + 1] = b * c[j] + a * s[j]
+    cdef real_t cj, sj
+    for j in range(half - 1, -1, -1):   # from the end: each value moves right
+        cj = c[j]
+        sj = s[j]
+        c[2 * j] = cj
+        c[2 * j + 1] = cj
+        s[2 * j] = -sj
+        s[2 * j + 1] = sj
 
 
 cdef inline void rotate(real_t *x, const real_t *c, const real_t *s, Py_ssize_t half,
@@ -113,8 +129,9 @@ cdef inline void axis_angles_for_token(const RopeCall *a, Py_ssize_t prow, Py_ss
 cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0, Py_ssize_t t1,
                               real_t *ctab, real_t *stab, double *s, double *c,
                               double *pp) noexcept nogil:
-    """cos and sin rows (half values each) of tokens t0 .. t1 - 1, one row per token;
-    pp: room for half doubles (multi-axis positions only)."""
+    """cos and sin rows of tokens t0 .. t1 - 1, one row of a.width values per token
+    (gptj: expanded, expand_pairs); pp: room for half doubles (multi-axis
+    positions only)."""
     cdef Py_ssize_t t, i, r
     cdef int64_t p = 0, prev = 0
     cdef int64_t prev_axes[MAX_AXES]
@@ -122,7 +139,7 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
     for t in range(t0, t1):
         if a.pair_axis == NULL:
             p = position_at(a.pos, prow, a.seq, t, a.offset)
-        r = (t - t0) * a.half
+        r = (t - t0) * a.width
         if a.w != NULL:
             if a.pair_axis != NULL:
                 axis_angles_for_token(a, prow, t, t == t0, prev_axes, s, c, pp)
@@ -143,23 +160,26 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
                     norm = ci * ci + si * si
                     ctab[r + i] = ci / norm
                     stab[r + i] = -si / norm
+        if not a.neox:
+            expand_pairs(ctab + r, stab + r, a.half)
 
 
 cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py_ssize_t ss,
                               Py_ssize_t sd, Py_ssize_t ntok, bint token_inner,
                               const real_t *ctab, const real_t *stab, Py_ssize_t half,
-                              bint neox, real_t *tmp) noexcept nogil:
-    """Rotate heads x tokens rows starting at `base`, in the order memory runs."""
+                              Py_ssize_t width, bint neox, real_t *tmp) noexcept nogil:
+    """Rotate heads x tokens rows starting at `base`, in the order memory runs;
+    table rows of `width` values."""
     cdef Py_ssize_t h, t
     if token_inner:
         for h in range(heads):
             for t in range(ntok):
-                rotate_row(base + h * sh + t * ss, sd, ctab + t * half, stab + t * half,
+                rotate_row(base + h * sh + t * ss, sd, ctab + t * width, stab + t * width,
                            half, neox, tmp)
     else:
         for t in range(ntok):
             for h in range(heads):
-                rotate_row(base + h * sh + t * ss, sd, ctab + t * half, stab + t * half,
+                rotate_row(base + h * sh + t * ss, sd, ctab + t * width, stab + t * width,
                            half, neox, tmp)
 
 
@@ -173,15 +193,15 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef double *s = <double *>work
     cdef double *c = s + a.half
     cdef real_t *ctab = <real_t *>(c + a.half)
-    cdef real_t *stab = ctab + a.block * a.half
-    cdef real_t *tmp = stab + a.block * a.half
+    cdef real_t *stab = ctab + a.block * a.width
+    cdef real_t *tmp = stab + a.block * a.width
     cdef double *pp = <double *>(tmp + 2 * a.half)
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
-                 ctab, stab, a.half, a.neox, tmp)
+                 ctab, stab, a.half, a.width, a.neox, tmp)
     if a.hk:
         rotate_heads(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, a.k_token_inner,
-                     ctab, stab, a.half, a.neox, tmp)
+                     ctab, stab, a.half, a.width, a.neox, tmp)
 
 
 cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
@@ -270,10 +290,12 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     cdef Py_ssize_t nunits = a.batch * ceil_div(a.seq, BLOCK_TOKENS)
     cdef int nthreads = units_threads(nunits, num_threads)
     a.block = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
+    a.width = a.half if a.neox else 2 * a.half
     # s, c (double); cos and sin rows of a block and one rotated row (at most
     # double); a row of per-pair positions (double) for multi-axis positions
     cdef Py_ssize_t per_thread = round_up(
-        ((4 if a.pair_axis == NULL else 5) * a.half + 2 * a.block * a.half) * sizeof(double), 64)
+        ((4 if a.pair_axis == NULL else 5) * a.half + 2 * a.block * a.width) * sizeof(double),
+        64)
     cdef bint steps = a.w != NULL and a.seq > 1
     cdef Py_ssize_t shared = 2 * a.half * sizeof(double) if steps else 0
     cdef char stack[STACK_WORK_BYTES + 64]
