@@ -15,7 +15,7 @@ import numbers
 import operator
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -69,14 +69,14 @@ def float_dtype(dtype: Any, name: str) -> np.dtype:
     if dtype is None:
         return np.dtype(np.float32)
     try:
-        dt = np.dtype(dtype)
+        dt: np.dtype = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"{name} must be a dtype ({SUPPORTED_DTYPES}), got {dtype!r}") from None
     dtype_code(dt, name)
     return dt
 
 
-def _torch_tensor(x: object) -> bool:
+def _torch_tensor(x: object) -> TypeGuard[Any]:
     """Whether x is a torch tensor (without importing torch: a process that made
     one has imported it)."""
     torch = sys.modules.get("torch")
@@ -120,7 +120,7 @@ def in_place_view(x: object, name: str) -> np.ndarray:
                         f"{type(x).__name__} scalar")
     if _torch_tensor(x):
         _torch_usable(x, name)
-        if x.is_neg() or x.is_conj():  # type: ignore[attr-defined]
+        if x.is_neg() or x.is_conj():
             raise TypeError(f"{name} is a torch view with its negative or conjugate bit set: "
                             f"its memory holds other values than it shows; writing it in place "
                             f"would store the wrong sign (pass a tensor without lazy "
@@ -153,10 +153,11 @@ def as_array(x: object, name: str) -> np.ndarray:
     if _torch_tensor(x):
         _torch_usable(x, name)
         try:
-            return x.resolve_conj().resolve_neg().numpy()  # type: ignore[attr-defined]
+            values: np.ndarray = x.resolve_conj().resolve_neg().numpy()
         except (RuntimeError, TypeError) as exc:
-            raise TypeError(f"{name} ({x.dtype}) cannot be read as a NumPy array: "  # type: ignore[attr-defined]
+            raise TypeError(f"{name} ({x.dtype}) cannot be read as a NumPy array: "
                             f"{exc}") from None
+        return values
     try:
         return np.asarray(x)
     except ValueError as exc:
@@ -213,7 +214,7 @@ def memory_of(a: object) -> np.ndarray | None:
     if a is None or isinstance(a, (list, tuple, int, float, str)):
         return None
     if _torch_tensor(a):
-        a = a.detach()  # type: ignore[attr-defined]
+        a = a.detach()
     try:
         return np.from_dlpack(a) if hasattr(a, "__dlpack__") else np.asarray(memoryview(a))  # type: ignore[arg-type]
     except (BufferError, RuntimeError, TypeError, ValueError):
@@ -296,7 +297,8 @@ def int64_range(a: np.ndarray) -> tuple[int, int]:
     """(min, max) of a non-empty C-contiguous int64 array."""
     compiled = _backend.compiled
     if compiled is not None:
-        return compiled.int64_range(a)
+        lo_hi: tuple[int, int] = compiled.int64_range(a)
+        return lo_hi
     return int(a.min()), int(a.max())
 
 

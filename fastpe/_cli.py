@@ -13,7 +13,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol, TextIO
 
 import fastpe
 
@@ -58,16 +60,16 @@ def cpu_features() -> list[str] | None:
     return None
 
 
-def machine_info() -> dict:
+def machine_info() -> dict[str, Any]:
     return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(),
             "cpu_features": cpu_features(), "platform": platform.platform()}
 
 
-def _yes(flag) -> str:
+def _yes(flag: object) -> str:
     return "yes" if flag else "no"
 
 
-def info_text(info: dict) -> str:
+def info_text(info: Mapping[str, Any]) -> str:
     rows = [("version", info.get("version"))]
     backend = info.get("backend")
     if info.get("compiled"):
@@ -101,7 +103,7 @@ def info_text(info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     info = fastpe.info()
     if args.json:
         print(json.dumps({**info, "machine_info": machine_info()}, indent=2))
@@ -116,7 +118,7 @@ class Progress:
     """A progress line on stderr: overwritten in place on a terminal; elsewhere (logs,
     CI, pipes) one plain line per workload."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.prefix = ""
@@ -151,7 +153,11 @@ def format_time(s: float) -> str:
     return f"{s:.3g} s"
 
 
-def _limit_blas_threads():
+class _Limits(Protocol):
+    def restore_original_limits(self) -> None: ...
+
+
+def _limit_blas_threads() -> _Limits | None:
     """NumPy's OpenBLAS threads busy-wait for a while after a BLAS call; on a small
     machine one can steal the core a measurement runs on. OPENBLAS_NUM_THREADS must be
     set before NumPy is imported, which `python -m fastpe` has already done (importing
@@ -160,10 +166,11 @@ def _limit_blas_threads():
     if "OPENBLAS_NUM_THREADS" in os.environ:
         return None
     try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+        from threadpoolctl import threadpool_limits
     except ImportError:
         return None
-    return threadpool_limits(limits=1, user_api="blas")
+    limits: _Limits = threadpool_limits(limits=1, user_api="blas")
+    return limits
 
 
 def _threads_arg(text: str) -> int:
@@ -200,7 +207,7 @@ def _need_matplotlib() -> None:
                            "(pip install matplotlib, or pip install 'fastpe[bench]')") from None
 
 
-def _check_output_path(parser, option: str, path: str | None) -> None:
+def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
     if path is None or path == "-":
         return
     parent = Path(path).expanduser().resolve().parent
@@ -208,11 +215,11 @@ def _check_output_path(parser, option: str, path: str | None) -> None:
         parser.error(f"{option} {path}: directory {parent} does not exist")
 
 
-def _peer_names(rows: list[dict]) -> list[str]:
+def _peer_names(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(n for r in rows for n in r.get("peers", {})))
 
 
-def bench_table(report: dict) -> str:
+def bench_table(report: dict[str, Any]) -> str:
     rows = report["results"]
     info = report["fastpe"]
     threads = report["threads"]
@@ -263,7 +270,7 @@ def bench_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_plot(report: dict, path: str) -> None:
+def bench_plot(report: dict[str, Any], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -313,7 +320,7 @@ def bench_plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
-def run_bench(args, progress: Progress) -> dict:
+def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     wls = _bench.select(_bench.workloads(args.size), args.only)
     skipped = []
     if not _bench.has_alibi():
@@ -348,7 +355,7 @@ def run_bench(args, progress: Progress) -> dict:
     }
 
 
-def cmd_bench(args, parser) -> int:
+def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.list:
         for wl in _bench.select(_bench.workloads(args.size), args.only):
             print(f"{wl.name:<22} {wl.title}")
@@ -393,7 +400,7 @@ def cmd_bench(args, parser) -> int:
 
 # ---- demo ---------------------------------------------------------------------------------
 
-def cmd_demo(args, parser) -> int:
+def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from . import _demo
     if args.plot:
         _need_matplotlib()

@@ -142,7 +142,7 @@ def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
     offset = _checks.count(offset, "offset")
     cls = _checks.flag(cls, "cls")
     temporal = _checks.flag(temporal, "temporal")
-    items = list(grids)  # type: ignore[arg-type]
+    items = list(grids)
     single = all(isinstance(v, (int, np.integer)) for v in items)
     parts = []
     for i, value in enumerate([items] if single else items):

@@ -16,19 +16,23 @@ one-axis RoPE by mistake.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from . import _args
 from ._rope_scaling import _hf_get, _hf_refuse, hf_rope_config, parse_rope_spec
+from ._typing import Style
+
+if TYPE_CHECKING:  # rope imports this module
+    from .rope import RotaryEmbedding
 
 
 class TextMRope(NamedTuple):
     """How one family's text attention lays M-RoPE out over the frequency pairs."""
     sections: tuple[int, ...]  # the mrope_section its code uses when the config has none
     scheme: str                # see _pair_axis
-    style: str                 # "neox" (rotate_half) or "gptj" (adjacent pairs)
+    style: Style               # "neox" (rotate_half) or "gptj" (adjacent pairs)
 
 
 _QWEN2 = TextMRope((16, 24, 24), "contiguous", "neox")
@@ -88,7 +92,7 @@ _VISION_MODEL_TYPES = frozenset({"pixtral", "mlcd_vision_model", "step3p5_vision
                                  "llama4_vision_model"})
 
 
-def _rope_dict(config: object) -> Mapping:
+def _rope_dict(config: object) -> Mapping[str, Any]:
     for name in ("rope_scaling", "rope_parameters"):
         value = _hf_get(config, name)
         if isinstance(value, Mapping):
@@ -190,7 +194,7 @@ VISION: dict[str, str] = {
     "gemma4_vision": "halves",
 }
 
-def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, str]:
+def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, Style]:
     """(axes, width of the frequency spectrum, axis of each pair, index of each pair's
     frequency in that spectrum, style) of a vision tower's 2D (or 3D) RoPE; the rotated
     width is twice the number of pairs.
@@ -223,7 +227,7 @@ def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.n
         [np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)]), "neox"
 
 
-def _halves_rope(cls: Any, head_dim: int, theta: Any) -> Any:
+def _halves_rope(cls: type[RotaryEmbedding], head_dim: int, theta: Any) -> RotaryEmbedding:
     """Gemma 4's tower: the first half of the head rotates by the column (its x), the
     second by the row, each half with rotate_half pairing over frequencies of width
     head_dim / 2."""
@@ -237,7 +241,8 @@ def _halves_rope(cls: Any, head_dim: int, theta: Any) -> Any:
     return emb
 
 
-def vision_rope(cls: Any, config: object, style: str | None) -> Any:
+def vision_rope(cls: type[RotaryEmbedding], config: object,
+                style: Style | None) -> RotaryEmbedding | None:
     """The embedding of a vision tower's 2D RoPE, or None for another model."""
     model_type = str(_hf_get(config, "model_type"))
     kind = VISION.get(model_type)
@@ -287,8 +292,8 @@ def check_supported(config: object) -> None:
             f"model yet; running it as one-axis RoPE would give different numbers")
 
 
-def from_hf_config(cls: Any, config: object, style: str | None,
-                   layer_type: str | None) -> Any:
+def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | None,
+                   layer_type: str | None) -> RotaryEmbedding | None:
     """``cls.from_hf_config`` for multi-axis models: the embedding, None for a
     one-axis model, or a ValueError for a multi-axis model fastpe does not reproduce."""
     if is_multi_axis(config):

@@ -91,14 +91,14 @@ def _openmp_max() -> int:
     compiled = _backend.compiled
     if compiled is None:
         return 1
-    n = compiled.openmp_max_threads()
+    n: int = compiled.openmp_max_threads()
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return n  # an explicit request, as OpenMP itself reads it
     return min(n, usable_cpus())
 
 
-def _as_count(n: Any, name: str) -> int:
-    n = _checks.count(n, name, minimum=None)
+def _as_count(value: Any, name: str) -> int:
+    n = _checks.count(value, name, minimum=None)
     if n == 0:
         raise ValueError(f"{name} must be a positive thread count, or negative to count back "
                          f"from the maximum (-1 = all); got 0")

@@ -10,9 +10,23 @@ caller's dtype. It never calls the compiled kernels.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _args, _checks, _math, _rope_scaling
+from ._rope_scaling import RopeFrequencies
+from ._typing import (
+    ArrayLike,
+    DTypeLike,
+    InPlace,
+    PositionsLike,
+    RopeLayout,
+    ScalingDict,
+    SinusoidalFrequencies,
+    SinusoidalLayout,
+    Style,
+)
 
 __all__ = [
     "add_alibi",
@@ -114,9 +128,11 @@ def run_rope(plan: _args.RopePlan) -> None:
 
 # ---- the public twins --------------------------------------------------------
 
-def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved",
-                     dtype=None, out=None, num_threads=None, frequencies="transformer",
-                     padding_idx=None):
+def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: int = 0,
+                     layout: SinusoidalLayout = "interleaved", dtype: DTypeLike | None = None,
+                     out: np.ndarray | None = None, num_threads: int | None = None,
+                     frequencies: SinusoidalFrequencies = "transformer",
+                     padding_idx: int | None = None) -> np.ndarray:
     """NumPy twin of :func:`fastpe.sinusoidal_table`."""
     plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads,
                                   frequencies, padding_idx)
@@ -124,15 +140,19 @@ def sinusoidal_table(length, dim, *, base=10000.0, offset=0, layout="interleaved
     return plan.x[0] if out is None else out
 
 
-def add_sinusoidal(x, positions=None, *, offset=0, base=10000.0, layout="interleaved",
-                   scale=1.0, num_threads=None, frequencies="transformer", padding_idx=None):
+def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int = 0,
+                   base: float = 10000.0, layout: SinusoidalLayout = "interleaved",
+                   scale: float = 1.0, num_threads: int | None = None,
+                   frequencies: SinusoidalFrequencies = "transformer",
+                   padding_idx: int | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_sinusoidal`."""
     run_sinusoidal(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads,
                                         frequencies, padding_idx))
     return x
 
 
-def add_learned(x, table, positions=None, *, offset=0, num_threads=None):
+def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *,
+                offset: int = 0, num_threads: int | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_learned`."""
     run_learned(_args.add_learned(x, table, positions, offset, num_threads))
     return x
@@ -141,7 +161,8 @@ def add_learned(x, table, positions=None, *, offset=0, num_threads=None):
 rope_frequencies = _rope_scaling.rope_frequencies
 
 
-def rope_cos_sin(positions, freqs, *, dtype="float32"):
+def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
+                 dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
     """NumPy twin of :func:`fastpe.rope_cos_sin`."""
     pos, freqs, dt = _args.rope_cos_sin(positions, freqs, dtype)
     angles = pos[..., None].astype(np.float64) * freqs.inv_freq
@@ -149,17 +170,22 @@ def rope_cos_sin(positions, freqs, *, dtype="float32"):
     return (np.cos(angles) * att).astype(dt), (np.sin(angles) * att).astype(dt)
 
 
-def apply_rope(q, k=None, positions=None, *, offset=0, freqs=None, base=None, scaling=None,
-               rotary_dim=None, style="neox", layout="bshd", inverse=False, num_threads=None,
-               max_position_embeddings=None):
+def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
+               offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
+               base: float | None = None, scaling: ScalingDict | None = None,
+               rotary_dim: int | None = None, style: Style = "neox", layout: RopeLayout = "bshd",
+               inverse: bool = False, num_threads: int | None = None,
+               max_position_embeddings: int | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope`."""
     run_rope(_args.rope(q, k, positions, offset, rotary_dim, freqs, base, scaling,
                         max_position_embeddings, style, layout, inverse, num_threads))
     return q, k
 
 
-def apply_rope_cached(q, k, cos, sin, positions=None, *, offset=0, style="neox", layout="bshd",
-                      inverse=False, num_threads=None):
+def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
+                      positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
+                      layout: RopeLayout = "bshd", inverse: bool = False,
+                      num_threads: int | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
     run_rope(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
                                num_threads))
@@ -209,9 +235,12 @@ def _alibi_rows(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
 alibi_slopes = _math.alibi_slopes
 
 
-def alibi_bias(num_heads, q_len, k_len, *, slopes=None, q_offset=None, causal=False,
-               symmetric=False, dtype=None, out=None, q_positions=None,
-               k_positions=None, key_mask=None, max_bias=None, num_threads=None):
+def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,
+               q_offset: int | None = None, causal: bool = False, symmetric: bool = False,
+               dtype: DTypeLike | None = None, out: np.ndarray | None = None,
+               q_positions: PositionsLike = None, k_positions: PositionsLike = None,
+               key_mask: ArrayLike | None = None, max_bias: float | None = None,
+               num_threads: int | None = None) -> np.ndarray:
     """NumPy twin of :func:`fastpe.alibi_bias`."""
     plan = _args.alibi_bias(num_heads, q_len, k_len, slopes, max_bias, q_offset, causal,
                             symmetric, q_positions, k_positions, key_mask, dtype, out,
@@ -220,9 +249,10 @@ def alibi_bias(num_heads, q_len, k_len, *, slopes=None, q_offset=None, causal=Fa
     return plan.scores if out is None else out
 
 
-def add_alibi(scores, *, slopes=None, q_offset=None, causal=False, symmetric=False,
-              num_threads=None, q_positions=None, k_positions=None, key_mask=None,
-              max_bias=None):
+def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int | None = None,
+              causal: bool = False, symmetric: bool = False, num_threads: int | None = None,
+              q_positions: PositionsLike = None, k_positions: PositionsLike = None,
+              key_mask: ArrayLike | None = None, max_bias: float | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_alibi`."""
     run_alibi(_args.add_alibi(scores, slopes, max_bias, q_offset, causal, symmetric,
                               q_positions, k_positions, key_mask, num_threads))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -60,18 +61,19 @@ _POSITIONS_STACK = 512  # rope.pxi POSITIONS_STACK
 # parsed RopeSpec. A call with the same arguments costs a hash and a lookup; one passing the
 # same dict object, unchanged, costs less (_BY_DICT: id -> the dict, the other arguments,
 # the dict's items then, the spec).
-_SPECS: dict[tuple, _rope_scaling.RopeSpec] = {}
-_BY_DICT: dict[int, tuple] = {}
+_SPECS: dict[tuple[Any, ...], _rope_scaling.RopeSpec] = {}
+_BY_DICT: dict[int, tuple[dict[Any, Any], tuple[Any, ...], tuple[tuple[Any, Any], ...],
+                          _rope_scaling.RopeSpec]] = {}
 _MAX_SPECS = 256
 
 
-def _cached_spec(kern, head_dim: int, rotary_dim: object, base: object, scaling: object,
+def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object, scaling: object,
                  max_position_embeddings: object) -> _rope_scaling.RopeSpec | None:
     """The spec _args.rope_spec parses from these arguments, memoised; None when
     they are refused (the general path then raises, in its own order)."""
     args = (head_dim, rotary_dim, type(rotary_dim), base, type(base), max_position_embeddings,
             type(max_position_embeddings))
-    key: tuple | None
+    key: tuple[Any, ...] | None
     if scaling is None:
         key = args
     elif type(scaling) is dict:
@@ -149,8 +151,10 @@ def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
     return hi + 1 if lo >= 0 else None
 
 
-def _try_fast(kern, q, k, positions, offset, source, style, layout, inverse, num_threads,
-              cache=None) -> bool:
+def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: int,
+              source: RopeFrequencies | _rope_scaling.RopeSpec | None, style: str,
+              layout: str, inverse: bool, num_threads: int | None,
+              cache: tuple[object, object] | None = None) -> bool:
     """Rotate through the compiled fast path when the arguments are the plain
     common case; False (nothing written) sends the call down the general,
     fully validating path, which also produces every error message.
@@ -170,9 +174,10 @@ def _try_fast(kern, q, k, positions, offset, source, style, layout, inverse, num
     nbytes = q.nbytes + (k.nbytes if type(k) is np.ndarray else 0)
     threads = _threads.resolve(num_threads, 2 * nbytes)
     if cache is not None:
-        return kern.rope_cached_fast(q, k, cache[0], cache[1], positions, offset, layout_code,
-                                     neox, inverse, threads)
-    if type(source) is not RopeFrequencies:
+        done: bool = kern.rope_cached_fast(q, k, cache[0], cache[1], positions, offset,
+                                           layout_code, neox, inverse, threads)
+        return done
+    if isinstance(source, _rope_scaling.RopeSpec):
         if source.depends_on_seq_len:
             seq_len = _fast_seq_len(q, positions, offset, layout)
             if seq_len is None:
@@ -180,6 +185,8 @@ def _try_fast(kern, q, k, positions, offset, source, style, layout, inverse, num
             source = source.frequencies(seq_len)
         else:
             source = source.frequencies()
+    elif source is None:
+        return False
     att = source.attention_scaling
     if att == 1.0:
         cos_scale = 1.0
@@ -189,8 +196,9 @@ def _try_fast(kern, q, k, positions, offset, source, style, layout, inverse, num
         return False
     if inverse:
         cos_scale = 1.0 / cos_scale
-    return kern.rope_fast(q, k, positions, offset, layout_code, neox, source.inv_freq,
+    done = kern.rope_fast(q, k, positions, offset, layout_code, neox, source.inv_freq,
                           cos_scale, -cos_scale if inverse else cos_scale, threads)
+    return done
 
 
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
@@ -236,8 +244,8 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if freqs is None:
             source = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
                                   max_position_embeddings)
-        elif (type(freqs) is RopeFrequencies and base is scaling is rotary_dim is None
-              and max_position_embeddings is None):
+        elif (type(freqs) is RopeFrequencies and base is None and scaling is None
+              and rotary_dim is None and max_position_embeddings is None):
             source = freqs
         if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
                                             layout, inverse, num_threads):
