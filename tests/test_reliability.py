@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import COMPILED, F32, F64, assert_close, pe_exact, run_python
 
 import fastpe
 from fastpe import _rope_scaling
@@ -185,3 +186,57 @@ def test_extreme_but_valid_configurations_stay_finite():
                                    fastpe.RopeFrequencies(np.array([top, 1.0]), 3e38),
                                    dtype="float64")
     assert np.isfinite(cos).all() and np.isfinite(sin).all()
+
+
+# ---- rows wider than one block of frequencies --------------------------------------------
+
+WIDE = [8195, 3 * 8192]     # 2 blocks with an odd column; exactly 3 blocks
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.parametrize("dim, layout, dtype", [
+    *[(WIDE[0], layout, dtype) for layout in ("interleaved", "split")
+      for dtype in (F32, F64, np.dtype(np.float16))],
+    *[(WIDE[1], layout, F32) for layout in ("interleaved", "split")]], ids=str)
+def test_wide_rows_match_the_formula(dim, layout, dtype):
+    """Rows of more than 4096 frequencies are made a block of frequencies at a time (the
+    work space stays small): every staging path (table written directly or staged, one
+    batch row fused, several batch rows, a transposed x, per-row positions) still gives
+    the formula, across a 32-token reseeding boundary and for 1 and 2 threads."""
+    pos = np.array([[0, 1, 2, 3, 70, 5000] + list(range(100, 134))])  # 40 tokens
+    want = pe_exact(pos[0], dim, layout=layout)
+    got = fastpe.sinusoidal_table(40, dim, offset=7, layout=layout, dtype=dtype)
+    assert_close(got, pe_exact(np.arange(7, 47), dim, layout=layout), dtype, max_position=46,
+                 context=f"table {dim} {layout}")
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 40, dim)).astype(dtype)
+    for name, target, positions in [("batch", x.copy(), pos[0]),
+                                    ("per-row", x.copy(), np.repeat(pos, 2, axis=0)),
+                                    ("transposed", np.ascontiguousarray(
+                                        x.transpose(0, 2, 1)).transpose(0, 2, 1), pos[0])]:
+        for threads in (1, 2):
+            out = target.copy(order="K")   # keeps the transposed layout
+            assert out.strides == target.strides
+            fastpe.add_sinusoidal(out, positions, layout=layout, scale=2.0,
+                                  num_threads=threads)
+            assert_close(out, x.astype(np.float64) * 2 + want, dtype, magnitude=3.0,
+                         max_position=5000, context=f"add {name} {dim} {layout} t{threads}")
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_work_space_grows_with_the_work_not_the_width():
+    """One token of a 2e7-wide table, and cos/sin of one position with 1e7 frequencies,
+    in a process limited to 1.2 GB of address space: the work space used to be 32 rows
+    of the full width (5 GB) whatever the number of tokens."""
+    proc = run_python("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (1200 << 20,) * 2)
+        import numpy as np, fastpe
+        t = fastpe.sinusoidal_table(1, 2 * 10**7)
+        assert t[0, 0] == 0 and t[0, 1] == 1 and t[0, -1] == 1, t[0, -4:]
+        del t
+        w = np.full(10**7, 0.5)
+        cos, sin = fastpe.rope_cos_sin([3], fastpe.RopeFrequencies(w, 1.0))
+        assert np.allclose(cos, np.cos(1.5), atol=1e-6) and np.allclose(sin, np.sin(1.5))
+        print("OK")
+    """, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["OK"], proc.stderr[-2000:]

@@ -1,6 +1,8 @@
 # Shared declarations of the kernels: storage types, conversions, the thread
 # pattern. Included by kernels.pyx, so every ISA variant compiles its own copy.
 
+from cpython.pyport cimport PY_SSIZE_T_MAX
+
 cdef extern from "fastpe_math.h" nogil:
     ctypedef struct fpe_f16:
         uint16_t bits
@@ -175,6 +177,10 @@ cdef class Scratch:
 
     def __cinit__(self, Py_ssize_t per_thread_bytes, int nthreads, Py_ssize_t shared_bytes=0):
         cdef Py_ssize_t per_thread = round_up(max(per_thread_bytes, 64), 64)
+        # a size past Py_ssize_t would wrap to a small allocation that the loops overrun
+        if (per_thread_bytes < 0 or shared_bytes < 0 or shared_bytes > PY_SSIZE_T_MAX // 2
+                or per_thread > (PY_SSIZE_T_MAX // 2 - shared_bytes) // max(nthreads, 1)):
+            raise MemoryError("fastpe: kernel work space too large to address")
         self.data = <char *>malloc(per_thread * nthreads + round_up(shared_bytes, 64) + 64)
         if self.data == NULL:
             raise MemoryError("fastpe: could not allocate kernel work space")

@@ -15,6 +15,10 @@ cdef extern from *:
 cdef enum:
     CHUNK_TOKENS = 512
     CHUNK_BYTES = 4 << 20
+    # Wider rows are made in blocks of this many frequencies, so that the work space
+    # of a thread (angles, steps, PE rows) grows with the work, not with dim: one
+    # token of a 10**8-wide table needs a few hundred KB, not 32 rows of 800 MB
+    FREQ_BLOCK = 4096
 
 
 cdef struct SinusoidalCall:
@@ -25,31 +29,38 @@ cdef struct SinusoidalCall:
     Py_ssize_t pos_rows
     int64_t offset
     const double *w           # inverse wavelengths, nfreq = ceil(dim / 2)
-    const double *step_s      # sin(w), cos(w): one token's angle step
-    const double *step_c
+    const double *step_s      # sin(w), cos(w): one token's angle step (NULL when
+    const double *step_c      # blocked: each unit makes its block's own)
     Py_ssize_t nfreq
+    Py_ssize_t fblock         # frequencies per block: nfreq, or FREQ_BLOCK when wider
     bint split                # [sin | cos] halves instead of interleaved pairs
     bint accumulate           # x * scale + PE, else scale * PE
     double scale
     Py_ssize_t chunk          # tokens per work unit, a multiple of BLOCK_TOKENS
+    bint direct               # PE rows written straight into x (float32/64 table rows)
+    bint fused                # one batch row: each PE row added as soon as it is made
 
 
 cdef inline void pe_row(const double *s, const double *c, real_t *pe, Py_ssize_t dim,
-                        Py_ssize_t nfreq, bint split, double mult) noexcept nogil:
-    """One row of the encoding, times mult, from the sin/cos of its angles."""
+                        Py_ssize_t nfreq, bint split, double mult, Py_ssize_t f0,
+                        Py_ssize_t f1) noexcept nogil:
+    """The columns of frequencies f0 .. f1 - 1 of one row of the encoding (pe is
+    the row), times mult, from the sin/cos of their angles (s[0] is frequency f0)."""
     cdef Py_ssize_t i
-    cdef Py_ssize_t ncos = dim // 2
+    cdef Py_ssize_t ncos = min(dim // 2, f1)
+    cdef real_t *pair
     if split:
-        for i in range(nfreq):
-            pe[i] = <real_t>(s[i] * mult)
-        for i in range(ncos):
-            pe[nfreq + i] = <real_t>(c[i] * mult)
+        for i in range(f1 - f0):
+            pe[f0 + i] = <real_t>(s[i] * mult)
+        for i in range(ncos - f0):
+            pe[nfreq + f0 + i] = <real_t>(c[i] * mult)
     else:
-        for i in range(ncos):
-            pe[2 * i] = <real_t>(s[i] * mult)
-            pe[2 * i + 1] = <real_t>(c[i] * mult)
-        if nfreq > ncos:
-            pe[dim - 1] = <real_t>(s[nfreq - 1] * mult)
+        pair = pe + 2 * f0
+        for i in range(ncos - f0):
+            pair[2 * i] = <real_t>(s[i] * mult)
+            pair[2 * i + 1] = <real_t>(c[i] * mult)
+        if f1 > ncos:
+            pe[dim - 1] = <real_t>(s[f1 - 1 - f0] * mult)
 
 
 cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
@@ -83,6 +94,23 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
         j0 += n
 
 
+cdef inline void add_block(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
+                           Py_ssize_t nfreq, bint split, Py_ssize_t f0, Py_ssize_t f1,
+                           bint accumulate, real_t scale) noexcept nogil:
+    """add_row on the columns of frequencies f0 .. f1 - 1 (pe is the whole row)."""
+    cdef Py_ssize_t ncos = min(dim // 2, f1)
+    if f0 == 0 and f1 == nfreq:
+        add_row(row, sd, pe, dim, accumulate, scale)
+    elif split:
+        add_row(row + f0 * sd, sd, pe + f0, f1 - f0, accumulate, scale)
+        if ncos > f0:
+            add_row(row + (nfreq + f0) * sd, sd, pe + nfreq + f0, ncos - f0, accumulate,
+                    scale)
+    else:
+        add_row(row + 2 * f0 * sd, sd, pe + 2 * f0, min(2 * f1, dim) - 2 * f0, accumulate,
+                scale)
+
+
 cdef inline void add_columns(store_t *x, Py_ssize_t ss, Py_ssize_t sd, const real_t *pe,
                              Py_ssize_t ntok, Py_ssize_t t0, Py_ssize_t dim, bint accumulate,
                              real_t scale) noexcept nogil:
@@ -114,44 +142,54 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef Py_ssize_t b0 = 0 if a.pos_rows == 1 else prow
     cdef Py_ssize_t b1 = a.batch if a.pos_rows == 1 else prow + 1
     cdef double *s = <double *>work
-    cdef double *c = s + a.nfreq
-    cdef float *pe_f = <float *>(c + a.nfreq)
-    cdef double *pe_d = c + a.nfreq
-    cdef Py_ssize_t t, b, r
-    cdef int64_t p, prev = 0
+    cdef double *c = s + a.fblock
+    cdef double *step_s = c + a.fblock
+    cdef double *step_c = step_s + a.fblock
+    cdef float *pe_f = <float *>(step_c + a.fblock)
+    cdef double *pe_d = step_c + a.fblock
+    cdef Py_ssize_t t, b, r, f0, f1
+    cdef int64_t p, prev
     cdef double mult = 1.0 if a.accumulate else a.scale
-    cdef bint direct = ((store_t is float or store_t is double) and not a.accumulate
-                        and a.sd == 1 and b1 - b0 == 1)
+    cdef bint direct = a.direct
     # one batch row, token-major: each PE row is added as soon as it is made, while it
     # is in L1 (a chunk of rows made first, then added, makes the data pass twice)
-    cdef bint fused = (not direct and b1 - b0 == 1
-                       and (a.sd == 1 or magnitude(a.ss) >= magnitude(a.sd)))
-    for t in range(t0, t1):
-        p = position_at(a.pos, prow, a.seq, t, a.offset)
-        # reseeded at fixed token indices, whatever the chunk: any thread count
-        # and chunk size give the same bits
-        angles_for_token(s, c, a.w, a.step_s, a.step_c, a.nfreq, p, prev,
-                         t % BLOCK_TOKENS == 0)
-        prev = p
-        r = 0 if fused else (t - t0) * a.dim
-        if store_t is double:
-            pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
-                   a.dim, a.nfreq, a.split, mult)
-        elif store_t is float:
-            pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct else pe_f + r,
-                   a.dim, a.nfreq, a.split, mult)
+    cdef bint fused = a.fused
+    f0 = 0
+    while f0 < a.nfreq:  # one block unless the rows are very wide
+        f1 = min(f0 + a.fblock, a.nfreq)
+        if a.step_s != NULL:
+            step_s, step_c = <double *>a.step_s, <double *>a.step_c
         else:
-            pe_row(s, c, pe_f + r, a.dim, a.nfreq, a.split, mult)
-        if fused:
+            fpe_sincos_row(1.0, a.w + f0, step_s, step_c, f1 - f0, 1.0)
+        prev = 0
+        for t in range(t0, t1):
+            p = position_at(a.pos, prow, a.seq, t, a.offset)
+            # reseeded at fixed token indices, whatever the chunk: any thread count
+            # and chunk size give the same bits
+            angles_for_token(s, c, a.w + f0, step_s, step_c, f1 - f0, p, prev,
+                             t % BLOCK_TOKENS == 0)
+            prev = p
+            r = 0 if fused else (t - t0) * a.dim
             if store_t is double:
-                add_row(x + b0 * a.sb + t * a.ss, a.sd, pe_d, a.dim, a.accumulate, a.scale)
+                pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
+                       a.dim, a.nfreq, a.split, mult, f0, f1)
+            elif store_t is float:
+                pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct else pe_f + r,
+                       a.dim, a.nfreq, a.split, mult, f0, f1)
             else:
-                add_row(x + b0 * a.sb + t * a.ss, a.sd, pe_f, a.dim, a.accumulate,
-                        <float>a.scale)
-        elif not direct and a.sd == 1:
-            # the arithmetic leaves memory idle: fetch the row the first batch
-            # row will add into, so its stream starts warm
-            prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
+                pe_row(s, c, pe_f + r, a.dim, a.nfreq, a.split, mult, f0, f1)
+            if fused:
+                if store_t is double:
+                    add_block(x + b0 * a.sb + t * a.ss, a.sd, pe_d, a.dim, a.nfreq, a.split,
+                              f0, f1, a.accumulate, a.scale)
+                else:
+                    add_block(x + b0 * a.sb + t * a.ss, a.sd, pe_f, a.dim, a.nfreq, a.split,
+                              f0, f1, a.accumulate, <float>a.scale)
+            elif not direct and a.sd == 1 and f1 == a.nfreq:
+                # the arithmetic leaves memory idle: fetch the row the first batch
+                # row will add into, so its stream starts warm
+                prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
+        f0 = f1
     if direct or fused:
         return
     if a.sd != 1 and magnitude(a.ss) < magnitude(a.sd):
@@ -215,12 +253,25 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     a.chunk -= a.chunk % BLOCK_TOKENS
     cdef Py_ssize_t nunits = a.pos_rows * ceil_div(a.seq, a.chunk)
     cdef int nthreads = units_threads(nunits, num_threads)
-    cdef Scratch scratch = Scratch((2 * a.nfreq + a.chunk * a.dim) * sizeof(double),
-                                   nthreads, 2 * a.nfreq * sizeof(double))
-    a.step_s = <const double *>scratch.shared
-    a.step_c = a.step_s + a.nfreq
+    cdef bint one_row = a.pos_rows > 1 or a.batch == 1  # each unit feeds one batch row
+    a.direct = ((code == CODE_F32 or code == CODE_F64) and not accumulate and a.sd == 1
+                and one_row)
+    a.fused = (not a.direct and one_row
+               and (a.sd == 1 or magnitude(a.ss) >= magnitude(a.sd)))
+    # work space grows with the work: PE rows only where they are staged, no more
+    # rows than tokens, and angles for one block of frequencies
+    cdef Py_ssize_t pe_rows = 0 if a.direct else (1 if a.fused else min(a.chunk, a.seq))
+    cdef bint blocked = a.nfreq > FREQ_BLOCK
+    a.fblock = FREQ_BLOCK if blocked else a.nfreq
+    cdef Scratch scratch = Scratch((4 * a.fblock + pe_rows * a.dim) * sizeof(double),
+                                   nthreads, 0 if blocked else 2 * a.nfreq * sizeof(double))
+    a.step_s = a.step_c = NULL
+    if not blocked:
+        a.step_s = <const double *>scratch.shared
+        a.step_c = a.step_s + a.nfreq
     with nogil:
-        fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)
+        if not blocked:
+            fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)
         if code == CODE_F32:
             sinusoidal_run(&a, <float *>a.x, scratch.work, nthreads)
         elif code == CODE_F64:
