@@ -9,18 +9,21 @@ parsed specs and their frequencies are cached and shared between callers, which 
 why the returned arrays are read-only.
 """
 
+from __future__ import annotations
+
 import math
 import numbers
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
 from . import _hf_models
+from ._typing import Style
 
 __all__ = [
     "SUPPORTED_ROPE_TYPES",
@@ -47,6 +50,23 @@ _MAX_CACHED_LENGTHS = 64
 MAX_INV_FREQ = np.finfo(np.float64).max / 2.0**63
 # Normal float32 numbers: the attention scaling multiplies cos and sin in float32.
 ATTENTION_SCALING_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
+
+# What a spec's frequencies depend on besides the spec: None for most types, the length
+# max(seq_len, original) for dynamic, whether seq_len is past the original for longrope.
+Regime = int | bool | None
+
+
+class HfRope(TypedDict):
+    """What :func:`hf_rope_config` reads from a config; see there."""
+
+    head_dim: int
+    rotary_dim: int
+    base: float
+    scaling: dict[str, Any] | None
+    max_position_embeddings: int | None
+    style: Style
+    features: tuple[int, int]
+    inverse: bool
 
 
 class RopeFrequencies(NamedTuple):
@@ -76,14 +96,15 @@ class RopeSpec:
     attention_scaling: float = 1.0
     params: tuple[tuple[str, Any], ...] = ()
     depends_on_seq_len: bool = field(init=False, repr=False, compare=False)
-    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _cache_lock: Any = field(default_factory=threading.Lock, init=False, repr=False,
-                             compare=False)
+    _cache: dict[Regime, RopeFrequencies] = field(default_factory=dict, init=False, repr=False,
+                                                  compare=False)
+    _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                        compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
 
-    def frequencies(self, seq_len=None) -> RopeFrequencies:
+    def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
         """The frequencies for a sequence of ``seq_len`` positions (None: not past the original).
 
         Calls in the same regime return the same object: one for most types; for
@@ -94,17 +115,18 @@ class RopeSpec:
         cached = self._cache.get(regime)
         return cached if cached is not None else self._compute(regime)
 
-    def _regime(self, seq_len):
+    def _regime(self, seq_len: int | None) -> Regime:
         if seq_len is not None and not (type(seq_len) is int and seq_len >= 0):
             seq_len = _whole_number("seq_len", seq_len, minimum=0)
         if not self.depends_on_seq_len:
             return None
         original = self.original_max_position_embeddings
+        assert original is not None  # _parse sets it for both types
         if self.rope_type == "dynamic":
             return original if seq_len is None else max(seq_len, original)
         return seq_len is not None and seq_len > original
 
-    def _compute(self, regime) -> RopeFrequencies:
+    def _compute(self, regime: Regime) -> RopeFrequencies:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             inv_freq = _INV_FREQ[self.rope_type](self, regime)
         self._check_frequencies(inv_freq)
@@ -126,7 +148,7 @@ class RopeSpec:
             # if two threads raced, both callers get the object that was stored first
             return self._cache.setdefault(regime, freqs)
 
-    def _check_frequencies(self, inv_freq) -> None:
+    def _check_frequencies(self, inv_freq: np.ndarray) -> None:
         """Every angle position * inv_freq must be a finite float64 for every int64
         position: finite, tiny or huge inputs can still make base**(-2i/d) / factor
         overflow."""
@@ -146,7 +168,8 @@ class RopeSpec:
 
 
 def rope_frequencies(
-    dim, *, base=None, scaling=None, seq_len=None, max_position_embeddings=None
+    dim: int, *, base: float | None = None, scaling: Mapping[str, Any] | None = None,
+    seq_len: int | None = None, max_position_embeddings: int | None = None
 ) -> RopeFrequencies:
     """Inverse frequencies and attention scaling for rotary position embeddings.
 
@@ -219,7 +242,8 @@ def rope_frequencies(
     return spec.frequencies(seq_len)
 
 
-def parse_rope_spec(dim, *, base=None, scaling=None, max_position_embeddings=None) -> RopeSpec:
+def parse_rope_spec(dim: object, *, base: object = None, scaling: object = None,
+                    max_position_embeddings: object = None) -> RopeSpec:
     """Validate the arguments of :func:`rope_frequencies` (less ``seq_len``) once.
 
     Results are memoised on the arguments, a dict ``scaling`` by its current contents,
@@ -234,7 +258,7 @@ def parse_rope_spec(dim, *, base=None, scaling=None, max_position_embeddings=Non
     return _parse(dim, base, scaling, max_position_embeddings)
 
 
-def hf_rope_config(config, *, layer_type=None) -> dict:
+def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
     """The RoPE settings of a Hugging Face model config, ready for :func:`rope_frequencies`.
 
     ``config`` is a transformers config object (its ``to_dict()``, or getattr) or its
@@ -334,10 +358,13 @@ def hf_rope_config(config, *, layer_type=None) -> dict:
     }
 
 
+_Parser = Callable[[int, float, Mapping[str, Any], int | None, int | None], RopeSpec]
+
+
 # -- parsing ---------------------------------------------------------------------------
 
 
-def _freeze(value):
+def _freeze(value: object) -> tuple[object, ...]:
     # Type-tagged so that e.g. True and 1 (equal and hash-equal) stay distinct cache keys.
     # A list inside a list stays unhashable, and such a dict is simply parsed uncached.
     if isinstance(value, (list, tuple)):
@@ -345,28 +372,30 @@ def _freeze(value):
     return (type(value), value)
 
 
-def _thaw(frozen):
+def _thaw(frozen: tuple[Any, ...]) -> object:
     return list(frozen[1]) if frozen[0] is list else frozen[1]
 
 
 @lru_cache(maxsize=256, typed=True)
-def _parse_cached(dim, base, frozen_scaling, max_position_embeddings) -> RopeSpec:
+def _parse_cached(dim: object, base: object,
+                  frozen_scaling: tuple[tuple[str, tuple[Any, ...]], ...] | None,
+                  max_position_embeddings: object) -> RopeSpec:
     scaling = None if frozen_scaling is None else {k: _thaw(v) for k, v in frozen_scaling}
     return _parse(dim, base, scaling, max_position_embeddings)
 
 
 # Equal specs reached through different spellings (base=None or 10000.0, scaling=None or
 # {"rope_type": "default"}) share one instance, hence one frequency cache.
-_INTERNED: weakref.WeakValueDictionary[tuple, RopeSpec] = weakref.WeakValueDictionary()
+_INTERNED: weakref.WeakValueDictionary[tuple[object, ...], RopeSpec] = weakref.WeakValueDictionary()
 
 
-def _intern(spec) -> RopeSpec:
+def _intern(spec: RopeSpec) -> RopeSpec:
     # Keyed by the compared fields rather than the spec itself, which would keep it alive.
     key = tuple(getattr(spec, f.name) for f in fields(spec) if f.compare)
     return _INTERNED.setdefault(key, spec)
 
 
-def _parse(dim, base, scaling, max_position_embeddings) -> RopeSpec:
+def _parse(dim: object, base: object, scaling: object, max_position_embeddings: object) -> RopeSpec:
     head_dim = _whole_number("dim", dim, minimum=1)
     if max_position_embeddings is not None:
         max_position_embeddings = _whole_number(
@@ -399,11 +428,12 @@ def _parse(dim, base, scaling, max_position_embeddings) -> RopeSpec:
     # rather than at the first call (longrope: both sets of factors)
     spec.frequencies()
     if rope_type == "longrope":
-        spec.frequencies(spec.original_max_position_embeddings + 1)
+        assert original is not None
+        spec.frequencies(original + 1)
     return spec
 
 
-def _check_attention_scaling(value, keys) -> None:
+def _check_attention_scaling(value: float, keys: Sequence[str]) -> None:
     """cos and sin are multiplied by the attention scaling in float32 for every storage
     dtype but float64: it must be a normal float32. `keys`: the scaling fields it
     comes from."""
@@ -416,7 +446,7 @@ def _check_attention_scaling(value, keys) -> None:
         )
 
 
-def _rope_type(scaling) -> str:
+def _rope_type(scaling: Mapping[str, Any]) -> str:
     rope_type = scaling.get("rope_type")
     if rope_type is None:
         rope_type = scaling.get("type")
@@ -432,7 +462,7 @@ def _rope_type(scaling) -> str:
     return rope_type
 
 
-def _resolve_base(base, scaling) -> float:
+def _resolve_base(base: object, scaling: Mapping[str, Any]) -> float:
     theta = scaling.get("rope_theta")
     if theta is not None:
         theta = _positive(_key("rope_theta"), theta)
@@ -447,7 +477,7 @@ def _resolve_base(base, scaling) -> float:
     return base
 
 
-def _rotary_width(head_dim, partial, name, dim_name="dim") -> int:
+def _rotary_width(head_dim: int, partial: object, name: str, dim_name: str = "dim") -> int:
     """int(head_dim * partial), truncated as transformers does; it must be even."""
     if partial is None:
         if head_dim % 2:
@@ -467,7 +497,8 @@ def _rotary_width(head_dim, partial, name, dim_name="dim") -> int:
     return rotary_dim
 
 
-def _original_length(rope_type, scaling, max_position_embeddings) -> int:
+def _original_length(rope_type: str, scaling: Mapping[str, Any],
+                     max_position_embeddings: int | None) -> int:
     original = scaling.get("original_max_position_embeddings")
     if original is not None:
         return _whole_number(_key("original_max_position_embeddings"), original, minimum=1)
@@ -479,14 +510,15 @@ def _original_length(rope_type, scaling, max_position_embeddings) -> int:
     return max_position_embeddings
 
 
-def _required(scaling, name, rope_type):
+def _required(scaling: Mapping[str, Any], name: str, rope_type: str) -> object:
     value = scaling.get(name)
     if value is None:
         raise ValueError(f"{_key(name)} is required for rope type {rope_type!r}")
     return value
 
 
-def _factor_or_ratio(scaling, rope_type, original, max_position_embeddings) -> float:
+def _factor_or_ratio(scaling: Mapping[str, Any], rope_type: str, original: int,
+                     max_position_embeddings: int | None) -> float:
     """``factor``, defaulting to max_position_embeddings / original as transformers does."""
     factor = scaling.get("factor")
     if factor is not None:
@@ -499,21 +531,26 @@ def _factor_or_ratio(scaling, rope_type, original, max_position_embeddings) -> f
     return max_position_embeddings / original
 
 
-def _parse_default(dim, base, scaling, original, max_position_embeddings):
+def _parse_default(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                   max_position_embeddings: int | None) -> RopeSpec:
     return RopeSpec("default", dim, base)
 
 
-def _parse_linear(dim, base, scaling, original, max_position_embeddings):
+def _parse_linear(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                  max_position_embeddings: int | None) -> RopeSpec:
     factor = _positive(_key("factor"), _required(scaling, "factor", "linear"))
     return RopeSpec("linear", dim, base, factor=factor)
 
 
-def _parse_dynamic(dim, base, scaling, original, max_position_embeddings):
+def _parse_dynamic(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                   max_position_embeddings: int | None) -> RopeSpec:
     factor = _positive(_key("factor"), _required(scaling, "factor", "dynamic"))
     return RopeSpec("dynamic", dim, base, original, factor)
 
 
-def _parse_yarn(dim, base, scaling, original, max_position_embeddings):
+def _parse_yarn(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                max_position_embeddings: int | None) -> RopeSpec:
+    assert original is not None  # _parse resolves it for this type
     if base == 1.0:
         raise ValueError("yarn needs base != 1 (its correction range divides by log(base))")
     factor = _factor_or_ratio(scaling, "yarn", original, max_position_embeddings)
@@ -533,7 +570,7 @@ def _parse_yarn(dim, base, scaling, original, max_position_embeddings):
     return RopeSpec("yarn", dim, base, original, factor, attention, params)
 
 
-def _yarn_attention_factor(scaling, factor) -> float:
+def _yarn_attention_factor(scaling: Mapping[str, Any], factor: float) -> float:
     given = scaling.get("attention_factor")
     if given is not None:
         return _positive(_key("attention_factor"), given)
@@ -552,30 +589,34 @@ def _yarn_attention_factor(scaling, factor) -> float:
     return numerator / denominator
 
 
-def _yarn_mscale(factor, mscale) -> float:
+def _yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _parse_longrope(dim, base, scaling, original, max_position_embeddings):
+def _parse_longrope(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                    max_position_embeddings: int | None) -> RopeSpec:
+    assert original is not None  # _parse resolves it for this type
     short = _factor_list(scaling, "short_factor", dim)
     long = _factor_list(scaling, "long_factor", dim)
-    attention = scaling.get("attention_factor")
+    given = scaling.get("attention_factor")
     # factor only feeds the default attention factor, so it is resolved only when needed.
-    factor = scaling.get("factor")
-    if factor is not None or attention is None:
+    factor = None
+    if scaling.get("factor") is not None or given is None:
         factor = _factor_or_ratio(scaling, "longrope", original, max_position_embeddings)
-    if attention is not None:
-        attention = _positive(_key("attention_factor"), attention)
-    elif factor <= 1.0:
-        attention = 1.0
-    elif original < 2:
-        raise ValueError(
-            f"{_key('original_max_position_embeddings')} must be >= 2 for longrope's "
-            "default attention factor (it divides by its log)"
-        )
+    if given is not None:
+        attention = _positive(_key("attention_factor"), given)
     else:
-        attention = math.sqrt(1.0 + math.log(factor) / math.log(original))
-    params = (("short_factor", short), ("long_factor", long))
+        assert factor is not None
+        if factor <= 1.0:
+            attention = 1.0
+        elif original < 2:
+            raise ValueError(
+                f"{_key('original_max_position_embeddings')} must be >= 2 for longrope's "
+                "default attention factor (it divides by its log)"
+            )
+        else:
+            attention = math.sqrt(1.0 + math.log(factor) / math.log(original))
+    params: tuple[tuple[str, Any], ...] = (("short_factor", short), ("long_factor", long))
     mscales = [scaling.get(name) for name in ("short_mscale", "long_mscale")]
     if any(m is not None for m in mscales):
         if None in mscales:
@@ -586,7 +627,7 @@ def _parse_longrope(dim, base, scaling, original, max_position_embeddings):
     return RopeSpec("longrope", dim, base, original, factor, attention, params)
 
 
-def _factor_list(scaling, name, dim) -> tuple[float, ...]:
+def _factor_list(scaling: Mapping[str, Any], name: str, dim: int) -> tuple[float, ...]:
     values = _required(scaling, name, "longrope")
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise TypeError(f"{_key(name)} must be a list of numbers, got {type(values).__name__}")
@@ -597,7 +638,8 @@ def _factor_list(scaling, name, dim) -> tuple[float, ...]:
     return tuple(_positive(f"{_key(name)}[{i}]", v) for i, v in enumerate(values))
 
 
-def _parse_llama3(dim, base, scaling, original, max_position_embeddings):
+def _parse_llama3(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                  max_position_embeddings: int | None) -> RopeSpec:
     factor = _positive(_key("factor"), _required(scaling, "factor", "llama3"))
     low = _positive(_key("low_freq_factor"), _required(scaling, "low_freq_factor", "llama3"))
     high = _positive(_key("high_freq_factor"), _required(scaling, "high_freq_factor", "llama3"))
@@ -609,7 +651,8 @@ def _parse_llama3(dim, base, scaling, original, max_position_embeddings):
     return RopeSpec("llama3", dim, base, original, factor, 1.0, params)
 
 
-def _parse_proportional(dim, base, scaling, original, max_position_embeddings):
+def _parse_proportional(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
+                        max_position_embeddings: int | None) -> RopeSpec:
     partial = scaling.get("partial_rotary_factor")
     partial = 1.0 if partial is None else _positive(_key("partial_rotary_factor"), partial)
     if partial > 1.0:
@@ -621,7 +664,7 @@ def _parse_proportional(dim, base, scaling, original, max_position_embeddings):
     return RopeSpec("proportional", dim, base, factor=factor, params=params)
 
 
-_PARSERS = {
+_PARSERS: dict[str, _Parser] = {
     "default": _parse_default,
     "linear": _parse_linear,
     "dynamic": _parse_dynamic,
@@ -635,11 +678,11 @@ _PARSERS = {
 # -- value checks ----------------------------------------------------------------------
 
 
-def _key(name) -> str:
+def _key(name: str) -> str:
     return f"scaling[{name!r}]"
 
 
-def _real(name, value) -> float:
+def _real(name: str, value: object) -> float:
     # bool is an int subclass; a flag where a number belongs is a type mistake.
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
@@ -649,24 +692,24 @@ def _real(name, value) -> float:
     return value
 
 
-def _positive(name, value) -> float:
+def _positive(name: str, value: object) -> float:
     value = _real(name, value)
     if value <= 0.0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return value
 
 
-def _optional_real(scaling, name):
+def _optional_real(scaling: Mapping[str, Any], name: str) -> float | None:
     value = scaling.get(name)
     return None if value is None else _real(_key(name), value)
 
 
-def _optional_positive(scaling, name, default) -> float:
+def _optional_positive(scaling: Mapping[str, Any], name: str, default: float) -> float:
     value = scaling.get(name)
     return default if value is None else _positive(_key(name), value)
 
 
-def _whole_number(name, value, *, minimum) -> int:
+def _whole_number(name: str, value: object, *, minimum: int) -> int:
     """An integer >= minimum; a float with an integral value (4096.0) is accepted."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
@@ -681,35 +724,37 @@ def _whole_number(name, value, *, minimum) -> int:
 # -- frequencies -----------------------------------------------------------------------
 
 
-def _plain_inv_freq(dim, base) -> np.ndarray:
+def _plain_inv_freq(dim: int, base: float) -> np.ndarray:
     return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
 
 
-def _default_inv_freq(spec, regime):
+def _default_inv_freq(spec: RopeSpec, regime: Regime) -> np.ndarray:
     return _plain_inv_freq(spec.dim, spec.base)
 
 
-def _linear_inv_freq(spec, regime):
+def _linear_inv_freq(spec: RopeSpec, regime: Regime) -> np.ndarray:
     return _plain_inv_freq(spec.dim, spec.base) / spec.factor
 
 
-def _dynamic_inv_freq(spec, length):
+def _dynamic_inv_freq(spec: RopeSpec, length: Regime) -> np.ndarray:
     dim, base, factor = spec.dim, spec.base, spec.factor
     original = spec.original_max_position_embeddings
+    assert length is not None and original is not None and factor is not None
     # With dim == 2 the only exponent is 0, so the base (and d / (d - 2)) is irrelevant.
     if length > original and dim > 2:
         base *= (factor * length / original - (factor - 1.0)) ** (dim / (dim - 2))
     return _plain_inv_freq(dim, base)
 
 
-def _yarn_correction_dim(rotations, dim, base, original) -> float:
+def _yarn_correction_dim(rotations: float, dim: int, base: float, original: int) -> float:
     """The (fractional) feature index whose wavelength fits ``rotations`` times in ``original``."""
     return dim * math.log(original / (rotations * 2.0 * math.pi)) / (2.0 * math.log(base))
 
 
-def _yarn_inv_freq(spec, regime):
+def _yarn_inv_freq(spec: RopeSpec, regime: Regime) -> np.ndarray:
     params = dict(spec.params)
     dim, base, original = spec.dim, spec.base, spec.original_max_position_embeddings
+    assert original is not None and spec.factor is not None
     low = _yarn_correction_dim(params["beta_fast"], dim, base, original)
     high = _yarn_correction_dim(params["beta_slow"], dim, base, original)
     if params["truncate"]:
@@ -725,16 +770,17 @@ def _yarn_inv_freq(spec, regime):
     return interpolated * ramp + extrapolated * (1.0 - ramp)
 
 
-def _longrope_inv_freq(spec, use_long):
+def _longrope_inv_freq(spec: RopeSpec, use_long: Regime) -> np.ndarray:
     params = dict(spec.params)
     factors = np.array(params["long_factor" if use_long else "short_factor"], dtype=np.float64)
     return _plain_inv_freq(spec.dim, spec.base) / factors
 
 
-def _llama3_inv_freq(spec, regime):
+def _llama3_inv_freq(spec: RopeSpec, regime: Regime) -> np.ndarray:
     params = dict(spec.params)
     low, high = params["low_freq_factor"], params["high_freq_factor"]
     original, factor = spec.original_max_position_embeddings, spec.factor
+    assert original is not None and factor is not None
     inv_freq = _plain_inv_freq(spec.dim, spec.base)
     wavelen = 2.0 * math.pi / inv_freq
     smooth = (original / wavelen - low) / (high - low)
@@ -748,16 +794,17 @@ def _llama3_inv_freq(spec, regime):
     )
 
 
-def _proportional_inv_freq(spec, regime):
+def _proportional_inv_freq(spec: RopeSpec, regime: Regime) -> np.ndarray:
     # The first pairs keep the frequencies of the full head width; the rest get 0 and
     # stay unrotated (cos 1, sin 0), so the head width still pairs j with j + dim/2.
     inv_freq = np.zeros(spec.dim // 2, dtype=np.float64)
     rotating = dict(spec.params)["rotating_pairs"]
     inv_freq[:rotating] = _plain_inv_freq(spec.dim, spec.base)[:rotating]
+    assert spec.factor is not None
     return inv_freq / spec.factor
 
 
-_INV_FREQ = {
+_INV_FREQ: dict[str, Callable[[RopeSpec, Regime], np.ndarray]] = {
     "default": _default_inv_freq,
     "linear": _linear_inv_freq,
     "dynamic": _dynamic_inv_freq,
@@ -771,7 +818,7 @@ _INV_FREQ = {
 # -- Hugging Face configs --------------------------------------------------------------
 
 
-def _hf_plain(config):
+def _hf_plain(config: object) -> object:
     """A transformers config object as its dict: its per-layer attributes (Gemma 4) raise
     on plain attribute access, and the dict is what config.json users have anyway."""
     if isinstance(config, Mapping):
@@ -784,7 +831,7 @@ def _hf_plain(config):
 _SUB_CONFIG_SUFFIXES = ("_config", "encoder", "decoder")
 
 
-def _hf_refuse(config, model_type):
+def _hf_refuse(config: object, model_type: object) -> None:
     reason = _hf_models.REFUSED.get(model_type) if isinstance(model_type, str) else None
     if reason is not None:
         raise ValueError(f"model_type {model_type!r}: {reason}; fastpe does not reproduce it")
@@ -807,7 +854,7 @@ def _hf_refuse(config, model_type):
 
 
 
-def _hf_get(config, *names):
+def _hf_get(config: object, *names: str) -> Any:
     """The first of ``names`` that the config sets to something other than None."""
     for name in names:
         value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
@@ -816,7 +863,7 @@ def _hf_get(config, *names):
     return None
 
 
-def _hf_head_dim(config, layer_type=None) -> int:
+def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
@@ -832,7 +879,7 @@ def _hf_head_dim(config, layer_type=None) -> int:
     return hidden // _whole_number("num_attention_heads", heads, minimum=1)
 
 
-def _hf_per_layer(config, name, layer_type):
+def _hf_per_layer(config: object, name: str, layer_type: str | None) -> object:
     """``name`` from ``per_layer_config`` (Gemma 4: layer index -> overrides) for the
     layers of ``layer_type``; None where no layer of that type overrides it."""
     per_layer = _hf_get(config, "per_layer_config")
@@ -858,8 +905,10 @@ def _hf_per_layer(config, name, layer_type):
     return next(iter(values), None)
 
 
-def _hf_mla_width(config, conv, partial):
+def _hf_mla_width(config: object, conv: _hf_models.Convention,
+                  partial: object) -> tuple[int, int, tuple[int, int]]:
     """(rotated width, rotary_dim, features of the query head) of an MLA config."""
+    assert conv.width_key is not None and conv.offset_key is not None
     width = _hf_get(config, conv.width_key)
     if width is None:
         raise ValueError(f"config has no {conv.width_key}, the rotated width of this model's "
@@ -887,7 +936,7 @@ def _hf_mla_width(config, conv, partial):
         offset, offset + width)
 
 
-def _hf_scaling(config, layer_type) -> dict:
+def _hf_scaling(config: object, layer_type: str | None) -> dict[str, Any]:
     """A copy of the config's rope dict (rope_scaling wins when both are set, as in transformers)."""
     name = "rope_scaling" if _hf_get(config, "rope_scaling") else "rope_parameters"
     scaling = _hf_get(config, name)
@@ -907,12 +956,12 @@ def _hf_scaling(config, layer_type) -> dict:
     return dict(scaling)
 
 
-def _is_per_layer_type(scaling) -> bool:
+def _is_per_layer_type(scaling: Mapping[str, Any]) -> bool:
     # transformers nests rope parameters by layer type (Gemma 3); a flat dict has scalars.
     return bool(scaling) and all(v is None or isinstance(v, Mapping) for v in scaling.values())
 
 
-def _hf_rotary_dim(config, head_dim, partial) -> int:
+def _hf_rotary_dim(config: object, head_dim: int, partial: object) -> int:
     if partial is not None:
         return _rotary_width(head_dim, partial, "partial_rotary_factor")
     for name in ("partial_rotary_factor", "rotary_pct"):
