@@ -26,10 +26,12 @@ from conftest import (
     F32,
     F64,
     FLOAT_DTYPES,
+    ISA_NAMES,
     angle_atol,
     as_f64,
     assert_bytes_equal,
     assert_close,
+    run_python,
     snapshot,
     tolerance,
 )
@@ -445,3 +447,36 @@ def test_flat_qwen2_vl_config_json_loads_and_composites_are_refused():
                  "vision_config": HF_CASES["qwen2_vl_vision"]["config"]}
     with pytest.raises(ValueError, match=r"composite.*text_config"):
         fastpe.RotaryEmbedding.from_hf_config(composite)
+
+
+ISA_CHECK = """
+import json, sys
+import numpy as np
+import fastpe
+assert fastpe.backend() == "cython"
+doc = json.loads(open(sys.argv[1]).read())
+arrays = np.load(sys.argv[2])
+for case in doc["cases"]:
+    if case["kind"] not in ("text", "vision"):
+        continue
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"])
+    rng = np.random.default_rng(case["seed"])
+    q, k = rng.standard_normal(case["q_shape"]), rng.standard_normal(case["k_shape"])
+    rope(q, k, np.array(case["positions"]), layout=case["layout"], num_threads=2)
+    for got, key in ((q, "q"), (k, "k")):
+        np.testing.assert_allclose(got, arrays[case["name"] + "/" + key], rtol=0, atol=1e-13,
+                                   err_msg=case["name"])
+print(fastpe.info()["isa"], "OK")
+"""
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.parametrize("isa", ISA_NAMES)
+def test_every_isa_variant_matches_transformers(isa):
+    """Each kernel variant this CPU runs (FASTPE_ISA=baseline is the SSE2 build)."""
+    if isa not in fastpe.info()["isa_available"]:
+        pytest.skip(f"this CPU cannot run {isa}")
+    proc = run_python(ISA_CHECK, str(DATA / "hf_mrope_reference.json"),
+                      str(DATA / "hf_mrope_reference.npz"), FASTPE_ISA=isa)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"{isa} OK"
