@@ -54,6 +54,9 @@ class Convention:
         Config keys the family's rotary module does not read although fastpe reads
         them for others (MiniMax-M3's text model keeps a ``rotary_dim`` beside its
         rope dict's ``partial_rotary_factor``).
+    requires : tuple of (str, str)
+        Config settings without which the model does not rotate at all (conformer
+        speech encoders: ``position_embeddings_type`` "rotary").
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
@@ -70,6 +73,7 @@ class Convention:
     base_keys: tuple[str, ...] = ()
     mscale: bool = False
     ignored: tuple[str, ...] = ()
+    requires: tuple[tuple[str, str], ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
     axes: int = 1
 
@@ -110,6 +114,10 @@ MODELS: dict[str, Convention] = {
     "moonshine": Convention(style="gptj",
                             aliases=(("num_attention_heads", "decoder_num_attention_heads"),)),
     "minimax_m3_vl_text": Convention(ignored=("rotary_dim",)),
+    # Conformer speech encoders rotate the heads of their attention input, by frame.
+    **dict.fromkeys(("wav2vec2-conformer", "wav2vec2-bert"), Convention(
+        base_keys=("rotary_embedding_base",),
+        requires=(("position_embeddings_type", "rotary"),))),
     "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"))),
     "bailing_hybrid": replace(MLA_GPTJ, aliases=(("max_position_embeddings",
                                                    "model_max_length"),)),
@@ -129,7 +137,7 @@ REFUSED: dict[str, str] = {
     # encoders, sub-models), or whose attention does not rotate at all: not checked, so
     # not guessed.
     **dict.fromkeys((
-        "musicflamingo", "roformer", "wav2vec2-conformer", "wav2vec2-bert", "seamless_m4t",
+        "musicflamingo", "roformer", "seamless_m4t",
         "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
         "gemma4_audio", "phi4_multimodal_audio", "molmo2_adapter", "emu3_vqgan",
         "inkling2_text", "qwen3_omni_moe_talker_code_predictor", "canary_decoder",

@@ -296,6 +296,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
     model_type = _hf_get(config, "model_type")
     _hf_refuse(config, model_type)
     conv = _hf_models.convention(model_type)
+    for key, value in conv.requires:
+        if _hf_get(config, key) != value:
+            raise ValueError(f"config has {key}={_hf_get(config, key)!r}: model_type "
+                             f"{model_type!r} rotates only with {key}={value!r}")
     if (conv.aliases or conv.ignored) and isinstance(config, Mapping):
         config = {k: v for k, v in config.items() if k not in conv.ignored}
         config.update({name: config[key] for name, key in conv.aliases

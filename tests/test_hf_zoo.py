@@ -131,6 +131,8 @@ def test_per_layer_config_needs_layer_type():
     ({"model_type": "nanochat", "head_dim": 64, "max_position_embeddings": 4096,
       "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"-angle"),
     ({"model_type": "dots3_note_text", "head_dim": 64}, r"dots3_note_text.*per-layer"),
+    ({"model_type": "wav2vec2-conformer", "hidden_size": 1024, "num_attention_heads": 16,
+      "position_embeddings_type": "relative"}, r"position_embeddings_type='relative'"),
     ({"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12,
       "position_embedding_type": "absolute"}, r"position_embedding_type='absolute'"),
 ])

@@ -240,6 +240,34 @@ def run_case(config, rot_cls, apply, kind, layer_type, seed):
         return {"q": q, "k": k, "q_out": qo, "k_out": ko, "features": features}
 
 
+# Conformer speech encoders rotate their hidden states (heads of the input to the q and
+# k projections) with their own module and method, at positions 0 .. seq - 1.
+CONFORMERS = {
+    "wav2vec2-conformer": ("Wav2Vec2ConformerRotaryPositionalEmbedding",
+                           "Wav2Vec2ConformerSelfAttention"),
+    "wav2vec2-bert": ("Wav2Vec2BertRotaryPositionalEmbedding", "Wav2Vec2BertSelfAttention"),
+}
+
+
+def run_conformer(module, config, names, seed):
+    rot_cls, attention_cls = (getattr(module, n) for n in names)
+    heads = config.num_attention_heads
+    dim = config.hidden_size // heads
+    seq = int(POSITIONS.max()) + 1
+    got = {}
+    with float64_torch():
+        attention = attention_cls(config)
+        for field, s in (("q", seed), ("k", seed + 1)):
+            hidden = torch.zeros(1, seq, heads, dim)
+            hidden[0, torch.from_numpy(POSITIONS), 0] = torch.from_numpy(inputs(s, dim))
+            hidden = hidden.reshape(1, seq, heads * dim)
+            emb = rot_cls(config)(hidden)
+            out = attention._apply_rotary_embedding(hidden, emb).reshape(1, seq, heads, dim)
+            got[field] = inputs(s, dim)
+            got[field + "_out"] = out[0, torch.from_numpy(POSITIONS), 0].detach().numpy()
+    return {k: v[None, None] for k, v in got.items()} | {"features": [0, dim]}
+
+
 def json_safe(obj):
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
@@ -321,6 +349,21 @@ def main():
         except Exception:
             continue
         rot_cls, own = rotary_class(module, config_class)
+        if model_type in CONFORMERS:
+            config = small_config(config_class, {"position_embeddings_type": "rotary",
+                                                 "rotary_embedding_base": 5000})
+            seed = 2 * len(cases)
+            got = run_conformer(module, config, CONFORMERS[model_type], seed)
+            key = f"c{len(cases)}"
+            for field in ("q_out", "k_out"):
+                arrays[f"{key}_{field}"] = got[field][0, 0]
+            cases.append({"name": f"{model_type}/rotary", "key": key, "seed": seed,
+                          "model_type": model_type, "layer_type": None,
+                          "features": got["features"], "hf_order": "same",
+                          "config": config_dict(config)})
+            refusals.append({"name": model_type, "reason": "no RoPE: relative positions",
+                             "config": config_dict(small_config(config_class))})
+            continue
         if rot_cls is None:
             continue
         variants = [("default", SMALL_EXTRA.get(model_type))] + VARIANTS.get(model_type, [])
