@@ -61,16 +61,18 @@ _POSITIONS_STACK = 512  # rope.pxi POSITIONS_STACK
 # parsed RopeSpec. A call with the same arguments costs a hash and a lookup; one passing the
 # same dict object, unchanged, costs less (_BY_DICT: id -> the dict, the other arguments,
 # the dict's items then, the spec).
-_SPECS: dict[tuple[Any, ...], _rope_scaling.RopeSpec] = {}
+_SPECS: dict[tuple[Any, ...], tuple[_rope_scaling.RopeSpec, RopeFrequencies | None]] = {}
 _BY_DICT: dict[int, tuple[dict[Any, Any], tuple[Any, ...], tuple[tuple[Any, Any], ...],
-                          _rope_scaling.RopeSpec]] = {}
+                          tuple[_rope_scaling.RopeSpec, RopeFrequencies | None]]] = {}
 _MAX_SPECS = 256
 
 
-def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object, scaling: object,
-                 max_position_embeddings: object) -> _rope_scaling.RopeSpec | None:
-    """The spec _args.rope_spec parses from these arguments, memoised; None when
-    they are refused (the general path then raises, in its own order)."""
+def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object,
+                 scaling: object, max_position_embeddings: object
+                 ) -> tuple[_rope_scaling.RopeSpec, RopeFrequencies | None] | None:
+    """The spec _args.rope_spec parses from these arguments, and its frequencies
+    when they do not depend on the positions (else None), memoised; None when
+    the arguments are refused (the general path then raises, in its own order)."""
     args = (head_dim, rotary_dim, type(rotary_dim), base, type(base), max_position_embeddings,
             type(max_position_embeddings))
     key: tuple[Any, ...] | None
@@ -84,26 +86,27 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
         key = (args, tuple(scaling.items()), tuple(map(type, scaling.values())))
     else:
         return None
-    spec = None
+    parsed = None
     try:
-        spec = _SPECS.get(key)
+        parsed = _SPECS.get(key)
     except TypeError:
         key = None  # an unhashable value (a list of longrope factors)
-    if spec is None:
+    if parsed is None:
         try:
             spec = _args.rope_spec(head_dim, rotary_dim, base, scaling,
                                    max_position_embeddings)[1]
         except Exception:
             return None
+        parsed = (spec, None if spec.depends_on_seq_len else spec.frequencies())
         if key is not None:
             if len(_SPECS) >= _MAX_SPECS:
                 _SPECS.clear()
-            _SPECS[key] = spec
+            _SPECS[key] = parsed
     if scaling is not None:
         if len(_BY_DICT) >= _MAX_SPECS:
             _BY_DICT.clear()
-        _BY_DICT[id(scaling)] = (scaling, args, tuple(scaling.items()), spec)
-    return spec
+        _BY_DICT[id(scaling)] = (scaling, args, tuple(scaling.items()), parsed)
+    return parsed
 
 
 def _fast_positions(positions: object, q: np.ndarray, k: object) -> object:
@@ -134,6 +137,10 @@ def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
         if q.ndim != ndim:
             return None
         return offset + q.shape[axis] if q.shape[axis] else 0
+    if (type(positions) is np.ndarray and positions.dtype is _INT64 and positions.size
+            and positions.flags.c_contiguous and _backend.compiled is not None):
+        lo, hi = _backend.compiled.int64_range(positions)
+        return hi + 1 if lo >= 0 else None
     if type(positions) is not np.ndarray:
         try:
             positions = np.asarray(positions)
@@ -149,6 +156,27 @@ def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
         return None
     lo, hi = _checks.int64_range(positions)
     return hi + 1 if lo >= 0 else None
+
+
+def _small(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: object,
+           spec: _rope_scaling.RopeSpec, style: object, layout: object, inverse: object,
+           num_threads: object) -> bool:
+    """A call small enough to run serially (a decode step) through the compiled
+    entry that checks the caller's arguments itself (rope_small), with `spec`'s
+    frequencies for its positions; False (nothing written) for anything else."""
+    if not spec.depends_on_seq_len:
+        freqs = spec.frequencies()
+    elif type(offset) is int and type(layout) is str and layout in _SEQ_AXIS:
+        seq_len = _fast_seq_len(q, positions, offset, layout)
+        if seq_len is None:
+            return False
+        freqs = spec.frequencies(seq_len)
+    else:
+        return False
+    att = freqs.attention_scaling
+    return type(att) is float and bool(kern.rope_small(
+        q, k, positions, offset, style, layout, inverse, num_threads, freqs.inv_freq, att,
+        None, None))
 
 
 def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: int,
@@ -241,12 +269,20 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     kern = _backend.kernels()
     if kern is not None and isinstance(q, np.ndarray) and q.ndim >= 3:
         source: Any = None
+        plain: Any = None
         if freqs is None:
-            source = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
+            parsed = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
                                   max_position_embeddings)
+            if parsed is not None:
+                source, plain = parsed
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
               and rotary_dim is None and max_position_embeddings is None):
-            source = freqs
+            source = plain = freqs
+        # a decode step: every argument checked in C; else the Python fast path
+        if plain is not None and type(plain.attention_scaling) is float and kern.rope_small(
+                q, k, positions, offset, style, layout, inverse, num_threads, plain.inv_freq,
+                plain.attention_scaling, None, None):
+            return q, k
         if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
                                             layout, inverse, num_threads):
             return q, k
@@ -267,9 +303,11 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     inverse of the cached rotation. Other arguments as :func:`apply_rope`.
     """
     kern = _backend.kernels()
-    if kern is not None and isinstance(q, np.ndarray) and _try_fast(
-            kern, q, k, positions, offset, None, style, layout, inverse, num_threads,
-            cache=(cos, sin)):
+    if kern is not None and isinstance(q, np.ndarray) and (
+            kern.rope_small(q, k, positions, offset, style, layout, inverse, num_threads, None,
+                            1.0, cos, sin)
+            or _try_fast(kern, q, k, positions, offset, None, style, layout, inverse,
+                         num_threads, cache=(cos, sin))):
         return q, k
     _run(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
                            num_threads))
@@ -445,8 +483,10 @@ class RotaryEmbedding:
         if (kern is not None and isinstance(q, np.ndarray)
                 and (self.axes == 1 or positions is None) and self._pair_freq is None
                 and q.ndim >= 3 and q.shape[-1] == self.head_dim
-                and _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
-                              inverse, num_threads)):
+                and (_small(kern, q, k, positions, offset, self._spec, self.style, layout,
+                            inverse, num_threads)
+                     or _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
+                                  inverse, num_threads))):
             return q, k
         plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
                           self.style, layout, inverse, num_threads, spec=self._spec,

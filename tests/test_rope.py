@@ -167,14 +167,22 @@ def twins(make_fn):
 
 @pytest.fixture
 def path_spy(monkeypatch):
-    """Records, per rotation call, which compiled path ran: 'fast' (rope_fast rotated),
-    'declined' (rope_fast returned False) and 'general' (the validating path's _run)."""
+    """Records, per rotation call, which compiled path ran: 'fast' (rope_small,
+    rope_fast or rope_cached_fast rotated), 'declined' (rope_fast or rope_cached_fast
+    returned False) and 'general' (the validating path's _run)."""
     events: list[str] = []
     if not ON_CYTHON:
         pytest.skip("the compiled backend is not the one under test")
     real_fast = fastpe._backend.compiled.rope_fast
     real_cached_fast = fastpe._backend.compiled.rope_cached_fast
+    real_small = fastpe._backend.compiled.rope_small
     real_run = fastpe.rope._run
+
+    def small(*args):
+        done = real_small(*args)
+        if done:
+            events.append("fast")
+        return done
 
     def fast(*args):
         done = real_fast(*args)
@@ -192,6 +200,7 @@ def path_spy(monkeypatch):
 
     monkeypatch.setattr(fastpe._backend.compiled, "rope_fast", fast)
     monkeypatch.setattr(fastpe._backend.compiled, "rope_cached_fast", cached_fast)
+    monkeypatch.setattr(fastpe._backend.compiled, "rope_small", small)
     monkeypatch.setattr(fastpe.rope, "_run", run)
     return events
 

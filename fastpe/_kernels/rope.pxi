@@ -584,10 +584,11 @@ cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
                 or (k is not None and extents_overlap(<cnp.ndarray>k, x)))
 
 
-def rope_fast(object q, object k, object positions, int64_t offset, int layout, bint neox,
-              object inv_freq, double cos_scale, double sin_scale, int num_threads):
-    """apply_rope's fast path: rotate and return True when every argument is the
-    plain common case (checked here in C, cheaply); return False having touched
+cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, int layout,
+                        bint neox, object inv_freq, double cos_scale, double sin_scale,
+                        int num_threads) except -1:
+    """apply_rope's fast path: rotate and return 1 when every argument is the
+    plain common case (checked here in C, cheaply); return 0 having touched
     nothing otherwise, and the caller takes the general, fully validating path.
 
     Common case: q, k and positions as fast_arrays() takes them; inv_freq a
@@ -601,29 +602,36 @@ def rope_fast(object q, object k, object positions, int64_t offset, int layout, 
     cdef const double *w
     cdef Py_ssize_t i
     if not cnp.PyArray_CheckExact(inv_freq):
-        return False
+        return 0
     cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
     if code < 0:
-        return False
+        return 0
     wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
             or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] == 0
             or 2 * wa.shape[0] > cnp.PyArray_DIMS(
                 <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
-        return False
+        return 0
     if not apart(wa, q, k):
-        return False
+        return 0
     w = <const double *>cnp.PyArray_DATA(wa)
     for i in range(wa.shape[0]):
         if not (w[i] - w[i] == 0):  # NaN or infinite
-            return False
+            return 0
     a.half = wa.shape[0]
     a.w = w
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
     rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
                  num_threads)
-    return True
+    return 1
+
+
+def rope_fast(object q, object k, object positions, int64_t offset, int layout, bint neox,
+              object inv_freq, double cos_scale, double sin_scale, int num_threads):
+    """rope_fast_impl(): True when it rotated."""
+    return rope_fast_impl(q, k, positions, offset, layout, neox, inv_freq, cos_scale,
+                          sin_scale, num_threads) == 1
 
 
 cdef int cache_code_of(object x) noexcept:
@@ -650,8 +658,9 @@ cdef int cache_code_of(object x) noexcept:
     return -1
 
 
-def rope_cached_fast(object q, object k, object cos, object sin, object positions,
-                     int64_t offset, int layout, bint neox, bint inverse, int num_threads):
+cdef int rope_cached_fast_impl(object q, object k, object cos, object sin, object positions,
+                               int64_t offset, int layout, bint neox, bint inverse,
+                               int num_threads) except -1:
     """apply_rope_cached's fast path, as rope_fast: True when it rotated, False
     having touched nothing when the call is not the plain common case.
 
@@ -666,20 +675,20 @@ def rope_cached_fast(object q, object k, object cos, object sin, object position
     cdef cnp.ndarray cc, sc
     cdef int cache_code = cache_code_of(cos)
     if cache_code < 0 or cache_code_of(sin) != cache_code:
-        return False
+        return 0
     cc = <cnp.ndarray>cos
     sc = <cnp.ndarray>sin
     if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2 or cc.shape[1] == 0
             or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]):
-        return False
+        return 0
     cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
     if code < 0:
-        return False
+        return 0
     if (2 * cc.shape[1] > cnp.PyArray_DIMS(<cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
             or hi >= cc.shape[0]):
-        return False
+        return 0
     if not apart(cc, q, k) or not apart(sc, q, k):
-        return False
+        return 0
     a.half = cc.shape[1]
     a.neox = neox
     a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
@@ -690,4 +699,84 @@ def rope_cached_fast(object q, object k, object cos, object sin, object position
     a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
     rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
                  num_threads)
-    return True
+    return 1
+
+
+def rope_cached_fast(object q, object k, object cos, object sin, object positions,
+                     int64_t offset, int layout, bint neox, bint inverse, int num_threads):
+    """rope_cached_fast_impl(): True when it rotated."""
+    return rope_cached_fast_impl(q, k, cos, sin, positions, offset, layout, neox, inverse,
+                                 num_threads) == 1
+
+
+cdef enum:
+    # fastpe._threads.SERIAL_BYTES: below this many bytes touched a call runs serially
+    SERIAL_BYTES_C = 256 * 1024
+    # at most this many threads asked for is always a valid count (_threads.MAX_THREADS)
+    PLAIN_MAX_THREADS = 256
+
+
+cdef int layout_code_of(object layout) noexcept:
+    if type(layout) is not str:
+        return -1
+    if layout == "bshd":
+        return LAYOUT_BSHD
+    if layout == "bhsd":
+        return LAYOUT_BHSD
+    if layout == "shd":
+        return LAYOUT_SHD
+    return -1
+
+
+def rope_small(object q, object k, object positions, object offset, object style,
+               object layout, object inverse, object num_threads, object inv_freq,
+               double att, object cos, object sin):
+    """apply_rope's (cos is None) and apply_rope_cached's entry for calls small
+    enough to run serially, a decode step above all: the caller's arguments as
+    given, checked here in C. True when it rotated; False having touched
+    nothing otherwise (a larger call, or anything but the plain case), and the
+    caller goes on to the Python fast path and the general path.
+
+    Plain case: style "neox" or "gptj", layout "bshd", "bhsd" or "shd", offset
+    an int >= 0, inverse a bool, num_threads None or an int in 1..256; q, k
+    and positions as fast_arrays() takes them, q and k together under
+    SERIAL_BYTES_C / 2 bytes; then inv_freq and att (a finite number > 0) as
+    rope_fast takes them, or cos and sin as rope_cached_fast does.
+    """
+    cdef int lay = layout_code_of(layout)
+    cdef bint neox
+    cdef int overflow = 0
+    cdef long long off = 0
+    cdef Py_ssize_t nbytes
+    if lay < 0 or type(style) is not str:
+        return False
+    if style == "neox":
+        neox = True
+    elif style == "gptj":
+        neox = False
+    else:
+        return False
+    if type(offset) is not int or not (inverse is True or inverse is False):
+        return False
+    off = PyLong_AsLongLongAndOverflow(offset, &overflow)
+    if overflow or off < 0:
+        return False
+    if num_threads is not None and not (type(num_threads) is int
+                                        and 1 <= num_threads <= PLAIN_MAX_THREADS):
+        return False
+    if not cnp.PyArray_CheckExact(q) or (k is not None and not cnp.PyArray_CheckExact(k)):
+        return False
+    nbytes = cnp.PyArray_NBYTES(<cnp.ndarray>q)
+    if k is not None:
+        nbytes += cnp.PyArray_NBYTES(<cnp.ndarray>k)
+    if 2 * nbytes >= SERIAL_BYTES_C:
+        return False
+    if cos is not None:
+        return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
+                                     inverse is True, 1) == 1
+    if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
+        return False
+    if inverse is True:
+        att = 1.0 / att
+        return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, -att, 1) == 1
+    return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, att, 1) == 1
