@@ -8,9 +8,9 @@ Two kinds of config need more than one position per token:
 - the vision towers rotate patches by their (row, column) in the image grid (2D RoPE,
   ``rope_type`` "axial" in transformers 5).
 
-:func:`layout` recognises both and says how fastpe reproduces the model, or raises
-for a model it does not reproduce, so that a multi-axis model is never run as plain
-one-axis RoPE by mistake.
+:func:`from_hf_config` recognises both and builds the embedding that reproduces the
+model, or raises for a model it does not reproduce, so that a multi-axis model is never
+run as plain one-axis RoPE by mistake.
 """
 
 from __future__ import annotations
@@ -63,13 +63,12 @@ TEXT_MROPE: dict[str, TextMRope] = {
 # Model types whose text attention rotates by M-RoPE in a way fastpe does not
 # reproduce (or has not been checked against), with the reason.
 UNSUPPORTED_TEXT = {
-    "hunyuan_vl": "HunYuan-VL rotates the two features of a pair by the angles of "
-                  "different axes (not a rotation)",
-    "hunyuan_vl_text": "HunYuan-VL rotates the two features of a pair by the angles of "
-                       "different axes (not a rotation)",
-    "hy_v4_vl": "its multi-head latent attention rotates a separate rope slice of q and k",
-    "hy_v4_vl_text": "its multi-head latent attention rotates a separate rope slice of q "
-                     "and k",
+    **dict.fromkeys(("hunyuan_vl", "hunyuan_vl_text"),
+                    "HunYuan-VL rotates the two features of a pair by the angles of "
+                    "different axes (not a rotation)"),
+    **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"),
+                    "its multi-head latent attention rotates a separate rope slice of q "
+                    "and k by M-RoPE, which fastpe has not been checked against"),
 }
 
 # Model types whose attention rotates by M-RoPE, supported or not, and the composite
