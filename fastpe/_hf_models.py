@@ -94,6 +94,7 @@ MODELS: dict[str, Convention] = {
         "helium", "ernie4_5", "ernie4_5_moe", "llama4_text", "openai_privacy_filter",
         "moonshine_streaming", "pe_audio_encoder", "pe_audio_video_encoder", "pe_video_encoder",
         "blt_global_transformer", "blt_local_encoder", "blt_local_decoder", "blt_patcher",
+        "roformer",  # with rotary_value=True it rotates v as well: call the embedding on v too
     ), GPTJ),
     # MLA.
     "deepseek_v2": MLA_GPTJ,       # view_as_complex
@@ -137,7 +138,7 @@ REFUSED: dict[str, str] = {
     # encoders, sub-models), or whose attention does not rotate at all: not checked, so
     # not guessed.
     **dict.fromkeys((
-        "musicflamingo", "roformer", "seamless_m4t",
+        "musicflamingo", "seamless_m4t",
         "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
         "gemma4_audio", "phi4_multimodal_audio", "molmo2_adapter", "emu3_vqgan",
         "inkling2_text", "qwen3_omni_moe_talker_code_predictor", "canary_decoder",

@@ -51,16 +51,18 @@ SMALL_MLA = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads"
 @contextlib.contextmanager
 def float64_torch():
     """Make the rotary modules' explicit float32 (torch.float, .float()) compute in float64."""
-    saved = (torch.float, torch.float32, torch.Tensor.float, torch.get_default_dtype())
+    saved = (torch.float, torch.float32, torch.Tensor.float, torch.FloatTensor,
+             torch.get_default_dtype())
     torch.float = torch.float64
     torch.float32 = torch.float64
     torch.Tensor.float = lambda self, *a, **k: self.to(torch.float64)
+    torch.FloatTensor = lambda data: torch.tensor(data, dtype=torch.float64)
     torch.set_default_dtype(torch.float64)
     try:
         yield
     finally:
-        torch.float, torch.float32, torch.Tensor.float = saved[:3]
-        torch.set_default_dtype(saved[3])
+        torch.float, torch.float32, torch.Tensor.float, torch.FloatTensor = saved[:4]
+        torch.set_default_dtype(saved[4])
 
 
 def modeling_module(config_class):
@@ -268,6 +270,19 @@ def run_conformer(module, config, names, seed):
     return {k: v[None, None] for k, v in got.items()} | {"features": [0, dim]}
 
 
+def run_roformer(module, config, seed):
+    """RoFormer's table (its sinusoidal module) through its attention's rotation."""
+    dim = config.hidden_size // config.num_attention_heads
+    with float64_torch():
+        table = module.RoFormerSinusoidalPositionalEmbedding(config.max_position_embeddings,
+                                                             dim).create_weight()
+        sinusoidal_pos = table[torch.from_numpy(POSITIONS)][None, None]
+        q, k = inputs(seed, dim), inputs(seed + 1, dim)
+        qo, ko = module.RoFormerSelfAttention.apply_rotary_position_embeddings(
+            sinusoidal_pos, torch.from_numpy(q)[None, None], torch.from_numpy(k)[None, None])
+    return {"q_out": qo.numpy(), "k_out": ko.numpy(), "features": [0, dim]}
+
+
 def json_safe(obj):
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
@@ -349,20 +364,26 @@ def main():
         except Exception:
             continue
         rot_cls, own = rotary_class(module, config_class)
-        if model_type in CONFORMERS:
-            config = small_config(config_class, {"position_embeddings_type": "rotary",
-                                                 "rotary_embedding_base": 5000})
+        if model_type in CONFORMERS or model_type == "roformer":
             seed = 2 * len(cases)
-            got = run_conformer(module, config, CONFORMERS[model_type], seed)
+            if model_type == "roformer":
+                config = small_config(config_class)
+                got = run_roformer(module, config, seed)
+            else:
+                config = small_config(config_class, {"position_embeddings_type": "rotary",
+                                                     "rotary_embedding_base": 5000})
+                got = run_conformer(module, config, CONFORMERS[model_type], seed)
             key = f"c{len(cases)}"
             for field in ("q_out", "k_out"):
                 arrays[f"{key}_{field}"] = got[field][0, 0]
-            cases.append({"name": f"{model_type}/rotary", "key": key, "seed": seed,
+            cases.append({"name": model_type if model_type == "roformer" else
+                          f"{model_type}/rotary", "key": key, "seed": seed,
                           "model_type": model_type, "layer_type": None,
                           "features": got["features"], "hf_order": "same",
                           "config": config_dict(config)})
-            refusals.append({"name": model_type, "reason": "no RoPE: relative positions",
-                             "config": config_dict(small_config(config_class))})
+            if model_type in CONFORMERS:
+                refusals.append({"name": model_type, "reason": "no RoPE: relative positions",
+                                 "config": config_dict(small_config(config_class))})
             continue
         if rot_cls is None:
             continue
