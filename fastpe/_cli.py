@@ -328,7 +328,7 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     for name, reason in _bench.attach_peers(wls, args.peers).items():
         skipped.append({"name": name, "reason": f"{reason} (pip install 'fastpe[peers]')"})
     mode_name = "quick" if args.quick else "default"
-    mode = dict(_bench.MODES[mode_name])
+    mode = _bench.MODES[mode_name].copy()
     if args.rounds is not None:
         mode["rounds"] = args.rounds
         mode["min_rounds"] = min(mode["min_rounds"], args.rounds)

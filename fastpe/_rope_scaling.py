@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _hf_models
 from ._typing import Style
@@ -76,7 +77,7 @@ class RopeFrequencies(NamedTuple):
     and shared. Pair ``j`` rotates by ``position * inv_freq[j]`` radians.
     """
 
-    inv_freq: np.ndarray
+    inv_freq: NDArray[np.float64]
     attention_scaling: float
 
 

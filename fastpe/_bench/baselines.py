@@ -7,12 +7,14 @@ against fastpe.reference."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 import fastpe
 
-from .common import Arrays, Runner, work_dtype
+from .common import Arrays, Result, Runner, work_dtype
 
 
 def chunked_add(x: np.ndarray, addend: np.ndarray, work: np.dtype, buf: np.ndarray,
@@ -40,9 +42,10 @@ def chunked_add(x: np.ndarray, addend: np.ndarray, work: np.dtype, buf: np.ndarr
 
 # ---- sinusoidal ---------------------------------------------------------------------------
 
-def seed_div_term(dim: int, dtype) -> np.ndarray:
+def seed_div_term(dim: int, dtype: type[np.floating[Any]]) -> np.ndarray:
     """The seed's frequencies: exp(arange(0, d, 2) * -ln(10000) / d)."""
-    return np.exp(np.arange(0, dim, 2, dtype=dtype) * dtype(-math.log(10000.0) / dim))
+    div_term: np.ndarray = np.exp(np.arange(0, dim, 2, dtype=dtype) * dtype(-math.log(10000.0) / dim))
+    return div_term
 
 
 def prepare_seed_table(arrays: Arrays, threads: int) -> Runner:
@@ -51,7 +54,7 @@ def prepare_seed_table(arrays: Arrays, threads: int) -> Runner:
     length, dim = arrays["out"].shape
     out_dtype = arrays["out"].dtype
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         pe = np.zeros((length, dim), dtype=out_dtype)
         position = np.arange(length, dtype=np.float32)[:, np.newaxis]
         div_term = seed_div_term(dim, np.float32)
@@ -76,7 +79,7 @@ def prepare_numpy_table(arrays: Arrays, threads: int) -> Runner:
     angles = np.empty((rows, div_term.size), work)
     half = dim // 2
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         out = a["out"]
         for r0 in range(0, length, rows):
             r1 = min(length, r0 + rows)
@@ -100,7 +103,7 @@ def numpy_add_sinusoidal(arrays: Arrays, threads: int) -> Runner:
     pe = fastpe.reference.sinusoidal_table(x0.shape[-2], x0.shape[-1], dtype=work)
     buf = np.empty((64, x0.shape[-1]), work)
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         chunked_add(a["x"], pe, work, buf, 64)
         return (a["x"],)
     return run
@@ -113,7 +116,7 @@ def numpy_add_learned(arrays: Arrays, threads: int) -> Runner:
     work = work_dtype(x0.dtype)
     buf = np.empty((64, x0.shape[-1]), work)
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         x = a["x"]
         chunked_add(x, a["table"][:x.shape[-2]], work, buf, 64)
         return (x,)
@@ -151,8 +154,8 @@ class NumpyRope:
         self.sin = np.empty((rows, c, 1, half), work)
         self.arange = np.arange(q.shape[1], dtype=np.float64)
 
-    def __call__(self, q: np.ndarray, k: np.ndarray | None, positions=None,
-                 offset: int = 0) -> tuple:
+    def __call__(self, q: np.ndarray, k: np.ndarray | None, positions: ArrayLike | None = None,
+                 offset: int = 0) -> Result:
         seq = q.shape[1]
         if positions is None:
             pos = (self.arange[:seq] + offset)[None]
@@ -222,7 +225,7 @@ def numpy_alibi_prefill(arrays: Arrays, threads: int) -> Runner:
     del dist, future
     buf = np.empty((64, k), work)
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         chunked_add(a["scores"], bias, work, buf, 64)
         return (a["scores"],)
     return run
@@ -241,7 +244,7 @@ def numpy_alibi_decode(arrays: Arrays, threads: int) -> Runner:
     dist = np.empty(k, work)
     bias = np.empty((heads, k), work)
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         scores = a["scores"]
         kk = scores.shape[-1]
         np.subtract(keys[:kk], work.type(kk - 1), out=dist[:kk])  # k_pos - q_pos <= 0
@@ -262,7 +265,7 @@ def numpy_alibi_bias(arrays: Arrays, threads: int) -> Runner:
     kpos = np.arange(k, dtype=work)
     qpos = (np.arange(q, dtype=work) + work.type(k - q))[:, None]
 
-    def run(a: Arrays) -> tuple:
+    def run(a: Arrays) -> Result:
         dist = kpos - qpos
         np.multiply(slopes, dist, out=a["out"], casting="same_kind")
         return (a["out"],)

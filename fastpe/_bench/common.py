@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 Arrays = dict[str, np.ndarray]
-Runner = Callable[[Arrays], tuple]
+Result = tuple[np.ndarray | None, ...]
+Runner = Callable[[Arrays], Result]
 Prepare = Callable[[Arrays, int], Runner]
+# a contender that may decline: None when it cannot run on these arrays (a dtype, a layout)
+MaybePrepare = Callable[[Arrays, int], "Runner | None"]
 
 DTYPES = ("float32", "float16")
 
@@ -21,14 +25,16 @@ DTYPES = ("float32", "float16")
 # The canonical shapes: LLaMA-7B attention (32 heads of 128) at 2048
 # tokens, Llama-3-8B (GQA: 8 KV heads, rope_theta 500000, llama3 scaling), BLOOM-like ALiBi
 # (32 heads, 2048 tokens), an (8, 2048, 1024) embedding batch, an (8192, 1024) table.
-FULL = dict(batch=1, seq=2048, heads=32, kv_heads=8, head_dim=128, decode_pos=4095,
+# the shapes of each workload (ints, and tuples of ints)
+Size = dict[str, Any]
+FULL: Size = dict(batch=1, seq=2048, heads=32, kv_heads=8, head_dim=128, decode_pos=4095,
             decode_batch=32, table=(8192, 1024), embed=(8, 2048, 1024), max_len=4096,
             alibi_heads=32, alibi_seq=2048, alibi_keys=4096)
 # A few kilobytes each: for the tests of the command line and of the baselines.
-TINY = dict(batch=1, seq=48, heads=4, kv_heads=2, head_dim=32, decode_pos=4095,
+TINY: Size = dict(batch=1, seq=48, heads=4, kv_heads=2, head_dim=32, decode_pos=4095,
             decode_batch=3, table=(40, 33), embed=(2, 24, 20), max_len=64,
             alibi_heads=3, alibi_seq=24, alibi_keys=40)
-SIZES = {"full": FULL, "tiny": TINY}
+SIZES: dict[str, Size] = {"full": FULL, "tiny": TINY}
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -43,7 +49,7 @@ def _noise() -> np.ndarray:
     return np.random.default_rng(20240601).standard_normal(65521).astype(np.float32)
 
 
-def random_array(shape: tuple[int, ...], dtype, scale: float = 1.0) -> np.ndarray:
+def random_array(shape: tuple[int, ...], dtype: DTypeLike, scale: float = 1.0) -> np.ndarray:
     """Deterministic standard-normal-like values, filled fast (a 64 Ki block repeated:
     a random generator would take seconds over the 512 MiB of an ALiBi workload)."""
     out = np.empty(shape, dtype=dtype)
@@ -69,8 +75,9 @@ def copy_arrays(arrays: Arrays, names: Iterable[str]) -> Arrays:
 TOLERANCE = {"float64": 1e-10, "float32": 2e-6, "float16": 4e-3}
 
 
-def compare(actual, expected, dtype, *, atol: float = 0.0, offset_per_row: bool = False,
-            chunk: int = 1 << 22, max_elements: int | None = None) -> str | None:
+def compare(actual: object, expected: object, dtype: DTypeLike, *, atol: float = 0.0,
+            offset_per_row: bool = False, chunk: int = 1 << 22,
+            max_elements: int | None = None) -> str | None:
     """None when `actual` matches `expected` within the dtype's tolerance (plus `atol`,
     absolute), else a message. Infinities must match exactly. `offset_per_row` accepts a
     constant difference along the last axis (BLOOM's ALiBi form, equal after softmax).
@@ -128,13 +135,13 @@ class Workload:
     floor: str                        # "stream" (in-place pass) or "fill" (a table)
     impls: dict[str, Prepare]         # fastpe, reference, numpy (and seed)
     numpy_note: str                   # what the NumPy baseline does, in one line
-    peers: dict[str, Prepare] = dataclasses.field(default_factory=dict)  # other libraries
+    peers: dict[str, MaybePrepare] = dataclasses.field(default_factory=dict)  # other libraries
     #                                             (peers.py), timed beside fastpe
     per_call: bool = False            # a small call: report microseconds
     atol: dict[str, float] = dataclasses.field(default_factory=dict)  # extra, per impl
-    offset_per_row: set = dataclasses.field(default_factory=set)  # equal up to a per-row
+    offset_per_row: set[str] = dataclasses.field(default_factory=set)  # equal up to a per-row
     #                                             constant (BLOOM's ALiBi form)
-    params: dict = dataclasses.field(default_factory=dict)  # the call's arguments, for
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # the call's arguments, for
     #                                             implementations added elsewhere (bench/)
 
     @property
@@ -154,19 +161,10 @@ class Workload:
         from .floors import prepare_floor
         return prepare_floor(self.floor, self.result)
 
-    def expected(self, arrays: Arrays) -> tuple:
+    def expected(self, arrays: Arrays) -> tuple[np.ndarray, ...]:
         """The reference result, on copies of `arrays`."""
         fresh = copy_arrays(arrays, self.written)
         return tuple(np.array(r) for r in self.impls["reference"](fresh, 1)(fresh))
-
-
-def kw_threads(fn: Callable, threads: int) -> dict:
-    """{"num_threads": threads} for the fastpe functions that take it."""
-    try:
-        return {"num_threads": threads} if "num_threads" in inspect.signature(fn).parameters \
-            else {}
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        return {}
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _backend
-from .common import Arrays, Prepare, Runner
+from .common import Arrays, MaybePrepare, Prepare, Result, Runner
 
 _THREADED_FLOOR_BYTES = 4 << 20
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
@@ -68,20 +68,24 @@ def _c_ready(a: np.ndarray) -> bool:
     return a.flags.c_contiguous and a.ctypes.data % 8 == 0 and a.nbytes % 8 == 0
 
 
-def forms(kind: str, names: tuple[str, ...]) -> dict[str, Prepare]:
-    """The forms of the floor over arrays `names`: "stream" (read + write each byte,
-    in place) or "fill" (write each byte; what producing a table must at least do).
-    The C form is there when the compiled kernels are."""
+def prepare_floor(kind: str, names: tuple[str, ...]) -> Prepare:
+    """The NumPy form of the floor (what bench/ times beside each implementation)."""
     op = _stream if kind == "stream" else _fill
 
     def numpy_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             for n in names:
                 _parallel(op, _flat(a[n]), threads)
             return ()
         return run
+    return numpy_
 
-    out: dict[str, Prepare] = {"numpy": numpy_}
+
+def forms(kind: str, names: tuple[str, ...]) -> dict[str, MaybePrepare]:
+    """The forms of the floor over arrays `names`: "stream" (read + write each byte,
+    in place) or "fill" (write each byte; what producing a table must at least do).
+    The C form is there when the compiled kernels are."""
+    out: dict[str, MaybePrepare] = {"numpy": prepare_floor(kind, names)}
     kern = _backend.compiled
     if kern is not None:
         fill = kind == "fill"
@@ -95,15 +99,10 @@ def forms(kind: str, names: tuple[str, ...]) -> dict[str, Prepare]:
                 one = np.ones(8 // arrays[names[0]].itemsize, arrays[names[0]].dtype)
                 word = int(one.view(np.uint64)[0])
 
-            def run(a: Arrays) -> tuple:
+            def run(a: Arrays) -> Result:
                 for n in names:
                     kern.stream(a[n], fill, word, threads)
                 return ()
             return run
         out["c"] = c
     return out
-
-
-def prepare_floor(kind: str, names: tuple[str, ...]) -> Prepare:
-    """The NumPy form of the floor (what bench/ times beside each implementation)."""
-    return forms(kind, names)["numpy"]

@@ -22,12 +22,17 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import fastpe
 
-from .common import Arrays, Prepare, Runner, Workload
+from .common import Arrays, MaybePrepare, Result, Runner, Workload
+
+if TYPE_CHECKING:  # an optional peer
+    import torch
 
 PEERS = ("numba", "onnxruntime", "torch", "torch.compile")
 _NEEDS = {"numba": ("numba",), "onnxruntime": ("onnxruntime", "onnx"), "torch": ("torch",),
@@ -45,8 +50,10 @@ def _positions(wl: Workload, arrays: Arrays) -> np.ndarray:
     p = wl.params
     seq = arrays["q"].shape[1]
     if p["positions"] is None:
-        return (p["offset"] + np.arange(seq, dtype=np.int64))[None]
-    return np.asarray(p["positions"], np.int64).reshape(-1, seq)
+        pos: np.ndarray = p["offset"] + np.arange(seq, dtype=np.int64)
+        return pos[None]
+    pos = np.asarray(p["positions"], np.int64)
+    return pos.reshape(-1, seq)
 
 
 def _frequencies(wl: Workload) -> fastpe.RopeFrequencies:
@@ -57,11 +64,13 @@ def _frequencies(wl: Workload) -> fastpe.RopeFrequencies:
 # ---- numba --------------------------------------------------------------------------------
 
 @functools.cache
-def _numba_kernel():
+def _numba_kernel() -> Callable[..., None]:
     import numba
+    jit: Callable[[Callable[..., None]], Callable[..., None]] = numba.njit(nogil=True, cache=False)
 
-    @numba.njit(nogil=True, cache=False)
-    def rotate(x, row, t, c, s, half, neox):
+    @jit
+    def rotate(x: np.ndarray, row: int, t: int, c: np.ndarray, s: np.ndarray, half: int,
+               neox: bool) -> None:
         for h in range(x.shape[2]):
             if neox:
                 for j in range(half):
@@ -76,8 +85,9 @@ def _numba_kernel():
                     x[row, t, h, 2 * j] = a * c[j] - b * s[j]
                     x[row, t, h, 2 * j + 1] = b * c[j] + a * s[j]
 
-    @numba.njit(nogil=True, cache=False)
-    def rope(q, k, pos, inv_freq, att, neox, c, s):
+    @jit
+    def rope(q: np.ndarray, k: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, att: float,
+             neox: bool, c: np.ndarray, s: np.ndarray) -> None:
         half = inv_freq.shape[0]
         for b in range(q.shape[0]):
             prow = b if pos.shape[0] > 1 else 0
@@ -92,7 +102,7 @@ def _numba_kernel():
     return rope
 
 
-def _numba(wl: Workload) -> Prepare:
+def _numba(wl: Workload) -> MaybePrepare:
     def prepare(arrays: Arrays, threads: int) -> Runner | None:
         if arrays["q"].dtype != np.float32:
             return None
@@ -106,7 +116,7 @@ def _numba(wl: Workload) -> Prepare:
         q0 = arrays["q"][:1, :1].copy()
         kernel(q0, q0.copy(), pos, freqs.inv_freq, att, neox, c, s)  # compiles: not timed
 
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             kernel(a["q"], a["k"], pos, freqs.inv_freq, att, neox, c, s)
             return a["q"], a["k"]
         return run
@@ -115,7 +125,7 @@ def _numba(wl: Workload) -> Prepare:
 
 # ---- ONNX Runtime -------------------------------------------------------------------------
 
-def _onnxruntime(wl: Workload) -> Prepare:
+def _onnxruntime(wl: Workload) -> MaybePrepare:
     def prepare(arrays: Arrays, threads: int) -> Runner | None:
         q0, k0 = arrays["q"], arrays["k"]
         if q0.dtype != np.float32:
@@ -155,7 +165,7 @@ def _onnxruntime(wl: Workload) -> Prepare:
         if pos.shape[0] != b:
             pos = np.ascontiguousarray(np.broadcast_to(pos, (b, seq)))
 
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             qo, ko = session.run(None, {"q": a["q"].reshape(b, seq, -1),
                                         "k": a["k"].reshape(b, seq, -1), "pos": pos})
             return qo.reshape(a["q"].shape), ko.reshape(a["k"].shape)
@@ -165,21 +175,22 @@ def _onnxruntime(wl: Workload) -> Prepare:
 
 # ---- torch --------------------------------------------------------------------------------
 
-def _torch_rope(q, k, cos, sin, neox: bool):
+def _torch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Hugging Face's apply_rotary_pos_emb: cos and sin (rows, seq, 1, width)."""
     import torch
     if neox:
-        def rot(x):
+        def rot(x: torch.Tensor) -> torch.Tensor:
             x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
             return torch.cat((-x2, x1), dim=-1)
     else:
-        def rot(x):
+        def rot(x: torch.Tensor) -> torch.Tensor:
             x1, x2 = x[..., ::2], x[..., 1::2]
             return torch.stack((-x2, x1), dim=-1).flatten(-2)
     return q * cos + rot(q) * sin, k * cos + rot(k) * sin
 
 
-def _torch(wl: Workload, compiled: bool) -> Prepare:
+def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
     def prepare(arrays: Arrays, threads: int) -> Runner | None:
         if arrays["q"].dtype != np.float32:
             return None
@@ -194,7 +205,7 @@ def _torch(wl: Workload, compiled: bool) -> Prepare:
         if compiled:
             fn = torch.compile(fn, dynamic=False)
 
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             q, k = torch.from_numpy(a["q"]), torch.from_numpy(a["k"])
             angles = pos[..., None].double() * inv_freq          # (rows, seq, half)
             emb = torch.cat((angles, angles), -1) if neox else angles.repeat_interleave(2, -1)
@@ -211,7 +222,7 @@ def attach(workloads: list[Workload], wanted: tuple[str, ...] = PEERS) -> dict[s
     """Add the wanted peers that can run here to every RoPE workload; returns the
     skipped ones with the reason."""
     skipped = {}
-    makers = {"numba": _numba, "onnxruntime": _onnxruntime,
+    makers: dict[str, Callable[[Workload], MaybePrepare]] = {"numba": _numba, "onnxruntime": _onnxruntime,
               "torch": functools.partial(_torch, compiled=False),
               "torch.compile": functools.partial(_torch, compiled=True)}
     for name in wanted:

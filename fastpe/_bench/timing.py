@@ -10,8 +10,10 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .common import Runner, Workload, compare, copy_arrays
 from .floors import forms as floor_forms
@@ -69,35 +71,44 @@ def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rou
 
 
 # Rounds, seconds per sample and seconds per workload for each mode of the command line.
-MODES = {
+class Mode(TypedDict):
+    """measure()'s settings."""
+
+    rounds: int
+    min_rounds: int
+    sample_s: float
+    budget_s: float
+
+
+MODES: dict[str, Mode] = {
     "default": dict(rounds=21, min_rounds=7, sample_s=0.03, budget_s=5.0),
     "quick": dict(rounds=9, min_rounds=5, sample_s=0.004, budget_s=0.8),
 }
 
 
-def run_workload(wl: Workload, dtype, threads: int, *, mode: dict,
+def run_workload(wl: Workload, dtype: DTypeLike, threads: int, *, mode: Mode,
                  progress: Callable[[str], None] | None = None,
-                 check_elements: int = 1 << 22) -> dict:
+                 check_elements: int = 1 << 22) -> dict[str, Any]:
     """Time fastpe, numpy, the workload's peers and every form of the floor side by side
     on one workload. fastpe works on the arrays `make` built, every other contender on
     its own copy, the floor on fastpe's arrays (the same bytes). Each contender's first
     call, on pristine inputs, warms it up and is checked against fastpe.reference (about
     `check_elements` of each result). Returns one JSON-ready record."""
-    dtype = np.dtype(dtype)
+    dt = np.dtype(dtype)
     if progress is not None:
         progress("preparing")
-    base = wl.make(dtype)
+    base = wl.make(dt)
     arrays = {"fastpe": base}
     prepared: dict[str, Runner] = {"fastpe": wl.impls["fastpe"](base, threads)}
     contenders = {"numpy": wl.impls["numpy"], **wl.peers}
-    skipped = {}
+    skipped: dict[str, str] = {}
     for name, prepare in contenders.items():
         arrays[name] = copy_arrays(base, wl.written)
         if progress is not None:
             progress(f"preparing {name}")
         run = prepare(arrays[name], 1)
         if run is None:
-            skipped[name] = f"not for {dtype.name}"
+            skipped[name] = f"not for {dt.name}"
             del arrays[name]
         else:
             prepared[name] = run
@@ -108,7 +119,7 @@ def run_workload(wl: Workload, dtype, threads: int, *, mode: dict,
     for name, run in prepared.items():
         got = run(arrays[name])
         for res, mine, ref in zip(wl.result, got, expected):
-            msg = compare(mine, ref, dtype, atol=wl.atol.get(name, 0.0),
+            msg = compare(mine, ref, dt, atol=wl.atol.get(name, 0.0),
                           max_elements=check_elements)
             if msg is not None:
                 problems.append(f"{res}: {name} and the reference {msg}")
@@ -132,7 +143,7 @@ def run_workload(wl: Workload, dtype, threads: int, *, mode: dict,
         "name": wl.name,
         "family": wl.family,
         "title": wl.title,
-        "dtype": dtype.name,
+        "dtype": dt.name,
         "shapes": {n: list(a.shape) for n, a in base.items()},
         "bytes": wl.floor_bytes(base),
         "floor": wl.floor,

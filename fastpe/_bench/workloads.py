@@ -6,10 +6,14 @@ Adding a workload is adding one such function and listing it in ``workloads()``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 import fastpe
 
+from .._typing import Style
 from .baselines import (
     NumpyRope,
     numpy_add_learned,
@@ -25,27 +29,29 @@ from .common import (
     LLAMA3_SCALING,
     SIZES,
     Arrays,
+    Prepare,
+    Result,
     Runner,
+    Size,
     Workload,
-    kw_threads,
     random_array,
 )
 
 # ---- sinusoidal ---------------------------------------------------------------------------
 
-def _table_workload(size: dict) -> Workload:
+def _table_workload(size: Size) -> Workload:
     length, dim = size["table"]
 
-    def make(dtype) -> Arrays:
+    def make(dtype: np.dtype) -> Arrays:
         return {"out": np.zeros((length, dim), dtype)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.sinusoidal_table(length, dim, out=a["out"], num_threads=threads),)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.reference.sinusoidal_table(length, dim, out=a["out"]),)
         return run
 
@@ -62,19 +68,19 @@ def _table_workload(size: dict) -> Workload:
         atol={"numpy": seed_atol, "seed": seed_atol})
 
 
-def _add_sinusoidal_workload(size: dict) -> Workload:
+def _add_sinusoidal_workload(size: Size) -> Workload:
     shape = size["embed"]
 
-    def make(dtype) -> Arrays:
+    def make(dtype: np.dtype) -> Arrays:
         return {"x": random_array(shape, dtype)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.add_sinusoidal(a["x"], num_threads=threads),)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.reference.add_sinusoidal(a["x"]),)
         return run
 
@@ -88,20 +94,20 @@ def _add_sinusoidal_workload(size: dict) -> Workload:
 
 # ---- learned ------------------------------------------------------------------------------
 
-def _learned_workload(size: dict) -> Workload:
+def _learned_workload(size: Size) -> Workload:
     shape, max_len = size["embed"], size["max_len"]
 
-    def make(dtype) -> Arrays:
+    def make(dtype: np.dtype) -> Arrays:
         return {"x": random_array(shape, dtype),
                 "table": random_array((max_len, shape[-1]), dtype, scale=0.02)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.add_learned(a["x"], a["table"], num_threads=threads),)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.reference.add_learned(a["x"], a["table"]),)
         return run
 
@@ -113,31 +119,33 @@ def _learned_workload(size: dict) -> Workload:
         numpy_note="x += table[:seq]: one in-place broadcast add of a table slice")
 
 
-def _rope_workload(name: str, title: str, q_shape, k_shape, *, style="neox", positions=None,
-                   offset=0, base=None, scaling=None, per_call=False,
-                   note="64-token chunks in place, 2 preallocated temporaries, cos/sin "
+def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...],
+                   *, style: Style = "neox", positions: np.ndarray | None = None,
+                   offset: int = 0, base: float | None = None,
+                   scaling: dict[str, Any] | None = None, per_call: bool = False,
+                   note: str = "64-token chunks in place, 2 preallocated temporaries, cos/sin "
                         "inside") -> Workload:
     neox = style == "neox"
     head_dim = q_shape[-1]
 
-    def make(dtype) -> Arrays:
+    def make(dtype: np.dtype) -> Arrays:
         return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
         if scaling is None:
-            def run(a: Arrays) -> tuple:
+            def run(a: Arrays) -> Result:
                 return fastpe.apply_rope(a["q"], a["k"], positions, offset=offset, base=base,
                                          style=style, num_threads=threads)
         else:
             # The way a model applies scaled RoPE: the embedding parsed once (at init).
             rope = fastpe.RotaryEmbedding(head_dim, base=base, scaling=scaling, style=style)
 
-            def run(a: Arrays) -> tuple:
+            def run(a: Arrays) -> Result:
                 return rope(a["q"], a["k"], positions, offset=offset, num_threads=threads)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return fastpe.reference.apply_rope(a["q"], a["k"], positions, offset=offset,
                                                base=base, scaling=scaling, style=style)
         return run
@@ -148,7 +156,7 @@ def _rope_workload(name: str, title: str, q_shape, k_shape, *, style="neox", pos
         impl = NumpyRope(arrays["q"], arrays["k"], freqs.inv_freq, neox=neox,
                          attention_scaling=freqs.attention_scaling)
 
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return impl(a["q"], a["k"], positions, offset)
         return run
 
@@ -163,7 +171,7 @@ def _rope_workload(name: str, title: str, q_shape, k_shape, *, style="neox", pos
                                      else np.max(positions))))
 
 
-def rope_workloads(size: dict) -> list[Workload]:
+def rope_workloads(size: Size) -> list[Workload]:
     b, s, h, kvh, d = size["batch"], size["seq"], size["heads"], size["kv_heads"], size["head_dim"]
     nb, pos = size["decode_batch"], size["decode_pos"]
     shape = (b, s, h, d)
@@ -188,7 +196,7 @@ def rope_workloads(size: dict) -> list[Workload]:
     ]
 
 
-def mrope_prefill_workload(size: dict) -> Workload:
+def mrope_prefill_workload(size: Size) -> Workload:
     """Qwen2-VL-like prefill: the plain prefill's shapes (GQA k), M-RoPE sections
     [16, 24, 24] (scaled to the head), positions of a prompt that is mostly one image
     (text, a merged patch grid, text), as get_rope_index gives them."""
@@ -203,16 +211,16 @@ def mrope_prefill_workload(size: dict) -> Workload:
     rope = fastpe.RotaryEmbedding(d, base=1e6, mrope_section=sections)
     pair_axis = rope._pair_axis
 
-    def make(dtype) -> Arrays:
+    def make(dtype: np.dtype) -> Arrays:
         return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return rope(a["q"], a["k"], positions, num_threads=threads)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             with fastpe.use_backend("numpy"):
                 return rope(a["q"], a["k"], positions)
         return run
@@ -220,7 +228,7 @@ def mrope_prefill_workload(size: dict) -> Workload:
     def numpy_(arrays: Arrays, threads: int) -> Runner:
         impl = NumpyRope(arrays["q"], arrays["k"], rope.frequencies().inv_freq, neox=True)
 
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             # each pair's own axis: (1, seq, half) positions
             return impl(a["q"], a["k"], positions[pair_axis].T[None].astype(np.float64))
         return run
@@ -240,29 +248,29 @@ def has_alibi() -> bool:
     return hasattr(fastpe, "add_alibi") and hasattr(fastpe.reference, "add_alibi")
 
 
-def _make_scores(shape):
-    def make(dtype) -> Arrays:
+def _make_scores(shape: tuple[int, ...]) -> Callable[[np.dtype], Arrays]:
+    def make(dtype: np.dtype) -> Arrays:
         return {"scores": random_array(shape, dtype)}
     return make
 
 
-def _fastpe_add_alibi(causal: bool):
+def _fastpe_add_alibi(causal: bool) -> Prepare:
     def prepare(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.add_alibi(a["scores"], causal=causal, num_threads=threads),)
         return run
     return prepare
 
 
-def _reference_add_alibi(causal: bool):
+def _reference_add_alibi(causal: bool) -> Prepare:
     def prepare(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.reference.add_alibi(a["scores"], causal=causal),)
         return run
     return prepare
 
 
-def alibi_prefill_workload(size: dict) -> Workload:
+def alibi_prefill_workload(size: Size) -> Workload:
     shape = (1, size["alibi_heads"], size["alibi_seq"], size["alibi_seq"])
     return Workload(
         name="alibi-prefill", family="alibi", title=f"add_alibi(scores {shape}, causal) (BLOOM)",
@@ -273,17 +281,16 @@ def alibi_prefill_workload(size: dict) -> Workload:
         params=dict(causal=True))
 
 
-def alibi_bias_workload(size: dict) -> Workload:
+def alibi_bias_workload(size: Size) -> Workload:
     h, s = size["alibi_heads"], size["alibi_seq"]
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
-            return (fastpe.alibi_bias(h, s, s, out=a["out"],
-                                      **kw_threads(fastpe.alibi_bias, threads)),)
+        def run(a: Arrays) -> Result:
+            return (fastpe.alibi_bias(h, s, s, out=a["out"], num_threads=threads),)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> tuple:
+        def run(a: Arrays) -> Result:
             return (fastpe.reference.alibi_bias(h, s, s, out=a["out"]),)
         return run
 
@@ -295,7 +302,7 @@ def alibi_bias_workload(size: dict) -> Workload:
         numpy_note="(q, k) distances, then one broadcast multiply by the slopes into out")
 
 
-def alibi_decode_workload(size: dict) -> Workload:
+def alibi_decode_workload(size: Size) -> Workload:
     shape = (1, size["alibi_heads"], 1, size["alibi_keys"])
     return Workload(
         name="alibi-decode", family="alibi", title=f"add_alibi(scores {shape})",
@@ -307,7 +314,7 @@ def alibi_decode_workload(size: dict) -> Workload:
         per_call=True, params=dict(causal=False))
 
 
-def alibi_workloads(size: dict) -> list[Workload]:
+def alibi_workloads(size: Size) -> list[Workload]:
     if not has_alibi():
         return []
     return [alibi_prefill_workload(size), alibi_bias_workload(size),
