@@ -77,6 +77,7 @@ def sinusoidal_table(length: object, dim: object, base: object, offset: object,
     inv_freq, split, cos_first, zero_tail = _sinusoidal_common(dim, base, layout, frequencies)
     out = _checks.output(out, (length, dim), dtype)
     positions = _padding_shift(_checks.positions(None, offset, 1, length), padding_idx)
+    _checks.angle_positions(positions.max, "offset")
     return SinusoidalPlan(out[None], positions, inv_freq, split, False, 1.0,
                           _threads.check(num_threads), cos_first, zero_tail)
 
@@ -91,6 +92,7 @@ def add_sinusoidal(x: object, positions: object, offset: object, base: object, l
     scale = _checks.real(scale, "scale")
     pos = _padding_shift(_checks.positions(positions, offset, x3.shape[0], x3.shape[1]),
                          padding_idx)
+    _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
     _checks.disjoint(x, "x", (positions, "positions"))
     return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads),
                           cos_first, zero_tail)
@@ -358,6 +360,7 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
         pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     else:
         pos, multi = axis_positions(positions, offset, q4.shape[0], q4.shape[1], axes)
+    _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
     rope_disjoint(q4, k4, (positions, "positions"),
@@ -400,7 +403,9 @@ def rope_cos_sin(positions: object, freqs: object,
     """(int64 C-contiguous positions of any shape, frequencies, output dtype)."""
     freqs = frequencies_arg(freqs)
     dt = _checks.float_dtype(dtype, "dtype")
-    return _checks.position_array(positions, "positions")[0], freqs, dt
+    pos, hi = _checks.position_array(positions, "positions")
+    _checks.angle_positions(hi, "positions")
+    return pos, freqs, dt
 
 
 # ---- ALiBi ----------------------------------------------------------------

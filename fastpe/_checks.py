@@ -41,6 +41,12 @@ SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
 
 INT64_MAX = np.iinfo(np.int64).max
 
+# Sinusoidal and rotary encodings form the angle position * frequency in float64, so
+# it carries a rounding error of about position * frequency * 2**-53 radians: 5e-7
+# at 2**32 (positions past every model's context). Larger positions are refused
+# rather than given with errors that grow to whole radians (2**52 and up).
+MAX_ANGLE_POSITION = 2**32
+
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """Arithmetic dtype for a storage dtype: float64 for float64 (either byte
@@ -216,7 +222,9 @@ def memory_of(a: object) -> np.ndarray | None:
     if _torch_tensor(a):
         a = a.detach()
     try:
-        return np.from_dlpack(a) if hasattr(a, "__dlpack__") else np.asarray(memoryview(a))  # type: ignore[arg-type]
+        if hasattr(a, "__dlpack__"):
+            return np.from_dlpack(a)
+        return np.asarray(memoryview(a))  # type: ignore[arg-type]
     except (BufferError, RuntimeError, TypeError, ValueError):
         return None
 
@@ -339,6 +347,17 @@ def positions(positions: Any, offset: object, batch: int, seq: int,
         raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {shape}")
     pos, hi = position_array(positions, name, converted)
     return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi)
+
+
+def angle_positions(maximum: int, name: str) -> None:
+    """Refuse positions whose float64 angles would not be accurate (see
+    MAX_ANGLE_POSITION); `maximum` is the largest position, `name` the argument
+    it came from."""
+    if maximum >= MAX_ANGLE_POSITION:
+        raise ValueError(f"{name} must keep every position below 2**32 for sinusoidal and "
+                         f"rotary encodings, got position {maximum}: the float64 angle "
+                         f"position * frequency would carry a rounding error above float32 "
+                         f"precision")
 
 
 def output(out: object, shape: tuple[int, ...], dtype: object) -> np.ndarray:

@@ -454,6 +454,7 @@ class RotaryEmbedding:
             raise ValueError("this embedding rotates each half of the head on its own, "
                              "which one cos/sin table for apply_rope_cached cannot express")
         pos, hi = _checks.position_array(positions, "positions")
+        _checks.angle_positions(hi, "positions")
         freqs = self.frequencies(hi + 1 if hi >= 0 else None)
         if self._pair_axis is None:
             cos, sin = rope_cos_sin(pos, freqs, dtype=dtype)

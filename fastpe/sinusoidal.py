@@ -88,6 +88,8 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
 
     Values are exact to the output precision for every position up to 2**20
     (float32: within 1.5e-7): angles are formed and reduced in float64.
+    Positions of 2**32 or more are a ValueError (the float64 angle's rounding
+    would exceed float32 precision).
 
     >>> fastpe.sinusoidal_table(4, 6, dtype="float64")[1, :2]  # sin(1), cos(1)
     array([0.84147098, 0.54030231])

@@ -694,6 +694,22 @@ ROWS += [
     Row("apply_rope/freqs-nan-named", lambda a: fastpe.apply_rope(
         a["q"], freqs=np.array([1.0, np.nan] * (RD // 4))), ValueError,
         r"freqs\.inv_freq must be finite, got nan", lambda: {"q": q64()}, category="non-finite"),
+    # float64 angles are accurate to float32 precision only below 2**32 (both backends)
+    Row("table/offset-2**32", lambda a: ST(2, D, offset=2**32 - 1), ValueError,
+        r"\boffset\b.*2\*\*32", category="positions"),
+    Row("add_sinusoidal/positions-2**32", lambda a: AS(a["x"], [0, 1, 2, 3, 2**32]),
+        ValueError, r"\bpositions\b.*2\*\*32", x_only(), category="positions"),
+    Row("apply_rope/positions-2**32", lambda a: fastpe.apply_rope(a["q"], None,
+                                                                  np.full(RS, 2**32)),
+        ValueError, r"\bpositions\b.*2\*\*32", lambda: {"q": q64()}, category="positions"),
+    Row("apply_rope/offset-2**32", lambda a: fastpe.apply_rope(a["q"], offset=2**32 - 3),
+        ValueError, r"\boffset\b.*2\*\*32", lambda: {"q": q64()}, category="positions"),
+    Row("rope_cos_sin/positions-2**32", lambda a: fastpe.rope_cos_sin(
+        [2**32], fastpe.rope_frequencies(8)), ValueError, r"\bpositions\b.*2\*\*32",
+        category="positions"),
+    Row("RotaryEmbedding/call-positions-2**32", lambda a: fastpe.RotaryEmbedding(RD)(
+        a["q"], None, np.full(RS, 2**40)), ValueError, r"\bpositions\b.*2\*\*32",
+        lambda: {"q": q64()}, category="positions"),
     # silent no-ops: nothing to rotate is a mistake, not a request
     Row("apply_rope/freqs-empty", lambda a: fastpe.apply_rope(a["q"], freqs=np.ones(0)),
         ValueError, r"\bfreqs\.inv_freq\b", lambda: {"q": q64()}, category="shape"),

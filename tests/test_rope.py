@@ -1058,13 +1058,14 @@ def test_float32_rotation_within_4_ulp_of_float64_rotation():
 
 
 def test_positions_past_the_fast_angle_limit_use_exact_reduction():
-    """Angles past 1e6 radians (here positions around 2**40) fall back to libm's full
+    """Angles past 1e6 radians (here positions around 2**31, the largest
+    positions are below 2**32) fall back to libm's full
     range reduction: scattered positions (each angle computed directly) match cos/sin of
     the float64 angle fl(p * w) to float32 accuracy; a consecutive run (seeded once, then
     advanced by angle addition) is within the float64 rounding of such angles."""
     freqs = fastpe.rope_frequencies(32)
-    # 40 random positions in [2**40, 2**40 + 2**35): never two consecutive ones
-    scattered = (1 << 40) + np.random.default_rng(8).choice(1 << 35, 40, replace=False)
+    # 40 random positions in [2**31, 2**31 + 2**30): never two consecutive ones
+    scattered = (1 << 31) + np.random.default_rng(8).choice(1 << 30, 40, replace=False)
     rounded = lambda p, w: oracle.cos_sin(p, w)   # noqa: E731 - of fl(p * w)
     c, s = fastpe.rope_cos_sin(scattered, freqs, dtype="float32")
     want_c, want_s = rounded(scattered, freqs.inv_freq)
@@ -1072,10 +1073,10 @@ def test_positions_past_the_fast_angle_limit_use_exact_reduction():
     c, s = fastpe.rope_cos_sin(scattered, freqs, dtype="float64")
     assert np.abs(c - want_c).max() <= 1e-15 and np.abs(s - want_s).max() <= 1e-15
 
-    run = (1 << 40) + 5 + np.arange(70)
+    run = (1 << 32) - 75 + np.arange(70)
     exact_c, exact_s = oracle.exact_cos_sin(run, freqs.inv_freq)
     c, s = fastpe.rope_cos_sin(run, freqs, dtype="float64")
-    tol = angle_atol(1 << 41)
+    tol = angle_atol(1 << 32)
     assert np.abs(c - exact_c).max() <= tol and np.abs(s - exact_s).max() <= tol
 
     for positions in (scattered, run):
@@ -1086,24 +1087,24 @@ def test_positions_past_the_fast_angle_limit_use_exact_reduction():
         mag = magnitude_of(q_in)
         fn = rounded if positions is scattered else oracle.exact_cos_sin
         want = oracle.rotate(q_in, positions, freqs.inv_freq, cos_sin_fn=fn)
-        max_pos = 0 if positions is scattered else 1 << 41
+        max_pos = 0 if positions is scattered else 1 << 32
         check_rotation(q, want, F32, magnitude=mag, max_position=max_pos,
-                       context=f"apply_rope at 2**40, {'scattered' if max_pos == 0 else 'run'}")
-        check_rotation(q, qr, F32, magnitude=mag, max_position=1 << 41,
-                       context="apply_rope vs reference at 2**40")
+                       context=f"apply_rope near 2**32, {'scattered' if max_pos == 0 else 'run'}")
+        check_rotation(q, qr, F32, magnitude=mag, max_position=1 << 32,
+                       context="apply_rope vs reference near 2**32")
 
 
 def test_negative_frequencies_at_large_positions():
     """A bare inv_freq may hold negative values (a rotation the other way); the
     compiled kernel must then agree with the reference at any position."""
     w = np.array([-1.0, -0.25])
-    scattered = (1 << 40) + np.random.default_rng(9).choice(1 << 30, 40, replace=False)
-    for positions in (scattered, (1 << 40) + np.arange(40)):
+    scattered = (1 << 31) + np.random.default_rng(9).choice(1 << 30, 40, replace=False)
+    for positions in (scattered, (1 << 32) - 41 + np.arange(40)):
         q = rng_floats((1, positions.size, 1, 4), F64, 1)
         qr = q.copy()
         fastpe.apply_rope(q, positions=positions, freqs=w)
         reference.apply_rope(qr, positions=positions, freqs=w)
-        check_rotation(q, qr, F64, magnitude=magnitude_of(qr), max_position=1 << 41,
+        check_rotation(q, qr, F64, magnitude=magnitude_of(qr), max_position=1 << 32,
                        context=f"negative inv_freq, positions {positions[:3]}...")
 
 

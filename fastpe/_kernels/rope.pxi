@@ -584,6 +584,11 @@ cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
                 or (k is not None and extents_overlap(<cnp.ndarray>k, x)))
 
 
+# fastpe._checks.MAX_ANGLE_POSITION and fastpe._rope_scaling.MAX_INV_FREQ
+cdef int64_t MAX_ANGLE_POSITION = <int64_t>1 << 32
+cdef double MAX_INV_FREQ = DBL_MAX / 9223372036854775808.0
+
+
 cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, int layout,
                         bint neox, object inv_freq, double cos_scale, double sin_scale,
                         int num_threads) except -1:
@@ -604,7 +609,9 @@ cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, in
     if not cnp.PyArray_CheckExact(inv_freq):
         return 0
     cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
-    if code < 0:
+    # the general path refuses what the angles or the float32 scaling cannot hold
+    if (code < 0 or hi >= MAX_ANGLE_POSITION
+            or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX):
         return 0
     wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
@@ -616,7 +623,7 @@ cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, in
         return 0
     w = <const double *>cnp.PyArray_DATA(wa)
     for i in range(wa.shape[0]):
-        if not (w[i] - w[i] == 0):  # NaN or infinite
+        if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
             return 0
     a.half = wa.shape[0]
     a.w = w
