@@ -242,14 +242,20 @@ def disjoint(out: np.ndarray, out_name: str, *inputs: tuple[object, str]) -> Non
                              f"{out_name} is written; pass a copy")
 
 
-def count(n: Any, name: str, *, minimum: int | None = 0) -> int:
-    """n as a Python int (bools refused); at least `minimum` unless it is None."""
+def count(n: Any, name: str, *, minimum: int | None = 0, whole_float: bool = False) -> int:
+    """n as a Python int (bools refused); at least `minimum` unless it is None.
+    With `whole_float`, a float of integral value (4096.0, as a JSON config may
+    hold it) is taken as that int."""
     if isinstance(n, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool")
     try:
         value = operator.index(n)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}") from None
+        if not (whole_float and isinstance(n, (float, np.floating))):
+            raise TypeError(f"{name} must be an int, got {type(n).__name__}") from None
+        if not float(n).is_integer():
+            raise ValueError(f"{name} must be a whole number, got {n!r}") from None
+        value = int(n)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value

@@ -12,7 +12,6 @@ why the returned arrays are read-only.
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from typing import Any, NamedTuple, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _hf_models
+from . import _checks, _hf_models
 from ._typing import Style
 
 __all__ = [
@@ -118,7 +117,7 @@ class RopeSpec:
 
     def _regime(self, seq_len: int | None) -> Regime:
         if seq_len is not None and not (type(seq_len) is int and seq_len >= 0):
-            seq_len = _whole_number("seq_len", seq_len, minimum=0)
+            seq_len = _checks.count(seq_len, "seq_len", minimum=0, whole_float=True)
         if not self.depends_on_seq_len:
             return None
         original = self.original_max_position_embeddings
@@ -174,68 +173,82 @@ def rope_frequencies(
 ) -> RopeFrequencies:
     """Inverse frequencies and attention scaling for rotary position embeddings.
 
-    Args:
-        dim: head width. Frequencies are for the rotary width, which is ``dim``, or
-            ``int(dim * scaling["partial_rotary_factor"])`` when the dict has that key
-            (except for "proportional"); it must be even.
-        base: the RoPE base (theta). None means ``scaling["rope_theta"]`` when the dict
-            has one, else 10000.0. A base that differs from the dict's ``rope_theta`` is
-            a ValueError.
-        scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, or None for
-            plain RoPE. Its type is ``rope_type`` (or the older ``type``): "default",
-            "linear" (``factor``), "dynamic" (``factor``), "yarn" (``factor``,
-            ``beta_fast`` = 32, ``beta_slow`` = 1, ``attention_factor``, ``mscale``,
-            ``mscale_all_dim``, ``truncate`` = True), "longrope" (``short_factor``,
-            ``long_factor``, ``factor``, ``attention_factor``, and Phi-3.5-MoE's
-            ``short_mscale`` / ``long_mscale``), "llama3" (``factor``,
-            ``low_freq_factor``, ``high_freq_factor``) or "proportional" (``factor`` = 1,
-            ``partial_rotary_factor``). Other keys are ignored.
-        seq_len: the number of positions the frequencies serve, i.e. the largest
-            position + 1. Only dynamic and longrope depend on it; None means "not past
-            the original length".
-        max_position_embeddings: the model's ``max_position_embeddings``. dynamic, yarn,
-            longrope and llama3 take their original context length from
-            ``scaling["original_max_position_embeddings"]``, else from this; yarn and
-            longrope without ``factor`` use ``max_position_embeddings / original``.
+    Parameters
+    ----------
+    dim : int
+        Head width. Frequencies are for the rotary width, which is ``dim``, or
+        ``int(dim * scaling["partial_rotary_factor"])`` when the dict has that key
+        (except for "proportional"); it must be even.
+    base : float, optional
+        The RoPE base (theta). None means ``scaling["rope_theta"]`` when the dict has
+        one, else 10000.0. A base that differs from the dict's ``rope_theta`` is a
+        ValueError.
+    scaling : dict, optional
+        A Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, or None for plain
+        RoPE. Its type is ``rope_type`` (or the older ``type``): "default", "linear"
+        (``factor``), "dynamic" (``factor``), "yarn" (``factor``, ``beta_fast`` = 32,
+        ``beta_slow`` = 1, ``attention_factor``, ``mscale``, ``mscale_all_dim``,
+        ``truncate`` = True), "longrope" (``short_factor``, ``long_factor``,
+        ``factor``, ``attention_factor``, and Phi-3.5-MoE's ``short_mscale`` /
+        ``long_mscale``), "llama3" (``factor``, ``low_freq_factor``,
+        ``high_freq_factor``) or "proportional" (``factor`` = 1,
+        ``partial_rotary_factor``). Other keys are ignored.
+    seq_len : int, optional
+        The number of positions the frequencies serve, i.e. the largest position + 1.
+        Only dynamic and longrope depend on it; None means "not past the original
+        length".
+    max_position_embeddings : int, optional
+        The model's ``max_position_embeddings``. dynamic, yarn, longrope and llama3 take
+        their original context length from ``scaling["original_max_position_embeddings"]``,
+        else from this; yarn and longrope without ``factor`` use
+        ``max_position_embeddings / original``.
 
-    Returns:
-        ``RopeFrequencies(inv_freq, attention_scaling)``: float64 ``inv_freq`` of shape
+    Returns
+    -------
+    RopeFrequencies
+        ``(inv_freq, attention_scaling)``: float64 ``inv_freq`` of shape
         ``(rotary_dim // 2,)``, read-only and shared by later calls with the same
-        arguments; ``attention_scaling`` multiplies cos and sin (1.0 except for yarn and
-        longrope).
+        arguments; ``attention_scaling`` multiplies cos and sin (1.0 except for yarn
+        and longrope).
 
+    Raises
+    ------
+    TypeError
+        An argument or dict field of the wrong type.
+    ValueError
+        An unknown rope type, a missing field or an invalid value; the message names
+        the field.
+
+    Notes
+    -----
     Types as in transformers:
-        - dynamic: at ``seq_len`` above the original length L the base becomes
-          ``base * (factor * seq_len / L - (factor - 1)) ** (d / (d - 2))``; at or
-          below L it is the plain base. Stateless: the frequencies depend only on
-          this call's ``seq_len``.
-        - yarn: the attention factor is ``attention_factor`` if given, else
-          ``m(factor, mscale) / m(factor, mscale_all_dim)`` when both are set and
-          non-zero, else ``m(factor, 1)``, with ``m(s, k) = 0.1 k ln s + 1`` (1 when
-          s <= 1). An explicit ``factor`` wins over ``max_position_embeddings / L``
-          (DeepSeek-style configs where the two differ), as transformers >= 4.57
-          does; 4.51 to 4.56 used the ratio instead.
-        - longrope: long factors when ``seq_len > L``, short ones otherwise; attention
-          factor ``attention_factor``, else ``sqrt(1 + ln factor / ln L)`` (1 when
-          factor <= 1). With ``short_mscale`` and ``long_mscale`` (Phi-3.5-MoE) those
-          replace the attention factor on their side of L.
-        - proportional (Gemma 4 full attention, LFM3): the rotary width stays ``dim``;
-          the first ``int(partial_rotary_factor * dim // 2)`` pairs get the plain
-          frequencies of width ``dim``, the rest 0 (they do not rotate); all divided
-          by ``factor``.
+
+    - dynamic: at ``seq_len`` above the original length L the base becomes
+      ``base * (factor * seq_len / L - (factor - 1)) ** (d / (d - 2))``; at or below L
+      it is the plain base. Stateless: the frequencies depend only on this call's
+      ``seq_len``.
+    - yarn: the attention factor is ``attention_factor`` if given, else
+      ``m(factor, mscale) / m(factor, mscale_all_dim)`` when both are set and non-zero,
+      else ``m(factor, 1)``, with ``m(s, k) = 0.1 k ln s + 1`` (1 when s <= 1). An
+      explicit ``factor`` wins over ``max_position_embeddings / L`` (DeepSeek-style
+      configs where the two differ), as transformers >= 4.57 does; 4.51 to 4.56 used
+      the ratio instead.
+    - longrope: long factors when ``seq_len > L``, short ones otherwise; attention
+      factor ``attention_factor``, else ``sqrt(1 + ln factor / ln L)`` (1 when
+      factor <= 1). With ``short_mscale`` and ``long_mscale`` (Phi-3.5-MoE) those
+      replace the attention factor on their side of L.
+    - proportional (Gemma 4 full attention, LFM3): the rotary width stays ``dim``; the
+      first ``int(partial_rotary_factor * dim // 2)`` pairs get the plain frequencies
+      of width ``dim``, the rest 0 (they do not rotate); all divided by ``factor``.
 
     Where fastpe differs from transformers:
-        - dynamic reads ``original_max_position_embeddings`` from the dict when it is
-          there (transformers always uses the config's ``max_position_embeddings``).
-        - An odd rotary width is a ValueError; transformers would rotate one feature
-          more than asked.
-        - Out-of-range values are errors, not warnings or silent defaults (e.g.
-          ``beta_fast=0``, ``factor <= 0``, ``partial_rotary_factor`` outside (0, 1]).
 
-    Raises:
-        TypeError: an argument or dict field of the wrong type.
-        ValueError: an unknown rope type, a missing field or an invalid value; the
-            message names the field.
+    - dynamic reads ``original_max_position_embeddings`` from the dict when it is there
+      (transformers always uses the config's ``max_position_embeddings``).
+    - An odd rotary width is a ValueError; transformers would rotate one feature more
+      than asked.
+    - Out-of-range values are errors, not warnings or silent defaults (e.g.
+      ``beta_fast=0``, ``factor <= 0``, ``partial_rotary_factor`` outside (0, 1]).
     """
     spec = parse_rope_spec(
         dim, base=base, scaling=scaling, max_position_embeddings=max_position_embeddings
@@ -334,7 +347,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
 
     max_positions = _hf_get(config, "max_position_embeddings", "n_positions")
     if max_positions is not None:
-        max_positions = _whole_number("max_position_embeddings", max_positions, minimum=1)
+        max_positions = _checks.count(max_positions, "max_position_embeddings", minimum=1, whole_float=True)
     if theta is None:
         theta = _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
     if conv.width_key is not None:
@@ -354,7 +367,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
     return {
         "head_dim": head_dim,
         "rotary_dim": rotary_dim,
-        "base": DEFAULT_BASE if theta is None else _positive("rope_theta", theta),
+        "base": DEFAULT_BASE if theta is None else _checks.real(theta, "rope_theta", positive=True),
         "scaling": None if rope_type == "default" else scaling,
         "max_position_embeddings": max_positions,
         "style": "gptj" if interleaved else "neox",
@@ -401,11 +414,10 @@ def _intern(spec: RopeSpec) -> RopeSpec:
 
 
 def _parse(dim: object, base: object, scaling: object, max_position_embeddings: object) -> RopeSpec:
-    head_dim = _whole_number("dim", dim, minimum=1)
+    head_dim = _checks.count(dim, "dim", minimum=1, whole_float=True)
     if max_position_embeddings is not None:
-        max_position_embeddings = _whole_number(
-            "max_position_embeddings", max_position_embeddings, minimum=1
-        )
+        max_position_embeddings = _checks.count(max_position_embeddings, "max_position_embeddings",
+                                                minimum=1, whole_float=True)
     if scaling is None:
         scaling = {}
     elif not isinstance(scaling, Mapping):
@@ -470,10 +482,10 @@ def _rope_type(scaling: Mapping[str, Any]) -> str:
 def _resolve_base(base: object, scaling: Mapping[str, Any]) -> float:
     theta = scaling.get("rope_theta")
     if theta is not None:
-        theta = _positive(_key("rope_theta"), theta)
+        theta = _checks.real(theta, _key("rope_theta"), positive=True)
     if base is None:
         return DEFAULT_BASE if theta is None else theta
-    base = _positive("base", base)
+    base = _checks.real(base, "base", positive=True)
     if theta is not None and base != theta:
         raise ValueError(
             f"base={base!r} contradicts {_key('rope_theta')}={theta!r}; "
@@ -490,7 +502,7 @@ def _rotary_width(head_dim: int, partial: object, name: str, dim_name: str = "di
                 f"{dim_name} must be even (RoPE rotates pairs of features), got {head_dim}"
             )
         return head_dim
-    partial = _positive(name, partial)
+    partial = _checks.real(partial, name, positive=True)
     if partial > 1.0:
         raise ValueError(f"{name} must be in (0, 1], got {partial!r}")
     rotary_dim = int(head_dim * partial)
@@ -506,7 +518,7 @@ def _original_length(rope_type: str, scaling: Mapping[str, Any],
                      max_position_embeddings: int | None) -> int:
     original = scaling.get("original_max_position_embeddings")
     if original is not None:
-        return _whole_number(_key("original_max_position_embeddings"), original, minimum=1)
+        return _checks.count(original, _key("original_max_position_embeddings"), minimum=1, whole_float=True)
     if max_position_embeddings is None:
         raise ValueError(
             f"rope type {rope_type!r} needs the original context length: give "
@@ -522,12 +534,16 @@ def _required(scaling: Mapping[str, Any], name: str, rope_type: str) -> object:
     return value
 
 
+def _required_positive(scaling: Mapping[str, Any], name: str, rope_type: str) -> float:
+    return _checks.real(_required(scaling, name, rope_type), _key(name), positive=True)
+
+
 def _factor_or_ratio(scaling: Mapping[str, Any], rope_type: str, original: int,
                      max_position_embeddings: int | None) -> float:
     """``factor``, defaulting to max_position_embeddings / original as transformers does."""
     factor = scaling.get("factor")
     if factor is not None:
-        return _positive(_key("factor"), factor)
+        return _checks.real(factor, _key("factor"), positive=True)
     if max_position_embeddings is None:
         raise ValueError(
             f"{_key('factor')} is required for rope type {rope_type!r} unless "
@@ -543,13 +559,13 @@ def _parse_default(dim: int, base: float, scaling: Mapping[str, Any], original: 
 
 def _parse_linear(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
                   max_position_embeddings: int | None) -> RopeSpec:
-    factor = _positive(_key("factor"), _required(scaling, "factor", "linear"))
+    factor = _required_positive(scaling, "factor", "linear")
     return RopeSpec("linear", dim, base, factor=factor)
 
 
 def _parse_dynamic(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
                    max_position_embeddings: int | None) -> RopeSpec:
-    factor = _positive(_key("factor"), _required(scaling, "factor", "dynamic"))
+    factor = _required_positive(scaling, "factor", "dynamic")
     return RopeSpec("dynamic", dim, base, original, factor)
 
 
@@ -578,7 +594,7 @@ def _parse_yarn(dim: int, base: float, scaling: Mapping[str, Any], original: int
 def _yarn_attention_factor(scaling: Mapping[str, Any], factor: float) -> float:
     given = scaling.get("attention_factor")
     if given is not None:
-        return _positive(_key("attention_factor"), given)
+        return _checks.real(given, _key("attention_factor"), positive=True)
     mscale = _optional_real(scaling, "mscale")
     mscale_all_dim = _optional_real(scaling, "mscale_all_dim")
     # Both must be set and non-zero: the truthiness test transformers applies.
@@ -609,7 +625,7 @@ def _parse_longrope(dim: int, base: float, scaling: Mapping[str, Any], original:
     if scaling.get("factor") is not None or given is None:
         factor = _factor_or_ratio(scaling, "longrope", original, max_position_embeddings)
     if given is not None:
-        attention = _positive(_key("attention_factor"), given)
+        attention = _checks.real(given, _key("attention_factor"), positive=True)
     else:
         assert factor is not None
         if factor <= 1.0:
@@ -627,7 +643,7 @@ def _parse_longrope(dim: int, base: float, scaling: Mapping[str, Any], original:
         if None in mscales:
             raise ValueError(f"{_key('short_mscale')} and {_key('long_mscale')} go together; "
                              "give both or neither")
-        params += tuple((name, _positive(_key(name), m))
+        params += tuple((name, _checks.real(m, _key(name), positive=True))
                         for name, m in zip(("short_mscale", "long_mscale"), mscales))
     return RopeSpec("longrope", dim, base, original, factor, attention, params)
 
@@ -640,14 +656,14 @@ def _factor_list(scaling: Mapping[str, Any], name: str, dim: int) -> tuple[float
         raise ValueError(
             f"{_key(name)} must have rotary_dim // 2 = {dim // 2} entries, got {len(values)}"
         )
-    return tuple(_positive(f"{_key(name)}[{i}]", v) for i, v in enumerate(values))
+    return tuple(_checks.real(v, f"{_key(name)}[{i}]", positive=True) for i, v in enumerate(values))
 
 
 def _parse_llama3(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
                   max_position_embeddings: int | None) -> RopeSpec:
-    factor = _positive(_key("factor"), _required(scaling, "factor", "llama3"))
-    low = _positive(_key("low_freq_factor"), _required(scaling, "low_freq_factor", "llama3"))
-    high = _positive(_key("high_freq_factor"), _required(scaling, "high_freq_factor", "llama3"))
+    factor = _required_positive(scaling, "factor", "llama3")
+    low = _required_positive(scaling, "low_freq_factor", "llama3")
+    high = _required_positive(scaling, "high_freq_factor", "llama3")
     if low >= high:
         raise ValueError(
             f"{_key('low_freq_factor')}={low!r} must be < {_key('high_freq_factor')}={high!r}"
@@ -659,7 +675,7 @@ def _parse_llama3(dim: int, base: float, scaling: Mapping[str, Any], original: i
 def _parse_proportional(dim: int, base: float, scaling: Mapping[str, Any], original: int | None,
                         max_position_embeddings: int | None) -> RopeSpec:
     partial = scaling.get("partial_rotary_factor")
-    partial = 1.0 if partial is None else _positive(_key("partial_rotary_factor"), partial)
+    partial = 1.0 if partial is None else _checks.real(partial, _key("partial_rotary_factor"), positive=True)
     if partial > 1.0:
         raise ValueError(f"{_key('partial_rotary_factor')} must be in (0, 1], got {partial!r}")
     factor = _optional_positive(scaling, "factor", 1.0)
@@ -687,43 +703,14 @@ def _key(name: str) -> str:
     return f"scaling[{name!r}]"
 
 
-def _real(name: str, value: object) -> float:
-    # bool is an int subclass; a flag where a number belongs is a type mistake.
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return value
-
-
-def _positive(name: str, value: object) -> float:
-    value = _real(name, value)
-    if value <= 0.0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return value
-
-
 def _optional_real(scaling: Mapping[str, Any], name: str) -> float | None:
     value = scaling.get(name)
-    return None if value is None else _real(_key(name), value)
+    return None if value is None else _checks.real(value, _key(name))
 
 
 def _optional_positive(scaling: Mapping[str, Any], name: str, default: float) -> float:
     value = scaling.get(name)
-    return default if value is None else _positive(_key(name), value)
-
-
-def _whole_number(name: str, value: object, *, minimum: int) -> int:
-    """An integer >= minimum; a float with an integral value (4096.0) is accepted."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    value = int(float(value)) if not isinstance(value, numbers.Integral) else int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return default if value is None else _checks.real(value, _key(name), positive=True)
 
 
 # -- frequencies -----------------------------------------------------------------------
@@ -873,15 +860,15 @@ def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
     if head_dim is not None:
-        return _whole_number("head_dim", head_dim, minimum=1)
+        return _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     hidden = _hf_get(config, "hidden_size", "n_embd")
     heads = _hf_get(config, "num_attention_heads", "n_head")
     if hidden is None or heads is None:
         raise ValueError(
             "config has no head_dim, and no hidden_size and num_attention_heads to derive it from"
         )
-    hidden = _whole_number("hidden_size", hidden, minimum=1)
-    return hidden // _whole_number("num_attention_heads", heads, minimum=1)
+    hidden = _checks.count(hidden, "hidden_size", minimum=1, whole_float=True)
+    return hidden // _checks.count(heads, "num_attention_heads", minimum=1, whole_float=True)
 
 
 def _hf_per_layer(config: object, name: str, layer_type: str | None) -> object:
@@ -918,10 +905,10 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention,
     if width is None:
         raise ValueError(f"config has no {conv.width_key}, the rotated width of this model's "
                          "latent attention")
-    width = _whole_number(conv.width_key, width, minimum=2)
+    width = _checks.count(width, conv.width_key, minimum=2, whole_float=True)
     # transformers' MLA configs set head_dim to the rope width when config.json omits it.
     head_dim = _hf_get(config, "head_dim")
-    head_dim = width if head_dim is None else _whole_number("head_dim", head_dim, minimum=1)
+    head_dim = width if head_dim is None else _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     # transformers' module rotates int(head_dim * partial_rotary_factor) features: that
     # must be the rope part, or the config contradicts itself.
     if partial is None:
@@ -936,7 +923,7 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention,
     if offset is None:
         raise ValueError(f"config has no {conv.offset_key}, the width of the unrotated part "
                          "of each query head")
-    offset = _whole_number(conv.offset_key, offset, minimum=0)
+    offset = _checks.count(offset, conv.offset_key, minimum=0, whole_float=True)
     return width, _rotary_width(width, None, conv.width_key, dim_name=conv.width_key), (
         offset, offset + width)
 
@@ -976,7 +963,7 @@ def _hf_rotary_dim(config: object, head_dim: int, partial: object) -> int:
     rotary_dim = _hf_get(config, "rotary_dim")
     if rotary_dim is None:
         return _rotary_width(head_dim, None, "rotary_dim", dim_name="head_dim")
-    rotary_dim = _whole_number("rotary_dim", rotary_dim, minimum=2)
+    rotary_dim = _checks.count(rotary_dim, "rotary_dim", minimum=2, whole_float=True)
     if rotary_dim % 2 or rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even and at most head_dim={head_dim}, got {rotary_dim}")
     return rotary_dim

@@ -487,7 +487,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 ERRORS = [
     # (kwargs, exception, message pattern)
-    (dict(dim="64"), TypeError, r"\bdim\b.*integer"),
+    (dict(dim="64"), TypeError, r"\bdim\b must be an int"),
     (dict(dim=True), TypeError, r"\bdim\b"),
     (dict(dim=0), ValueError, r"\bdim\b.*>= 1"),
     (dict(dim=-8), ValueError, r"\bdim\b"),
