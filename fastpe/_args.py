@@ -138,6 +138,9 @@ class RopePlan(NamedTuple):
     # multi-axis positions: positions.array is int64 (axes, 1 or batch, seq) and
     # pair i rotates by the position on axis pair_axis[i] (int8, (rotary_dim // 2,))
     pair_axis: np.ndarray | None = None
+    # with pair_axis, the axis of each pair's second feature where the two differ
+    # (HunYuan-VL: x' = x cos a - y sin a, y' = y cos b + x sin b)
+    pair_axis2: np.ndarray | None = None
 
 
 # the compiled kernel keeps one position per axis on the stack
@@ -333,7 +336,8 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
          style: object, layout: object, inverse: object, num_threads: object,
          spec: _rope_scaling.RopeSpec | None = None, spec_head_dim: int = 0,
          axes: int = 1, pair_axis: np.ndarray | None = None,
-         pair_freq: np.ndarray | None = None) -> RopePlan:
+         pair_freq: np.ndarray | None = None,
+         pair_axis2: np.ndarray | None = None) -> RopePlan:
     """Plan of apply_rope; `spec` (with its rotary_dim and the head_dim it was
     made for) comes from a RotaryEmbedding, and so do the multi-axis layout
     (`axes`, the axis of each pair, validated) and `pair_freq`, the index
@@ -366,11 +370,16 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
     rope_disjoint(q4, k4, (positions, "positions"),
                    (getattr(freqs, "inv_freq", freqs), "freqs"))
     att = given.attention_scaling
-    cos_scale, sin_scale = ((1.0 / att, -1.0 / att) if _checks.flag(inverse, "inverse")
-                            else (att, att))
+    inverse = _checks.flag(inverse, "inverse")
+    if inverse and multi and pair_axis2 is not None:
+        raise ValueError("inverse=True: this embedding turns the two features of a pair by "
+                         "different angles (not a rotation), whose inverse fastpe does not "
+                         "apply")
+    cos_scale, sin_scale = (1.0 / att, -1.0 / att) if inverse else (att, att)
     inv_freq = given.inv_freq if pair_freq is None else given.inv_freq[pair_freq]
     return RopePlan(q4, k4, pos, neox, inv_freq, cos_scale, sin_scale, None, None,
-                    False, _threads.check(num_threads), pair_axis if multi else None)
+                    False, _threads.check(num_threads), pair_axis if multi else None,
+                    pair_axis2 if multi else None)
 
 
 def rope_cached(q: object, k: object, cos: object, sin: object, positions: object,

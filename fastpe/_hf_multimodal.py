@@ -42,6 +42,7 @@ _GLM4V = TextMRope((8, 12, 12), "contiguous", "gptj")
 _GLM_NEOX = TextMRope((8, 12, 12), "contiguous", "neox")
 _ERNIE = TextMRope((22, 22, 20), "ernie", "gptj")
 _NEOMME = TextMRope((), "row_col", "neox")
+_HUNYUAN = TextMRope((), "hunyuan", "neox")
 
 # Text models with M-RoPE that fastpe reproduces, by model type (checked against each
 # family's own transformers code by tests/test_mrope.py's fixtures).
@@ -58,14 +59,12 @@ TEXT_MROPE: dict[str, TextMRope] = {
     "glm4v_text": _GLM4V, "glm_ocr_text": _GLM4V,
     "glm4v_moe_text": _GLM_NEOX, "glm_image_text": _GLM_NEOX,
     "ernie4_5_vl_moe_text": _ERNIE,
+    "hunyuan_vl_text": _HUNYUAN,
 }
 
 # Model types whose text attention rotates by M-RoPE in a way fastpe does not
 # reproduce (or has not been checked against), with the reason.
 UNSUPPORTED_TEXT = {
-    **dict.fromkeys(("hunyuan_vl", "hunyuan_vl_text"),
-                    "HunYuan-VL rotates the two features of a pair by the angles of "
-                    "different axes (not a rotation)"),
     **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"),
                     "its multi-head latent attention rotates a separate rope slice of q "
                     "and k by M-RoPE, which fastpe has not been checked against"),
@@ -163,7 +162,19 @@ def text_mrope(config: object,
                              f"layer_type=")
         rope = dict(rope[layer_type])
     sections = rope.pop("mrope_section", None)
+    legacy = rope.pop("xdrope_section", None)  # HunYuan-VL's older name
+    sections = legacy if sections is None else sections
     rope.pop("mrope_interleaved", None)
+    if family.scheme == "hunyuan":
+        if sections is None:
+            raise ValueError(f"model_type {model_type!r}: the config has no mrope_section "
+                             f"(its axes), which HunYuan-VL's rotary embedding needs")
+        if rope.get("rope_type") == "ntk_alpha":
+            # HunYuan's NTK with a fixed alpha only stretches the base
+            d = _hf_get(cfg, "head_dim")
+            alpha = rope.pop("alpha")
+            rope["rope_type"] = "default"
+            rope["rope_theta"] = float(rope["rope_theta"]) * float(alpha) ** (d / (d - 2))
     if rope.get("rope_type", rope.get("type")) == "mrope":
         # Qwen2-VL's original config.json; transformers reads it as default RoPE
         rope.pop("type", None)
@@ -310,6 +321,20 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
     c = hf_rope_config(cfg)
     rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],
                style=style or family.style, max_position_embeddings=c["max_position_embeddings"])
+    if family.scheme == "hunyuan":
+        sections = [int(n) for n in cfg["mrope_section"]]
+        half = rope.rotary_dim // 2
+        if sum(sections) != half or min(sections) < 0:
+            raise ValueError(f"mrope_section {sections} must add up to rotary_dim // 2 = "
+                             f"{half}")
+        # HunYuan-VL splits the whole head (cos and sin of every frequency, twice) into
+        # runs of 2 * sections[i] features on axis i: the two features of a pair can
+        # fall in runs of different axes
+        feature_axis = np.repeat(np.arange(len(sections), dtype=np.int8),
+                                 [2 * n for n in sections])
+        rope._set_layout(len(sections), feature_axis[:half], None)
+        rope._pair_axis2 = np.ascontiguousarray(feature_axis[half:])
+        return rope
     rope._set_layout(2 if family.scheme == "row_col" else 3,
                      _pair_axis(family.scheme, cfg["mrope_section"], rope.rotary_dim // 2), None)
     return rope

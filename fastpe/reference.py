@@ -84,12 +84,14 @@ def run_learned(plan: _args.LearnedPlan) -> None:
     x[...] = x.astype(work) + rows.astype(work)
 
 
-def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, (rows, seq, 1, half) in the compute dtype, as the kernel uses them."""
+def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype,
+                  pair_axis: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, (rows, seq, 1, half) in the compute dtype, as the kernel uses them
+    (multi-axis positions: by the axes `pair_axis`, default the plan's)."""
     pos = plan.positions.as_array(plan.q.shape[1])
     if plan.pair_axis is not None:
         # (axes, rows, seq) -> each pair's own axis: (rows, seq, half)
-        pos = np.moveaxis(pos[plan.pair_axis], 0, -1)
+        pos = np.moveaxis(pos[plan.pair_axis if pair_axis is None else pair_axis], 0, -1)
     else:
         pos = pos[..., None]
     if plan.inv_freq is not None:
@@ -107,7 +109,9 @@ def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype) -> tuple[np.ndarray, np.
     return cos[:, :, None, :], sin[:, :, None, :]
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: np.dtype) -> None:
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: np.dtype,
+            cos2: np.ndarray | None = None, sin2: np.ndarray | None = None) -> None:
+    """Pairs (a, b) -> (a cos - b sin, b cos2 + a sin2); cos2, sin2 default to cos, sin."""
     half = cos.shape[-1]
     if neox:
         first, second = x[..., :half], x[..., half:2 * half]
@@ -115,15 +119,18 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: n
         first, second = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
     a, b = first.astype(work), second.astype(work)
     first[...] = a * cos - b * sin
-    second[...] = b * cos + a * sin
+    second[...] = b * (cos if cos2 is None else cos2) + a * (sin if sin2 is None else sin2)
 
 
 def run_rope(plan: _args.RopePlan) -> None:
     work = _checks.compute_dtype(plan.q.dtype)
     cos, sin = _rope_cos_sin(plan, work)
+    cos2 = sin2 = None
+    if plan.pair_axis2 is not None:
+        cos2, sin2 = _rope_cos_sin(plan, work, plan.pair_axis2)
     for x in (plan.q, plan.k):
         if x is not None:
-            _rotate(x, cos, sin, plan.neox, work)
+            _rotate(x, cos, sin, plan.neox, work, cos2, sin2)
 
 
 # ---- the public twins --------------------------------------------------------

@@ -46,7 +46,7 @@ def _run(plan: _args.RopePlan) -> None:
         kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), plan.positions.array,
                   plan.positions.offset, plan.neox, plan.inv_freq, plan.cos_scale,
                   plan.sin_scale, cos, sin, cache_code, plan.invert_cache,
-                  _threads.resolve(plan.num_threads, nbytes), plan.pair_axis)
+                  _threads.resolve(plan.num_threads, nbytes), plan.pair_axis, plan.pair_axis2)
 
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*
@@ -394,6 +394,9 @@ class RotaryEmbedding:
         own; None: pair i takes the i-th)."""
         if spec is not None:
             self._spec = spec
+        # the axis of each pair's second feature where it differs from the first's
+        # (HunYuan-VL), set by the loader
+        self._pair_axis2: np.ndarray | None = None
         half = self.rotary_dim // 2
         self.axes, self._pair_axis = _args.pair_axis_arg(axes, pair_axis, half)
         if self.axes == 1:
@@ -450,9 +453,10 @@ class RotaryEmbedding:
         """A cos/sin cache for :func:`apply_rope_cached`: positions.shape +
         (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
         result has the shape of one axis's positions."""
-        if self._halves is not None:
-            raise ValueError("this embedding rotates each half of the head on its own, "
-                             "which one cos/sin table for apply_rope_cached cannot express")
+        if self._halves is not None or self._pair_axis2 is not None:
+            raise ValueError("this embedding does not turn each pair by one angle per "
+                             "token, which one cos/sin table for apply_rope_cached cannot "
+                             "express")
         pos, hi = _checks.position_array(positions, "positions")
         _checks.angle_positions(hi, "positions")
         freqs = self.frequencies(hi + 1 if hi >= 0 else None)
@@ -492,7 +496,8 @@ class RotaryEmbedding:
         plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
                           self.style, layout, inverse, num_threads, spec=self._spec,
                           spec_head_dim=self.head_dim, axes=self.axes,
-                          pair_axis=self._pair_axis, pair_freq=self._pair_freq)
+                          pair_axis=self._pair_axis, pair_freq=self._pair_freq,
+                          pair_axis2=self._pair_axis2)
         _run(plan)
         return q, k
 

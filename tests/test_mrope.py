@@ -480,3 +480,61 @@ def test_every_isa_variant_matches_transformers(isa):
                       str(DATA / "hf_mrope_reference.npz"), FASTPE_ISA=isa)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"{isa} OK"
+
+
+def rotate_two_axes(x, positions, inv_freq, axis1, axis2):
+    """HunYuan-VL's turn, from its definition: pair (a, b) = (x_j, x_{j+half}) ->
+    (a cos(p[axis1[j]] w_j) - b sin(...), b cos(p[axis2[j]] w_j) + a sin(...))."""
+    x = as_f64(x)
+    batch, seq = x.shape[:2]
+    pos = np.broadcast_to(np.asarray(positions), (positions.shape[0], batch, seq))
+    out = x.copy()
+    half = len(inv_freq)
+    for j, w in enumerate(inv_freq):
+        a1 = pos[axis1[j]].astype(np.float64)[:, :, None] * w
+        a2 = pos[axis2[j]].astype(np.float64)[:, :, None] * w
+        a, b = x[..., j], x[..., j + half]
+        out[..., j] = a * np.cos(a1) - b * np.sin(a1)
+        out[..., j + half] = b * np.cos(a2) + a * np.sin(a2)
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_hunyuan_two_axis_pairs_match_formula(layout, kind, dtype, both_threads):
+    rope = fastpe.RotaryEmbedding.from_hf_config(HF_CASES["hunyuan_vl"]["config"])
+    batch = 1 if layout == "shd" else B
+    d = rope.head_dim
+    pos = vl_positions(batch, S, axes=4, seed=3)
+    q0 = make(kind, shape_for(layout, batch, S, HQ, d), dtype, seed=1)
+    k0 = make(kind, shape_for(layout, batch, S, HK, d), dtype, seed=2)
+    w = rope.frequencies().inv_freq
+    expect_q = rotate_two_axes(bshd(q0, layout), pos, w, rope._pair_axis, rope._pair_axis2)
+    expect_k = rotate_two_axes(bshd(k0, layout), pos, w, rope._pair_axis, rope._pair_axis2)
+    arg = pos[:, 0] if layout == "shd" else pos
+    for backend in BACKENDS:
+        q, k = make(kind, q0.shape, dtype, seed=1), make(kind, k0.shape, dtype, seed=2)
+        with fastpe.use_backend(backend):
+            rope(q, k, arg, layout=layout, num_threads=both_threads)
+        ctx = f"{backend} {layout} {kind} {dtype}"
+        check(bshd(q, layout), expect_q, dtype, pos, ctx + " q")
+        check(bshd(k, layout), expect_k, dtype, pos, ctx + " k")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hunyuan_inverse_and_cache_are_refused(backend):
+    """Its turn is not a rotation: no inverse (refused before writing), no cos/sin table;
+    text positions (every axis equal) are plain RoPE and invert as usual."""
+    rope = fastpe.RotaryEmbedding.from_hf_config(HF_CASES["hunyuan_vl"]["config"])
+    q = make("contiguous", (1, S, HQ, rope.head_dim), F64, seed=1)
+    before = snapshot(q)
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match="inverse"):
+        rope(q, None, vl_positions(1, S, axes=4), inverse=True)
+    assert snapshot(q) == before
+    with pytest.raises(ValueError, match="cos/sin"):
+        rope.cos_sin(vl_positions(1, S, axes=4)[:, 0])
+    with fastpe.use_backend(backend):
+        rope(q, None, np.arange(S))
+        rope(q, None, np.arange(S), inverse=True)
+    np.testing.assert_allclose(q, make("contiguous", q.shape, F64, seed=1), rtol=0, atol=1e-12)

@@ -78,6 +78,7 @@ def rope(
     invert_cache: bool,
     num_threads: int,
     pair_axis: NDArray[np.int8] | None = None,
+    pair_axis2: NDArray[np.int8] | None = None,
 ) -> None: ...
 def rope_fast(
     q: object,

@@ -16,6 +16,9 @@ cdef struct RopeCall:
     # pair_axis is NULL for one axis
     const int8_t *pair_axis
     Py_ssize_t axes
+    # or NULL: the axis of the second feature of each pair where it differs from
+    # the first's (HunYuan-VL; rotate_half pairing only)
+    const int8_t *pair_axis2
     bint neox                       # pair j with j + half, else 2j with 2j + 1
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w
@@ -88,8 +91,9 @@ cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const 
         scatter(tmp, row, sd, 2 * half)
 
 
-cdef inline void axis_angles_for_token(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t,
-                                       bint first_in_block, int64_t *prev, double *s, double *c,
+cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axis,
+                                       Py_ssize_t prow, Py_ssize_t t, bint first_in_block,
+                                       int64_t *prev, double *s, double *c,
                                        double *pp) noexcept nogil:
     """(s, c) = (sin, cos) of each pair's angle pos[pair_axis[i]] * w[i].
 
@@ -113,13 +117,13 @@ cdef inline void axis_angles_for_token(const RopeCall *a, Py_ssize_t prow, Py_ss
         prev[ax] = p
     if fresh:
         for i in range(a.half):
-            pp[i] = <double>prev[a.pair_axis[i]]
+            pp[i] = <double>prev[pair_axis[i]]
         fpe_sincos_vec(pp, a.w, s, c, a.half, 1.0)
     elif every_axis_moved:
         advance_angles(s, c, a.step_s, a.step_c, a.half)
     else:
         for i in range(a.half):
-            if moved[a.pair_axis[i]]:
+            if moved[pair_axis[i]]:
                 si = s[i]
                 ci = c[i]
                 s[i] = si * a.step_c[i] + ci * a.step_s[i]
@@ -142,7 +146,7 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
         r = (t - t0) * a.width
         if a.w != NULL:
             if a.pair_axis != NULL:
-                axis_angles_for_token(a, prow, t, t == t0, prev_axes, s, c, pp)
+                axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev_axes, s, c, pp)
             else:
                 angles_for_token(s, c, a.w, a.step_s, a.step_c, a.half, p, prev, t == t0)
                 prev = p
@@ -183,9 +187,70 @@ cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py
                            half, neox, tmp)
 
 
+cdef inline void rotate_heads_two(store_t *base, Py_ssize_t heads, Py_ssize_t sh,
+                                  Py_ssize_t ss, Py_ssize_t sd, Py_ssize_t ntok,
+                                  const real_t *tabs, Py_ssize_t half,
+                                  real_t *tmp) noexcept nogil:
+    """rotate_half pairs whose two features take different angles: x' = x c1 - y s1,
+    y' = y c2 + x s2, with tabs holding per token the rows c1, s1, c2, s2."""
+    cdef Py_ssize_t h, t, j
+    cdef real_t *x = tmp
+    cdef real_t *y = tmp + half
+    cdef const real_t *r
+    cdef real_t u, v
+    for h in range(heads):
+        for t in range(ntok):
+            r = tabs + 4 * half * t
+            gather(base + h * sh + t * ss, sd, tmp, 2 * half)
+            for j in range(half):
+                u = x[j]
+                v = y[j]
+                x[j] = u * r[j] - v * r[half + j]
+                y[j] = v * r[2 * half + j] + u * r[3 * half + j]
+            scatter(tmp, base + h * sh + t * ss, sd, 2 * half)
+
+
+cdef void rope_block_two(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
+                         char *work, real_t kind) noexcept nogil:
+    """rope_block for pairs whose features rotate by the positions of two axes
+    (pair_axis for the first, pair_axis2 for the second; HunYuan-VL)."""
+    cdef Py_ssize_t nblocks = ceil_div(a.seq, BLOCK_TOKENS)
+    cdef Py_ssize_t b = unit // nblocks
+    cdef Py_ssize_t t0 = (unit % nblocks) * BLOCK_TOKENS
+    cdef Py_ssize_t ntok = min(t0 + BLOCK_TOKENS, a.seq) - t0
+    cdef Py_ssize_t prow = b if a.pos_rows > 1 else 0
+    cdef Py_ssize_t t, i
+    cdef double *s1 = <double *>work
+    cdef double *c1 = s1 + a.half
+    cdef double *s2 = c1 + a.half
+    cdef double *c2 = s2 + a.half
+    cdef double *pp = c2 + a.half
+    cdef real_t *tabs = <real_t *>(pp + a.half)
+    cdef real_t *tmp = tabs + 4 * a.block * a.half
+    cdef real_t *r
+    cdef int64_t prev1[MAX_AXES]
+    cdef int64_t prev2[MAX_AXES]
+    for t in range(t0, t0 + ntok):
+        axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev1, s1, c1, pp)
+        axis_angles_for_token(a, a.pair_axis2, prow, t, t == t0, prev2, s2, c2, pp)
+        r = tabs + 4 * a.half * (t - t0)
+        for i in range(a.half):
+            r[i] = <real_t>(c1[i] * a.cos_scale)
+            r[a.half + i] = <real_t>(s1[i] * a.sin_scale)
+            r[2 * a.half + i] = <real_t>(c2[i] * a.cos_scale)
+            r[3 * a.half + i] = <real_t>(s2[i] * a.sin_scale)
+    rotate_heads_two(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, tabs, a.half, tmp)
+    if a.hk:
+        rotate_heads_two(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, tabs, a.half,
+                         tmp)
+
+
 cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit, char *work,
                      real_t kind) noexcept nogil:
     """One block of tokens of one batch row: cos/sin once, then every q and k head."""
+    if a.pair_axis2 != NULL:
+        rope_block_two(a, q, k, unit, work, kind)
+        return
     cdef Py_ssize_t nblocks = ceil_div(a.seq, BLOCK_TOKENS)
     cdef Py_ssize_t b = unit // nblocks
     cdef Py_ssize_t t0 = (unit % nblocks) * BLOCK_TOKENS
@@ -273,6 +338,7 @@ cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_
     a.k_token_inner = magnitude(a.ks) < magnitude(a.kh)
     a.pos, a.pos_rows, a.offset = pos, pos_rows, offset
     a.pair_axis = NULL
+    a.pair_axis2 = NULL
     a.axes = 1
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
@@ -296,6 +362,9 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     cdef Py_ssize_t per_thread = round_up(
         ((4 if a.pair_axis == NULL else 5) * a.half + 2 * a.block * a.width) * sizeof(double),
         64)
+    if a.pair_axis2 != NULL:
+        # s, c of both features, positions, the four tables of a block, one row
+        per_thread = round_up((7 * a.half + 4 * a.block * a.half) * sizeof(double), 64)
     cdef bint steps = a.w != NULL and a.seq > 1
     cdef Py_ssize_t shared = 2 * a.half * sizeof(double) if steps else 0
     cdef char stack[STACK_WORK_BYTES + 64]
@@ -329,7 +398,7 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
 def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bint neox,
          object inv_freq, double cos_scale, double sin_scale,
          object cos_cache, object sin_cache, int cache_code, bint invert_cache,
-         int num_threads, object pair_axis=None):
+         int num_threads, object pair_axis=None, object pair_axis2=None):
     """Rotate q (and k) in place.
 
     q, k: writable (batch, seq, heads, head_dim) views of storage `code` (k may
@@ -342,6 +411,8 @@ def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bi
     pair_axis: None, or with inv_freq a C-contiguous int8 (half,) array of
     axes (each < MAX_AXES) and positions C-contiguous int64 (axes, 1 or
     batch, seq): pair i rotates by the position on axis pair_axis[i].
+    pair_axis2: None, or with pair_axis and neox the axis of each pair's second
+    feature (its first takes pair_axis[i]).
     """
     cdef RopeCall a
     cdef Py_ssize_t qshape[4]
@@ -368,6 +439,8 @@ def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bi
                    offset, neox, cos_scale, sin_scale)
         a.axes = (<cnp.ndarray>positions).shape[0]
         a.pair_axis = <const int8_t *>cnp.PyArray_DATA(<cnp.ndarray>pair_axis)
+        if pair_axis2 is not None:
+            a.pair_axis2 = <const int8_t *>cnp.PyArray_DATA(<cnp.ndarray>pair_axis2)
     if inv_freq is not None:
         a.w = <const double *>cnp.PyArray_DATA(<cnp.ndarray>inv_freq)
         a.half = (<cnp.ndarray>inv_freq).shape[0]
