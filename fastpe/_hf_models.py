@@ -54,9 +54,11 @@ class Convention:
         Config keys the family's rotary module does not read although fastpe reads
         them for others (MiniMax-M3's text model keeps a ``rotary_dim`` beside its
         rope dict's ``partial_rotary_factor``).
-    requires : tuple of (str, str)
-        Config settings without which the model does not rotate at all (conformer
-        speech encoders: ``position_embeddings_type`` "rotary").
+    requires : tuple of (str, object, object)
+        (key, value, default): config settings without which the model does not rotate
+        at all (conformer speech encoders: ``position_embeddings_type`` "rotary";
+        Falcon: ``alibi`` False), with the default transformers assumes when the
+        config omits the key.
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
@@ -73,7 +75,7 @@ class Convention:
     base_keys: tuple[str, ...] = ()
     mscale: bool = False
     ignored: tuple[str, ...] = ()
-    requires: tuple[tuple[str, str], ...] = ()
+    requires: tuple[tuple[str, object, object], ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
     axes: int = 1
 
@@ -118,7 +120,8 @@ MODELS: dict[str, Convention] = {
     # Conformer speech encoders rotate the heads of their attention input, by frame.
     **dict.fromkeys(("wav2vec2-conformer", "wav2vec2-bert"), Convention(
         base_keys=("rotary_embedding_base",),
-        requires=(("position_embeddings_type", "rotary"),))),
+        requires=(("position_embeddings_type", "rotary", "relative"),))),
+    "falcon": Convention(requires=(("alibi", False, False),)),
     "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"))),
     "bailing_hybrid": replace(MLA_GPTJ, aliases=(("max_position_embeddings",
                                                    "model_max_length"),)),
@@ -147,6 +150,73 @@ REFUSED: dict[str, str] = {
     ), "its rotary embedding (if its attention has one) is not checked against "
        "transformers' code"),
 }
+
+
+# Model types of transformers 5.24 whose modeling code has no rotary embedding at all
+# (learned, sinusoidal, relative or ALiBi positions, or none): a RoPE for them would be
+# a guess. Composite configs are not listed; they are refused as composites.
+NO_ROPE: frozenset[str] = frozenset((
+    "aimv2_text_model", "aimv2_vision_model", "albert", "align_text_model",
+    "align_vision_model", "altclip_text_model", "altclip_vision_model",
+    "audio-spectrogram-transformer", "audioflamingo3_encoder", "autoformer", "bart", "beit",
+    "bert", "bert-generation", "big_bird", "bigbird_pegasus", "biogpt", "bit", "blenderbot",
+    "blenderbot-small", "blip_2_qformer", "blip_2_vision_model", "blip_text_model",
+    "blip_vision_model", "bloom", "bridgetower_text_model", "bridgetower_vision_model",
+    "bros", "camembert", "canine", "chinese_clip_text_model", "chinese_clip_vision_model",
+    "clap_audio_model", "clap_text_model", "clip_text_model", "clip_vision_model",
+    "clipseg_text_model", "clipseg_vision_model", "convbert", "convnext", "convnextv2",
+    "cpmant", "ctrl", "cvt", "dac", "data2vec-audio", "data2vec-text", "data2vec-vision",
+    "deberta", "deberta-v2", "decision_transformer", "deit", "dinat", "dinov2",
+    "dinov2_with_registers", "dinov3_convnext", "distilbert", "donut-swin", "dpr",
+    "edgetam_mask_decoder", "edgetam_prompt_encoder", "efficientnet", "electra", "encodec",
+    "eomt", "ernie", "falcon_mamba", "fastspeech2_conformer",
+    "fastspeech2_conformer_hifigan", "flaubert", "flava_image_codebook",
+    "flava_image_model", "flava_multimodal_model", "flava_text_model", "florence_vision",
+    "fnet", "focalnet", "fsmt", "fun_asr_nano_encoder", "funnel", "git_vision_model",
+    "glpn", "got_ocr2_vision", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neo",
+    "granite_speech5_encoder", "granite_speech_encoder", "granite_speech_plus_encoder",
+    "groupvit_text_model", "groupvit_vision_model", "hgnet_v2", "hiera", "hubert", "ibert",
+    "idefics2_perceiver", "idefics2_vision", "idefics3_vision", "ijepa", "imagegpt",
+    "informer", "inkling2_loop_text", "inkling_audio", "inkling_text", "inkling_vision",
+    "instructblip_qformer", "instructblip_vision_model", "instructblipvideo_qformer",
+    "instructblipvideo_vision_model", "internvl_vision", "janus_vision_model",
+    "janus_vqgan", "kosmos_2_5_text_model", "kosmos_2_5_vision_model",
+    "kosmos_2_text_model", "kosmos_2_vision_model", "layoutlm", "layoutlmv2", "layoutlmv3",
+    "led", "levit", "lilt", "longformer", "longt5", "luke", "lw_detr_vit", "lxmert",
+    "m2m_100", "mamba", "mamba2", "marian", "markuplm", "maskformer-swin", "mbart",
+    "megatron-bert", "metaclip_2_text_model", "metaclip_2_vision_model", "mgp-str",
+    "minicpm_ocr_vision", "minicpmv4_6_vision", "mobilebert", "mobilenet_v1",
+    "mobilenet_v2", "mobilevit", "mobilevitv2", "moss_transcribe_diarize_audio", "mpnet",
+    "mra", "mt5", "musicgen_decoder", "musicgen_melody_decoder", "mvp", "nllb-moe",
+    "nystromformer", "omniasr_audio", "openai-gpt", "opt", "ovis2_vision",
+    "owlv2_text_model", "owlv2_vision_model", "owlvit_text_model", "owlvit_vision_model",
+    "patchtsmixer", "patchtst", "pegasus", "pegasus_x", "perceiver",
+    "pix2struct_text_model", "pix2struct_vision_model", "pixio", "plbart", "poolformer",
+    "pop2piano", "pp_formulanet_text", "pp_formulanet_vision", "pp_lcnet", "pp_lcnet_v3",
+    "pp_lcnet_v4", "prophetnet", "pvt", "pvt_v2", "qianfan_ocr_vision",
+    "qwen2_audio_encoder", "qwen3_asr_encoder", "radio", "rag", "reformer", "regnet",
+    "rembert", "resnet", "rf_detr_dinov2", "roberta", "roberta-prelayernorm", "roc_bert",
+    "rt_detr_resnet", "rwkv", "sam2_hiera_det_model", "sam2_mask_decoder",
+    "sam2_prompt_encoder", "sam3_lite_text_detr_decoder", "sam3_lite_text_detr_encoder",
+    "sam3_lite_text_geometry_encoder", "sam3_lite_text_mask_decoder",
+    "sam3_lite_text_text_model", "sam3_tracker_mask_decoder", "sam3_tracker_prompt_encoder",
+    "sam_hq_mask_decoder", "sam_hq_prompt_encoder", "sam_hq_vision_model",
+    "sam_mask_decoder", "sam_prompt_encoder", "sam_vision_model", "seamless_m4t_v2",
+    "segformer", "seggpt", "sew", "sew-d", "siglip2_text_model", "siglip2_vision_model",
+    "siglip_text_model", "siglip_vision_model", "slanext_vision", "smolvlm_vision",
+    "speech_to_text", "speecht5", "speecht5_hifigan", "splinter", "squeezebert",
+    "superpoint", "swiftformer", "swin", "swin2sr", "swinv2", "switch_transformers", "t5",
+    "tapas", "textnet", "time_series_transformer", "timesfm", "timesformer",
+    "timm_backbone", "timm_wrapper", "tipsv2_text_model", "tipsv2_vision_model", "trocr",
+    "udop", "umt5", "unispeech", "unispeech-sat", "univnet", "uvdoc_backbone",
+    "vibevoice_acoustic_tokenizer", "vibevoice_acoustic_tokenizer_decoder",
+    "vibevoice_acoustic_tokenizer_encoder", "vibevoice_diffusion", "videomae", "videomt",
+    "videoprism_text_model", "videoprism_vision_model", "vilt", "visual_bert", "vit",
+    "vit_mae", "vit_msn", "vitdet", "vitpose_backbone", "vits", "vivit", "voxtral_encoder",
+    "wav2vec2", "wavlm", "wavtokenizer", "wavtokenizer_encoder", "whisper",
+    "xclip_text_model", "xclip_vision_model", "xglm", "xlm", "xlm-roberta",
+    "xlm-roberta-xl", "xlnet", "xlstm", "xmod", "yolos", "yoso", "zamba",
+))
 
 
 def convention(model_type: object) -> Convention:

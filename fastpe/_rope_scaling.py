@@ -310,10 +310,11 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
     model_type = _hf_get(config, "model_type")
     _hf_refuse(config, model_type)
     conv = _hf_models.convention(model_type)
-    for key, value in conv.requires:
-        if _hf_get(config, key) != value:
-            raise ValueError(f"config has {key}={_hf_get(config, key)!r}: model_type "
-                             f"{model_type!r} rotates only with {key}={value!r}")
+    for key, value, default in conv.requires:
+        given = _hf_get(config, key)
+        if (default if given is None else given) != value:
+            raise ValueError(f"config has {key}={given!r}: model_type {model_type!r} "
+                             f"applies rotary embeddings only with {key}={value!r}")
     if (conv.aliases or conv.ignored) and isinstance(config, Mapping):
         config = {k: v for k, v in config.items() if k not in conv.ignored}
         config.update({name: config[key] for name, key in conv.aliases
@@ -824,6 +825,9 @@ _SUB_CONFIG_SUFFIXES = ("_config", "encoder", "decoder")
 
 
 def _hf_refuse(config: object, model_type: object) -> None:
+    if model_type in _hf_models.NO_ROPE:
+        raise ValueError(f"model_type {model_type!r} has no rotary position embedding in "
+                         "transformers: its attention does not rotate q and k")
     reason = _hf_models.REFUSED.get(model_type) if isinstance(model_type, str) else None
     if reason is not None:
         raise ValueError(f"model_type {model_type!r}: {reason}; fastpe does not reproduce it")

@@ -96,6 +96,12 @@ def test_fixture_covers_the_families():
             "nanochat", "llama4_text"} <= families
 
 
+def test_model_types_without_rope_are_the_generators():
+    assert fastpe._hf_models.NO_ROPE == set(FIXTURE["no_rope"])
+    assert not fastpe._hf_models.NO_ROPE & {c["model_type"] for c in CASES.values()}
+    assert not fastpe._hf_models.NO_ROPE & set(fastpe._hf_models.MODELS)
+
+
 def test_unknown_model_type_loads_as_llama():
     config = {"model_type": "my_custom_llm", "hidden_size": 256, "num_attention_heads": 4,
               "rope_theta": 50000.0, "max_position_embeddings": 4096}
@@ -133,7 +139,13 @@ def test_per_layer_config_needs_layer_type():
     ({"model_type": "dots3_note_text", "head_dim": 64}, r"dots3_note_text.*per-layer"),
     ({"model_type": "wav2vec2-conformer", "hidden_size": 1024, "num_attention_heads": 16,
       "position_embeddings_type": "relative"}, r"position_embeddings_type='relative'"),
-    ({"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12,
+    ({"model_type": "wav2vec2-bert", "hidden_size": 1024, "num_attention_heads": 16},
+     r"position_embeddings_type=None.*'rotary'"),
+    ({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "alibi": True},
+     r"alibi=True"),
+    ({"model_type": "gpt2", "n_embd": 768, "n_head": 12}, r"'gpt2'.*no rotary"),
+    ({"model_type": "bloom", "hidden_size": 1024, "n_head": 16}, r"'bloom'.*no rotary"),
+    ({"model_type": "esm", "hidden_size": 768, "num_attention_heads": 12,
       "position_embedding_type": "absolute"}, r"position_embedding_type='absolute'"),
 ])
 def test_refusals_name_what_is_missing(config, pattern):

@@ -22,6 +22,8 @@ composite configs, ...) are stored with the reason the generator saw; the test c
 that each raises a ValueError (or loads with its axes, for the multi-axis ones). A model
 type with rotary code that the generator cannot run is listed under ``not_run`` with
 the error and its config, which must be refused too: fastpe has not checked it.
+``no_rope`` lists the model types whose modeling code has no rotary embedding at all
+(fastpe._hf_models.NO_ROPE must be that list).
 """
 
 import contextlib
@@ -84,6 +86,13 @@ def rotary_class(module, config_class):
             if param is not None and "Vision" not in name and fallback is None:
                 fallback = obj
     return fallback, False
+
+
+def has_rotary_code(module):
+    """Whether a modeling module mentions rotary embeddings at all."""
+    source = inspect.getsource(module)
+    return any(word in source for word in ("rotary", "Rotary", "rotate_half", "apply_rope",
+                                           "RoPE", "rope_theta", "rope_parameters"))
 
 
 def small_config(config_class, extra=None):
@@ -354,7 +363,7 @@ def main():
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     only = set(sys.argv[1:])
-    cases, refusals, not_run, arrays = [], [], {}, {}
+    cases, refusals, not_run, arrays, no_rope = [], [], {}, {}, []
     for model_type in CONFIG_MAPPING.keys():
         if only and model_type not in only:
             continue
@@ -362,6 +371,9 @@ def main():
             config_class = CONFIG_MAPPING[model_type]
             module = modeling_module(config_class)
         except Exception:
+            continue
+        if not has_rotary_code(module) and not getattr(config_class, "sub_configs", None):
+            no_rope.append(model_type)
             continue
         rot_cls, own = rotary_class(module, config_class)
         if model_type in CONFORMERS or model_type == "roformer":
@@ -431,6 +443,7 @@ def main():
         "cases": cases,
         "refusals": refusals,
         "not_run": not_run,
+        "no_rope": sorted(no_rope),
     }
     OUTPUT.write_text(json.dumps(document, indent=None, separators=(",", ":")) + "\n")
     np.savez_compressed(ARRAYS, **arrays)
