@@ -204,7 +204,7 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     both ways (batch == axes) is refused."""
     if positions is None:
         return _checks.positions(None, offset, batch, seq), False
-    shape = np.shape(positions)  # type: ignore[call-overload]
+    shape = _checks.as_array(positions, "positions").shape
     if len(shape) == 2 and shape == (axes, seq) and batch == axes:
         raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
                          f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "

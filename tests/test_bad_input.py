@@ -694,6 +694,10 @@ ROWS += [
     Row("apply_rope/freqs-nan-named", lambda a: fastpe.apply_rope(
         a["q"], freqs=np.array([1.0, np.nan] * (RD // 4))), ValueError,
         r"freqs\.inv_freq must be finite, got nan", lambda: {"q": q64()}, category="non-finite"),
+    Row("RotaryEmbedding/call-positions-ragged-axes", lambda a: fastpe.RotaryEmbedding(
+        64, scaling={"rope_type": "default", "mrope_section": [8, 12, 12]})(
+        a["q"], None, [[0, 1], [0], [0, 1]]), ValueError, r"\bpositions\b.*rectangular",
+        lambda: {"q": x32((1, 2, 1, 64))}, category="shape"),
     # float64 angles are accurate to float32 precision only below 2**32 (both backends)
     Row("table/offset-2**32", lambda a: ST(2, D, offset=2**32 - 1), ValueError,
         r"\boffset\b.*2\*\*32", category="positions"),
