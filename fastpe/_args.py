@@ -68,7 +68,7 @@ def _padding_shift(positions: _checks.Positions, padding_idx: object) -> _checks
                              positions.max + shift if positions.max >= 0 else -1)
 
 
-def sinusoidal_table(length: object, dim: object, base: object, offset: object,
+def sinusoidal_table(length: object, dim: object, *, base: object, offset: object,
                      layout: object, dtype: object, out: object,
                      num_threads: object, frequencies: object = "transformer",
                      padding_idx: object = None) -> SinusoidalPlan:
@@ -82,8 +82,8 @@ def sinusoidal_table(length: object, dim: object, base: object, offset: object,
                           _threads.check(num_threads), cos_first, zero_tail)
 
 
-def add_sinusoidal(x: object, positions: object, offset: object, base: object, layout: object,
-                   scale: object, num_threads: object, frequencies: object = "transformer",
+def add_sinusoidal(x: object, *, positions: object, offset: object, base: object,
+                   layout: object, scale: object, num_threads: object, frequencies: object = "transformer",
                    padding_idx: object = None) -> SinusoidalPlan:
     x = _checks.array(x, "x", (2, 3), writable=True)
     x3 = x if x.ndim == 3 else x[None]
@@ -98,7 +98,7 @@ def add_sinusoidal(x: object, positions: object, offset: object, base: object, l
                           cos_first, zero_tail)
 
 
-def add_learned(x: object, table: object, positions: object, offset: object,
+def add_learned(x: object, table: object, *, positions: object, offset: object,
                 num_threads: object) -> LearnedPlan:
     x = _checks.array(x, "x", (2, 3), writable=True)
     x3 = x if x.ndim == 3 else x[None]
@@ -331,7 +331,7 @@ def rope_spec(head_dim: int, rotary_dim: object, base: object, scaling: object,
                                              max_position_embeddings=max_position_embeddings)
 
 
-def rope(q: object, k: object, positions: object, offset: object, rotary_dim: object,
+def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim: object,
          freqs: object, base: object, scaling: object, max_position_embeddings: object,
          style: object, layout: object, inverse: object, num_threads: object,
          spec: _rope_scaling.RopeSpec | None = None, spec_head_dim: int = 0,
@@ -382,7 +382,7 @@ def rope(q: object, k: object, positions: object, offset: object, rotary_dim: ob
                     pair_axis2 if multi else None)
 
 
-def rope_cached(q: object, k: object, cos: object, sin: object, positions: object,
+def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: object,
                 offset: object, style: object, layout: object, inverse: object,
                 num_threads: object) -> RopePlan:
     q4, k4 = rope_views(q, k, layout)
@@ -507,7 +507,7 @@ def _alibi_target(scores: object, name: str) -> np.ndarray:
     return x
 
 
-def _alibi_plan(scores: np.ndarray, slopes: object, max_bias: object, q_offset: object,
+def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offset: object,
                 causal: object, symmetric: object, q_positions: object, k_positions: object,
                 key_mask: object, accumulate: bool, num_threads: object) -> AlibiPlan:
     lead = scores.shape[:-3]
@@ -566,18 +566,20 @@ def _alibi_plan(scores: np.ndarray, slopes: object, max_bias: object, q_offset: 
                      max(q_hi if q else -1, k_hi if k else -1), num_threads)
 
 
-def add_alibi(scores: object, slopes: object, max_bias: object, q_offset: object,
+def add_alibi(scores: object, *, slopes: object, max_bias: object, q_offset: object,
               causal: object, symmetric: object, q_positions: object, k_positions: object,
               key_mask: object, num_threads: object) -> AlibiPlan:
     scores = _alibi_target(scores, "scores")
     if scores.ndim < 3:
         raise ValueError(f"scores must have at least 3 dimensions (..., heads, q_len, "
                          f"k_len), got shape {scores.shape}")
-    return _alibi_plan(scores, slopes, max_bias, q_offset, causal, symmetric, q_positions,
-                       k_positions, key_mask, True, num_threads)
+    return _alibi_plan(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
+                       causal=causal, symmetric=symmetric, q_positions=q_positions,
+                       k_positions=k_positions, key_mask=key_mask, accumulate=True,
+                       num_threads=num_threads)
 
 
-def alibi_bias(num_heads: object, q_len: object, k_len: object, slopes: object,
+def alibi_bias(num_heads: object, q_len: object, k_len: object, *, slopes: object,
                max_bias: object, q_offset: object, causal: object, symmetric: object,
                q_positions: object, k_positions: object, key_mask: object, dtype: object,
                out: object, num_threads: object) -> AlibiPlan:
@@ -585,5 +587,7 @@ def alibi_bias(num_heads: object, q_len: object, k_len: object, slopes: object,
     q = _checks.count(q_len, "q_len")
     k = _checks.count(k_len, "k_len")
     out = _checks.output(out, (heads, q, k), dtype)
-    return _alibi_plan(out, slopes, max_bias, q_offset, causal, symmetric, q_positions,
-                       k_positions, key_mask, False, num_threads)
+    return _alibi_plan(out, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
+                       causal=causal, symmetric=symmetric, q_positions=q_positions,
+                       k_positions=k_positions, key_mask=key_mask, accumulate=False,
+                       num_threads=num_threads)

@@ -32,10 +32,12 @@ def _run(plan: _args.AlibiPlan) -> None:
         return
     nbytes = plan.scores.nbytes * (2 if plan.accumulate else 1)
     with _checks.kernel_views(plan.scores) as (work,):
-        kern.alibi(work, _checks.dtype_code(work.dtype, "scores"), plan.slopes,
-                   plan.q_positions, plan.q_offset, plan.k_positions, plan.key_mask,
-                   plan.causal, plan.symmetric, plan.accumulate, plan.max_position,
-                   _threads.resolve(plan.num_threads, nbytes))
+        kern.alibi(work, _checks.dtype_code(work.dtype, "scores"), slopes=plan.slopes,
+                   q_positions=plan.q_positions, q_offset=plan.q_offset,
+                   k_positions=plan.k_positions, key_mask=plan.key_mask, causal=plan.causal,
+                   symmetric=plan.symmetric, accumulate=plan.accumulate,
+                   max_position=plan.max_position,
+                   num_threads=_threads.resolve(plan.num_threads, nbytes))
 
 
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,
@@ -84,9 +86,10 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
     <BLANKLINE>
            [[-0.01171875, -0.0078125 , -0.00390625,  0.        ]]])
     """
-    plan = _args.alibi_bias(num_heads, q_len, k_len, slopes, max_bias, q_offset, causal,
-                            symmetric, q_positions, k_positions, key_mask, dtype, out,
-                            num_threads)
+    plan = _args.alibi_bias(num_heads, q_len, k_len, slopes=slopes, max_bias=max_bias,
+                            q_offset=q_offset, causal=causal, symmetric=symmetric,
+                            q_positions=q_positions, k_positions=k_positions, key_mask=key_mask,
+                            dtype=dtype, out=out, num_threads=num_threads)
     _run(plan)
     return plan.scores if out is None else out
 
@@ -154,6 +157,7 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
             if kern.alibi_fast(x, sl, q_offset, causal, symmetric,
                                _threads.resolve(num_threads, 2 * x.nbytes)):
                 return scores
-    _run(_args.add_alibi(scores, slopes, max_bias, q_offset, causal, symmetric, q_positions,
-                         k_positions, key_mask, num_threads))
+    _run(_args.add_alibi(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
+                         causal=causal, symmetric=symmetric, q_positions=q_positions,
+                         k_positions=k_positions, key_mask=key_mask, num_threads=num_threads))
     return scores

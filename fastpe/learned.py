@@ -20,13 +20,14 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
     >>> np.array_equal(fastpe.add_learned(x, table)[0], table[:10])
     True
     """
-    plan = _args.add_learned(x, table, positions, offset, num_threads)
+    plan = _args.add_learned(x, table, positions=positions, offset=offset,
+                             num_threads=num_threads)
     kern = _backend.kernels()
     if kern is None:
         reference.run_learned(plan)
         return x
     with _checks.kernel_views(plan.x) as (work,):
         kern.learned(work, _checks.dtype_code(work.dtype, "x"), _checks.kernel_view(plan.table),
-                     plan.positions.array, plan.positions.offset,
-                     _threads.resolve(plan.num_threads, 2 * plan.x.nbytes))
+                     positions=plan.positions.array, offset=plan.positions.offset,
+                     num_threads=_threads.resolve(plan.num_threads, 2 * plan.x.nbytes))
     return x

@@ -141,8 +141,9 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
                      frequencies: SinusoidalFrequencies = "transformer",
                      padding_idx: int | None = None) -> np.ndarray:
     """NumPy twin of :func:`fastpe.sinusoidal_table`."""
-    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads,
-                                  frequencies, padding_idx)
+    plan = _args.sinusoidal_table(length, dim, base=base, offset=offset, layout=layout,
+                                  dtype=dtype, out=out, num_threads=num_threads,
+                                  frequencies=frequencies, padding_idx=padding_idx)
     run_sinusoidal(plan)
     return plan.x[0] if out is None else out
 
@@ -153,15 +154,17 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
                    frequencies: SinusoidalFrequencies = "transformer",
                    padding_idx: int | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_sinusoidal`."""
-    run_sinusoidal(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads,
-                                        frequencies, padding_idx))
+    run_sinusoidal(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base,
+                                        layout=layout, scale=scale, num_threads=num_threads,
+                                        frequencies=frequencies, padding_idx=padding_idx))
     return x
 
 
 def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *,
                 offset: int = 0, num_threads: int | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_learned`."""
-    run_learned(_args.add_learned(x, table, positions, offset, num_threads))
+    run_learned(_args.add_learned(x, table, positions=positions, offset=offset,
+                                  num_threads=num_threads))
     return x
 
 
@@ -184,8 +187,10 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                inverse: bool = False, num_threads: int | None = None,
                max_position_embeddings: int | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope`."""
-    run_rope(_args.rope(q, k, positions, offset, rotary_dim, freqs, base, scaling,
-                        max_position_embeddings, style, layout, inverse, num_threads))
+    run_rope(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim,
+                        freqs=freqs, base=base, scaling=scaling,
+                        max_position_embeddings=max_position_embeddings, style=style,
+                        layout=layout, inverse=inverse, num_threads=num_threads))
     return q, k
 
 
@@ -194,8 +199,8 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       layout: RopeLayout = "bshd", inverse: bool = False,
                       num_threads: int | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
-    run_rope(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
-                               num_threads))
+    run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
+                               layout=layout, inverse=inverse, num_threads=num_threads))
     return q, k
 
 
@@ -249,9 +254,10 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
                key_mask: ArrayLike | None = None, max_bias: float | None = None,
                num_threads: int | None = None) -> np.ndarray:
     """NumPy twin of :func:`fastpe.alibi_bias`."""
-    plan = _args.alibi_bias(num_heads, q_len, k_len, slopes, max_bias, q_offset, causal,
-                            symmetric, q_positions, k_positions, key_mask, dtype, out,
-                            num_threads)
+    plan = _args.alibi_bias(num_heads, q_len, k_len, slopes=slopes, max_bias=max_bias,
+                            q_offset=q_offset, causal=causal, symmetric=symmetric,
+                            q_positions=q_positions, k_positions=k_positions, key_mask=key_mask,
+                            dtype=dtype, out=out, num_threads=num_threads)
     run_alibi(plan)
     return plan.scores if out is None else out
 
@@ -261,6 +267,7 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
               q_positions: PositionsLike = None, k_positions: PositionsLike = None,
               key_mask: ArrayLike | None = None, max_bias: float | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_alibi`."""
-    run_alibi(_args.add_alibi(scores, slopes, max_bias, q_offset, causal, symmetric,
-                              q_positions, k_positions, key_mask, num_threads))
+    run_alibi(_args.add_alibi(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
+                              causal=causal, symmetric=symmetric, q_positions=q_positions,
+                              k_positions=k_positions, key_mask=key_mask, num_threads=num_threads))
     return scores

@@ -43,10 +43,12 @@ def _run(plan: _args.RopePlan) -> None:
         cache_code = _checks.dtype_code(cos.dtype, "cos")
     nbytes = 2 * (plan.q.nbytes + (0 if plan.k is None else plan.k.nbytes))
     with _checks.kernel_views(plan.q, plan.k) as (qw, kw):
-        kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), plan.positions.array,
-                  plan.positions.offset, plan.neox, plan.inv_freq, plan.cos_scale,
-                  plan.sin_scale, cos, sin, cache_code, plan.invert_cache,
-                  _threads.resolve(plan.num_threads, nbytes), plan.pair_axis, plan.pair_axis2)
+        kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), positions=plan.positions.array,
+                  offset=plan.positions.offset, neox=plan.neox, inv_freq=plan.inv_freq,
+                  cos_scale=plan.cos_scale, sin_scale=plan.sin_scale, cos_cache=cos,
+                  sin_cache=sin, cache_code=cache_code, invert_cache=plan.invert_cache,
+                  num_threads=_threads.resolve(plan.num_threads, nbytes),
+                  pair_axis=plan.pair_axis, pair_axis2=plan.pair_axis2)
 
 
 _LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*
@@ -286,8 +288,9 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
                                             layout, inverse, num_threads):
             return q, k
-    _run(_args.rope(q, k, positions, offset, rotary_dim, freqs, base, scaling,
-                    max_position_embeddings, style, layout, inverse, num_threads))
+    _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
+                    base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
+                    style=style, layout=layout, inverse=inverse, num_threads=num_threads))
     return q, k
 
 
@@ -309,8 +312,8 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
             or _try_fast(kern, q, k, positions, offset, None, style, layout, inverse,
                          num_threads, cache=(cos, sin))):
         return q, k
-    _run(_args.rope_cached(q, k, cos, sin, positions, offset, style, layout, inverse,
-                           num_threads))
+    _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
+                           layout=layout, inverse=inverse, num_threads=num_threads))
     return q, k
 
 
@@ -330,9 +333,10 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     # One sinusoidal table in the "split" layout is [sin | cos] per row.
     table = np.empty(pos.shape + (2 * half,), dtype=dt)
     rows = table.reshape(1, pos.size, 2 * half)
-    kern.sinusoidal(rows, _checks.dtype_code(dt, "dtype"), pos.reshape(1, -1), 0,
-                    freqs.inv_freq, True, False, freqs.attention_scaling,
-                    _threads.resolve(None, table.nbytes))
+    kern.sinusoidal(rows, _checks.dtype_code(dt, "dtype"), positions=pos.reshape(1, -1),
+                    offset=0, inv_freq=freqs.inv_freq, split=True, accumulate=False,
+                    scale=freqs.attention_scaling,
+                    num_threads=_threads.resolve(None, table.nbytes))
     return table[..., half:], table[..., :half]
 
 
@@ -493,10 +497,11 @@ class RotaryEmbedding:
                      or _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
                                   inverse, num_threads))):
             return q, k
-        plan = _args.rope(q, k, positions, offset, self.rotary_dim, None, None, None, None,
-                          self.style, layout, inverse, num_threads, spec=self._spec,
-                          spec_head_dim=self.head_dim, axes=self.axes,
-                          pair_axis=self._pair_axis, pair_freq=self._pair_freq,
+        plan = _args.rope(q, k, positions=positions, offset=offset, rotary_dim=self.rotary_dim,
+                          freqs=None, base=None, scaling=None, max_position_embeddings=None,
+                          style=self.style, layout=layout, inverse=inverse,
+                          num_threads=num_threads, spec=self._spec, spec_head_dim=self.head_dim,
+                          axes=self.axes, pair_axis=self._pair_axis, pair_freq=self._pair_freq,
                           pair_axis2=self._pair_axis2)
         _run(plan)
         return q, k
@@ -519,11 +524,12 @@ class RotaryEmbedding:
         plans = []
         for part, axis in enumerate(self._halves):
             cols = slice(part * width, (part + 1) * width)
-            plans.append(_args.rope(
-                q4[..., cols], None if k4 is None else k4[..., cols],
-                pos.as_array(q4.shape[1])[axis] if multi else positions, 0 if multi else offset,
-                None, None, None, None, None, "neox", "bshd", inverse, num_threads,
-                spec=self._spec, spec_head_dim=width))
+            plans.append(_args.rope(q4[..., cols], None if k4 is None else k4[..., cols],
+                                    positions=pos.as_array(q4.shape[1])[axis] if multi else positions,
+                                    offset=0 if multi else offset, rotary_dim=None, freqs=None,
+                                    base=None, scaling=None, max_position_embeddings=None,
+                                    style="neox", layout="bshd", inverse=inverse,
+                                    num_threads=num_threads, spec=self._spec, spec_head_dim=width))
         return plans
 
     def __repr__(self) -> str:

@@ -36,9 +36,11 @@ def _run(plan: _args.SinusoidalPlan) -> None:
     if plan.zero_tail:  # fairseq's odd dim: the kernel fills the even-width part
         x = plan.x[..., :-1]
     with _checks.kernel_views(x) as (work,):
-        kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"), plan.positions.array,
-                        plan.positions.offset, plan.inv_freq, plan.split, plan.accumulate,
-                        plan.scale, _threads.resolve(plan.num_threads, plan.x.nbytes))
+        kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"),
+                        positions=plan.positions.array, offset=plan.positions.offset,
+                        inv_freq=plan.inv_freq, split=plan.split, accumulate=plan.accumulate,
+                        scale=plan.scale,
+                        num_threads=_threads.resolve(plan.num_threads, plan.x.nbytes))
     if plan.zero_tail:
         tail = plan.x[..., -1]
         if plan.accumulate:
@@ -94,8 +96,9 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
     >>> fastpe.sinusoidal_table(4, 6, dtype="float64")[1, :2]  # sin(1), cos(1)
     array([0.84147098, 0.54030231])
     """
-    plan = _args.sinusoidal_table(length, dim, base, offset, layout, dtype, out, num_threads,
-                                  frequencies, padding_idx)
+    plan = _args.sinusoidal_table(length, dim, base=base, offset=offset, layout=layout,
+                                  dtype=dtype, out=out, num_threads=num_threads,
+                                  frequencies=frequencies, padding_idx=padding_idx)
     _run(plan)
     return plan.x[0] if out is None else out
 
@@ -118,6 +121,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     >>> fastpe.add_sinusoidal(x, scale=8.0) is x
     True
     """
-    _run(_args.add_sinusoidal(x, positions, offset, base, layout, scale, num_threads,
-                              frequencies, padding_idx))
+    _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,
+                              scale=scale, num_threads=num_threads, frequencies=frequencies,
+                              padding_idx=padding_idx))
     return x
