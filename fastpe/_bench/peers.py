@@ -199,7 +199,7 @@ def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
         freqs = _frequencies(wl)
         neox = wl.params["style"] == "neox"
         pos = torch.from_numpy(_positions(wl, arrays))
-        inv_freq = torch.from_numpy(freqs.inv_freq)          # float64: exact angles
+        inv_freq = torch.from_numpy(freqs.inv_freq.copy())   # float64: exact angles
         att = freqs.attention_scaling
         fn = functools.partial(_torch_rope, neox=neox)
         if compiled:
