@@ -121,6 +121,11 @@ MODELS: dict[str, Convention] = {
     **dict.fromkeys(("wav2vec2-conformer", "wav2vec2-bert"), Convention(
         base_keys=("rotary_embedding_base",),
         requires=(("position_embeddings_type", "rotary", "relative"),))),
+    # SeamlessM4T's only RoPE: its speech encoder's, heads under their own key.
+    "seamless_m4t": Convention(
+        base_keys=("rotary_embedding_base",),
+        requires=(("position_embeddings_type", "rotary", "relative"),),
+        aliases=(("num_attention_heads", "speech_encoder_attention_heads"),)),
     "falcon": Convention(requires=(("alibi", False, False),)),
     "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"))),
     "bailing_hybrid": replace(MLA_GPTJ, aliases=(("max_position_embeddings",
@@ -141,7 +146,7 @@ REFUSED: dict[str, str] = {
     # encoders, sub-models), or whose attention does not rotate at all: not checked, so
     # not guessed.
     **dict.fromkeys((
-        "musicflamingo", "seamless_m4t",
+        "musicflamingo",
         "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
         "gemma4_audio", "phi4_multimodal_audio", "molmo2_adapter", "emu3_vqgan",
         "inkling2_text", "qwen3_omni_moe_talker_code_predictor", "canary_decoder",

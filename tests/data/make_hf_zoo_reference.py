@@ -255,14 +255,18 @@ def run_case(config, rot_cls, apply, kind, layer_type, seed):
 # k projections) with their own module and method, at positions 0 .. seq - 1.
 CONFORMERS = {
     "wav2vec2-conformer": ("Wav2Vec2ConformerRotaryPositionalEmbedding",
-                           "Wav2Vec2ConformerSelfAttention"),
-    "wav2vec2-bert": ("Wav2Vec2BertRotaryPositionalEmbedding", "Wav2Vec2BertSelfAttention"),
+                           "Wav2Vec2ConformerSelfAttention", "num_attention_heads"),
+    "wav2vec2-bert": ("Wav2Vec2BertRotaryPositionalEmbedding", "Wav2Vec2BertSelfAttention",
+                      "num_attention_heads"),
+    # SeamlessM4T's only RoPE is its speech encoder's
+    "seamless_m4t": ("SeamlessM4TConformerRotaryPositionalEmbedding",
+                     "SeamlessM4TConformerSelfAttention", "speech_encoder_attention_heads"),
 }
 
 
 def run_conformer(module, config, names, seed):
-    rot_cls, attention_cls = (getattr(module, n) for n in names)
-    heads = config.num_attention_heads
+    rot_cls, attention_cls = (getattr(module, n) for n in names[:2])
+    heads = getattr(config, names[2])
     dim = config.hidden_size // heads
     seq = int(POSITIONS.max()) + 1
     got = {}
