@@ -138,7 +138,10 @@ def in_place_view(x: object, name: str) -> np.ndarray:
             raise TypeError(f"{name} ({type(x).__name__}) cannot be viewed in place through "
                             f"DLPack: {exc}") from None
         if _torch_tensor(x):
-            sys.modules["torch"].autograd.graph.increment_version(x)
+            torch = sys.modules["torch"]
+            # public since torch 2.1; the private call it wraps before that
+            bump = getattr(torch.autograd.graph, "increment_version", None)
+            (bump or torch._C._increment_version)(x)
         return view
     try:
         return np.asarray(memoryview(x))  # type: ignore[arg-type]
