@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["MODELS", "REFUSED", "Convention", "convention"]
+__all__ = ["MODELS", "NO_ROPE", "REFUSED", "Convention", "convention"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,6 @@ class Convention:
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
-    axes : int
-        Position axes (1: text). Entries with more belong to multi-axis RoPE.
     """
 
     style: str | None = "neox"
@@ -77,7 +75,6 @@ class Convention:
     ignored: tuple[str, ...] = ()
     requires: tuple[tuple[str, object, object], ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
-    axes: int = 1
 
 
 LLAMA = Convention()
@@ -146,8 +143,7 @@ REFUSED: dict[str, str] = {
     # encoders, sub-models), or whose attention does not rotate at all: not checked, so
     # not guessed.
     **dict.fromkeys((
-        "musicflamingo",
-        "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
+        "musicflamingo", "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
         "gemma4_audio", "phi4_multimodal_audio", "molmo2_adapter", "emu3_vqgan",
         "inkling2_text", "qwen3_omni_moe_talker_code_predictor", "canary_decoder",
         "parakeet_encoder", "nemotron_asr_streaming_encoder", "jamba", "nemotron_h",
