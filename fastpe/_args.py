@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _checks, _math, _rope_scaling, _threads
 
@@ -21,7 +22,7 @@ SINUSOIDAL_FREQUENCIES = ("transformer", "fairseq")
 class SinusoidalPlan(NamedTuple):
     x: np.ndarray              # (batch, seq, dim) view of the caller's array
     positions: _checks.Positions
-    inv_freq: np.ndarray       # float64: (ceil(dim / 2),), fairseq (dim // 2,)
+    inv_freq: NDArray[np.float64]  # float64: (ceil(dim / 2),), fairseq (dim // 2,)
     split: bool
     accumulate: bool           # x * scale + PE, else PE
     scale: float
@@ -128,7 +129,7 @@ class RopePlan(NamedTuple):
     k: np.ndarray | None
     positions: _checks.Positions
     neox: bool
-    inv_freq: np.ndarray | None    # computed angles: float64 (rotary_dim // 2,) ...
+    inv_freq: NDArray[np.float64] | None  # computed angles: float64 (rotary_dim // 2,) ...
     cos_scale: float               # ... with cos and sin multiplied by these
     sin_scale: float
     cos: np.ndarray | None         # or a (rows, rotary_dim // 2) cos/sin cache
@@ -422,11 +423,11 @@ def rope_cos_sin(positions: object, freqs: object,
 class AlibiPlan(NamedTuple):
     scores: np.ndarray             # (..., heads, q_len, k_len): the caller's array (or out)
     batch: int                     # prod(scores.shape[:-3]): rows of the flattened leading dims
-    slopes: np.ndarray             # float64 (heads,), C-contiguous, finite
-    q_positions: np.ndarray | None  # int64 C-contiguous (1 or batch, q_len), or None ...
+    slopes: NDArray[np.float64]    # float64 (heads,), C-contiguous, finite
+    q_positions: NDArray[np.int64] | None  # int64 C-contiguous (1 or batch, q_len), or None ...
     q_offset: int                  # ... for q_offset + i
-    k_positions: np.ndarray | None  # int64 C-contiguous (1 or batch, k_len), or None for j
-    key_mask: np.ndarray | None    # uint8 C-contiguous (1 or batch, k_len) of 0/1, or None
+    k_positions: NDArray[np.int64] | None  # int64 C-contiguous (1 or batch, k_len), or None for j
+    key_mask: NDArray[np.uint8] | None  # uint8 C-contiguous (1 or batch, k_len) of 0/1, or None
     causal: bool
     symmetric: bool
     accumulate: bool               # scores += bias, else scores = bias
@@ -434,7 +435,7 @@ class AlibiPlan(NamedTuple):
     num_threads: int | None
 
 
-def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> np.ndarray:
+def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> NDArray[np.float64]:
     """Slopes for `heads` heads: the given ones, checked, else the paper's."""
     if slopes is None:
         mb = 8.0 if max_bias is None else _checks.real(max_bias, "max_bias", positive=True)

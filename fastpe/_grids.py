@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _checks
 
@@ -40,7 +41,7 @@ def _merged(grid: tuple[int, int, int], merge: int, name: str) -> tuple[int, int
 
 
 def mrope_positions(segments: Sequence[int | Sequence[int]], *,
-                    spatial_merge_size: int = 1) -> np.ndarray:
+                    spatial_merge_size: int = 1) -> NDArray[np.int64]:
     """M-RoPE positions (temporal, height, width) of a prompt, shape (3, seq).
 
     Parameters
@@ -100,7 +101,7 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
 
 def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
                      spatial_merge_size: int = 1, offset: int = 0, cls: bool = False,
-                     temporal: bool = False) -> np.ndarray:
+                     temporal: bool = False) -> NDArray[np.int64]:
     """A vision tower's patch positions: (row, column) of every patch, shape (2, tokens).
 
     Parameters

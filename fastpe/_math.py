@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _checks
 from ._rope_scaling import MAX_INV_FREQ
 
+_T = TypeVar("_T", bound=np.generic)
 
-def frozen(a: np.ndarray) -> np.ndarray:
+
+def frozen(a: NDArray[_T]) -> NDArray[_T]:
     """A read-only copy of `a` for a shared cache: a view of immutable bytes, so
     that not even ``flags.writeable = True`` can make it writable."""
     return np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
 
 
 @functools.lru_cache(maxsize=256)
-def sinusoidal_inv_freq(dim: int, base: float) -> np.ndarray:
+def sinusoidal_inv_freq(dim: int, base: float) -> NDArray[np.float64]:
     """w_i = base^(-2i/dim) for i < ceil(dim / 2), computed as exp(2i * -ln(base) / dim)
     like the Transformer's reference code (Vaswani et al., 2017). Read-only float64."""
     if dim == 0:
@@ -33,7 +37,7 @@ def sinusoidal_inv_freq(dim: int, base: float) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def fairseq_inv_freq(dim: int, base: float) -> np.ndarray:
+def fairseq_inv_freq(dim: int, base: float) -> NDArray[np.float64]:
     """w_j = base^(-j / (half - 1)) for j < half = dim // 2, computed as
     exp(j * -ln(base) / (half - 1)) like fairseq's sinusoidal positional embedding
     (and M2M100, Whisper, MusicGen after it). Read-only float64; dim >= 4."""
@@ -46,7 +50,7 @@ def fairseq_inv_freq(dim: int, base: float) -> np.ndarray:
     return frozen(w)
 
 
-def _alibi_slopes_math(n: int, max_bias: float) -> np.ndarray:
+def _alibi_slopes_math(n: int, max_bias: float) -> NDArray[np.float64]:
     """The ALiBi paper's slopes in float64, exactly 2**(-max_bias * e) per head.
 
     With p the largest power of two <= n: the first p exponents are (h + 1) / p
@@ -63,12 +67,12 @@ def _alibi_slopes_math(n: int, max_bias: float) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=512)
-def cached_alibi_slopes(num_heads: int, max_bias: float) -> np.ndarray:
+def cached_alibi_slopes(num_heads: int, max_bias: float) -> NDArray[np.float64]:
     """alibi_slopes for validated arguments, read-only, computed once."""
     return frozen(np.empty(0) if num_heads == 0 else _alibi_slopes_math(num_heads, max_bias))
 
 
-def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> np.ndarray:
+def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> NDArray[np.float64]:
     """The per-head ALiBi slopes (Press et al., 2022), float64 (num_heads,).
 
     A power-of-two head count n gets the geometric sequence
