@@ -100,7 +100,7 @@ MODELS: dict[str, Convention] = {
     **dict.fromkeys(("deepseek_v3", "axk1", "glm4_moe_lite", "youtu", "mistral4"),
                     MLA_FLAG),
     **dict.fromkeys(("deepseek_v32", "glm_moe_dsa", "longcat_flash",
-                     "mistral_large4_text", "axk2"), MLA_GPTJ),
+                     "mistral_large4_text", "axk2", "dots3_note_text"), MLA_GPTJ),
     **dict.fromkeys(("minicpm3", "hy_v4"), MLA_NEOX),
     # DeepSeek-V4: adjacent pairs on the trailing partial_rotary_factor of each head.
     "deepseek_v4": Convention(style="gptj", trailing=True),
@@ -130,7 +130,6 @@ MODELS: dict[str, Convention] = {
 }
 
 REFUSED: dict[str, str] = {
-    "dots3_note_text": "per-layer MLA head widths (per_layer_config qk_nope_head_dim)",
     "efficientloftr": "2-D vision RoPE of a feature matcher",
     "eomt_dinov3": "2-D vision RoPE of a DINOv3 backbone",
     **dict.fromkeys((

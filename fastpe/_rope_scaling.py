@@ -352,7 +352,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
     if theta is None:
         theta = _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
     if conv.width_key is not None:
-        head_dim, rotary_dim, features = _hf_mla_width(config, conv, partial)
+        head_dim, rotary_dim, features = _hf_mla_width(config, conv, layer_type, partial)
     else:
         head_dim = _hf_head_dim(config, layer_type)
         rotary_dim = _hf_rotary_dim(config, head_dim, partial)
@@ -901,7 +901,7 @@ def _hf_per_layer(config: object, name: str, layer_type: str | None) -> object:
     return next(iter(values), None)
 
 
-def _hf_mla_width(config: object, conv: _hf_models.Convention,
+def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str | None,
                   partial: object) -> tuple[int, int, tuple[int, int]]:
     """(rotated width, rotary_dim, features of the query head) of an MLA config."""
     assert conv.width_key is not None and conv.offset_key is not None
@@ -923,7 +923,9 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention,
     if partial is None and head_dim != width:
         raise ValueError(f"config's head_dim {head_dim} differs from {conv.width_key}={width}: "
                          "its rotary module would rotate head_dim features")
-    offset = _hf_get(config, conv.offset_key)
+    offset = _hf_per_layer(config, conv.offset_key, layer_type)  # dots.llm3: per layer type
+    if offset is None:
+        offset = _hf_get(config, conv.offset_key)
     if offset is None:
         raise ValueError(f"config has no {conv.offset_key}, the width of the unrotated part "
                          "of each query head")

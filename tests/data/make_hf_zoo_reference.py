@@ -173,8 +173,11 @@ def pick_apply(module, config, rot_cls):
     return apply, "standard"
 
 
-def mla_slice(config):
-    nope = getattr(config, "qk_nope_head_dim", None)
+def mla_slice(config, layer_type):
+    try:
+        nope = getattr(config, "qk_nope_head_dim", None)
+    except Exception:  # dots.llm3: a per-layer attribute, resolved per layer type
+        nope = config.per_layer_config[layer_type].qk_nope_head_dim
     rope = getattr(config, "qk_rope_head_dim", None)
     if nope is None or rope is None:
         return None
@@ -229,7 +232,7 @@ def run_case(config, rot_cls, apply, kind, layer_type, seed):
         if kind == "sincos":
             width *= 2
         head = head_dim_of(config, layer_type) or width
-        sl = mla_slice(config)
+        sl = mla_slice(config, layer_type)
         # The apply function sees the rope part only (MLA), or the whole head and splits
         # off the rotated slice itself, or (Phi, StableLM, Persimmon, GPT-J) only the
         # leading slice its attention cut out.
