@@ -441,6 +441,25 @@ def test_table_bit_identical_across_threads(dtype, layout, threaded):
         assert_bytes_equal(many, one, f"sinusoidal_table {dtype} {layout} num_threads={n}")
 
 
+@pytest.mark.parametrize("dim", [1024, 1023])
+def test_table_past_the_caches_equals_small_tables(dim):
+    """A float32 table over 8 MiB goes out with non-temporal stores (odd dim: its last
+    column plainly); every row is bit for bit the row a small table gives, on 1 and 2
+    threads, aligned and not, and within float32 rounding of the reference."""
+    rows = (9 << 20) // (4 * dim) + 1
+    big = fastpe.sinusoidal_table(rows, dim, num_threads=1)
+    assert big.nbytes > 8 << 20
+    for start in (0, 32, rows - 40):
+        small = fastpe.sinusoidal_table(32, dim, offset=start - start % 32, num_threads=1)
+        begin = start - start % 32
+        assert_bytes_equal(big[begin:begin + 32], small, f"rows {begin}..")
+    buf = np.zeros(big.size + 1, np.float32)[1:].reshape(big.shape)   # 4 bytes off
+    fastpe.sinusoidal_table(rows, dim, out=buf, num_threads=2)
+    assert_bytes_equal(buf, big, "unaligned, 2 threads")
+    ref = fastpe.reference.sinusoidal_table(rows, dim, dtype=np.float64)
+    assert np.abs(big - ref).max() <= 2e-6 * (1 + rows * 2.0**-20)
+
+
 def _isa_results(isa_runs):
     ran = {k: v for k, v in isa_runs.items() if not isinstance(v, str)}
     if not ran:

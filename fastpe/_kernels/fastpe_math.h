@@ -198,6 +198,50 @@ static inline void fpe_rotate_pairs_f64(double *x, const double *c, const double
     }
 }
 
+/* ---- a sinusoidal table row written straight to memory ---------------------
+ * pe[2i], pe[2i + 1] = (float)(s[i] * mult), (float)(c[i] * mult) (and the odd last
+ * feature), as the table's row loop computes them, stored with non-temporal
+ * stores: a table larger than the caches is not read back by the call, so its
+ * lines need not be fetched first (a store that misses reads the line, then
+ * writes it: twice the traffic of the bytes written). Only whole 32-byte vectors
+ * stream; the row's ends and rows whose pairs cannot be 32-byte aligned use
+ * plain stores. fpe_stream_fence() after the last row makes them visible in order.
+ */
+static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe,
+                                         Py_ssize_t dim, Py_ssize_t nfreq, double mult)
+{
+    const Py_ssize_t ncos = dim / 2;
+    Py_ssize_t i = 0;
+#if FPE_PAIRS_AVX2
+    if (((uintptr_t)pe & 7) == 0) {
+        for (; i < ncos && ((uintptr_t)(pe + 2 * i) & 31); i++) {
+            pe[2 * i] = (float)(s[i] * mult);
+            pe[2 * i + 1] = (float)(c[i] * mult);
+        }
+        const __m256d m = _mm256_set1_pd(mult);
+        for (; i + 4 <= ncos; i += 4) {
+            const __m128 s4 = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(s + i), m));
+            const __m128 c4 = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(c + i), m));
+            _mm256_stream_ps(pe + 2 * i, _mm256_set_m128(_mm_unpackhi_ps(s4, c4),
+                                                          _mm_unpacklo_ps(s4, c4)));
+        }
+    }
+#endif
+    for (; i < ncos; i++) {
+        pe[2 * i] = (float)(s[i] * mult);
+        pe[2 * i + 1] = (float)(c[i] * mult);
+    }
+    if (nfreq > ncos)
+        pe[dim - 1] = (float)(s[nfreq - 1] * mult);
+}
+
+static inline void fpe_stream_fence(void)
+{
+#if FPE_PAIRS_AVX2
+    _mm_sfence();
+#endif
+}
+
 /* ---- sin and cos of p * w[i] ----------------------------------------------
  * Angles are formed in double and reduced modulo pi/2 with a three-part
  * Cody-Waite split of pi/2 (33 significant bits each, so n * part is exact

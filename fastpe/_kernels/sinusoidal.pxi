@@ -19,6 +19,9 @@ cdef enum:
     # of a thread (angles, steps, PE rows) grows with the work, not with dim: one
     # token of a 10**8-wide table needs a few hundred KB, not 32 rows of 800 MB
     FREQ_BLOCK = 4096
+    # tables larger than this are written with non-temporal stores (more than the L2
+    # and a share of the L3: such a table is not in cache when the call ends anyway)
+    STREAM_TABLE_BYTES = 8 << 20
 
 
 cdef struct SinusoidalCall:
@@ -39,6 +42,8 @@ cdef struct SinusoidalCall:
     Py_ssize_t chunk          # tokens per work unit, a multiple of BLOCK_TOKENS
     bint direct               # PE rows written straight into x (float32/64 table rows)
     bint fused                # one batch row: each PE row added as soon as it is made
+    bint stream               # a direct float32 interleaved table past the caches, one
+    #                           block of frequencies: rows go out with non-temporal stores
 
 
 cdef inline void pe_row(const double *s, const double *c, real_t *pe, Py_ssize_t dim,
@@ -174,8 +179,12 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
                        a.dim, a.nfreq, a.split, mult, f0, f1)
             elif store_t is float:
-                pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct else pe_f + r,
-                       a.dim, a.nfreq, a.split, mult, f0, f1)
+                if a.stream:
+                    fpe_pe_row_stream_f32(s, c, <float *>(x + b0 * a.sb + t * a.ss), a.dim,
+                                          a.nfreq, mult)
+                else:
+                    pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct else pe_f + r,
+                           a.dim, a.nfreq, a.split, mult, f0, f1)
             else:
                 pe_row(s, c, pe_f + r, a.dim, a.nfreq, a.split, mult, f0, f1)
             if fused:
@@ -190,6 +199,8 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 # row will add into, so its stream starts warm
                 prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
         f0 = f1
+    if a.stream:
+        fpe_stream_fence()
     if direct or fused:
         return
     if a.sd != 1 and magnitude(a.ss) < magnitude(a.sd):
@@ -263,6 +274,8 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     cdef Py_ssize_t pe_rows = 0 if a.direct else (1 if a.fused else min(a.chunk, a.seq))
     cdef bint blocked = a.nfreq > FREQ_BLOCK
     a.fblock = FREQ_BLOCK if blocked else a.nfreq
+    a.stream = (a.direct and code == CODE_F32 and not split and not blocked
+                and cnp.PyArray_NBYTES(x) > STREAM_TABLE_BYTES)
     cdef Scratch scratch = Scratch((4 * a.fblock + pe_rows * a.dim) * sizeof(double),
                                    nthreads, 0 if blocked else 2 * a.nfreq * sizeof(double))
     a.step_s = a.step_c = NULL
