@@ -104,6 +104,18 @@ class RopeSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
 
+    # A pickle (a RotaryEmbedding sent to a worker process) carries the configuration,
+    # not the lock or the cache: cached arrays would come back writable.
+    def __getstate__(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_cache_lock", threading.Lock())
+        self.__post_init__()
+
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
         """The frequencies for a sequence of ``seq_len`` positions (None: not past the original).
 

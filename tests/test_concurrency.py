@@ -275,9 +275,14 @@ def test_kernels_release_the_gil():
             f"that holds the GIL: this machine can't show what the test checks")
         slow = {}
         for name, call in LONG_CALLS.items():
-            with fastpe.use_backend("cython"):
-                rate, seconds = counter_rate(counter, call)
-            if rate < 0.25 * free:
+            # Best of three: on a loaded machine the OS may deschedule the counter for a
+            # whole call; a call that holds the GIL starves it every time.
+            for _ in range(3):
+                with fastpe.use_backend("cython"):
+                    rate, seconds = counter_rate(counter, call)
+                if rate >= 0.25 * free:
+                    slow.pop(name, None)
+                    break
                 slow[name] = f"{rate:.3g}/s over {seconds * 1e3:.0f} ms"
     finally:
         counter.running = False

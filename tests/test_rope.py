@@ -1583,3 +1583,23 @@ def test_frequencies_are_not_modified_by_calls():
     fastpe.rope_cos_sin(np.arange(50), f)
     assert np.array_equal(f.inv_freq, before) and not f.inv_freq.flags.writeable
     assert pickle.loads(pickle.dumps(f)).attention_scaling == f.attention_scaling
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fastpe.RotaryEmbedding(64),
+    lambda: fastpe.RotaryEmbedding(64, scaling={"rope_type": "dynamic", "factor": 2.0},
+                                   max_position_embeddings=16),
+    lambda: fastpe.RotaryEmbedding(64, scaling={"rope_type": "yarn", "factor": 4.0},
+                                   max_position_embeddings=16, style="gptj"),
+    lambda: fastpe.RotaryEmbedding(64, base=1e6, mrope_section=[8, 12, 12]),
+], ids=["default", "dynamic", "yarn-gptj", "mrope"])
+def test_rotary_embedding_pickles(make):
+    """A RotaryEmbedding sent to a worker process (pickled) rotates as the original does,
+    and its unpickled frequency cache stays read-only."""
+    rope = make()
+    q = np.random.default_rng(0).standard_normal((1, 40, 2, 64))
+    want = rope(q.copy())[0]          # fills the original's caches, past the original length
+    clone = pickle.loads(pickle.dumps(rope))
+    assert repr(clone) == repr(rope)
+    np.testing.assert_array_equal(clone(q.copy())[0], want)
+    assert not clone.frequencies(40).inv_freq.flags.writeable
