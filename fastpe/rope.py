@@ -75,8 +75,10 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
     """The spec _args.rope_spec parses from these arguments, and its frequencies
     when they do not depend on the positions (else None), memoised; None when
     the arguments are refused (the general path then raises, in its own order)."""
-    args = (head_dim, rotary_dim, type(rotary_dim), base, type(base), max_position_embeddings,
-            type(max_position_embeddings))
+    # the types first: comparing with a memo stops at a type that differs, before the
+    # value's == runs (an array's == would return an array, whose truth is an error)
+    args = (type(rotary_dim), type(base), type(max_position_embeddings), head_dim, rotary_dim,
+            base, max_position_embeddings)
     key: tuple[Any, ...] | None
     if scaling is None:
         key = args

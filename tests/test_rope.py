@@ -697,6 +697,23 @@ def test_a_scaling_dict_changed_in_place_is_read_again():
     assert_bytes_equal(q1, q2)
 
 
+@pytest.mark.parametrize("bad", [dict(base=np.array([10000.0, 1.0])),
+                                 dict(rotary_dim=np.array([D, 2])),
+                                 dict(max_position_embeddings=np.array([64, 2]))],
+                         ids=lambda kw: next(iter(kw)))
+def test_a_scaling_dict_seen_before_with_an_array_argument_names_it(bad):
+    """A scaling dict already parsed, with an array where a number belongs: the
+    argument is named, and nothing is written."""
+    q, k, pos = _plain_inputs()
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    fastpe.apply_rope(q, k, pos, scaling=scaling)
+    before = q.copy()
+    name = next(iter(bad))
+    with pytest.raises(TypeError, match=rf"\b{name}\b"):
+        fastpe.apply_rope(q, k, pos, scaling=scaling, **bad)
+    assert_bytes_equal(q, before)
+
+
 # ---- threads -----------------------------------------------------------------------------
 
 
