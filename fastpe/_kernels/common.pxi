@@ -19,6 +19,8 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
                                Py_ssize_t nfreq, double mult)
     void fpe_stream_fence()
+    void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
+    void fpe_rotate_half_f64(double *x, const double *c, const double *s, Py_ssize_t half)
     void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
     void fpe_rotate_pairs_f64(double *x, const double *c, const double *s, Py_ssize_t n)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,

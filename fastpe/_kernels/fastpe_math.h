@@ -161,6 +161,63 @@ static inline void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_
 #define FPE_PAIR_MADD_D(a, c, b, s) ((a) * (c) + (b) * (s))
 #endif
 
+/* RoPE on split halves (GPT-NeoX / LLaMA style): x[j], x[j + half] = a, b ->
+ * a c[j] - b s[j], b c[j] + a s[j]. Written out with AVX2 for the same reason as the
+ * pairs below and one more: a head row is short (64 pairs), and the compiler's own
+ * vectorised loop spends about as long on its run-time aliasing checks and
+ * remainder as on the row. The scalar loop rounds like the vectors. */
+#if FPE_PAIRS_AVX2
+#define FPE_HALF_X_F(a, c, b, s) fmaf((a), (c), -((b) * (s)))
+#define FPE_HALF_Y_F(a, c, b, s) fmaf((b), (c), (a) * (s))
+#define FPE_HALF_X_D(a, c, b, s) fma((a), (c), -((b) * (s)))
+#define FPE_HALF_Y_D(a, c, b, s) fma((b), (c), (a) * (s))
+#else
+#define FPE_HALF_X_F(a, c, b, s) ((a) * (c) - (b) * (s))
+#define FPE_HALF_Y_F(a, c, b, s) ((b) * (c) + (a) * (s))
+#define FPE_HALF_X_D(a, c, b, s) ((a) * (c) - (b) * (s))
+#define FPE_HALF_Y_D(a, c, b, s) ((b) * (c) + (a) * (s))
+#endif
+
+static inline void fpe_rotate_half_f32(float *x, const float *c, const float *s,
+                                       Py_ssize_t half)
+{
+    float *y = x + half;
+    Py_ssize_t j = 0;
+#if FPE_PAIRS_AVX2
+    for (; j + 8 <= half; j += 8) {
+        const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(y + j);
+        const __m256 cj = _mm256_loadu_ps(c + j), sj = _mm256_loadu_ps(s + j);
+        _mm256_storeu_ps(x + j, _mm256_fmsub_ps(a, cj, _mm256_mul_ps(b, sj)));
+        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(b, cj, _mm256_mul_ps(a, sj)));
+    }
+#endif
+    for (; j < half; j++) {
+        const float a = x[j], b = y[j];
+        x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
+        y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
+    }
+}
+
+static inline void fpe_rotate_half_f64(double *x, const double *c, const double *s,
+                                       Py_ssize_t half)
+{
+    double *y = x + half;
+    Py_ssize_t j = 0;
+#if FPE_PAIRS_AVX2
+    for (; j + 4 <= half; j += 4) {
+        const __m256d a = _mm256_loadu_pd(x + j), b = _mm256_loadu_pd(y + j);
+        const __m256d cj = _mm256_loadu_pd(c + j), sj = _mm256_loadu_pd(s + j);
+        _mm256_storeu_pd(x + j, _mm256_fmsub_pd(a, cj, _mm256_mul_pd(b, sj)));
+        _mm256_storeu_pd(y + j, _mm256_fmadd_pd(b, cj, _mm256_mul_pd(a, sj)));
+    }
+#endif
+    for (; j < half; j++) {
+        const double a = x[j], b = y[j];
+        x[j] = FPE_HALF_X_D(a, c[j], b, s[j]);
+        y[j] = FPE_HALF_Y_D(a, c[j], b, s[j]);
+    }
+}
+
 static inline void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;

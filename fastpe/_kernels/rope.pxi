@@ -35,14 +35,11 @@ cdef struct RopeCall:
 
 cdef inline void rotate_neox(real_t *x, const real_t *c, const real_t *s,
                              Py_ssize_t half) noexcept nogil:
-    cdef Py_ssize_t j
-    cdef real_t *y = x + half
-    cdef real_t a, b
-    for j in range(half):
-        a = x[j]
-        b = y[j]
-        x[j] = a * c[j] - b * s[j]
-        y[j] = b * c[j] + a * s[j]
+    """Feature j with j + half (fastpe_math.h)."""
+    if real_t is float:
+        fpe_rotate_half_f32(x, c, s, half)
+    else:
+        fpe_rotate_half_f64(x, c, s, half)
 
 
 cdef inline void rotate_gptj(real_t *x, const real_t *c, const real_t *s,
