@@ -67,6 +67,10 @@ _SPECS: dict[tuple[Any, ...], tuple[_rope_scaling.RopeSpec, RopeFrequencies | No
 _BY_DICT: dict[int, tuple[dict[Any, Any], tuple[Any, ...], tuple[tuple[Any, Any], ...],
                           tuple[_rope_scaling.RopeSpec, RopeFrequencies | None]]] = {}
 _MAX_SPECS = 256
+# (head_dim, base, parsed) of the last call with only head_dim and base: the same base
+# object again (a decode loop's constant) skips even the hash; one tuple, so a thread
+# never reads half of another's update
+_LAST_PLAIN: tuple[Any, Any, Any] = (None, object(), None)
 
 
 def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object,
@@ -106,6 +110,9 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
             if len(_SPECS) >= _MAX_SPECS:
                 _SPECS.clear()
             _SPECS[key] = parsed
+    if scaling is rotary_dim is max_position_embeddings is None:
+        global _LAST_PLAIN
+        _LAST_PLAIN = (head_dim, base, parsed)
     if scaling is not None:
         if len(_BY_DICT) >= _MAX_SPECS:
             _BY_DICT.clear()
@@ -168,15 +175,11 @@ def _small(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset
     """A call small enough to run serially (a decode step) through the compiled
     entry that checks the caller's arguments itself (rope_small), with `spec`'s
     frequencies for its positions; False (nothing written) for anything else."""
-    if not spec.depends_on_seq_len:
-        freqs = spec.frequencies()
-    elif type(offset) is int and type(layout) is str and layout in _SEQ_AXIS:
-        seq_len = _fast_seq_len(q, positions, offset, layout)
-        if seq_len is None:
-            return False
-        freqs = spec.frequencies(seq_len)
-    else:
-        return False
+    if spec.depends_on_seq_len:
+        # the kernel reads max(positions) and asks spec for their frequencies
+        return bool(kern.rope_small(q, k, positions, offset, style, layout, inverse,
+                                    num_threads, None, 1.0, None, None, spec))
+    freqs = spec.frequencies()
     att = freqs.attention_scaling
     return type(att) is float and bool(kern.rope_small(
         q, k, positions, offset, style, layout, inverse, num_threads, freqs.inv_freq, att,
@@ -275,8 +278,13 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         source: Any = None
         plain: Any = None
         if freqs is None:
-            parsed = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
-                                  max_position_embeddings)
+            last = _LAST_PLAIN
+            if (base is last[1] and q.shape[-1] == last[0] and scaling is None
+                    and rotary_dim is None and max_position_embeddings is None):
+                parsed = last[2]  # the same plain arguments as the last call: no hashing
+            else:
+                parsed = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
+                                      max_position_embeddings)
             if parsed is not None:
                 source, plain = parsed
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
@@ -286,6 +294,9 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if plain is not None and type(plain.attention_scaling) is float and kern.rope_small(
                 q, k, positions, offset, style, layout, inverse, num_threads, plain.inv_freq,
                 plain.attention_scaling, None, None):
+            return q, k
+        if plain is None and source is not None and _small(
+                kern, q, k, positions, offset, source, style, layout, inverse, num_threads):
             return q, k
         if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
                                             layout, inverse, num_threads):

@@ -679,6 +679,23 @@ def test_max_position_embeddings_is_validated_on_every_path(value, error):
                           max_position_embeddings=4096)
 
 
+def test_reused_plain_arguments_keep_their_own_validation():
+    """A repeated call skips parsing when its base is the very same object; an equal
+    base of a refused type (True for 1) is still refused, and a different head_dim
+    gets its own frequencies."""
+    q, k, pos = _plain_inputs()
+    fastpe.apply_rope(q, k, pos, base=1)
+    fastpe.apply_rope(q, k, pos, base=1)
+    with pytest.raises(TypeError, match="base"):
+        fastpe.apply_rope(q, k, pos, base=True)
+    wide = rng_floats((B, 40, HQ, 2 * D), F32, 3)
+    want = wide.copy()
+    reference.apply_rope(want, None, pos, base=1)
+    fastpe.apply_rope(wide, None, pos, base=1)
+    check_rotation(wide, want, F32, magnitude=magnitude_of(want), max_position=int(pos.max()),
+                   context="head_dim 2D after D")
+
+
 def test_a_scaling_dict_changed_in_place_is_read_again():
     """Parsed settings are reused only while the dict holds the very same values: a
     value replaced by an equal one of a refused type (True for 1.0) is refused."""

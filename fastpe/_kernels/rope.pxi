@@ -807,7 +807,7 @@ cdef int layout_code_of(object layout) noexcept:
 
 def rope_small(object q, object k, object positions, object offset, object style,
                object layout, object inverse, object num_threads, object inv_freq,
-               double att, object cos, object sin):
+               double att, object cos, object sin, object spec=None):
     """apply_rope's (cos is None) and apply_rope_cached's entry for calls small
     enough to run serially, a decode step above all: the caller's arguments as
     given, checked here in C. True when it rotated; False having touched
@@ -818,7 +818,10 @@ def rope_small(object q, object k, object positions, object offset, object style
     an int >= 0, inverse a bool, num_threads None or an int in 1..256; q, k
     and positions as fast_arrays() takes them, q and k together under
     SERIAL_BYTES_C / 2 bytes; then inv_freq and att (a finite number > 0) as
-    rope_fast takes them, or cos and sin as rope_cached_fast does.
+    rope_fast takes them, or cos and sin as rope_cached_fast does. With `spec`
+    (a RopeSpec whose frequencies depend on the sequence length: dynamic,
+    longrope), inv_freq and att are spec.frequencies(max(positions) + 1), the
+    largest position read here from the checked positions.
     """
     cdef int lay = layout_code_of(layout)
     cdef bint neox
@@ -851,6 +854,17 @@ def rope_small(object q, object k, object positions, object offset, object style
     if cos is not None:
         return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
                                      inverse is True, 1) == 1
+    cdef RopeCall probe
+    cdef int64_t hi
+    cdef int64_t posbuf[POSITIONS_STACK]
+    if spec is not None:
+        if fast_arrays(&probe, q, k, positions, off, lay, &hi, posbuf) < 0:
+            return False
+        freqs = spec.frequencies(hi + 1 if probe.seq and probe.batch else 0)
+        inv_freq = freqs.inv_freq
+        if type(freqs.attention_scaling) is not float:
+            return False
+        att = freqs.attention_scaling
     if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
         return False
     if inverse is True:
