@@ -87,6 +87,10 @@ DTYPE_IDS = [str(d) for d in FLOAT_DTYPES]
 
 REQUESTED_BACKEND = os.environ.get("FASTPE_BACKEND", "").strip().lower()
 COMPILED = fastpe.info()["compiled"]
+# .ci/sanitize preloads AddressSanitizer's runtime: its quarantine keeps freed memory
+# (RSS grows whatever the code does) and its shadow memory reserves terabytes of
+# address space, so memory limits and RSS checks mean nothing under it.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 PACKAGE_ROOT = Path(fastpe.__file__).resolve().parent.parent
 
 

@@ -11,12 +11,11 @@ The default suite runs the script briefly, so that it keeps working.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import COMPILED, PACKAGE_ROOT, clean_env
+from conftest import COMPILED, PACKAGE_ROOT, UNDER_ASAN, clean_env
 
 SCRIPT = PACKAGE_ROOT / "bench" / "leak_check.py"
 
@@ -34,10 +33,6 @@ def leak_check(*args: str, timeout: float = 600) -> dict:
     assert proc.returncode == (0 if report["ok"] else 1), proc.stderr[-2000:]
     return report
 
-
-# AddressSanitizer keeps freed memory in quarantine (256 MB by default): RSS grows under it
-# whatever the code does.
-UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
 def test_leak_check_runs():

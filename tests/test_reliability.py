@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import COMPILED, F32, F64, assert_close, pe_exact, run_python
+from conftest import COMPILED, F32, F64, UNDER_ASAN, assert_close, pe_exact, run_python
 
 import fastpe
 from fastpe import _rope_scaling
@@ -223,6 +223,7 @@ def test_wide_rows_match_the_formula(dim, layout, dtype):
 
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer's shadow memory exceeds any address-space limit")
 def test_work_space_grows_with_the_work_not_the_width():
     """One token of a 2e7-wide table, and cos/sin of one position with 1e7 frequencies,
     in a process limited to 1.2 GB of address space: the work space used to be 32 rows
