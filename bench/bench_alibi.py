@@ -1,4 +1,4 @@
-"""ALiBi (issue 4): add_alibi into causal (1, 32, 2048, 2048) scores, alibi_bias(32, 2048,
+"""ALiBi (Press et al., 2022): add_alibi into causal (1, 32, 2048, 2048) scores, alibi_bias(32, 2048,
 2048) into a buffer, decode add_alibi into (1, 32, 1, 4096), against the best NumPy,
 BLOOM's torch code when installed, and one streaming pass (a fill for the table).
 

@@ -1,4 +1,4 @@
-"""Learned tables (issue 2): add_learned on (8, 2048, 1024) against a broadcast NumPy add of
+"""Learned tables (BERT, GPT-2): add_learned on (8, 2048, 1024) against a broadcast NumPy add of
 the table slice and one streaming pass."""
 
 import pytest

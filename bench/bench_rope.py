@@ -1,4 +1,4 @@
-"""RoPE (issue 3): prefill q,k (1, 2048, 32, 128) neox and gptj, decode (1, 1, 32, 128) at
+"""RoPE (Su et al., 2021): prefill q,k (1, 2048, 32, 128) neox and gptj, decode (1, 1, 32, 128) at
 4095 (per call), batched decode (32, 1, 32, 128) at 32 positions, Llama-3-scaled prefill
 (GQA), against the best NumPy, Hugging Face's own torch code when installed, and one
 streaming pass over q and k.

@@ -1,6 +1,6 @@
-"""Sinusoidal encodings (issue 2): sinusoidal_table(8192, 1024, out=buf) against the seed's
-float32 NumPy construction, the best NumPy and a fill; add_sinusoidal on (8, 2048, 1024)
-against a cached-table add and one streaming pass."""
+"""Sinusoidal encodings (Vaswani et al., 2017): sinusoidal_table(8192, 1024, out=buf)
+against the textbook float32 NumPy construction, the best NumPy and a fill; add_sinusoidal
+on (8, 2048, 1024) against a cached-table add and one streaming pass."""
 
 import pytest
 

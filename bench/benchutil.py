@@ -1,7 +1,7 @@
 """Turn ``fastpe._bench`` workloads into pytest-benchmark cases.
 
 A case is (workload, dtype, implementation, threads). fastpe and the floor run on one
-thread and on all of them; the NumPy-based implementations (reference, numpy, seed) and
+thread and on all of them; the NumPy-based implementations (reference, numpy, textbook) and
 torch on one. Every case:
 
 - prepares its implementation once (temporaries, cached tables: untimed);

@@ -323,8 +323,6 @@ def bench_plot(report: dict[str, Any], path: str) -> None:
 def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     wls = _bench.select(_bench.workloads(args.size), args.only)
     skipped = []
-    if not _bench.has_alibi():
-        skipped.append({"name": "alibi-*", "reason": "this fastpe has no add_alibi"})
     for name, reason in _bench.attach_peers(wls, args.peers).items():
         skipped.append({"name": name, "reason": f"{reason} (pip install 'fastpe[peers]')"})
     mode_name = "quick" if args.quick else "default"
@@ -443,11 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "streaming floor (the fastest in-place pass over the same bytes, or a "
                     "fill), measured side by side in shuffled rounds; prints medians, the "
                     "speedups and fastpe's fraction of the floor (of memory bandwidth). "
-                    "A few minutes with the peers; --quick --peers none about ten seconds.")
+                    "A few minutes with the peers; --quick --peers none about 20 seconds on two cores.")
     p.add_argument("--quick", action="store_true",
-                   help="fewer, shorter rounds (same shapes): about ten seconds")
+                   help="fewer, shorter rounds (same shapes): about 20 seconds without the peers")
     # Default 1: NumPy's ufuncs are single-threaded, so speedups compare like with like;
-    # the issues' speed targets are single-threaded; and on a small shared machine an
+    # the speed targets are single-threaded; and on a small shared machine an
     # OpenMP team stalls whenever another process holds one of its cores (measured here:
     # 2-thread RoPE prefill 2 ms -> 20 ms, batched decode 16 us -> 24 ms, with one core
     # busy), which would make the default table a measure of the neighbours.

@@ -1,5 +1,5 @@
 """The bad-input matrix, table-driven: every public function against every kind of wrong
-argument, on both backends (issue 7).
+argument, on both backends.
 
 One test, ``test_bad_input``, runs every row of one table (``ROWS``) on the compiled and
 on the NumPy backend. The rows cover, per function, what applies of: a wrong type, a

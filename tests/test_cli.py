@@ -174,8 +174,6 @@ def check_report(report: dict, *, dtype="float32", threads=1) -> None:
             assert ratio == pytest.approx(t[name] / t["fastpe"])
         assert r["threads"] == {n: threads if n == "fastpe" or n in floors else 1
                                 for n in r["samples"]}
-    if not _bench.has_alibi():
-        assert report["skipped"]
 
 
 def test_bench_quick_table_and_json(tmp_path):
@@ -248,9 +246,8 @@ def test_bench_list():
     for wl in _bench.workloads():
         assert wl.name in proc.stdout
     expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-batched-decode",
-                "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add", "learned-add"}
-    if _bench.has_alibi():
-        expected |= {"alibi-prefill", "alibi-bias", "alibi-decode"}
+                "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add",
+                "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode"}
     assert {w.name for w in _bench.workloads()} == expected
 
 
@@ -313,12 +310,11 @@ def test_demo():
     freqs = [float(m) for m in re.findall(r"^\s+\d+\s+\d+, \d+\s+(\S+)\s+\S+ positions$",
                                           out, re.M)]
     assert len(freqs) >= 4 and freqs == sorted(freqs, reverse=True) and freqs[0] == 1.0
-    if _bench.has_alibi():
-        assert "slopes 0.5 0.25 0.125" in out
-        rows = re.findall(r"^ +head (\d+):((?: +\S+)+)$", out, re.M)
-        assert len(rows) == 8
-        first = [float(v) for v in rows[0][1].split()]
-        assert first[-1] == 0.0 and first[-2] == -0.5     # slope 1/2, distance 1
+    assert "slopes 0.5 0.25 0.125" in out
+    rows = re.findall(r"^ +head (\d+):((?: +\S+)+)$", out, re.M)
+    assert len(rows) == 8
+    first = [float(v) for v in rows[0][1].split()]
+    assert first[-1] == 0.0 and first[-2] == -0.5     # slope 1/2, distance 1
 
 
 @needs_mpl
@@ -337,7 +333,7 @@ TINY_WORKLOADS = _bench.workloads("tiny")
 @pytest.mark.parametrize("dtype", _bench.DTYPES)
 @pytest.mark.parametrize("wl", TINY_WORKLOADS, ids=lambda w: w.name)
 def test_every_implementation_matches_the_reference(wl, dtype):
-    """The NumPy baselines (and the seed's table) compute what fastpe computes; the floor
+    """The NumPy baselines (and the textbook table) compute what fastpe computes; the floor
     leaves the values unchanged; fastpe is checked on 1 and 2 threads."""
     base = wl.make(np.dtype(dtype))
     expected = wl.expected(base)

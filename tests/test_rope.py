@@ -1,4 +1,4 @@
-"""RoPE rotation (issue 3): apply_rope, apply_rope_cached, rope_cos_sin, RotaryEmbedding.
+"""RoPE rotation (Su et al., 2021): apply_rope, apply_rope_cached, rope_cos_sin, RotaryEmbedding.
 
 Truths, independent of the code under test:
 - ``rope_oracle``: a float64 rotation written from RoFormer's formula (explicit pair
@@ -952,7 +952,7 @@ def test_cached_position_equal_to_cache_length_is_an_index_error(backend):
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
 @pytest.mark.parametrize("scaling_id", list(SCALINGS))
 def test_relative_position_norms_and_inverse(scaling_id, dtype):
-    """The seed's checks for every scaling type: the same q and k vectors at positions
+    """RoPE's defining properties for every scaling type: the same q and k vectors at positions
     (2, 5) and (10, 13) give the same dot product; each pair's norm is multiplied by
     attention_scaling; inverse restores the input."""
     scaling = SCALINGS[scaling_id]

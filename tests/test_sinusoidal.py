@@ -1,4 +1,4 @@
-"""sinusoidal_table and add_sinusoidal: the seed's construction, the formula index by index,
+"""sinusoidal_table and add_sinusoidal: the textbook NumPy construction, the formula index by index,
 float32 accuracy up to 2**20, layouts, out=, every awkward array against the reference
 backend, bit-identical threads, and writes that stay inside the view."""
 
@@ -41,8 +41,9 @@ except ImportError:  # optional: a second, higher-precision truth
 LAYOUTS = ["interleaved", "split"]
 
 
-def seed_table(max_len: int, d_model: int) -> np.ndarray:
-    """The seed notes' NumPy construction, verbatim (even d_model only)."""
+def textbook_table(max_len: int, d_model: int) -> np.ndarray:
+    """The Transformer's NumPy construction as tutorials write it (Vaswani et al., 2017):
+    float64, even d_model only."""
     PE = np.zeros((max_len, d_model))
     position = np.arange(max_len)[:, np.newaxis]
     div_term = np.exp(np.arange(0, d_model, 2) * (-np.log(10000.0) / d_model))
@@ -114,11 +115,11 @@ def test_awkward_arrays_are_what_their_labels_say(dtype, shape):
 
 
 @pytest.mark.parametrize("dim", [2, 8, 64, 512])
-def test_float64_table_equals_seed_construction(dim):
+def test_float64_table_equals_textbook_construction(dim):
     length = 1024
     got = fastpe.sinusoidal_table(length, dim, dtype="float64")
     assert got.dtype == np.float64 and got.shape == (length, dim)
-    assert_close(got, seed_table(length, dim), F64, atol=1e-12, rtol=0.0,
+    assert_close(got, textbook_table(length, dim), F64, atol=1e-12, rtol=0.0,
                  context=table_context("sinusoidal_table", length, dim, F64, "interleaved"))
 
 
@@ -127,7 +128,7 @@ def test_float64_table_equals_seed_construction(dim):
 @pytest.mark.parametrize("dim", [1, 2, 3, 5, 8, 33])
 def test_table_matches_formula_index_by_index(dim, offset, layout):
     """Every element against sin(p / base**(2i/d)) / cos(...) in Python floats; odd dims
-    (which the seed's code cannot build) included."""
+    (which the textbook code cannot build) included."""
     length, base = 40, 10000.0
     got = fastpe.sinusoidal_table(length, dim, offset=offset, layout=layout, dtype="float64")
     want = np.array([[formula_value(offset + t, j, dim, base, layout) for j in range(dim)]

@@ -53,7 +53,7 @@ from .floors import prepare_floor
 from .peers import PEERS
 from .peers import attach as attach_peers
 from .timing import MODES, Timing, measure, run_workload
-from .workloads import alibi_workloads, has_alibi, rope_workloads, select, workloads
+from .workloads import alibi_workloads, rope_workloads, select, workloads
 
 __all__ = [
     "DTYPES",
@@ -77,7 +77,6 @@ __all__ = [
     "compare",
     "copy_arrays",
     "floors",
-    "has_alibi",
     "measure",
     "peers",
     "prepare_floor",

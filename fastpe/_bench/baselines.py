@@ -42,22 +42,24 @@ def chunked_add(x: np.ndarray, addend: np.ndarray, work: np.dtype, buf: np.ndarr
 
 # ---- sinusoidal ---------------------------------------------------------------------------
 
-def seed_div_term(dim: int, dtype: type[np.floating[Any]]) -> np.ndarray:
-    """The seed's frequencies: exp(arange(0, d, 2) * -ln(10000) / d)."""
+def transformer_div_term(dim: int, dtype: type[np.floating[Any]]) -> np.ndarray:
+    """The Transformer's frequencies as its NumPy/PyTorch tutorials write them:
+    exp(arange(0, d, 2) * -ln(10000) / d)."""
     div_term: np.ndarray = np.exp(np.arange(0, dim, 2, dtype=dtype) * dtype(-math.log(10000.0) / dim))
     return div_term
 
 
-def prepare_seed_table(arrays: Arrays, threads: int) -> Runner:
-    """The seed's NumPy construction (shared/seed notes), done in float32: a fresh zeroed
-    table, whole-table float32 angles, sin into even and cos into odd columns."""
+def prepare_textbook_table(arrays: Arrays, threads: int) -> Runner:
+    """The textbook NumPy construction (Vaswani et al., 2017, as tutorials write it), in
+    float32: a fresh zeroed table, whole-table float32 angles, sin into even and cos into
+    odd columns."""
     length, dim = arrays["out"].shape
     out_dtype = arrays["out"].dtype
 
     def run(a: Arrays) -> Result:
         pe = np.zeros((length, dim), dtype=out_dtype)
         position = np.arange(length, dtype=np.float32)[:, np.newaxis]
-        div_term = seed_div_term(dim, np.float32)
+        div_term = transformer_div_term(dim, np.float32)
         pe[:, 0::2] = np.sin(position * div_term)
         pe[:, 1::2] = np.cos(position * div_term[:dim // 2])
         return (pe,)
@@ -65,16 +67,16 @@ def prepare_seed_table(arrays: Arrays, threads: int) -> Runner:
 
 
 def prepare_numpy_table(arrays: Arrays, threads: int) -> Runner:
-    """The best NumPy for a table into a preallocated `out`: the seed's float32 formula,
+    """The best NumPy for a table into a preallocated `out`: the textbook float32 formula,
     but in blocks of 64 rows (the angle block stays in L1/L2), angles into a buffer made
     once, np.sin/np.cos writing straight into out's strided columns. Float32 angles (the
-    seed's choice; float64 angles would be exact but ~2x slower): errors grow with the
+    textbook's choice; float64 angles would be exact but ~2x slower): errors grow with the
     position, ~1e-3 at 8192."""
     out0 = arrays["out"]
     length, dim = out0.shape
     rows = 64
     work = np.float32
-    div_term = seed_div_term(dim, work)
+    div_term = transformer_div_term(dim, work)
     position = np.arange(length, dtype=work)[:, None]
     angles = np.empty((rows, div_term.size), work)
     half = dim // 2

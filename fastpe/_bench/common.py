@@ -133,7 +133,7 @@ class Workload:
     inplace: tuple[str, ...]          # arrays read and written in place
     result: tuple[str, ...]           # arrays holding the result: the floor's bytes
     floor: str                        # "stream" (in-place pass) or "fill" (a table)
-    impls: dict[str, Prepare]         # fastpe, reference, numpy (and seed)
+    impls: dict[str, Prepare]         # fastpe, reference, numpy (and textbook)
     numpy_note: str                   # what the NumPy baseline does, in one line
     peers: dict[str, MaybePrepare] = dataclasses.field(default_factory=dict)  # other libraries
     #                                             (peers.py), timed beside fastpe

@@ -22,7 +22,7 @@ from .baselines import (
     numpy_alibi_decode,
     numpy_alibi_prefill,
     prepare_numpy_table,
-    prepare_seed_table,
+    prepare_textbook_table,
 )
 from .common import (
     LLAMA3_BASE,
@@ -57,15 +57,15 @@ def _table_workload(size: Size) -> Workload:
 
     # float32 angles: the angle's absolute error is a few float32 ulp of position * w,
     # up to about 2 * length * 2^-23 (measured: 8.5e-4 at length 8192).
-    seed_atol = 2.0 * length * 2.0**-23 + 1e-6
+    float32_atol = 2.0 * length * 2.0**-23 + 1e-6
     return Workload(
         name="sinusoidal-table", family="sinusoidal",
         title=f"sinusoidal_table({length}, {dim}, out=buf)",
         make=make, inplace=(), result=("out",), floor="fill",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": prepare_numpy_table,
-               "seed": prepare_seed_table},
-        numpy_note="the seed's float32 formula in 64-row blocks, sin/cos straight into out",
-        atol={"numpy": seed_atol, "seed": seed_atol})
+               "textbook": prepare_textbook_table},
+        numpy_note="the textbook float32 formula in 64-row blocks, sin/cos straight into out",
+        atol={"numpy": float32_atol, "textbook": float32_atol})
 
 
 def _add_sinusoidal_workload(size: Size) -> Workload:
@@ -244,10 +244,6 @@ def mrope_prefill_workload(size: Size) -> Workload:
 
 # ---- ALiBi --------------------------------------------------------------------------------
 
-def has_alibi() -> bool:
-    return hasattr(fastpe, "add_alibi") and hasattr(fastpe.reference, "add_alibi")
-
-
 def _make_scores(shape: tuple[int, ...]) -> Callable[[np.dtype], Arrays]:
     def make(dtype: np.dtype) -> Arrays:
         return {"scores": random_array(shape, dtype)}
@@ -315,8 +311,6 @@ def alibi_decode_workload(size: Size) -> Workload:
 
 
 def alibi_workloads(size: Size) -> list[Workload]:
-    if not has_alibi():
-        return []
     return [alibi_prefill_workload(size), alibi_bias_workload(size),
             alibi_decode_workload(size)]
 
