@@ -219,6 +219,63 @@ NO_ROPE: frozenset[str] = frozenset((
 ))
 
 
+# Model types of transformers 5.24 whose config class wraps sub-configs (its
+# ``sub_configs``: text_config, vision_config, audio_config, ...). A real config of one
+# carries them, and is refused as composite unless it keeps rope keys of its own; a flat
+# dict of one of these types (hand-written, sub-configs dropped) is refused too rather
+# than read as Llama's. Derived with: sorted(mt for mt, cls in CONFIG_MAPPING.items()
+# if cls.sub_configs), less ESM, whose own attention rotates (its sub-config is the
+# folding trunk's).
+COMPOSITE: frozenset[str] = frozenset((
+    "aimv2", "align", "altclip", "apertus1p5", "aria", "audioflamingo3", "aya_vision",
+    "bark", "blip", "blip-2", "blt", "bridgetower", "canary", "chameleon", "chinese_clip",
+    "chmv2", "clap", "clip", "clipseg", "clvp", "cohere2_vision", "cohere_asr",
+    "cohere_compass", "colmodernvbert", "colpali", "colqwen2", "conditional_detr",
+    "cosmos3_edge", "cosmos3_omni", "csm", "d_fine", "dab-detr", "dbrx", "deepseek_ocr2",
+    "deepseek_ocr2_vision", "deepseek_vl", "deepseek_vl_hybrid", "deformable_detr",
+    "deimv2", "depth_anything", "depth_pro", "detr", "dia", "diffusion_gemma", "dots3_note",
+    "dpt", "edgetam", "edgetam_video", "edgetam_vision_model", "embedding_gemma2", "emu3",
+    "encoder-decoder", "ernie4_5_vl_moe", "esmfold2", "evolla", "exaone4_5",
+    "fast_vlm", "fastspeech2_conformer_with_hifigan", "flava", "florence2", "fun_asr_nano",
+    "fuyu", "gemma3", "gemma3n", "gemma4", "gemma4_assistant", "gemma4_unified",
+    "gemma4_unified_assistant", "git", "glm46v", "glm4v", "glm4v_moe", "glm5_next",
+    "glm_image", "glm_ocr", "glmasr", "glmga", "got_ocr2", "gradium_phonon_tts",
+    "granite4_vision", "granite_docling", "granite_speech", "granite_speech5_ctc",
+    "granite_speech_plus", "grounding-dino", "groupvit", "higgs_audio_v2_tokenizer",
+    "hunyuan_vl", "hy_v4_vl", "hyperclovax_vision_v2", "idefics", "idefics2", "idefics3",
+    "inkling2", "inkling2_loop", "inkling_mm_model", "instructblip", "instructblipvideo",
+    "internvl", "janus", "jev", "kimi_k25", "kosmos-2", "kosmos-2.5",
+    "kyutai_speech_to_text", "lasr_ctc", "lfm2_vl", "lfm3_vl", "lightglue", "lighton_ocr",
+    "llama4", "llava", "llava_next", "llava_next_video", "llava_onevision", "lw_detr",
+    "mask2former", "maskformer", "metaclip_2", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7",
+    "minimax_m3_vl", "mistral3", "mistral_large4", "mllama", "mm-grounding-dino",
+    "modernvbert", "molmo2", "moonshine_streaming", "moshi", "moss_transcribe_diarize",
+    "mpt", "muse_glimmer", "muse_spark", "musicflamingo", "musicgen", "musicgen_melody",
+    "nemo_speechlm", "nemotron3_5_asr", "nemotron3_5_transcribe_audio",
+    "nemotron3_diarization", "nemotron_asr_streaming", "nemotron_h_omni", "neucodec",
+    "nougat", "omdet-turbo", "omniasr", "omniasr_ctc", "oneformer", "ovis2", "owlv2",
+    "owlvit", "paddleocr_vl", "paligemma", "parakeet_ctc", "parakeet_rnnt", "parakeet_tdt",
+    "pe_audio", "pe_audio_encoder", "pe_audio_video", "pe_audio_video_encoder", "pe_video",
+    "pe_video_encoder", "perception_lm", "phi4_multimodal", "pi0", "pix2struct",
+    "pocket_tts", "pp_chart2table", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4",
+    "pp_formulanet", "pp_ocrv5_mobile_det", "pp_ocrv5_mobile_rec", "pp_ocrv5_server_det",
+    "pp_ocrv5_server_rec", "pp_ocrv6_medium_det", "pp_ocrv6_small_det",
+    "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec", "prompt_depth_anything", "qianfan_ocr",
+    "qwen2_5_omni", "qwen2_5_omni_thinker", "qwen2_5_omni_token2wav", "qwen2_5_vl",
+    "qwen2_audio", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_asr", "qwen3_omni_moe",
+    "qwen3_omni_moe_thinker", "qwen3_vl", "qwen3_vl_moe", "qwen4_exp", "rf_detr", "rt_detr",
+    "rt_detr_v2", "sam", "sam2", "sam2_video", "sam2_vision_model", "sam3",
+    "sam3_lite_text", "sam3_tracker", "sam3_tracker_video", "sam3_video",
+    "sam3_vision_model", "sam_hq", "sapiens2", "shieldgemma2", "siglip", "siglip2",
+    "slanet", "slanext", "smolvlm", "speech-encoder-decoder", "step3p7", "superglue",
+    "t5gemma", "t5gemma2", "t5gemma2_encoder", "table-transformer", "tipsv2", "tipsv2_dpt",
+    "tvp", "ultravbert", "unlimited_ocr", "unlimited_ocr_vision", "upernet", "uvdoc",
+    "vibevoice", "vibevoice_asr", "video_llama_3", "video_llava", "videoprism", "vipllava",
+    "vision-encoder-decoder", "vision-text-dual-encoder", "vitmatte", "vitpose", "voxtral",
+    "voxtral_realtime", "xclip", "xcodec", "xcodec2", "zoedepth"
+))
+
+
 def convention(model_type: object) -> Convention:
     """The convention of a model type; Llama's for one not in the table."""
     return MODELS.get(model_type, LLAMA) if isinstance(model_type, str) else LLAMA

@@ -858,6 +858,12 @@ def _hf_refuse(config: object, model_type: object) -> None:
             f"config of model_type {model_type!r} is composite ({', '.join(subs)}); pass the "
             f"sub-config of the attention you want, e.g. config[{subs[0]!r}]"
         )
+    if not subs and model_type in _hf_models.COMPOSITE and model_type not in _hf_models.MODELS:
+        raise ValueError(
+            f"model_type {model_type!r} is a composite config in transformers, but this one "
+            "has no sub-configs: its rotary embedding is a sub-model's; pass that sub-config "
+            "(text_config, vision_config, ...) as transformers builds it"
+        )
 
 
 

@@ -178,3 +178,14 @@ def test_sinusoidal_family_matches_its_transformers_code(case, backend):
         offset = kwargs.pop("offset", 0)
         fastpe.add_sinusoidal(x, np.arange(length) + offset, scale=2.0, **kwargs)
         np.testing.assert_allclose(x, 1.0 + want, rtol=1e-12, atol=1e-13, err_msg=case["name"])
+
+
+@pytest.mark.parametrize("model_type", ["llama4", "gemma3", "qwen2_5_omni", "mistral3", "llava"])
+def test_flat_dict_of_a_composite_type_is_refused(model_type):
+    """A hand-written flat dict of a composite model type (its text_config dropped) has no
+    RoPE of its own to read: refused, never read as Llama's (Llama 4's text model pairs
+    adjacent features, for one)."""
+    config = {"model_type": model_type, "hidden_size": 512, "num_attention_heads": 8,
+              "rope_theta": 500000.0, "max_position_embeddings": 4096}
+    with pytest.raises(ValueError, match="composite config in transformers"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
