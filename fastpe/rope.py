@@ -60,30 +60,59 @@ _POSITIONS_STACK = 512  # rope.pxi POSITIONS_STACK
 
 # (head_dim, rotary_dim, base, max_position_embeddings), each with its type (True and 1 are
 # equal keys but not equal arguments), and a dict scaling by its items and their types: the
-# parsed RopeSpec. A call with the same arguments costs a hash and a lookup; one passing the
-# same dict object, unchanged, costs less (_BY_DICT: id -> the dict, the other arguments,
-# the dict's items then, the spec).
-_SPECS: dict[tuple[Any, ...], tuple[_rope_scaling.RopeSpec, RopeFrequencies | None]] = {}
+# parsed RopeSpec and its decode state. A call with the same arguments costs a hash and a
+# lookup; one passing the same dict object, unchanged, costs less (_BY_DICT: id -> the dict,
+# the other arguments, the dict's items then, the parse).
+_Parsed = tuple[_rope_scaling.RopeSpec, "tuple[Any, ...] | None"]
+_SPECS: dict[tuple[Any, ...], _Parsed] = {}
 _BY_DICT: dict[int, tuple[dict[Any, Any], tuple[Any, ...], tuple[tuple[Any, Any], ...],
-                          tuple[_rope_scaling.RopeSpec, RopeFrequencies | None]]] = {}
+                          _Parsed]] = {}
 _MAX_SPECS = 256
-# (head_dim, base, parsed) of the last call with only head_dim and base: the same base
-# object again (a decode loop's constant) skips even the hash; one tuple, so a thread
-# never reads half of another's update
-_LAST_PLAIN: tuple[Any, Any, Any] = (None, object(), None)
+# (head_dim, base, scaling, rotary_dim, max_position_embeddings, the dict's items, parsed)
+# of the last call: the same objects again (a decode loop's constants) skip even the hash;
+# one tuple, so a thread never reads half of another's update
+_LAST: tuple[Any, ...] = (None, object(), None, None, None, (), None)
+
+
+def _decode_state(spec: _rope_scaling.RopeSpec, head_dim: int,
+                  flip: bool = False) -> tuple[Any, ...] | None:
+    """rope_decode's state for `spec` on heads of head_dim features (see there):
+    the frequencies up to the original length and, for dynamic NTK and LongRoPE,
+    how to find those past it; None when they cannot be formed (the general path
+    then names the problem) or their scaling is not a float."""
+    try:
+        low = spec.frequencies()
+    except Exception:
+        return None
+    if type(low.attention_scaling) is not float:
+        return None
+    switch = -1
+    past: object = None
+    if spec.depends_on_seq_len:
+        assert spec.original_max_position_embeddings is not None  # _parse sets it for both
+        switch = spec.original_max_position_embeddings
+        if spec.rope_type == "dynamic":
+            past = spec._cache  # by length: the regime of a length past the original
+        else:
+            try:
+                past = spec.frequencies(switch + 1)
+            except Exception:
+                past = None  # raised, with its message, by a call that gets there
+    return (head_dim, flip, low.inv_freq, low.attention_scaling, switch, past,
+            spec.frequencies)
 
 
 def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object,
-                 scaling: object, max_position_embeddings: object
-                 ) -> tuple[_rope_scaling.RopeSpec, RopeFrequencies | None] | None:
-    """The spec _args.rope_spec parses from these arguments, and its frequencies
-    when they do not depend on the positions (else None), memoised; None when
-    the arguments are refused (the general path then raises, in its own order)."""
+                 scaling: object, max_position_embeddings: object) -> _Parsed | None:
+    """The spec _args.rope_spec parses from these arguments, and its decode state,
+    memoised; None when the arguments are refused (the general path then raises,
+    in its own order)."""
     # the types first: comparing with a memo stops at a type that differs, before the
     # value's == runs (an array's == would return an array, whose truth is an error)
     args = (type(rotary_dim), type(base), type(max_position_embeddings), head_dim, rotary_dim,
             base, max_position_embeddings)
     key: tuple[Any, ...] | None
+    items: tuple[tuple[Any, Any], ...] = ()
     if scaling is None:
         key = args
     elif type(scaling) is dict:
@@ -91,7 +120,8 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
         if (seen is not None and seen[0] is scaling and seen[1] == args
                 and kern.same_items(scaling, seen[2])):
             return seen[3]
-        key = (args, tuple(scaling.items()), tuple(map(type, scaling.values())))
+        items = tuple(scaling.items())
+        key = (args, items, tuple(map(type, scaling.values())))
     else:
         return None
     parsed = None
@@ -105,18 +135,19 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
                                    max_position_embeddings)[1]
         except Exception:
             return None
-        parsed = (spec, None if spec.depends_on_seq_len else spec.frequencies())
+        parsed = (spec, _decode_state(spec, head_dim))
         if key is not None:
             if len(_SPECS) >= _MAX_SPECS:
                 _SPECS.clear()
             _SPECS[key] = parsed
-    if scaling is rotary_dim is max_position_embeddings is None:
-        global _LAST_PLAIN
-        _LAST_PLAIN = (head_dim, base, parsed)
+    if key is None:
+        return parsed  # a list may change in place, under the same dict items: not kept
+    global _LAST
+    _LAST = (head_dim, base, scaling, rotary_dim, max_position_embeddings, items, parsed)
     if scaling is not None:
         if len(_BY_DICT) >= _MAX_SPECS:
             _BY_DICT.clear()
-        _BY_DICT[id(scaling)] = (scaling, args, tuple(scaling.items()), parsed)
+        _BY_DICT[id(scaling)] = (scaling, args, items, parsed)
     return parsed
 
 
@@ -167,23 +198,6 @@ def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
         return None
     lo, hi = _checks.int64_range(positions)
     return hi + 1 if lo >= 0 else None
-
-
-def _small(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: object,
-           spec: _rope_scaling.RopeSpec, style: object, layout: object, inverse: object,
-           num_threads: object) -> bool:
-    """A call small enough to run serially (a decode step) through the compiled
-    entry that checks the caller's arguments itself (rope_small), with `spec`'s
-    frequencies for its positions; False (nothing written) for anything else."""
-    if spec.depends_on_seq_len:
-        # the kernel reads max(positions) and asks spec for their frequencies
-        return bool(kern.rope_small(q, k, positions, offset, style, layout, inverse,
-                                    num_threads, None, 1.0, None, None, spec))
-    freqs = spec.frequencies()
-    att = freqs.attention_scaling
-    return type(att) is float and bool(kern.rope_small(
-        q, k, positions, offset, style, layout, inverse, num_threads, freqs.inv_freq, att,
-        None, None))
 
 
 def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: int,
@@ -276,28 +290,29 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     kern = _backend.kernels()
     if kern is not None and isinstance(q, np.ndarray) and q.ndim >= 3:
         source: Any = None
-        plain: Any = None
         if freqs is None:
-            last = _LAST_PLAIN
-            if (base is last[1] and q.shape[-1] == last[0] and scaling is None
-                    and rotary_dim is None and max_position_embeddings is None):
-                parsed = last[2]  # the same plain arguments as the last call: no hashing
+            last = _LAST
+            if (base is last[1] and scaling is last[2] and rotary_dim is last[3]
+                    and max_position_embeddings is last[4] and q.shape[-1] == last[0]
+                    and (scaling is None or kern.same_items(scaling, last[5]))):
+                parsed = last[6]  # the same arguments as the last call: no hashing
             else:
                 parsed = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
                                       max_position_embeddings)
             if parsed is not None:
-                source, plain = parsed
+                source, state = parsed
+                # a decode step: every argument checked in C
+                if state is not None and kern.rope_decode(state, q, k, positions, offset, style,
+                                                          layout, inverse, num_threads):
+                    return q, k
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
               and rotary_dim is None and max_position_embeddings is None):
-            source = plain = freqs
-        # a decode step: every argument checked in C; else the Python fast path
-        if plain is not None and type(plain.attention_scaling) is float and kern.rope_small(
-                q, k, positions, offset, style, layout, inverse, num_threads, plain.inv_freq,
-                plain.attention_scaling, None, None):
-            return q, k
-        if plain is None and source is not None and _small(
-                kern, q, k, positions, offset, source, style, layout, inverse, num_threads):
-            return q, k
+            source = freqs
+            if type(freqs.attention_scaling) is float and kern.rope_small(
+                    q, k, positions, offset, style, layout, inverse, num_threads, freqs.inv_freq,
+                    freqs.attention_scaling, None, None):
+                return q, k
+        # else the Python fast path
         if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
                                             layout, inverse, num_threads):
             return q, k
@@ -494,21 +509,26 @@ class RotaryEmbedding:
                  *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
+        state = self._decode
+        if state is None:
+            state = self._decode = self._decode_state()
+        kern = _backend.kernels()
+        # a decode step: one compiled call, which checks every argument
+        if state and kern is not None and kern.rope_decode(
+                state, q, k, positions, offset, self.style, layout, inverse, num_threads):
+            return q, k
         if self.reverse and type(inverse) is bool:
             inverse = not inverse
         if self._halves is not None:
             for plan in self._half_plans(q, k, positions, offset, layout, inverse, num_threads):
                 _run(plan)
             return q, k
-        kern = _backend.kernels()
         # the fast path reads 2-D positions as (batch, seq): text positions only
         if (kern is not None and isinstance(q, np.ndarray)
                 and (self.axes == 1 or positions is None) and self._pair_freq is None
                 and q.ndim >= 3 and q.shape[-1] == self.head_dim
-                and (_small(kern, q, k, positions, offset, self._spec, self.style, layout,
-                            inverse, num_threads)
-                     or _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
-                                  inverse, num_threads))):
+                and _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
+                              inverse, num_threads)):
             return q, k
         plan = _args.rope(q, k, positions=positions, offset=offset, rotary_dim=self.rotary_dim,
                           freqs=None, base=None, scaling=None, max_position_embeddings=None,
@@ -518,6 +538,27 @@ class RotaryEmbedding:
                           pair_axis2=self._pair_axis2)
         _run(plan)
         return q, k
+
+    # rope_decode's state for this embedding's settings (False: none, the call is not one
+    # pairing of one position per token), formed on the first call after any attribute
+    # changes; never pickled (its cached arrays would come back writable)
+    _decode: tuple[Any, ...] | bool | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "_decode":
+            object.__setattr__(self, "_decode", None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_decode", None)
+        return state
+
+    def _decode_state(self) -> tuple[Any, ...] | bool:
+        if (self.axes != 1 or self._pair_freq is not None or self._halves is not None
+                or self._pair_axis2 is not None):
+            return False
+        return _decode_state(self._spec, self.head_dim, bool(self.reverse)) or False
 
     def _half_plans(self, q: object, k: object, positions: object, offset: object,
                     layout: object, inverse: object,

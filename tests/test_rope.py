@@ -168,7 +168,7 @@ def twins(make_fn):
 @pytest.fixture
 def path_spy(monkeypatch):
     """Records, per rotation call, which compiled path ran: 'fast' (rope_small,
-    rope_fast or rope_cached_fast rotated), 'declined' (rope_fast or rope_cached_fast
+    rope_decode, rope_fast or rope_cached_fast rotated), 'declined' (rope_fast or rope_cached_fast
     returned False) and 'general' (the validating path's _run)."""
     events: list[str] = []
     if not ON_CYTHON:
@@ -176,10 +176,17 @@ def path_spy(monkeypatch):
     real_fast = fastpe._backend.compiled.rope_fast
     real_cached_fast = fastpe._backend.compiled.rope_cached_fast
     real_small = fastpe._backend.compiled.rope_small
+    real_decode = fastpe._backend.compiled.rope_decode
     real_run = fastpe.rope._run
 
     def small(*args):
         done = real_small(*args)
+        if done:
+            events.append("fast")
+        return done
+
+    def decode(*args):
+        done = real_decode(*args)
         if done:
             events.append("fast")
         return done
@@ -201,6 +208,7 @@ def path_spy(monkeypatch):
     monkeypatch.setattr(fastpe._backend.compiled, "rope_fast", fast)
     monkeypatch.setattr(fastpe._backend.compiled, "rope_cached_fast", cached_fast)
     monkeypatch.setattr(fastpe._backend.compiled, "rope_small", small)
+    monkeypatch.setattr(fastpe._backend.compiled, "rope_decode", decode)
     monkeypatch.setattr(fastpe.rope, "_run", run)
     return events
 
@@ -606,19 +614,26 @@ def test_sequence_dependent_scalings_take_the_fast_path(path_spy, name):
     path too: the same bits as the general path, on both sides of the original length."""
     scaling = SCALINGS[name] if name in SCALINGS else _longrope(16)
     rope = fastpe.RotaryEmbedding(D, scaling=scaling, max_position_embeddings=64)
-    for pos in (np.arange(8)[None], np.arange(40)[None] + 30):
+    # the original length is 64 (16 for dynamic): both sides, and each side of it exactly
+    for pos in (np.arange(8)[None], np.arange(40)[None] + 30, np.array([[15]]),
+                np.array([[16]]), np.array([[63]]), np.array([[64]])):
         q0, k0, _ = _plain_inputs()
         q0, k0 = q0[:1, :pos.shape[1]].copy(), k0[:1, :pos.shape[1]].copy()
         q, k = q0.copy(), k0.copy()
         rope(q, k, pos)
         assert took(path_spy, "fast")[0]
+        qa, ka = q0.copy(), k0.copy()
+        fastpe.apply_rope(qa, ka, pos, scaling=scaling, max_position_embeddings=64)
+        assert took(path_spy, "fast")[0]
+        assert_bytes_equal(qa, q)
+        assert_bytes_equal(ka, k)
         for spelling in (pos.astype(np.uint16), pos.tolist()):
             q2, k2 = q0.copy(), k0.copy()
             rope(q2, k2, spelling)
             assert took(path_spy, "fast")[0]
             assert_bytes_equal(q2, q)
         q3, k3 = q0.copy(), k0.copy()
-        rope(q3, k3, np.repeat(pos, 2, axis=1)[:, ::2])  # strided: the general path
+        rope(q3, k3, pos.astype(pos.dtype.newbyteorder()))  # byte-swapped: the general path
         assert took(path_spy, "general")[0]
         assert_bytes_equal(q3, q)
         assert_bytes_equal(k3, k)
@@ -626,6 +641,69 @@ def test_sequence_dependent_scalings_take_the_fast_path(path_spy, name):
         reference.apply_rope(q4, k4, pos, scaling=scaling, max_position_embeddings=64)
         check_rotation(q, q4, F32, magnitude=magnitude_of(q0), max_position=int(pos.max()),
                        context=name)
+
+
+def test_rotary_embedding_settings_changed_after_a_call_are_followed(path_spy):
+    """The compiled call's parsed settings follow the embedding's attributes: a
+    reverse set after a call rotates the other way; a pickled copy rotates alike."""
+    rope = fastpe.RotaryEmbedding(D, base=5000.0)
+    q0, k0, pos = _plain_inputs()
+    q, k = q0.copy(), k0.copy()
+    rope(q, k, pos)
+    assert took(path_spy, "fast")[0]
+    rope.reverse = True
+    q2, k2 = q0.copy(), k0.copy()
+    rope(q2, k2, pos)
+    assert took(path_spy, "fast")[0]
+    q3, k3 = q0.copy(), k0.copy()
+    fastpe.apply_rope(q3, k3, pos, base=5000.0, inverse=True)
+    assert_bytes_equal(q2, q3)
+    assert_bytes_equal(k2, k3)
+    rope.reverse = False
+    copy = pickle.loads(pickle.dumps(rope))
+    q4, k4 = q0.copy(), k0.copy()
+    copy(q4, k4, pos)
+    assert took(path_spy, "fast")[0]
+    assert_bytes_equal(q4, q)
+    assert not copy.frequencies().inv_freq.flags.writeable
+
+
+@pytest.mark.parametrize("name", ["dynamic-above-original", "longrope-long"])
+def test_sequence_dependent_fast_path_refuses_bad_arguments(name):
+    """rope_decode takes only the plain case: everything else reaches the general
+    path's errors, which name the argument, with nothing written."""
+    rope = fastpe.RotaryEmbedding(D, scaling=SCALINGS[name])
+    q, k, pos = _plain_inputs()
+    before_q, before_k = q.copy(), k.copy()
+    with pytest.raises(ValueError, match="positions must be >= 0"):
+        rope(q, k, -pos)
+    with pytest.raises(TypeError, match="inverse"):
+        rope(q, k, pos, inverse="yes")
+    with pytest.raises(ValueError, match="head_dim"):
+        rope(q[..., :D // 2], k[..., :D // 2], pos)
+    with pytest.raises(ValueError, match="offset"):
+        rope(q, k, None, offset=-1)
+    assert_bytes_equal(q, before_q)
+    assert_bytes_equal(k, before_k)
+
+
+def test_a_list_in_a_scaling_dict_changed_in_place_is_read_again():
+    """LongRoPE factors are lists, which can change in place under the same dict
+    items: each call reads them again."""
+    scaling = _longrope(16)
+    pos = np.array([[40]])
+    q0, k0, _ = _plain_inputs()
+    q0, k0 = q0[:1, :1].copy(), k0[:1, :1].copy()
+    q, k = q0.copy(), k0.copy()
+    fastpe.apply_rope(q, k, pos, scaling=scaling)
+    scaling["long_factor"][0] = 50.0
+    q2, k2 = q0.copy(), k0.copy()
+    fastpe.apply_rope(q2, k2, pos, scaling=scaling)
+    q3, k3 = q0.copy(), k0.copy()
+    reference.apply_rope(q3, k3, pos, scaling=scaling)
+    check_rotation(q2, q3, F32, magnitude=magnitude_of(q0), max_position=40,
+                   context="changed factor")
+    assert not np.array_equal(q2, q)
 
 
 def test_cached_fast_path_matches_the_general_path(path_spy):

@@ -39,7 +39,17 @@ def rope_small(
     att: float,
     cos: object,
     sin: object,
-    spec: object = None,
+) -> bool: ...
+def rope_decode(
+    state: tuple[Any, ...],
+    q: object,
+    k: object,
+    positions: object,
+    offset: object,
+    style: object,
+    layout: object,
+    inverse: object,
+    num_threads: object,
 ) -> bool: ...
 def same_items(d: dict[Any, Any], items: tuple[tuple[Any, Any], ...]) -> bool: ...
 def register_bfloat16(typenum: int) -> None: ...

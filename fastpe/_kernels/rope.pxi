@@ -805,9 +805,56 @@ cdef int layout_code_of(object layout) noexcept:
     return -1
 
 
+cdef int small_checks(object q, object k, object offset, object style, object layout,
+                      object inverse, object num_threads, int *lay, bint *neox,
+                      int64_t *off) noexcept:
+    """The caller-argument checks rope_small and rope_decode share: 1 with the
+    layout code, pairing and offset filled in when the call is the plain case
+    and small enough to run serially; 0, having touched nothing, otherwise."""
+    cdef int overflow = 0
+    cdef long long o
+    cdef Py_ssize_t nbytes
+    lay[0] = layout_code_of(layout)
+    if lay[0] < 0 or type(style) is not str:
+        return 0
+    if style == "neox":
+        neox[0] = True
+    elif style == "gptj":
+        neox[0] = False
+    else:
+        return 0
+    if type(offset) is not int or not (inverse is True or inverse is False):
+        return 0
+    o = PyLong_AsLongLongAndOverflow(offset, &overflow)
+    if overflow or o < 0:
+        return 0
+    off[0] = o
+    if num_threads is not None and not (type(num_threads) is int
+                                        and 1 <= num_threads <= PLAIN_MAX_THREADS):
+        return 0
+    if not cnp.PyArray_CheckExact(q) or (k is not None and not cnp.PyArray_CheckExact(k)):
+        return 0
+    nbytes = cnp.PyArray_NBYTES(<cnp.ndarray>q)
+    if k is not None:
+        nbytes += cnp.PyArray_NBYTES(<cnp.ndarray>k)
+    return 2 * nbytes < SERIAL_BYTES_C
+
+
+cdef bint small_rotate(object q, object k, object positions, int64_t off, int lay, bint neox,
+                       bint inverse, object inv_freq, double att) except -1:
+    """rope_fast_impl on one thread, cos and sin scaled by att (1 / att and the
+    angle negated when inverse); False when att is not a finite number > 0."""
+    if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
+        return False
+    if inverse:
+        att = 1.0 / att
+        return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, -att, 1) == 1
+    return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, att, 1) == 1
+
+
 def rope_small(object q, object k, object positions, object offset, object style,
                object layout, object inverse, object num_threads, object inv_freq,
-               double att, object cos, object sin, object spec=None):
+               double att, object cos, object sin):
     """apply_rope's (cos is None) and apply_rope_cached's entry for calls small
     enough to run serially, a decode step above all: the caller's arguments as
     given, checked here in C. True when it rotated; False having touched
@@ -818,56 +865,67 @@ def rope_small(object q, object k, object positions, object offset, object style
     an int >= 0, inverse a bool, num_threads None or an int in 1..256; q, k
     and positions as fast_arrays() takes them, q and k together under
     SERIAL_BYTES_C / 2 bytes; then inv_freq and att (a finite number > 0) as
-    rope_fast takes them, or cos and sin as rope_cached_fast does. With `spec`
-    (a RopeSpec whose frequencies depend on the sequence length: dynamic,
-    longrope), inv_freq and att are spec.frequencies(max(positions) + 1), the
-    largest position read here from the checked positions.
+    rope_fast takes them, or cos and sin as rope_cached_fast does.
     """
-    cdef int lay = layout_code_of(layout)
+    cdef int lay
     cdef bint neox
-    cdef int overflow = 0
-    cdef long long off = 0
-    cdef Py_ssize_t nbytes
-    if lay < 0 or type(style) is not str:
-        return False
-    if style == "neox":
-        neox = True
-    elif style == "gptj":
-        neox = False
-    else:
-        return False
-    if type(offset) is not int or not (inverse is True or inverse is False):
-        return False
-    off = PyLong_AsLongLongAndOverflow(offset, &overflow)
-    if overflow or off < 0:
-        return False
-    if num_threads is not None and not (type(num_threads) is int
-                                        and 1 <= num_threads <= PLAIN_MAX_THREADS):
-        return False
-    if not cnp.PyArray_CheckExact(q) or (k is not None and not cnp.PyArray_CheckExact(k)):
-        return False
-    nbytes = cnp.PyArray_NBYTES(<cnp.ndarray>q)
-    if k is not None:
-        nbytes += cnp.PyArray_NBYTES(<cnp.ndarray>k)
-    if 2 * nbytes >= SERIAL_BYTES_C:
+    cdef int64_t off
+    if not small_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off):
         return False
     if cos is not None:
         return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
                                      inverse is True, 1) == 1
+    return small_rotate(q, k, positions, off, lay, neox, inverse is True, inv_freq, att)
+
+
+def rope_decode(tuple state, object q, object k, object positions, object offset,
+                object style, object layout, object inverse, object num_threads):
+    """rope_small for a parsed RoPE configuration, its per-call choices made
+    here: True when it rotated, False having touched nothing otherwise.
+
+    state: (head_dim, flip, inv_freq, att, switch, past, frequencies), built once
+    per configuration by fastpe.rope. q's last axis must be head_dim; flip (a
+    bool) reverses the direction (a model that rotates by -angle). With switch
+    < 0 the frequencies are (inv_freq, att). Otherwise they follow n =
+    max(positions) + 1 (0 for no positions), as Hugging Face's dynamic NTK and
+    LongRoPE do: (inv_freq, att) for n <= switch, the original length; past it
+    `past` when that is a RopeFrequencies (LongRoPE's long factors), else
+    past[n] when past is a dict holding n (dynamic NTK's frequencies by length),
+    else frequencies(n).
+    """
+    cdef int lay
+    cdef bint neox, inv
+    cdef int64_t off, hi, n
     cdef RopeCall probe
-    cdef int64_t hi
     cdef int64_t posbuf[POSITIONS_STACK]
-    if spec is not None:
+    cdef cnp.ndarray qa
+    cdef object inv_freq, freqs, scaling
+    cdef int64_t switch
+    cdef double att
+    if len(state) != 7 or not small_checks(q, k, offset, style, layout, inverse, num_threads,
+                                           &lay, &neox, &off):
+        return False
+    qa = <cnp.ndarray>q
+    if (cnp.PyArray_NDIM(qa) < 1
+            or cnp.PyArray_DIMS(qa)[cnp.PyArray_NDIM(qa) - 1] != <Py_ssize_t>state[0]):
+        return False
+    inv = (inverse is True) != (state[1] is True)
+    inv_freq = state[2]
+    att = state[3]
+    switch = state[4]
+    if switch >= 0:
         if fast_arrays(&probe, q, k, positions, off, lay, &hi, posbuf) < 0:
             return False
-        freqs = spec.frequencies(hi + 1 if probe.seq and probe.batch else 0)
-        inv_freq = freqs.inv_freq
-        if type(freqs.attention_scaling) is not float:
-            return False
-        att = freqs.attention_scaling
-    if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
-        return False
-    if inverse is True:
-        att = 1.0 / att
-        return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, -att, 1) == 1
-    return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, att, 1) == 1
+        n = hi + 1 if probe.seq and probe.batch else 0
+        if n > switch:
+            freqs = state[5]
+            if type(freqs) is dict:
+                freqs = (<dict>freqs).get(n)
+            if freqs is None:
+                freqs = state[6](n)
+            inv_freq = freqs[0]
+            scaling = freqs[1]
+            if type(scaling) is not float:
+                return False
+            att = scaling
+    return small_rotate(q, k, positions, off, lay, neox, inv, inv_freq, att)
