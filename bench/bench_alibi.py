@@ -1,6 +1,7 @@
 """ALiBi (Press et al., 2022): add_alibi into causal (1, 32, 2048, 2048) scores, alibi_bias(32, 2048,
 2048) into a buffer, decode add_alibi into (1, 32, 1, 4096), against the best NumPy,
-BLOOM's torch code when installed, and one streaming pass (a fill for the table).
+BLOOM's torch code and a hand-written numba kernel when installed, and one streaming pass
+(a fill for the table).
 
 torch: transformers' BLOOM ``build_alibi_tensor`` (the key-position form
 ``slope_h * k_pos``, (batch * heads, 1, k_len)) added with broadcasting in place, then
@@ -20,6 +21,9 @@ from fastpe import _bench
 WORKLOADS = _bench.alibi_workloads(_bench.FULL)
 if not WORKLOADS:
     pytest.skip("this fastpe has no add_alibi", allow_module_level=True)
+# numba where installed (jax's runner holds its scores on the device, uploaded once per
+# input array: here every round brings a fresh copy, so it would time the upload)
+PEERS_SKIPPED = _bench.attach_peers(WORKLOADS, ("numba",))
 
 
 def _torch_alibi(wl: _bench.Workload):
@@ -56,7 +60,7 @@ except ImportError as exc:
     UNAVAILABLE = {"torch": f"torch/transformers not installed ({exc})"}
 
 
-@pytest.mark.parametrize("wl, dtype, impl, threads", cases(WORKLOADS, UNAVAILABLE))
+@pytest.mark.parametrize("wl, dtype, impl, threads", cases(WORKLOADS, {**UNAVAILABLE, **PEERS_SKIPPED}))
 def test_alibi(benchmark, wl, dtype, impl, threads):
     if impl == "torch" and impl not in wl.impls:
         pytest.skip("BLOOM builds no (heads, q, k) table")

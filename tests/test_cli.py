@@ -208,21 +208,27 @@ def test_bench_json_on_stdout_threads_dtype_only():
     assert "vs numpy" in proc.stderr          # the table went to stderr
 
 
-@pytest.mark.parametrize("peers", ["numba", "onnxruntime"])
+PEER_WORKLOADS = {"numba": ("rope-decode", "rope-batched-decode", "alibi-prefill", "alibi-decode"),
+                  "onnxruntime": ("rope-decode", "rope-batched-decode"),
+                  "jax": ("alibi-prefill", "alibi-decode")}
+
+
+@pytest.mark.parametrize("peers", list(PEER_WORKLOADS))
 def test_bench_peers_are_timed_and_checked(peers):
-    """A peer runs where installed, on the RoPE workloads, and its result is checked
-    against fastpe.reference like every contender's."""
+    """A peer runs where installed, on the workloads it implements (RoPE, ALiBi), and its
+    result is checked against fastpe.reference like every contender's."""
     reason = _bench.peers.missing(peers)
     if reason is not None:
         pytest.skip(reason)
     proc = fastpe_cli("bench", *TINY[:-2], "--peers", peers, "--only", "rope-decode,rope-batched,"
-                      "sinusoidal-add", "--json", "-", timeout=300)
+                      "alibi-prefill,alibi-decode,sinusoidal-add", "--json", "-", timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     by_name = {r["name"]: r for r in report["results"]}
-    for name in ("rope-decode", "rope-batched-decode"):
-        assert set(by_name[name]["peers"]) == {peers} and by_name[name]["check"] == "ok"
-    assert by_name["sinusoidal-add"]["peers"] == {}
+    for name, r in by_name.items():
+        covered = name in PEER_WORKLOADS[peers]
+        assert set(r["peers"]) == ({peers} if covered else set()), name
+        assert r["check"] == "ok", (name, r["check"])
     assert f" {peers}" in proc.stderr.splitlines()[next(
         i for i, line in enumerate(proc.stderr.splitlines()) if line.startswith("workload"))]
 

@@ -1,10 +1,17 @@
-"""Other libraries' RoPE, timed beside fastpe on the RoPE workloads (float32).
+"""Other libraries' RoPE and ALiBi, timed beside fastpe on those workloads (float32).
 
 What a user would pick instead of fastpe, each written as its users write it and each
-exact in the same sense as fastpe (angles formed in float64):
+exact in the same sense as fastpe (angles formed in float64; ALiBi biases rounded once):
 
-- ``numba``: a hand-written numba kernel: one pass, the token's cos/sin computed once in
-  float64 and used for every head of q and k, rotation in float32, in place;
+- ``numba``: hand-written numba kernels, in place. RoPE: one pass, the token's cos/sin
+  computed once in float64 and used for every head of q and k, rotation in float32.
+  ALiBi: one pass over each row of scores, the float64 slope times the integer distance
+  rounded once to float32 and added, the causal mask fused (keys past the query are
+  written -inf, never read);
+- ``jax``: ALiBi only, ``jax.jit`` of the textbook expression (float32 slopes times the
+  exact distances, ``jnp.where`` for the mask), which XLA fuses into one loop. It is
+  functional: each call returns a new array, here with the scores donated so that XLA
+  writes it into their buffer (the scores live on the device, uploaded once);
 - ``onnxruntime``: ONNX Runtime's ``RotaryEmbedding`` contrib operator (com.microsoft),
   one graph of two nodes (q and k) built in memory with ``onnx.helper``, with a float32
   cos/sin cache made from float64 angles; it writes new arrays;
@@ -13,7 +20,8 @@ exact in the same sense as fastpe (angles formed in float64):
 - ``torch.compile``: the same function through ``torch.compile``.
 
 Each is skipped when its packages are not installed (``pip install 'fastpe[peers]'``).
-Every peer runs on one thread (ONNX Runtime and torch are told so), like the NumPy
+Every peer runs on one thread (ONNX Runtime and torch are told so; XLA's CPU client is
+made with one CPU in view when fastpe is the first to import jax), like the NumPy
 baseline and the default ``--threads 1``.
 """
 
@@ -22,8 +30,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+import os
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -34,9 +44,12 @@ from .common import Arrays, MaybePrepare, Result, Runner, Workload
 if TYPE_CHECKING:  # an optional peer
     import torch
 
-PEERS = ("numba", "onnxruntime", "torch", "torch.compile")
+PEERS = ("numba", "onnxruntime", "torch", "torch.compile", "jax")
 _NEEDS = {"numba": ("numba",), "onnxruntime": ("onnxruntime", "onnx"), "torch": ("torch",),
-          "torch.compile": ("torch",)}
+          "torch.compile": ("torch",), "jax": ("jax",)}
+# the workload families each peer has an implementation for
+_FAMILIES = {"numba": ("rope", "alibi"), "onnxruntime": ("rope",), "torch": ("rope",),
+             "torch.compile": ("rope",), "jax": ("alibi",)}
 
 
 def missing(name: str) -> str | None:
@@ -120,6 +133,105 @@ def _numba(wl: Workload) -> MaybePrepare:
             kernel(a["q"], a["k"], pos, freqs.inv_freq, att, neox, c, s)
             return a["q"], a["k"]
         return run
+    return prepare
+
+
+@functools.cache
+def _numba_alibi_kernel() -> Callable[..., None]:
+    import numba
+    jit: Callable[[Callable[..., None]], Callable[..., None]] = numba.njit(nogil=True, cache=False)
+
+    @jit
+    def alibi(scores: np.ndarray, slopes: np.ndarray, q_offset: int, causal: bool) -> None:
+        heads, q_len, k_len = scores.shape[1], scores.shape[2], scores.shape[3]
+        for b in range(scores.shape[0]):
+            for h in range(heads):
+                m = slopes[h]                                    # float64
+                for i in range(q_len):
+                    row = scores[b, h, i]
+                    qp = q_offset + i
+                    end = min(k_len, qp + 1) if causal else k_len
+                    for j in range(end):
+                        # float64 product of exact integers, rounded once
+                        row[j] += np.float32(m * np.float64(j - qp))
+                    for j in range(max(end, 0), k_len):
+                        row[j] = -np.inf
+    return alibi
+
+
+def _alibi_call(wl: Workload, arrays: Arrays) -> tuple[np.ndarray, int, bool]:
+    """The default slopes (float64), q_offset and causal flag of an ALiBi workload."""
+    heads, q_len, k_len = arrays["scores"].shape[-3:]
+    return fastpe.alibi_slopes(heads), k_len - q_len, bool(wl.params["causal"])
+
+
+def _numba_alibi(wl: Workload) -> MaybePrepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        x = arrays["scores"]
+        if x.dtype != np.float32 or x.ndim != 4:
+            return None
+        kernel = _numba_alibi_kernel()
+        slopes, q_offset, causal = _alibi_call(wl, arrays)
+        kernel(x[:1, :1, :1].copy(), slopes, q_offset, causal)  # compiles: not timed
+
+        def run(a: Arrays) -> Result:
+            kernel(a["scores"], slopes, q_offset, causal)
+            return (a["scores"],)
+        return run
+    return prepare
+
+
+# ---- JAX ----------------------------------------------------------------------------------
+
+def _jax_one_thread() -> Any:
+    """jax, its CPU client made while this thread may run on one CPU only: XLA sizes
+    its thread pool by the CPUs the process may use (and its flags have no switch for
+    the fused loops). The pool's threads keep that one CPU; this thread gets its CPUs
+    back. When something imported jax first, its client is as that left it."""
+    if "jax" in sys.modules or not hasattr(os, "sched_setaffinity"):
+        import jax
+        return jax
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        import jax
+        jax.devices()               # makes the CPU client and its thread pool
+    finally:
+        os.sched_setaffinity(0, cpus)
+    return jax
+
+
+def _jax_alibi(wl: Workload) -> MaybePrepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        x0 = arrays["scores"]
+        if x0.dtype != np.float32:
+            return None
+        jax = _jax_one_thread()
+        import jax.numpy as jnp
+
+        q_len, k_len = x0.shape[-2:]
+        slopes, q_offset, causal = _alibi_call(wl, arrays)
+        slopes32 = jnp.asarray(slopes.astype(np.float32))[:, None, None]
+
+        def alibi(scores: Any) -> Any:
+            dist = (jnp.arange(k_len, dtype=jnp.int32)[None, :]
+                    - jnp.arange(q_offset, q_offset + q_len, dtype=jnp.int32)[:, None])
+            out = scores + slopes32 * dist.astype(jnp.float32)   # exact below 2**24
+            return jnp.where(dist <= 0, out, -jnp.inf) if causal else out
+
+        # the scores donated: XLA writes the new array into their buffer, as a model
+        # whose scores are not needed again does (a fresh 512 MiB result per call
+        # measured 5x slower, most of it page faults)
+        fn = jax.jit(alibi, donate_argnums=0)
+        held: dict[str, Any] = {}
+
+        def run(a: Arrays) -> Result:
+            if held.get("source") is not a["scores"]:
+                # the scores as a model holds them: on the device, uploaded once
+                held["source"], held["scores"] = a["scores"], jax.device_put(a["scores"])
+            held["scores"] = fn(held["scores"]).block_until_ready()
+            return cast(Result, (held["scores"],))
+        return run  # compiled by its first call, the untimed check
     return prepare
 
 
@@ -218,19 +330,32 @@ def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
     return prepare
 
 
+def _peer_for(name: str, wl: Workload) -> MaybePrepare | None:
+    """Peer `name`'s implementation of `wl`, or None when it has none."""
+    if wl.family not in _FAMILIES[name]:
+        return None
+    if wl.family == "rope":
+        if "style" not in wl.params:
+            return None
+        if name in ("torch", "torch.compile"):
+            return _torch(wl, compiled=name == "torch.compile")
+        return {"numba": _numba, "onnxruntime": _onnxruntime}[name](wl)
+    if "causal" not in wl.params:  # an ALiBi call on scores
+        return None
+    return {"numba": _numba_alibi, "jax": _jax_alibi}[name](wl)
+
+
 def attach(workloads: list[Workload], wanted: tuple[str, ...] = PEERS) -> dict[str, str]:
-    """Add the wanted peers that can run here to every RoPE workload; returns the
-    skipped ones with the reason."""
+    """Add the wanted peers that can run here to every workload they implement (RoPE
+    prefill and decode; ALiBi on scores); returns the skipped ones with the reason."""
     skipped = {}
-    makers: dict[str, Callable[[Workload], MaybePrepare]] = {"numba": _numba, "onnxruntime": _onnxruntime,
-              "torch": functools.partial(_torch, compiled=False),
-              "torch.compile": functools.partial(_torch, compiled=True)}
     for name in wanted:
         reason = missing(name)
         if reason is not None:
             skipped[name] = reason
             continue
         for wl in workloads:
-            if wl.family == "rope" and "style" in wl.params:
-                wl.peers[name] = makers[name](wl)
+            peer = _peer_for(name, wl)
+            if peer is not None:
+                wl.peers[name] = peer
     return skipped
