@@ -673,14 +673,21 @@ cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, in
     cdef RopeCall a
     cdef int64_t hi
     cdef int64_t posbuf[POSITIONS_STACK]
+    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
+    return rope_fast_probed(&a, code, hi, q, k, neox, inv_freq, cos_scale, sin_scale,
+                            num_threads)
+
+
+cdef int rope_fast_probed(RopeCall *a, int code, int64_t hi, object q, object k, bint neox,
+                          object inv_freq, double cos_scale, double sin_scale,
+                          int num_threads) except -1:
+    """rope_fast_impl once fast_arrays() has filled `a` and returned `code` (-1:
+    declined) with the largest position `hi`."""
     cdef cnp.ndarray wa
     cdef const double *w
     cdef Py_ssize_t i
-    if not cnp.PyArray_CheckExact(inv_freq):
-        return 0
-    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
     # the general path refuses what the angles or the float32 scaling cannot hold
-    if (code < 0 or hi >= MAX_ANGLE_POSITION
+    if (code < 0 or hi >= MAX_ANGLE_POSITION or not cnp.PyArray_CheckExact(inv_freq)
             or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX):
         return 0
     wa = <cnp.ndarray>inv_freq
@@ -699,7 +706,7 @@ cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, in
     a.w = w
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
-    rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
+    rope_execute(a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
                  num_threads)
     return 1
 
@@ -840,16 +847,16 @@ cdef int small_checks(object q, object k, object offset, object style, object la
     return 2 * nbytes < SERIAL_BYTES_C
 
 
-cdef bint small_rotate(object q, object k, object positions, int64_t off, int lay, bint neox,
+cdef bint small_rotate(RopeCall *a, int code, int64_t hi, object q, object k, bint neox,
                        bint inverse, object inv_freq, double att) except -1:
-    """rope_fast_impl on one thread, cos and sin scaled by att (1 / att and the
+    """rope_fast_probed on one thread, cos and sin scaled by att (1 / att and the
     angle negated when inverse); False when att is not a finite number > 0."""
     if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
         return False
     if inverse:
         att = 1.0 / att
-        return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, -att, 1) == 1
-    return rope_fast_impl(q, k, positions, off, lay, neox, inv_freq, att, att, 1) == 1
+        return rope_fast_probed(a, code, hi, q, k, neox, inv_freq, att, -att, 1) == 1
+    return rope_fast_probed(a, code, hi, q, k, neox, inv_freq, att, att, 1) == 1
 
 
 def rope_small(object q, object k, object positions, object offset, object style,
@@ -867,15 +874,18 @@ def rope_small(object q, object k, object positions, object offset, object style
     SERIAL_BYTES_C / 2 bytes; then inv_freq and att (a finite number > 0) as
     rope_fast takes them, or cos and sin as rope_cached_fast does.
     """
-    cdef int lay
+    cdef int lay, code
     cdef bint neox
-    cdef int64_t off
+    cdef int64_t off, hi
+    cdef RopeCall a
+    cdef int64_t posbuf[POSITIONS_STACK]
     if not small_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off):
         return False
     if cos is not None:
         return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
                                      inverse is True, 1) == 1
-    return small_rotate(q, k, positions, off, lay, neox, inverse is True, inv_freq, att)
+    code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
+    return small_rotate(&a, code, hi, q, k, neox, inverse is True, inv_freq, att)
 
 
 def rope_decode(tuple state, object q, object k, object positions, object offset,
@@ -893,10 +903,10 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
     past[n] when past is a dict holding n (dynamic NTK's frequencies by length),
     else frequencies(n).
     """
-    cdef int lay
+    cdef int lay, code
     cdef bint neox, inv
     cdef int64_t off, hi, n
-    cdef RopeCall probe
+    cdef RopeCall a
     cdef int64_t posbuf[POSITIONS_STACK]
     cdef cnp.ndarray qa
     cdef object inv_freq, freqs, scaling
@@ -913,19 +923,22 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
     inv_freq = state[2]
     att = state[3]
     switch = state[4]
+    code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
+    if code < 0:
+        return False
     if switch >= 0:
-        if fast_arrays(&probe, q, k, positions, off, lay, &hi, posbuf) < 0:
-            return False
-        n = hi + 1 if probe.seq and probe.batch else 0
+        n = hi + 1 if a.seq and a.batch else 0
         if n > switch:
             freqs = state[5]
             if type(freqs) is dict:
                 freqs = (<dict>freqs).get(n)
             if freqs is None:
                 freqs = state[6](n)
-            inv_freq = freqs[0]
-            scaling = freqs[1]
+            if not isinstance(freqs, tuple) or len(<tuple>freqs) != 2:
+                return False
+            inv_freq = (<tuple>freqs)[0]
+            scaling = (<tuple>freqs)[1]
             if type(scaling) is not float:
                 return False
             att = scaling
-    return small_rotate(q, k, positions, off, lay, neox, inv, inv_freq, att)
+    return small_rotate(&a, code, hi, q, k, neox, inv, inv_freq, att)
