@@ -111,6 +111,7 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
     # value's == runs (an array's == would return an array, whose truth is an error)
     args = (type(rotary_dim), type(base), type(max_position_embeddings), head_dim, rotary_dim,
             base, max_position_embeddings)
+    global _LAST
     key: tuple[Any, ...] | None
     items: tuple[tuple[Any, Any], ...] = ()
     if scaling is None:
@@ -119,6 +120,8 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
         seen = _BY_DICT.get(id(scaling))
         if (seen is not None and seen[0] is scaling and seen[1] == args
                 and kern.same_items(scaling, seen[2])):
+            _LAST = (head_dim, base, scaling, rotary_dim, max_position_embeddings, seen[2],
+                     seen[3])
             return seen[3]
         items = tuple(scaling.items())
         key = (args, items, tuple(map(type, scaling.values())))
@@ -142,7 +145,6 @@ def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: obje
             _SPECS[key] = parsed
     if key is None:
         return parsed  # a list may change in place, under the same dict items: not kept
-    global _LAST
     _LAST = (head_dim, base, scaling, rotary_dim, max_position_embeddings, items, parsed)
     if scaling is not None:
         if len(_BY_DICT) >= _MAX_SPECS:
@@ -288,36 +290,36 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
     kern = _backend.kernels()
-    if kern is None:
-        pass
-    elif freqs is None and (
-            base is (last := _LAST)[1] and scaling is last[2] and rotary_dim is last[3]
-            and max_position_embeddings is last[4]
-            and (scaling is None or kern.same_items(scaling, last[5]))):
-        # the same argument objects as the last call (a decode loop's): its parse, for
-        # heads of its width (rope_decode checks q's), with no hashing; a decode step
-        # is then one compiled call, which checks every other argument
-        state = last[6][1]
-        if state is not None and kern.rope_decode(state, q, k, positions, offset, style, layout,
-                                                  inverse, num_threads):
-            return q, k
+    parsed = None
+    if kern is not None and freqs is None:
+        last = _LAST
+        if (base is last[1] and rotary_dim is last[3] and max_position_embeddings is last[4]
+                and ((scaling is None and last[2] is None)
+                     or (type(scaling) is dict and last[2] is not None
+                         and kern.same_items(scaling, last[5])))):
+            # the same argument objects as the last call, or a dict holding the very
+            # same keys and values (a decode loop's constants, a dict literal): its
+            # parse, for heads of its width, with no hashing; a decode step is then one
+            # compiled call, which checks q's width and every other argument
+            parsed = last[6]
+            if parsed[1] is not None and kern.rope_decode(
+                    parsed[1], q, k, positions, offset, style, layout, inverse, num_threads):
+                return q, k
+            if not (isinstance(q, np.ndarray) and q.ndim >= 3 and q.shape[-1] == last[0]):
+                parsed = None
     if kern is not None and isinstance(q, np.ndarray) and q.ndim >= 3:
         source: Any = None
         if freqs is None:
-            last = _LAST
-            if (base is last[1] and scaling is last[2] and rotary_dim is last[3]
-                    and max_position_embeddings is last[4] and q.shape[-1] == last[0]
-                    and (scaling is None or kern.same_items(scaling, last[5]))):
-                parsed = last[6]  # the same arguments as the last call: no hashing
-            else:
+            if parsed is None:
                 parsed = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
                                       max_position_embeddings)
-            if parsed is not None:
-                source, state = parsed
                 # a decode step: every argument checked in C
-                if state is not None and kern.rope_decode(state, q, k, positions, offset, style,
-                                                          layout, inverse, num_threads):
+                if parsed is not None and parsed[1] is not None and kern.rope_decode(
+                        parsed[1], q, k, positions, offset, style, layout, inverse,
+                        num_threads):
                     return q, k
+            if parsed is not None:
+                source = parsed[0]
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
               and rotary_dim is None and max_position_embeddings is None):
             source = freqs

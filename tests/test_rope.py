@@ -792,6 +792,31 @@ def test_a_scaling_dict_changed_in_place_is_read_again():
     assert_bytes_equal(q1, q2)
 
 
+def test_a_new_scaling_dict_is_read_for_its_own_values(path_spy):
+    """A new dict holding the very key and value objects of the last call's reuses
+    its parse (a dict literal in a decode loop); one holding other values, or equal
+    values of a refused type, is read again."""
+    q0, k0, pos = _plain_inputs()
+    factor = 2.0
+    q, k = q0.copy(), k0.copy()
+    fastpe.apply_rope(q, k, pos, scaling={"rope_type": "linear", "factor": factor})
+    q1, k1 = q0.copy(), k0.copy()
+    fastpe.apply_rope(q1, k1, pos, scaling={"rope_type": "linear", "factor": factor})
+    assert took(path_spy, "fast")[0]
+    assert_bytes_equal(q1, q)
+    with pytest.raises(TypeError, match="factor"):
+        fastpe.apply_rope(q1, k1, pos, scaling={"rope_type": "linear", "factor": True})
+    assert_bytes_equal(q1, q)
+    for value in (4.0, 2.0):
+        q2, k2 = q0.copy(), k0.copy()
+        fastpe.apply_rope(q2, k2, pos, scaling={"rope_type": "linear", "factor": value})
+        q3, k3 = q0.copy(), k0.copy()
+        fastpe.apply_rope(q3, k3, pos, freqs=fastpe.rope_frequencies(
+            D, scaling={"rope_type": "linear", "factor": value}))
+        assert_bytes_equal(q2, q3)
+        assert_bytes_equal(k2, k3)
+
+
 @pytest.mark.parametrize("bad", [dict(base=np.array([10000.0, 1.0])),
                                  dict(rotary_dim=np.array([D, 2])),
                                  dict(max_position_embeddings=np.array([64, 2]))],
