@@ -8,9 +8,10 @@ Truths, independent of the code under test:
 - the frequencies of every scaling type come from ``fastpe.rope_frequencies``, which
   tests/test_rope_scaling.py checks against the published formulas and transformers.
 
-The compiled ``apply_rope`` / ``RotaryEmbedding.__call__`` have a C fast path
-(``kernels.rope_fast``) for plain calls and a general, fully validating path for the
-rest; ``path_spy`` records which one ran, and the tests check both give the same bits.
+The compiled ``apply_rope`` / ``RotaryEmbedding.__call__`` have C fast paths
+(``kernels.rope_decode`` and ``rope_small`` for decode-sized calls, ``rope_fast`` for
+larger plain ones) and a general, fully validating path for the rest; ``path_spy``
+records which one ran, and the tests check both give the same bits.
 
 Sizes: most sequences here are 37 or 40 tokens (more than one 32-token block of the
 kernel's angle recurrence, so blocks, reseeds and partial blocks all run). Every shorter
