@@ -239,6 +239,25 @@ def test_bit_identical_across_threads(form, dtype, threaded):
         assert_bytes_equal(r, results[0], f"add_learned {dtype} {form} num_threads={n} vs 1")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_wide_rows_many_token_blocks(dtype, threads, threaded):
+    """Wide rows (a 256 KiB table block holds only 64 float32 rows of 1024) and several
+    batch rows: the call goes by blocks of tokens across groups of batch rows, whose
+    split depends on the thread count. Every element still gets exactly its own row."""
+    batch, seq, dim = 5, 150, 1024
+    table = table_for(dtype, dim, max_len=seq + 20)
+    x = awkward_values((batch, seq, dim), dtype, seed=3)
+    x0, offset = x.copy(), 7
+    fastpe.add_learned(x, table, offset=offset, num_threads=threads)
+    full = np.broadcast_to(offset + np.arange(seq), (batch, seq))
+    ctx = f"add_learned {describe(x)} num_threads={threads}"
+    if dtype in (F32, F64):
+        assert_bytes_equal(x, numpy_truth(x0, table, full), ctx)
+    else:
+        assert_close(x, exact_truth(x0, table, full), dtype, magnitude=4.0, context=ctx)
+
+
 # ---- views ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("base_kind", ["contiguous", "unaligned", "odd-byte-stride"])

@@ -1,10 +1,15 @@
 # Learned position tables: x[b, t] += table[pos[b, t]].
 
 cdef enum:
-    # tokens of one batch row per work unit: long runs keep the streams of x
-    # and of the table rows sequential (blocks of 32 measured 1.5x a streaming
-    # pass, runs of 512 1.25x, as fast as NumPy's broadcast add of a slice)
+    # tokens of one batch row per work unit on strided rows: long runs keep the
+    # streams of x and of the table rows sequential (blocks of 32 measured 1.5x a
+    # streaming pass, runs of 512 1.25x)
     LEARNED_TOKENS = 512
+    # Shared positions, rows of unit stride: a unit is a block of tokens of every
+    # batch row (or of a group of them), batch inner, so the block's table rows
+    # are read from memory once and from L2 for the other batch rows (batch-major,
+    # as NumPy's broadcast add goes, reads the whole table slice once per batch row)
+    LEARNED_BLOCK_BYTES = 256 << 10
 
 
 cdef struct LearnedCall:
@@ -14,6 +19,8 @@ cdef struct LearnedCall:
     const int64_t *pos          # (pos_rows, seq) or NULL for offset + t
     Py_ssize_t pos_rows
     int64_t offset
+    Py_ssize_t tokens           # tokens per unit
+    Py_ssize_t group            # batch rows per unit: 1, or a group walked batch inner
 
 
 cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
@@ -43,12 +50,18 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
 
 cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                        Py_ssize_t unit) noexcept nogil:
-    """A run of LEARNED_TOKENS tokens of one batch row."""
-    cdef Py_ssize_t nblocks = ceil_div(a.seq, LEARNED_TOKENS)
+    """A block of a.tokens tokens of a.group batch rows: one row's run (group 1,
+    units batch-major) or every row of the group, batch inner (units token-major)."""
+    cdef Py_ssize_t nblocks = ceil_div(a.seq, a.tokens)
+    cdef Py_ssize_t ngroups = ceil_div(a.batch, a.group)
     cdef Py_ssize_t b = unit // nblocks
+    cdef Py_ssize_t blk = unit % nblocks
+    if a.group > 1:
+        b, blk = (unit % ngroups) * a.group, unit // ngroups
+    cdef Py_ssize_t b1 = min(b + a.group, a.batch)
     cdef Py_ssize_t prow = b if a.pos_rows > 1 else 0
-    cdef Py_ssize_t t0 = (unit % nblocks) * LEARNED_TOKENS
-    cdef Py_ssize_t t1 = min(t0 + LEARNED_TOKENS, a.seq)
+    cdef Py_ssize_t t0 = blk * a.tokens
+    cdef Py_ssize_t t1 = min(t0 + a.tokens, a.seq)
     cdef Py_ssize_t t, j
     cdef store_t *col
     cdef float kind = 0
@@ -66,14 +79,16 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                         table, position_at(a.pos, prow, a.seq, t, a.offset) * a.tr + j * a.td,
                         kind))
         return
-    for t in range(t0, t1):
-        add_table_row(x + b * a.sb + t * a.ss, a.sd,
-                      table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr, a.td, a.dim)
+    for b in range(b, b1):
+        for t in range(t0, t1):
+            add_table_row(x + b * a.sb + t * a.ss, a.sd,
+                          table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr, a.td,
+                          a.dim)
 
 
 cdef void learned_run(const LearnedCall *a, store_t *x, const store_t *table,
                       int nthreads) noexcept nogil:
-    cdef Py_ssize_t u, nunits = a.batch * ceil_div(a.seq, LEARNED_TOKENS)
+    cdef Py_ssize_t u, nunits = ceil_div(a.batch, a.group) * ceil_div(a.seq, a.tokens)
     if nthreads > 1:
         for u in prange(nunits, schedule="dynamic", num_threads=nthreads):
             learned_unit(a, x, table, u)
@@ -101,7 +116,17 @@ def learned(cnp.ndarray x, int code, cnp.ndarray table, object positions, int64_
     a.offset = offset
     if a.batch == 0 or a.seq == 0 or a.dim == 0:
         return
-    cdef int nthreads = units_threads(a.batch * ceil_div(a.seq, LEARNED_TOKENS), num_threads)
+    a.tokens, a.group = LEARNED_TOKENS, 1
+    cdef Py_ssize_t nblocks
+    if a.sd == 1 and a.pos_rows == 1 and a.batch > 1:
+        a.tokens = max(1, LEARNED_BLOCK_BYTES // (a.dim * cnp.PyArray_ITEMSIZE(table)))
+        nblocks = ceil_div(a.seq, a.tokens)
+        # whole batches per unit while there are blocks enough to share out among
+        # the threads, else groups of rows (any split gives the same bits: each
+        # element is one addition)
+        a.group = ceil_div(a.batch, min(a.batch, ceil_div(4 * max(num_threads, 1), nblocks)))
+    cdef int nthreads = units_threads(ceil_div(a.batch, a.group) * ceil_div(a.seq, a.tokens),
+                                      num_threads)
     with nogil:
         if code == CODE_F32:
             learned_run(&a, <float *>xp, <const float *>tp, nthreads)
