@@ -433,6 +433,27 @@ def test_add_sinusoidal_bit_identical_across_threads(kind, shape, dtype, form, l
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_add_sinusoidal_wide_rows_shared_by_the_batch(dtype, layout, threaded):
+    """(3, 150, 1024), positions shared by the batch: the PE rows of a few dozen tokens
+    at a time (1024 wide) serve every batch row; the same formula, and the same bits
+    whatever the thread count."""
+    shape, offset = (3, 150, 1024), 4000
+    results = []
+    for n in (1, 2, 3):
+        x = awkward_values(shape, dtype, seed=5)
+        x0 = as_f64(x)
+        fastpe.add_sinusoidal(x, offset=offset, layout=layout, num_threads=n)
+        results.append(x)
+    pe = pe_exact(offset + np.arange(shape[1]), shape[2], layout=layout)
+    assert_close(results[0], x0 + pe, dtype, magnitude=3.0, max_position=offset + shape[1],
+                 context=f"add_sinusoidal({describe(x)}, offset={offset}, layout={layout})")
+    for n, r in zip((2, 3), results[1:]):
+        assert_bytes_equal(r, results[0], f"add_sinusoidal {describe(r)} {layout} "
+                                          f"num_threads={n} vs 1")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_table_bit_identical_across_threads(dtype, layout, threaded):
     one = fastpe.sinusoidal_table(300, 40, offset=2**20 - 300, layout=layout, dtype=dtype,
                                   num_threads=1)
