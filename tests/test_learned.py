@@ -258,6 +258,23 @@ def test_wide_rows_many_token_blocks(dtype, threads, threaded):
         assert_close(x, exact_truth(x0, table, full), dtype, magnitude=4.0, context=ctx)
 
 
+@pytest.mark.parametrize("dtype", [d for d in (F16, BF16) if d is not None], ids=str)
+def test_half_rows_same_bits_through_strided_table(dtype):
+    """Unit-stride half rows take a fused conversion loop, strided ones convert in chunks:
+    both round the float32 sum once, so the bits agree (and match the exact sum)."""
+    batch, seq, dim = 2, 9, 37          # 37: vectors of 8 and a tail
+    wide = table_for(dtype, 2 * dim)
+    strided, table = wide[:, ::2], np.ascontiguousarray(wide[:, ::2])
+    x = awkward_values((batch, seq, dim), dtype, seed=4)
+    y, x0 = x.copy(), x.copy()
+    fastpe.add_learned(x, table, offset=3)
+    fastpe.add_learned(y, strided, offset=3)
+    assert_bytes_equal(x, y, f"add_learned {dtype}: unit-stride vs strided table")
+    full = np.broadcast_to(3 + np.arange(seq), (batch, seq))
+    assert_close(x, exact_truth(x0, table, full), dtype, magnitude=4.0,
+                 context=f"add_learned {dtype} unit stride")
+
+
 # ---- views ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("base_kind", ["contiguous", "unaligned", "odd-byte-stride"])
