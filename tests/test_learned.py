@@ -50,6 +50,16 @@ def exact_truth(x0, table, full_positions) -> np.ndarray:
     return x + (rows[0] if x.ndim == 2 else rows)
 
 
+def assert_added(x, x0, table, full, dtype, ctx):
+    """x == x0 + table[full] as add_learned must compute it."""
+    if dtype in (F32, F64):
+        # the same single IEEE addition NumPy does: bit-identical
+        assert_bytes_equal(x, numpy_truth(x0, table, full), ctx)
+    else:
+        # one rounding of an exact sum: within one ulp of the storage type
+        assert_close(x, exact_truth(x0, table, full), dtype, magnitude=4.0, context=ctx)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("form", POSITION_FORMS + ("2d-none", "2d-shared", "last-row"))
 def test_equals_x_plus_table_rows(form, dtype):
@@ -70,12 +80,7 @@ def test_equals_x_plus_table_rows(form, dtype):
     assert ret is x
     ctx = f"add_learned({describe(x)}, table {describe(table)}, positions={form})"
     assert_bytes_equal(table, table0, ctx + ": the table was written")
-    if dtype in (F32, F64):
-        # the same single IEEE addition NumPy does: bit-identical
-        assert_bytes_equal(x, numpy_truth(x0, table0, full), ctx)
-    else:
-        # one rounding of an exact sum: within one ulp of the storage type
-        assert_close(x, exact_truth(x0, table0, full), dtype, magnitude=4.0, context=ctx)
+    assert_added(x, x0, table0, full, dtype, ctx)
 
 
 @pytest.mark.parametrize("dtype", [d for d in (F16, BF16) if d is not None], ids=str)
@@ -252,10 +257,7 @@ def test_wide_rows_many_token_blocks(dtype, threads, threaded):
     fastpe.add_learned(x, table, offset=offset, num_threads=threads)
     full = np.broadcast_to(offset + np.arange(seq), (batch, seq))
     ctx = f"add_learned {describe(x)} num_threads={threads}"
-    if dtype in (F32, F64):
-        assert_bytes_equal(x, numpy_truth(x0, table, full), ctx)
-    else:
-        assert_close(x, exact_truth(x0, table, full), dtype, magnitude=4.0, context=ctx)
+    assert_added(x, x0, table, full, dtype, ctx)
 
 
 @pytest.mark.parametrize("dtype", [d for d in (F16, BF16) if d is not None], ids=str)

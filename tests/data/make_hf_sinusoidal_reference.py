@@ -10,13 +10,15 @@ and stores the rows a model adds for ``length`` tokens, beside the fastpe argume
 are meant to reproduce them (``fastpe``: keywords of ``sinusoidal_table``).
 """
 
-import contextlib
 import json
 import math
 from pathlib import Path
 
 import torch
 import transformers
+
+# the families build their tables in float32; the truth here is computed in float64
+from make_hf_zoo_reference import float64_torch
 from transformers.models.distilbert.modeling_distilbert import _create_sinusoidal_embeddings
 from transformers.models.kosmos2.modeling_kosmos2 import Kosmos2TextSinusoidalPositionalEmbedding
 from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
@@ -34,24 +36,6 @@ from transformers.models.xglm.modeling_xglm import XGLMSinusoidalPositionalEmbed
 
 OUTPUT = Path(__file__).with_name("hf_sinusoidal_reference.json")
 LENGTH = 7
-
-
-@contextlib.contextmanager
-def float64_torch():
-    """The families build their tables in float32 (torch.float, .float(), FloatTensor);
-    here they compute in float64, so the truth is not rounded to float32."""
-    saved = (torch.float, torch.float32, torch.Tensor.float, torch.FloatTensor,
-             torch.get_default_dtype())
-    torch.float = torch.float64
-    torch.float32 = torch.float64
-    torch.Tensor.float = lambda self, *a, **k: self.to(torch.float64)
-    torch.FloatTensor = lambda data: torch.tensor(data, dtype=torch.float64)
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.float, torch.float32, torch.Tensor.float, torch.FloatTensor = saved[:4]
-        torch.set_default_dtype(saved[4])
 
 
 def ids(length, padding_idx=1):
