@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from . import _args
-from ._rope_scaling import _hf_get, _hf_refuse, hf_rope_config, parse_rope_spec
+from ._rope_scaling import _hf_get, _hf_plain, _hf_refuse, hf_rope_config, parse_rope_spec
 from ._typing import Style
 
 if TYPE_CHECKING:  # rope imports this module
@@ -135,12 +135,10 @@ def _pair_axis(scheme: str, sections: list[int], half: int) -> np.ndarray:
 
 
 def _as_dict(config: object) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        return dict(config)
-    to_dict = getattr(config, "to_dict", None)
-    if callable(to_dict):
-        return dict(to_dict())
-    return dict(vars(config))
+    """The config as a new dict (callers edit it): _hf_plain's, or a plain object's
+    attributes."""
+    plain = _hf_plain(config)
+    return dict(plain) if isinstance(plain, Mapping) else dict(vars(plain))
 
 
 def text_mrope(config: object,

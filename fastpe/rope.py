@@ -181,10 +181,6 @@ def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
         if q.ndim != ndim:
             return None
         return offset + q.shape[axis] if q.shape[axis] else 0
-    if (type(positions) is np.ndarray and positions.dtype is _INT64 and positions.size
-            and positions.flags.c_contiguous and _backend.compiled is not None):
-        lo, hi = _backend.compiled.int64_range(positions)
-        return hi + 1 if lo >= 0 else None
     if type(positions) is not np.ndarray:
         try:
             positions = np.asarray(positions)
