@@ -275,6 +275,29 @@ def test_matches_formula_every_layout_memory_order_and_dtype(kind, dtype, layout
                        magnitude=mag, max_position=pos.max(), context=ctx + " k")
 
 
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("hq, hk", [(3, 1), (1, 3), (2, 2), (2, 0)])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_matches_formula_at_model_head_sizes_and_head_counts(head_dim, hq, hk, dtype):
+    # 64 and 128 features have rotations of their own (unrolled at a fixed width), and
+    # q and k laid out token by token are walked head beside head, more heads of one
+    w = 1.0 / 10000.0 ** (np.arange(0, head_dim, 2) / head_dim)
+    pos = block_positions(B, S, seed=head_dim)
+    for style in STYLES:
+        q = rng_floats((B, S, hq, head_dim), dtype, seed=hq)
+        k = rng_floats((B, S, hk, head_dim), dtype, seed=hk) if hk else None
+        q_in = as_f64(q)
+        k_in = as_f64(k) if hk else None
+        fastpe.apply_rope(q, k, pos, style=style)
+        ctx = f"{style} {dtype} head_dim {head_dim} heads {hq}/{hk}"
+        mag = magnitude_of(q_in, k_in)
+        check_rotation(q, oracle.rotate(q_in, pos, w, style=style), dtype, magnitude=mag,
+                       max_position=pos.max(), context=ctx + " q")
+        if hk:
+            check_rotation(k, oracle.rotate(k_in, pos, w, style=style), dtype, magnitude=mag,
+                           max_position=pos.max(), context=ctx + " k")
+
+
 # ---- every option, against the reference and the formula --------------------------------
 
 

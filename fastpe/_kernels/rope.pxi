@@ -184,6 +184,25 @@ cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py
                            half, neox, tmp)
 
 
+cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t ntok,
+                                  const real_t *ctab, const real_t *stab,
+                                  real_t *tmp) noexcept nogil:
+    """Rotate ntok tokens of q and k (both laid out token by token), head h of q
+    beside head h of k: two streams in flight hide more memory latency than one
+    after the other."""
+    cdef Py_ssize_t t, h, heads = max(a.hq, a.hk)
+    cdef const real_t *c
+    cdef const real_t *s
+    for t in range(ntok):
+        c = ctab + t * a.width
+        s = stab + t * a.width
+        for h in range(heads):
+            if h < a.hq:
+                rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, tmp)
+            if h < a.hk:
+                rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, tmp)
+
+
 cdef inline void rotate_heads_two(store_t *base, Py_ssize_t heads, Py_ssize_t sh,
                                   Py_ssize_t ss, Py_ssize_t sd, Py_ssize_t ntok,
                                   const real_t *tabs, Py_ssize_t half,
@@ -259,6 +278,10 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef real_t *tmp = stab + a.block * a.width
     cdef double *pp = <double *>(tmp + 2 * a.half)
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
+    if a.hk and not a.q_token_inner and not a.k_token_inner:
+        rotate_tokens_qk(a, q + b * a.qb + t0 * a.qs, k + b * a.kb + t0 * a.ks, ntok,
+                         ctab, stab, tmp)
+        return
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
                  ctab, stab, a.half, a.width, a.neox, tmp)
     if a.hk:
