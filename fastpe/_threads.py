@@ -20,9 +20,11 @@ from typing import Any
 
 from . import _backend, _checks
 
-# Entering an OpenMP region costs about a microsecond; below this many bytes
-# touched a call is cheaper on one thread than on a team.
-SERIAL_BYTES = 256 * 1024
+# Waking an OpenMP team costs about a microsecond on an idle machine and several
+# on a shared 2-CPU VM, where calls touching up to 1 MiB (a (1, 32, 1, 4096) ALiBi
+# decode, a (16, 1, 32, 128) batched RoPE decode) measured slower on two threads
+# than on one; below this many bytes touched a call runs on one thread.
+SERIAL_BYTES = 2 * 1024 * 1024
 
 # More threads than this is a mistake, not a request: OpenMP runtimes abort the
 # whole process when they cannot create a team (libgomp: "Thread creation

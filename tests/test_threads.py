@@ -130,7 +130,7 @@ def test_call_argument_overrides_the_setting():
 
 
 def _big(dtype, seed=0):
-    # 4 x 512 x 256 float32 = 2 MiB: well above the 256 KiB under which calls stay serial
+    # 4 x 512 x 256 float32 = 2 MiB: calls stay serial only below 2 MiB
     return np.random.default_rng(seed).uniform(-2, 2, (4, 512, 256)).astype(dtype)
 
 

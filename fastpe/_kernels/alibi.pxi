@@ -24,7 +24,7 @@
 # does not vectorise.
 
 from libc.math cimport INFINITY, NAN
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 
@@ -466,6 +466,7 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
     """kf[r, j] = key position as real_t, NaN where masked (rows of kst, from kmis)."""
     cdef Py_ssize_t r, j
     cdef Py_ssize_t jj, n = a.k
+    cdef int32_t j32
     cdef const int64_t *kp
     cdef const unsigned char *m
     cdef real_t *row
@@ -476,6 +477,10 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
         if kp != NULL:
             for j in range(a.k):
                 row[j] = <real_t>kp[j]
+        elif n <= INT32_MAX:
+            # from a 32-bit counter: AVX2 converts int32 to float in vectors, not int64
+            for j32 in range(<int32_t>n):
+                row[j32] = <real_t>j32
         else:
             for jj in range(n):
                 row[jj] = <real_t>jj
@@ -487,6 +492,9 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
 
 cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil:
     cdef Py_ssize_t r, nrows = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
+    # chunks of 16 rows share the key rows in cache, but a decode call has only
+    # heads / HEAD_GROUP units: chunks of 16 would give them all to one thread
+    cdef Py_ssize_t chunk = max(1, min(16, nrows // (4 * nthreads)))
     # storage float64 computes in float64, everything else in float32
     cdef double kind_d = 0
     cdef float kind_f = 0
@@ -496,7 +504,7 @@ cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil
         else:
             alibi_key_rows(a, <float *>a.kf)
     if nthreads > 1:
-        for r in prange(nrows, schedule="dynamic", chunksize=16, num_threads=nthreads):
+        for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
             if store_t is double:
                 alibi_unit(a, x, r, kind_d)
             else:

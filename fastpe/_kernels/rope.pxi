@@ -817,7 +817,7 @@ def rope_cached_fast(object q, object k, object cos, object sin, object position
 
 
 cdef enum:
-    # fastpe._threads.SERIAL_BYTES: below this many bytes touched a call runs serially
+    # calls touching fewer bytes take the decode-sized path (serial, no allocation)
     SERIAL_BYTES_C = 256 * 1024
     # at most this many threads asked for is always a valid count (_threads.MAX_THREADS)
     PLAIN_MAX_THREADS = 256
