@@ -45,6 +45,9 @@ _NEEDS_ORIGINAL_LENGTH = frozenset({"dynamic", "yarn", "longrope", "llama3"})
 # dynamic NTK has one set of frequencies per sequence length past the original one;
 # a long decode would otherwise grow its cache by one entry per token.
 _MAX_CACHED_LENGTHS = 64
+# and forms each from exp(-SPLIT * (i // SPLIT) * step) * exp(-(i % SPLIT) * step) for
+# pair i (rope.pxi DYNAMIC_SPLIT)
+_DYNAMIC_SPLIT = 8
 
 # An inverse frequency above this overflows position * inv_freq for some int64 position.
 MAX_INV_FREQ = np.finfo(np.float64).max / 2.0**63
@@ -746,9 +749,27 @@ def _dynamic_inv_freq(spec: RopeSpec, length: Regime) -> np.ndarray:
     original = spec.original_max_position_embeddings
     assert length is not None and original is not None and factor is not None
     # With dim == 2 the only exponent is 0, so the base (and d / (d - 2)) is irrelevant.
-    if length > original and dim > 2:
-        base *= (factor * length / original - (factor - 1.0)) ** (dim / (dim - 2))
-    return _plain_inv_freq(dim, base)
+    if not (length > original and dim > 2):
+        return _plain_inv_freq(dim, base)
+    growth = factor * length / original - (factor - 1.0)
+    if not growth > 0.0:  # only a factor near 1 / float64 epsilon rounds it away
+        raise ValueError(f"{_key('factor')}={factor!r} is too large for dynamic NTK at "
+                         f"{length} positions: the base's growth rounds to {growth!r}")
+    # base * growth ** (d / (d - 2)), raised to -2i / d, is the plain frequency of pair i
+    # times growth ** (-i / (d/2 - 1)) = exp(-i * step); exp(-(8a + b) * step) is taken
+    # as exp(-8a * step) * exp(-b * step), 8 + d/16 exps instead of d/2, within two
+    # roundings. Each decode step past the original length has a growth of its own, which
+    # the compiled decode path (rope.pxi dynamic_ntk_inv_freq) turns into frequencies in
+    # C with the same operations in the same order, so that the two agree bit for bit.
+    # Both use the C library's exp and log, one value at a time: NumPy's may be SIMD
+    # functions of its own (SVML on AVX-512) that differ in the last bit.
+    half = dim // 2
+    step = math.log(growth) / (half - 1)
+    low = np.array([math.exp(-(b * step)) for b in range(_DYNAMIC_SPLIT)])
+    high = np.array([math.exp(-((_DYNAMIC_SPLIT * a) * step))
+                     for a in range(-(-half // _DYNAMIC_SPLIT))])
+    pair = np.arange(half)
+    return _plain_inv_freq(dim, base) * high[pair // _DYNAMIC_SPLIT] * low[pair % _DYNAMIC_SPLIT]
 
 
 def _yarn_correction_dim(rotations: float, dim: int, base: float, original: int) -> float:

@@ -91,9 +91,13 @@ def _decode_state(spec: _rope_scaling.RopeSpec, head_dim: int,
     if spec.depends_on_seq_len:
         assert spec.original_max_position_embeddings is not None  # _parse sets it for both
         switch = spec.original_max_position_embeddings
-        if spec.rope_type == "dynamic":
-            past = spec._cache  # by length: the regime of a length past the original
+        if spec.rope_type == "dynamic" and spec.dim > 2:
+            # each length past the original has frequencies of its own, which rope_decode
+            # forms from the plain ones and the factor (a float, as _dynamic_inv_freq
+            # computes with it; else every such call asks spec.frequencies)
+            past = spec.factor if type(spec.factor) is float and type(switch) is int else None
         else:
+            # LongRoPE's long factors; dynamic NTK's single pair at any length
             try:
                 past = spec.frequencies(switch + 1)
             except Exception:
@@ -198,6 +202,21 @@ def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
     return hi + 1 if lo >= 0 else None
 
 
+def _frequencies_at(kern: ModuleType, spec: _rope_scaling.RopeSpec,
+                    seq_len: int) -> RopeFrequencies:
+    """spec.frequencies(seq_len); dynamic NTK's past the original length formed by the
+    compiled kernel, the same bits without spec's Python per length (a batched decode
+    loop meets a new length every step)."""
+    original = spec.original_max_position_embeddings
+    if (spec.rope_type == "dynamic" and type(spec.factor) is float and type(original) is int
+            and original < seq_len <= _checks.MAX_ANGLE_POSITION):
+        low = spec.frequencies()
+        inv_freq = np.empty_like(low.inv_freq)
+        if kern.dynamic_ntk_frequencies(low.inv_freq, spec.factor, original, seq_len, inv_freq):
+            return RopeFrequencies(inv_freq, low.attention_scaling)
+    return spec.frequencies(seq_len)
+
+
 def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: int,
               source: RopeFrequencies | _rope_scaling.RopeSpec | None, style: str,
               layout: str, inverse: bool, num_threads: int | None,
@@ -229,7 +248,7 @@ def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, off
             seq_len = _fast_seq_len(q, positions, offset, layout)
             if seq_len is None:
                 return False
-            source = source.frequencies(seq_len)
+            source = _frequencies_at(kern, source, seq_len)
         else:
             source = source.frequencies()
     elif source is None:

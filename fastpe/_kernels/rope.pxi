@@ -707,25 +707,33 @@ cdef int rope_fast_probed(RopeCall *a, int code, int64_t hi, object q, object k,
     """rope_fast_impl once fast_arrays() has filled `a` and returned `code` (-1:
     declined) with the largest position `hi`."""
     cdef cnp.ndarray wa
-    cdef const double *w
-    cdef Py_ssize_t i
-    # the general path refuses what the angles or the float32 scaling cannot hold
-    if (code < 0 or hi >= MAX_ANGLE_POSITION or not cnp.PyArray_CheckExact(inv_freq)
-            or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX):
-        return 0
+    if code < 0 or not cnp.PyArray_CheckExact(inv_freq):
+        return 0  # q may not even be an array
     wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] == 0
-            or 2 * wa.shape[0] > cnp.PyArray_DIMS(
-                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa)):
         return 0
     if not apart(wa, q, k):
         return 0
-    w = <const double *>cnp.PyArray_DATA(wa)
-    for i in range(wa.shape[0]):
+    return rope_with_frequencies(a, code, hi, q, k, neox, <const double *>cnp.PyArray_DATA(wa),
+                                 wa.shape[0], cos_scale, sin_scale, num_threads)
+
+
+cdef int rope_with_frequencies(RopeCall *a, int code, int64_t hi, object q, object k,
+                               bint neox, const double *w, Py_ssize_t half, double cos_scale,
+                               double sin_scale, int num_threads) except -1:
+    """rope_fast_probed with the frequencies w[:half] (not in q or k): 1 when it
+    rotated, 0 having touched nothing when they or the call are not the plain case."""
+    cdef Py_ssize_t i
+    # the general path refuses what the angles or the float32 scaling cannot hold
+    if (code < 0 or hi >= MAX_ANGLE_POSITION or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX
+            or half == 0 or 2 * half > cnp.PyArray_DIMS(
+                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
+        return 0
+    for i in range(half):
         if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
             return 0
-    a.half = wa.shape[0]
+    a.half = half
     a.w = w
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
@@ -871,15 +879,20 @@ cdef int small_checks(object q, object k, object offset, object style, object la
 
 
 cdef bint small_rotate(RopeCall *a, int code, int64_t hi, object q, object k, bint neox,
-                       bint inverse, object inv_freq, double att) except -1:
-    """rope_fast_probed on one thread, cos and sin scaled by att (1 / att and the
-    angle negated when inverse); False when att is not a finite number > 0."""
+                       bint inverse, object inv_freq, const double *w, Py_ssize_t half,
+                       double att) except -1:
+    """rope_fast_probed with inv_freq (w NULL), or rope_with_frequencies with w[:half],
+    on one thread, cos and sin scaled by att (1 / att and the angle negated when
+    inverse); False when att is not a finite number > 0."""
     if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
         return False
     if inverse:
         att = 1.0 / att
-        return rope_fast_probed(a, code, hi, q, k, neox, inv_freq, att, -att, 1) == 1
-    return rope_fast_probed(a, code, hi, q, k, neox, inv_freq, att, att, 1) == 1
+    if w != NULL:
+        return rope_with_frequencies(a, code, hi, q, k, neox, w, half, att,
+                                     -att if inverse else att, 1) == 1
+    return rope_fast_probed(a, code, hi, q, k, neox, inv_freq, att, -att if inverse else att,
+                            1) == 1
 
 
 def rope_small(object q, object k, object positions, object offset, object style,
@@ -908,7 +921,74 @@ def rope_small(object q, object k, object positions, object offset, object style
         return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
                                      inverse is True, 1) == 1
     code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
-    return small_rotate(&a, code, hi, q, k, neox, inverse is True, inv_freq, att)
+    return small_rotate(&a, code, hi, q, k, neox, inverse is True, inv_freq, NULL, 0, att)
+
+
+cdef enum:
+    # the most rotary pairs whose dynamic NTK frequencies rope_decode forms on its stack
+    DYNAMIC_PAIRS_STACK = 512
+    # fastpe._rope_scaling._DYNAMIC_SPLIT, and DYNAMIC_PAIRS_STACK / DYNAMIC_SPLIT
+    DYNAMIC_SPLIT = 8
+    DYNAMIC_BLOCKS = 64
+
+
+cdef bint dynamic_ntk_inv_freq(const double *plain, Py_ssize_t half, double factor,
+                               int64_t original, int64_t length, double *out) noexcept nogil:
+    """Dynamic NTK inverse frequencies of `length` > `original` positions into
+    out[:half], from the plain ones of 2 <= half <= DYNAMIC_PAIRS_STACK pairs, as
+    fastpe._rope_scaling._dynamic_inv_freq forms them: the same operations in the
+    same order, with the C library's log and exp as there (math.log, math.exp),
+    hence the same bits. False when the growth is not positive or a frequency is
+    outside [0, MAX_INV_FREQ]: the Python function then raises, or decides."""
+    cdef double low[DYNAMIC_SPLIT]
+    cdef double high[DYNAMIC_BLOCKS]
+    cdef Py_ssize_t i
+    cdef double growth = factor * <double>length / <double>original - (factor - 1.0)
+    cdef double step, w
+    if not growth > 0.0:
+        return False
+    step = log(growth) / <double>(half - 1)
+    for i in range(DYNAMIC_SPLIT):
+        low[i] = exp(-(<double>i * step))
+    for i in range(ceil_div(half, DYNAMIC_SPLIT)):
+        high[i] = exp(-(<double>(DYNAMIC_SPLIT * i) * step))
+    for i in range(half):
+        w = plain[i] * high[i // DYNAMIC_SPLIT] * low[i % DYNAMIC_SPLIT]
+        if not 0.0 <= w <= MAX_INV_FREQ:
+            return False
+        out[i] = w
+    return True
+
+
+cdef Py_ssize_t dynamic_ntk_pairs(object plain, double factor, int64_t original,
+                                  int64_t length, double *out) noexcept:
+    """dynamic_ntk_inv_freq from a plain float64 vector of 2 to DYNAMIC_PAIRS_STACK
+    pairs: their number, or 0 having formed nothing usable."""
+    cdef cnp.ndarray pa
+    if not cnp.PyArray_CheckExact(plain):
+        return 0
+    pa = <cnp.ndarray>plain
+    if (cnp.PyArray_TYPE(pa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(pa) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(pa)
+            or not 2 <= pa.shape[0] <= DYNAMIC_PAIRS_STACK or original < 1):
+        return 0
+    if not dynamic_ntk_inv_freq(<const double *>cnp.PyArray_DATA(pa), pa.shape[0], factor,
+                                original, length, out):
+        return 0
+    return pa.shape[0]
+
+
+def dynamic_ntk_frequencies(object plain, double factor, int64_t original, int64_t length,
+                            cnp.ndarray out):
+    """dynamic_ntk_inv_freq into `out`, a writable C-contiguous float64 vector the
+    size of `plain`, apart from it: True when it formed them all."""
+    if (cnp.PyArray_TYPE(out) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(out) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out)
+            or not cnp.PyArray_CheckExact(plain) or out.shape[0] != cnp.PyArray_SIZE(
+                <cnp.ndarray>plain) or extents_overlap(out, <cnp.ndarray>plain)):
+        return False
+    return dynamic_ntk_pairs(plain, factor, original, length,
+                             <double *>cnp.PyArray_DATA(out)) > 0
 
 
 def rope_decode(tuple state, object q, object k, object positions, object offset,
@@ -922,8 +1002,8 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
     < 0 the frequencies are (inv_freq, att). Otherwise they follow n =
     max(positions) + 1 (0 for no positions), as Hugging Face's dynamic NTK and
     LongRoPE do: (inv_freq, att) for n <= switch, the original length; past it
-    `past` when that is a RopeFrequencies (LongRoPE's long factors), else
-    past[n] when past is a dict holding n (dynamic NTK's frequencies by length),
+    `past` when that is a RopeFrequencies (LongRoPE's long factors), dynamic NTK's
+    frequencies formed here from inv_freq when past is a float (its factor),
     else frequencies(n).
     """
     cdef int lay, code
@@ -935,6 +1015,8 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
     cdef object inv_freq, freqs, scaling
     cdef int64_t switch
     cdef double att
+    cdef double grown[DYNAMIC_PAIRS_STACK]
+    cdef Py_ssize_t half
     if len(state) != 7 or not small_checks(q, k, offset, style, layout, inverse, num_threads,
                                            &lay, &neox, &off):
         return False
@@ -947,14 +1029,18 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
     att = state[3]
     switch = state[4]
     code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
-    if code < 0:
+    if code < 0 or hi >= MAX_ANGLE_POSITION:
         return False
     if switch >= 0:
         n = hi + 1 if a.seq and a.batch else 0
         if n > switch:
             freqs = state[5]
-            if type(freqs) is dict:
-                freqs = (<dict>freqs).get(n)
+            if type(freqs) is float:
+                # a decode loop's every step has a length, and frequencies, of its own
+                half = dynamic_ntk_pairs(inv_freq, <double>freqs, switch, n, grown)
+                if half:
+                    return small_rotate(&a, code, hi, q, k, neox, inv, None, grown, half, att)
+                freqs = None
             if freqs is None:
                 freqs = state[6](n)
             if not isinstance(freqs, tuple) or len(<tuple>freqs) != 2:
@@ -964,4 +1050,4 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
             if type(scaling) is not float:
                 return False
             att = scaling
-    return small_rotate(&a, code, hi, q, k, neox, inv, inv_freq, att)
+    return small_rotate(&a, code, hi, q, k, neox, inv, inv_freq, NULL, 0, att)
