@@ -77,3 +77,59 @@ except ImportError as exc:
                          cases(WORKLOADS, {**UNAVAILABLE, **PEERS_SKIPPED}))
 def test_rope(benchmark, wl, dtype, impl, threads):
     run_case(benchmark, wl, dtype, impl, threads)
+
+
+# -- a decode loop whose position advances by one per call ---------------------------------
+# Past the original length, dynamic NTK frequencies follow max(positions) + 1, so each step
+# of a decode loop has frequencies of its own. Held against the plain decode call (no
+# scaling) and dynamic NTK at one fixed position. One thread, one call per round.
+LOOP_HEADS, LOOP_DIM, LOOP_BATCH, LOOP_ORIGINAL = 32, 128, 32, 4096
+LOOP_DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
+LOOP_START = {"plain": 4095, "dynamic-fixed": 5000}   # else 5001, 5002, ...
+
+
+def _loop_runner(case: str):
+    rope = fastpe.RotaryEmbedding(LOOP_DIM, base=10000.0, scaling=LOOP_DYNAMIC,
+                                  max_position_embeddings=LOOP_ORIGINAL)
+    if case.startswith("plain"):
+        return lambda q, k, pos: fastpe.apply_rope(q, k, pos, base=10000.0, num_threads=1)
+    if case.startswith("dynamic-apply_rope"):
+        return lambda q, k, pos: fastpe.apply_rope(
+            q, k, pos, base=10000.0, scaling=LOOP_DYNAMIC,
+            max_position_embeddings=LOOP_ORIGINAL, num_threads=1)
+    return lambda q, k, pos: rope(q, k, pos, num_threads=1)
+
+
+@pytest.mark.parametrize("case", ["plain", "dynamic-fixed", "dynamic-advancing",
+                                  "dynamic-apply_rope-advancing", "plain-batched",
+                                  "dynamic-advancing-batched"])
+def test_rope_decode_loop(benchmark, case):
+    batch = LOOP_BATCH if case.endswith("batched") else 1
+    rng = np.random.default_rng(0)
+    q0 = rng.uniform(-2, 2, (batch, 1, LOOP_HEADS, LOOP_DIM)).astype(np.float32)
+    k0 = rng.uniform(-2, 2, (batch, 1, LOOP_HEADS, LOOP_DIM)).astype(np.float32)
+    # each sequence of a batch at its own length; the longest sets the frequencies
+    rows = np.arange(batch, dtype=np.int64)[:, None] * -97
+    start = LOOP_START.get(case.removesuffix("-batched"), 5001)
+    run = _loop_runner(case)
+    q, k = q0.copy(), k0.copy()
+    qr, kr = q0.copy(), k0.copy()
+    scaling = None if case.startswith("plain") else LOOP_DYNAMIC
+    for got, want in zip(run(q, k, rows + start),
+                         fastpe.reference.apply_rope(qr, kr, rows + start, base=10000.0,
+                                                     scaling=scaling,
+                                                     max_position_embeddings=LOOP_ORIGINAL)):
+        msg = _bench.compare(got, want, "float32")
+        assert msg is None, f"{case}: {msg}"
+    step = [0]
+
+    def setup():
+        np.copyto(q, q0)
+        np.copyto(k, k0)
+        if "advancing" in case:
+            step[0] += 1
+        return (q, k, rows + (start + step[0])), {}
+
+    benchmark.group = "RoPE decode loop"
+    benchmark.extra_info.update(case=case, batch=batch, start=start)
+    benchmark.pedantic(run, setup=setup, rounds=2000, iterations=1, warmup_rounds=10)

@@ -711,6 +711,99 @@ def test_sequence_dependent_fast_path_refuses_bad_arguments(name):
     assert_bytes_equal(k, before_k)
 
 
+@pytest.mark.parametrize("head_dim", [2, 4, 20, 128, 1040])
+def test_dynamic_ntk_decode_loop_matches_the_general_path(head_dim):
+    """A decode loop across the original length (16): past it, every step has a length,
+    and dynamic NTK frequencies, of its own, which the compiled decode path forms itself
+    (up to 512 pairs; wider heads ask rope_frequencies, and one pair never changes).
+    Each spelling of the step (offset, int64 / int32 / list positions, apply_rope with
+    the dict, a (batch, 1) batch at two positions) gives the bits of the general path
+    (byte-swapped positions: frequencies from rope_frequencies) and fastpe.reference's
+    rotation. float64, where a frequency one ulp off shows. On the NumPy backend the same
+    calls check the reference alone."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    rope = fastpe.RotaryEmbedding(head_dim, scaling=scaling, max_position_embeddings=16)
+    q0 = rng_floats((2, 1, HQ, head_dim), F64, 1)
+    k0 = rng_floats((2, 1, HK, head_dim), F64, 2)
+    for p in range(10, 48):
+        one = np.array([p])
+        swapped = one.astype(one.dtype.newbyteorder())
+        q, k = q0[:1].copy(), k0[:1].copy()
+        rope(q, k, swapped)
+        qr, kr = q0[:1].copy(), k0[:1].copy()
+        reference.apply_rope(qr, kr, one, scaling=scaling, max_position_embeddings=16)
+        check_rotation(q, qr, F64, magnitude=magnitude_of(q0), max_position=p, context=f"{p}")
+        check_rotation(k, kr, F64, magnitude=magnitude_of(k0), max_position=p, context=f"{p}")
+        calls = {
+            "offset": (rope, None, {"offset": p}),
+            "int64": (rope, one, {}),
+            "int32": (rope, one.astype(np.int32), {}),
+            "list": (rope, [p], {}),
+            "apply_rope": (fastpe.apply_rope, None,
+                           {"offset": p, "scaling": scaling, "max_position_embeddings": 16}),
+        }
+        for name, (call, positions, kwargs) in calls.items():
+            q2, k2 = q0[:1].copy(), k0[:1].copy()
+            call(q2, k2, positions, **kwargs)
+            assert_bytes_equal(q2, q, context=f"{name} at {p} q")
+            assert_bytes_equal(k2, k, context=f"{name} at {p} k")
+        # a batch of two sequences: the longer one's length sets both rows' frequencies
+        rows = np.array([[p], [p - 7]])
+        for spelling in (rows, rows.astype(np.int32), rows.tolist()):
+            q3, k3 = q0.copy(), k0.copy()
+            rope(q3, k3, spelling)
+            q4, k4 = q0.copy(), k0.copy()
+            rope(q4, k4, rows.astype(rows.dtype.newbyteorder()))
+            assert_bytes_equal(q3, q4, context=f"batch at {p} q")
+            assert_bytes_equal(k3, k4, context=f"batch at {p} k")
+        qr, kr = q0.copy(), k0.copy()
+        reference.apply_rope(qr, kr, rows, scaling=scaling, max_position_embeddings=16)
+        check_rotation(q3, qr, F64, magnitude=magnitude_of(q0), max_position=p,
+                       context=f"batch at {p}")
+
+
+def test_dynamic_ntk_decode_steps_take_the_fast_path(path_spy):
+    """Past the original length the decode step stays on the compiled path: for a
+    decode-sized call and for a batch too large for rope_decode (rope_fast)."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    rope = fastpe.RotaryEmbedding(128, scaling=scaling, max_position_embeddings=16)
+    for batch in (1, 16):
+        q0 = rng_floats((batch, 1, 32, 128), F64, 1)
+        for p in (15, 16, 17, 1000):
+            positions = np.full((batch, 1), p)
+            q = q0.copy()
+            rope(q, None, positions)
+            assert took(path_spy, "fast")[0], (batch, p)
+            q2 = q0.copy()
+            fastpe.apply_rope(q2, None, positions, scaling=scaling, max_position_embeddings=16)
+            assert took(path_spy, "fast")[0], (batch, p)
+            assert_bytes_equal(q2, q)
+            q3 = q0.copy()
+            rope(q3, None, positions.astype(positions.dtype.newbyteorder()))
+            assert took(path_spy, "general")[0]
+            assert_bytes_equal(q3, q, context=f"batch {batch} at {p}")
+
+
+def test_dynamic_ntk_decode_refuses_frequencies_out_of_range():
+    """A factor so large that factor * seq_len overflows: no finite frequencies at any
+    length past the original. The decode step raises the general path's error, naming
+    the scaling factor, and writes nothing; below the original length it rotates."""
+    rope = fastpe.RotaryEmbedding(D, scaling={"rope_type": "dynamic", "factor": 1e308},
+                                  max_position_embeddings=16)
+    q0, k0 = rng_floats((1, 1, HQ, D), F32, 1), rng_floats((1, 1, HK, D), F32, 2)
+    q, k = q0.copy(), k0.copy()
+    rope(q, k, offset=15)
+    assert not np.array_equal(q, q0)
+    q, k = q0.copy(), k0.copy()
+    for call in (lambda: rope(q, k, offset=16), lambda: rope(q, k, [[20]]),
+                 lambda: fastpe.apply_rope(q, k, offset=16, max_position_embeddings=16,
+                                           scaling={"rope_type": "dynamic", "factor": 1e308})):
+        with pytest.raises(ValueError, match=r"inverse frequency nan.*scaling\['factor'\]"):
+            call()
+        assert_bytes_equal(q, q0)
+        assert_bytes_equal(k, k0)
+
+
 def test_a_list_in_a_scaling_dict_changed_in_place_is_read_again():
     """LongRoPE factors are lists, which can change in place under the same dict
     items: each call reads them again."""

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import fastpe
 from fastpe._rope_scaling import (
     SUPPORTED_ROPE_TYPES,
     RopeFrequencies,
@@ -155,6 +156,37 @@ def test_dynamic_matches_ntk_formula(d, base, seq_len):
     scaling = {"rope_type": "dynamic", "factor": 2.0}
     freqs = rope_frequencies(d, base=base, scaling=scaling, seq_len=seq_len, max_position_embeddings=4096)
     assert_freqs(freqs, ref_dynamic(d, base, 2.0, seq_len or 0, 4096))
+
+
+DYNAMIC_LENGTHS = [17, 18, 31, 4095, 4097, 5001, 65536, 10**6, 2**32]
+
+
+@pytest.mark.parametrize("d", [4, 6, 18, 64, 128, 256, 1024])
+@pytest.mark.parametrize("factor", [2.0, 0.5, 8.0, 1.0 + 2**-40, 37.3])
+def test_dynamic_frequencies_of_the_compiled_decode_path_are_rope_frequencies(d, factor):
+    """The compiled decode path forms dynamic NTK frequencies itself, one length per
+    step: the same bits as rope_frequencies at every length past the original, and
+    within EXACT of the NTK formula."""
+    compiled = fastpe._backend.compiled
+    if compiled is None:
+        pytest.skip("no compiled kernels in this build")
+    scaling = {"rope_type": "dynamic", "factor": factor}
+    spec = parse_rope_spec(d, base=10000.0, scaling=scaling, max_position_embeddings=16)
+    plain = spec.frequencies().inv_freq
+    for seq_len in DYNAMIC_LENGTHS:
+        want = spec.frequencies(seq_len).inv_freq
+        out = np.full(d // 2, np.nan)
+        assert compiled.dynamic_ntk_frequencies(plain, factor, 16, seq_len, out)
+        assert out.tobytes() == want.tobytes(), (d, factor, seq_len, out - want)
+        assert_freqs(spec.frequencies(seq_len), ref_dynamic(d, 10000.0, factor, seq_len, 16))
+
+
+def test_dynamic_frequencies_refuse_a_growth_rounded_away():
+    """factor * seq_len / original - (factor - 1) rounds to 0 when factor and the
+    original length pass 2**53: an error naming the factor, not log(0)."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0**60}
+    with pytest.raises(ValueError, match=r"scaling\['factor'\].*too large.*rounds to 0.0"):
+        rope_frequencies(64, scaling=scaling, seq_len=2**54 + 1, max_position_embeddings=2**54)
 
 
 def test_dynamic_with_two_features_keeps_unit_frequency():
