@@ -241,7 +241,9 @@ def rope_frequencies(
     - dynamic: at ``seq_len`` above the original length L the base becomes
       ``base * (factor * seq_len / L - (factor - 1)) ** (d / (d - 2))``; at or below L
       it is the plain base. Stateless: the frequencies depend only on this call's
-      ``seq_len``.
+      ``seq_len``. Computed as the plain frequency of pair i times
+      ``g ** (-2i / (d - 2))`` (g the bracket), with C's exp and log: within about
+      2e-15 relative of the exact values, as powers of the grown base are.
     - yarn: the attention factor is ``attention_factor`` if given, else
       ``m(factor, mscale) / m(factor, mscale_all_dim)`` when both are set and non-zero,
       else ``m(factor, 1)``, with ``m(s, k) = 0.1 k ln s + 1`` (1 when s <= 1). An
