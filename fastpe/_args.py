@@ -48,7 +48,8 @@ def _sinusoidal_common(dim: int, base: object, layout: object,
         raise ValueError(f"layout='split_cos' with an odd dim ({dim}) needs "
                          "frequencies='fairseq' (its last column is zero)")
     if not fairseq:
-        return _math.sinusoidal_inv_freq(dim, base), layout != "interleaved", False, False
+        return (_math.sinusoidal_inv_freq(dim, base), layout != "interleaved",
+                layout == "split_cos", False)
     if dim < 4:
         raise ValueError(f"frequencies='fairseq' needs dim >= 4 (it divides by dim // 2 - 1), "
                          f"got {dim}")

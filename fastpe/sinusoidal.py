@@ -28,8 +28,7 @@ from ._typing import (
 
 def _run(plan: _args.SinusoidalPlan) -> None:
     kern = _backend.kernels()
-    if kern is None or (plan.cos_first and plan.accumulate):
-        # [cos | sin] added to x: the kernels write [sin | cos] only; NumPy does it.
+    if kern is None:
         reference.run_sinusoidal(plan)
         return
     x = plan.x
@@ -40,7 +39,8 @@ def _run(plan: _args.SinusoidalPlan) -> None:
                         positions=plan.positions.array, offset=plan.positions.offset,
                         inv_freq=plan.inv_freq, split=plan.split, accumulate=plan.accumulate,
                         scale=plan.scale,
-                        num_threads=_threads.resolve(plan.num_threads, plan.x.nbytes))
+                        num_threads=_threads.resolve(plan.num_threads, plan.x.nbytes),
+                        cos_first=plan.cos_first)
     if plan.zero_tail:
         tail = plan.x[..., -1]
         if plan.accumulate:
@@ -48,11 +48,6 @@ def _run(plan: _args.SinusoidalPlan) -> None:
             tail[...] = tail.astype(work_dtype) * work_dtype.type(plan.scale)
         else:
             tail[...] = 0
-    if plan.cos_first:
-        half = x.shape[-1] // 2
-        sines = x[..., :half].copy()
-        x[..., :half] = x[..., half:2 * half]
-        x[..., half:2 * half] = sines
 
 
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: int = 0,
@@ -114,8 +109,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     positions: None for ``offset + arange(seq)``, or integers of shape (seq,)
     shared by the batch or (batch, seq) per sequence. ``scale`` is the
     embedding multiplier (sqrt(dim) in the original Transformer). ``layout``,
-    ``frequencies`` and ``padding_idx`` as in :func:`sinusoidal_table`
-    ("split_cos" takes a NumPy pass here).
+    ``frequencies`` and ``padding_idx`` as in :func:`sinusoidal_table`.
 
     >>> x = np.zeros((2, 16, 64), np.float32)
     >>> fastpe.add_sinusoidal(x, scale=8.0) is x

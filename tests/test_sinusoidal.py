@@ -600,6 +600,27 @@ def test_fairseq_table_matches_formula(backend, layout, dim, padding_idx, offset
     assert_close(table, want, F64, max_position=offset + 40 + shift)
 
 
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+@pytest.mark.parametrize("dim", [4, 64, 2 * 4096 + 16])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_split_cos_puts_the_cosines_first(backend, dim, dtype):
+    # Vaswani frequencies in MusicGen's [cos | sin] order: the table, the add on one and
+    # on several batch rows, and rows wider than one block of frequencies (4096)
+    positions = 7 + np.arange(5)
+    exact = pe_exact(positions, dim, layout="split")
+    want = np.concatenate([exact[:, dim // 2:], exact[:, :dim // 2]], axis=-1)
+    with fastpe.use_backend(backend):
+        table = fastpe.sinusoidal_table(5, dim, offset=7, layout="split_cos", dtype=dtype)
+        x1 = np.full((1, 5, dim), 0.5, dtype)
+        fastpe.add_sinusoidal(x1, offset=7, layout="split_cos", scale=2.0)
+        x3 = np.full((3, 5, dim), 0.5, dtype)
+        fastpe.add_sinusoidal(x3, positions, layout="split_cos", scale=2.0)
+    assert_close(table, want, dtype, max_position=11, context="table")
+    assert_close(x1, 1.0 + want[None], dtype, magnitude=2.0, max_position=11, context="add")
+    assert_close(x3, 1.0 + np.broadcast_to(want, (3, 5, dim)), dtype, magnitude=2.0,
+                 max_position=11, context="batched add")
+
+
 def test_fairseq_interleaved_pairs_the_same_frequencies():
     split = fastpe.sinusoidal_table(9, 11, frequencies="fairseq", layout="split", dtype="float64")
     inter = fastpe.sinusoidal_table(9, 11, frequencies="fairseq", dtype="float64")

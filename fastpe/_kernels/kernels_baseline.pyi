@@ -67,6 +67,7 @@ def sinusoidal(
     accumulate: bool,
     scale: float,
     num_threads: int,
+    cos_first: bool = ...,
 ) -> None: ...
 def learned(
     x: NDArray[Any],

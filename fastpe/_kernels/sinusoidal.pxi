@@ -38,6 +38,7 @@ cdef struct SinusoidalCall:
     Py_ssize_t nfreq
     Py_ssize_t fblock         # frequencies per block: nfreq, or FREQ_BLOCK when wider
     bint split                # [sin | cos] halves instead of interleaved pairs
+    bint cos_first            # split as [cos | sin] (even dim)
     bint accumulate           # x * scale + PE, else scale * PE
     double scale
     Py_ssize_t chunk          # tokens per work unit, a multiple of BLOCK_TOKENS
@@ -155,6 +156,10 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef double *pe_d = step_c + a.fblock
     cdef Py_ssize_t t, b, r, f0, f1
     cdef int64_t p, prev
+    # [cos | sin]: the split layout with the two halves' sources swapped (an even dim
+    # has as many cosines as sines)
+    cdef const double *first = c if a.cos_first else s
+    cdef const double *second = s if a.cos_first else c
     cdef double mult = 1.0 if a.accumulate else a.scale
     cdef bint direct = a.direct
     # one batch row, token-major: each PE row is added as soon as it is made, while it
@@ -177,17 +182,19 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
             prev = p
             r = 0 if fused else (t - t0) * a.dim
             if store_t is double:
-                pe_row(s, c, <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
+                pe_row(first, second,
+                       <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
                        a.dim, a.nfreq, a.split, mult, f0, f1)
             elif store_t is float:
                 if a.stream:
                     fpe_pe_row_stream_f32(s, c, <float *>(x + b0 * a.sb + t * a.ss), a.dim,
                                           a.nfreq, mult)
                 else:
-                    pe_row(s, c, <float *>(x + b0 * a.sb + t * a.ss) if direct else pe_f + r,
+                    pe_row(first, second,
+                           <float *>(x + b0 * a.sb + t * a.ss) if direct else pe_f + r,
                            a.dim, a.nfreq, a.split, mult, f0, f1)
             else:
-                pe_row(s, c, pe_f + r, a.dim, a.nfreq, a.split, mult, f0, f1)
+                pe_row(first, second, pe_f + r, a.dim, a.nfreq, a.split, mult, f0, f1)
             if fused:
                 if store_t is double:
                     add_block(x + b0 * a.sb + t * a.ss, a.sd, pe_d, a.dim, a.nfreq, a.split,
@@ -238,7 +245,7 @@ cdef void sinusoidal_run(const SinusoidalCall *a, store_t *x, Work work,
 
 def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
                cnp.ndarray inv_freq, bint split, bint accumulate, double scale,
-               int num_threads):
+               int num_threads, bint cos_first=False):
     """x[b, t] = x[b, t] * scale + PE[pos[b, t]] (accumulate), else scale * PE[pos[b, t]].
 
     x: writable (batch, seq, dim) view of storage `code`; positions: None
@@ -255,6 +262,7 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     a.w = <const double *>cnp.PyArray_DATA(inv_freq)
     a.nfreq = inv_freq.shape[0]
     a.split = split
+    a.cos_first = cos_first
     a.accumulate = accumulate
     a.scale = scale
     if a.batch == 0 or a.seq == 0 or a.dim == 0:
