@@ -771,7 +771,9 @@ def _dynamic_inv_freq(spec: RopeSpec, length: Regime) -> np.ndarray:
     high = np.array([math.exp(-((_DYNAMIC_SPLIT * a) * step))
                      for a in range(-(-half // _DYNAMIC_SPLIT))])
     pair = np.arange(half)
-    return _plain_inv_freq(dim, base) * high[pair // _DYNAMIC_SPLIT] * low[pair % _DYNAMIC_SPLIT]
+    inv_freq: np.ndarray = (_plain_inv_freq(dim, base) * high[pair // _DYNAMIC_SPLIT]
+                            * low[pair % _DYNAMIC_SPLIT])
+    return inv_freq
 
 
 def _yarn_correction_dim(rotations: float, dim: int, base: float, original: int) -> float:

@@ -69,7 +69,7 @@ _BY_DICT: dict[int, tuple[dict[Any, Any], tuple[Any, ...], tuple[tuple[Any, Any]
                           _Parsed]] = {}
 _MAX_SPECS = 256
 # (head_dim, base, scaling, rotary_dim, max_position_embeddings, the dict's items, parsed)
-# of the last call: the same objects again (a decode loop's constants) skip even the hash;
+# of the last call: the same numbers again (a decode loop's constants) skip even the hash;
 # one tuple, so a thread never reads half of another's update
 _LAST: tuple[Any, ...] = (None, object(), None, None, None, (), None)
 
@@ -104,6 +104,16 @@ def _decode_state(spec: _rope_scaling.RopeSpec, head_dim: int,
                 past = None  # raised, with its message, by a call that gets there
     return (head_dim, flip, low.inv_freq, low.attention_scaling, switch, past,
             spec.frequencies)
+
+
+# scalar types whose == is a plain comparison (an array's == would be an array)
+_NUMBER_TYPES = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
+
+
+def _same_number(a: object, b: object) -> bool:
+    """a is b, or two numbers of one type and equal value: a base or a length made
+    afresh each call (config.rope_theta * 1.0) is still the last call's."""
+    return a is b or (type(a) is type(b) and type(a) in _NUMBER_TYPES and bool(a == b))
 
 
 def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object,
@@ -308,7 +318,8 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     parsed = None
     if kern is not None and freqs is None:
         last = _LAST
-        if (base is last[1] and rotary_dim is last[3] and max_position_embeddings is last[4]
+        if (_same_number(base, last[1]) and _same_number(rotary_dim, last[3])
+                and _same_number(max_position_embeddings, last[4])
                 and ((scaling is None and last[2] is None)
                      or (type(scaling) is dict and last[2] is not None
                          and kern.same_items(scaling, last[5])))):

@@ -891,6 +891,24 @@ def test_reused_plain_arguments_keep_their_own_validation():
                    context="head_dim 2D after D")
 
 
+@pytest.mark.parametrize("make", [float, int, np.float64, np.int64], ids=lambda f: f.__name__)
+def test_an_equal_base_made_afresh_takes_the_decode_path_and_a_new_one_is_read(path_spy,
+                                                                                make):
+    # config.rope_theta * 1.0 each step: equal numbers of one type reuse the last parse;
+    # any other value (or type) is parsed for itself
+    q0, k0 = rng_floats((1, 1, HQ, D), F32, 1), rng_floats((1, 1, HK, D), F32, 2)
+    for base in (500, 500, 900, 900, 500):
+        q, k = q0.copy(), k0.copy()
+        fastpe.apply_rope(q, k, offset=77, base=make(str(base)))   # a new object
+        assert took(path_spy, "fast")[0]
+        want_q, want_k = q0.copy(), k0.copy()
+        reference.apply_rope(want_q, want_k, offset=77, base=float(base))
+        check_rotation(q, want_q, F32, magnitude=magnitude_of(q0), max_position=77,
+                       context=f"base {base}")
+        check_rotation(k, want_k, F32, magnitude=magnitude_of(k0), max_position=77,
+                       context=f"base {base}")
+
+
 def test_a_scaling_dict_changed_in_place_is_read_again():
     """Parsed settings are reused only while the dict holds the very same values: a
     value replaced by an equal one of a refused type (True for 1.0) is refused."""
