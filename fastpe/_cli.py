@@ -230,7 +230,7 @@ def bench_table(report: dict[str, Any]) -> str:
         + (f", {info['isa']} kernels" if info.get("isa") else "")
         + f"; {report['machine']['cpu']}, {report['machine']['logical_cpus']} CPUs",
         f"Medians of up to {report['rounds']} rounds, every contender in each round in a "
-        f"random order ({report['mode']} mode).",
+        f"random order, each sample after one untimed call ({report['mode']} mode).",
         "floor: the fastest of several in-place streaming passes over the same bytes "
         "(NumPy's, a C loop), a fill for tables;",
         "% floor = floor time / fastpe time, fastpe's fraction of memory bandwidth; GB/s: "

@@ -411,9 +411,11 @@ def test_measure_interleaves_and_takes_medians():
     for t in timings.values():
         assert t.number == 1      # sample_s=0: one call per sample
         assert len(t.samples) == 4 and t.median == pytest.approx(np.median(t.samples))
-    # one calibration call each, then rounds of every runner once, in shuffled orders
+    # one calibration call each, then rounds of every runner once (an untimed call, then
+    # its sample), in shuffled orders
     order = "".join(calls)
     assert order[:3] == "abc"
-    rounds = [order[i:i + 3] for i in range(3, len(order), 3)]
-    assert len(rounds) == 4 and all(sorted(r) == list("abc") for r in rounds)
+    rounds = [order[i:i + 6] for i in range(3, len(order), 6)]
+    assert len(rounds) == 4 and all(sorted(r) == sorted("aabbcc") for r in rounds)
+    assert all(r[0] == r[1] and r[2] == r[3] and r[4] == r[5] for r in rounds)
     assert len(set(rounds)) > 1

@@ -39,9 +39,13 @@ def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rou
     """Median seconds per call of each runner, measured side by side.
 
     Each round runs every runner once, in a fresh random order (seeded: so no runner
-    keeps the same neighbour, or the same place in the round, and the cache state it
-    leaves); a sample is `number` back-to-back calls, with
-    `number` calibrated so a sample takes about `sample_s`. Stops after `rounds` rounds,
+    keeps the same neighbour, or the same place in the round); a sample is `number`
+    back-to-back calls after one untimed call, with `number` calibrated so a sample
+    takes about `sample_s`. The untimed call gives each runner its own arrays in cache,
+    as they are when a model's previous layer has just written them: otherwise the
+    first call of a sample pays for the cache state the previous runner left (a peer
+    that allocates its outputs evicts everything), and a sample of a few calls of a
+    64 MiB workload measures that instead of the runner. Stops after `rounds` rounds,
     or after `min_rounds` once `budget_s` is spent. The garbage collector is off while
     timing. The runners must already have run once (warm-up)."""
     names = list(runners)
@@ -61,6 +65,7 @@ def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rou
             order = names[:]
             shuffle(order)
             for name in order:
+                runners[name]()
                 samples[name].append(_time_calls(runners[name], number[name]))
             if r + 1 >= min_rounds and time.perf_counter() - start > budget_s:
                 break
