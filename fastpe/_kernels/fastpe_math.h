@@ -259,34 +259,33 @@ static inline void fpe_rotate_pairs_f64_n(double *x, const double *c, const doub
  * compile-time constants: a fully unrolled row keeps the loads of the next rows in
  * flight, which a counted loop does not, and that is worth 10-15% of memory
  * bandwidth on a prefill. */
+#define FPE_AT_FIXED_WIDTH(fn, x, c, s, n, a, b)                                       \
+    do {                                                                               \
+        if ((n) == (a)) fn(x, c, s, a);                                                \
+        else if ((n) == (b)) fn(x, c, s, b);                                           \
+        else fn(x, c, s, n);                                                           \
+    } while (0)
+
 static inline void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
 {
-    if (half == 64) fpe_rotate_half_f32_n(x, c, s, 64);
-    else if (half == 32) fpe_rotate_half_f32_n(x, c, s, 32);
-    else fpe_rotate_half_f32_n(x, c, s, half);
+    FPE_AT_FIXED_WIDTH(fpe_rotate_half_f32_n, x, c, s, half, 64, 32);
 }
 
 static inline void fpe_rotate_half_f64(double *x, const double *c, const double *s,
                                        Py_ssize_t half)
 {
-    if (half == 64) fpe_rotate_half_f64_n(x, c, s, 64);
-    else if (half == 32) fpe_rotate_half_f64_n(x, c, s, 32);
-    else fpe_rotate_half_f64_n(x, c, s, half);
+    FPE_AT_FIXED_WIDTH(fpe_rotate_half_f64_n, x, c, s, half, 64, 32);
 }
 
 static inline void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
 {
-    if (n == 128) fpe_rotate_pairs_f32_n(x, c, s, 128);
-    else if (n == 64) fpe_rotate_pairs_f32_n(x, c, s, 64);
-    else fpe_rotate_pairs_f32_n(x, c, s, n);
+    FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_n, x, c, s, n, 128, 64);
 }
 
 static inline void fpe_rotate_pairs_f64(double *x, const double *c, const double *s,
                                         Py_ssize_t n)
 {
-    if (n == 128) fpe_rotate_pairs_f64_n(x, c, s, 128);
-    else if (n == 64) fpe_rotate_pairs_f64_n(x, c, s, 64);
-    else fpe_rotate_pairs_f64_n(x, c, s, n);
+    FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f64_n, x, c, s, n, 128, 64);
 }
 
 /* ---- a sinusoidal table row written straight to memory ---------------------
