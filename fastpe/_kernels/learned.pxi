@@ -75,6 +75,17 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
             j0 += n
 
 
+cdef inline void add_table_row_to_two(real_t *r0, real_t *r1, const real_t *trow,
+                                      Py_ssize_t dim) noexcept nogil:
+    """add_table_row on two unit-stride rows of float32/float64 with the same table row."""
+    cdef Py_ssize_t j
+    cdef real_t v
+    for j in range(dim):
+        v = trow[j]
+        r0[j] = r0[j] + v
+        r1[j] = r1[j] + v
+
+
 cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                        Py_ssize_t unit) noexcept nogil:
     """A block of a.tokens tokens of a.group batch rows: one row's run (group 1,
@@ -106,6 +117,16 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                         table, position_at(a.pos, prow, a.seq, t, a.offset) * a.tr + j * a.td,
                         kind))
         return
+    cdef const store_t *trow
+    if (store_t is float or store_t is double) and a.sd == 1 and a.td == 1:
+        # two batch rows beside each other: two streams of x in flight, and each table
+        # row read once for both
+        while b + 1 < b1:
+            for t in range(t0, t1):
+                trow = table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr
+                add_table_row_to_two(x + b * a.sb + t * a.ss, x + (b + 1) * a.sb + t * a.ss,
+                                     trow, a.dim)
+            b += 2
     for b in range(b, b1):
         for t in range(t0, t1):
             add_table_row(x + b * a.sb + t * a.ss, a.sd,
