@@ -215,6 +215,42 @@ def assert_bytes_equal(actual: np.ndarray, expected: np.ndarray, context: str = 
             f"{first}: {as_f64(a[first])!r} vs {as_f64(e[first])!r}")
 
 
+HALF_DTYPES = [F16] + ([BF16] if BF16 is not None else [])
+
+
+def half_edge_operands(dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(x, t), each (2, 65536) of a 16-bit float type: x is every bit pattern twice
+    (signed zeros, subnormals, infinities, every NaN payload); t is first a shuffle of
+    all the patterns, then half an ulp of x, of either sign for odd and even x alike,
+    so that float32 sums fall on ties, round up across powers of two and overflow."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    x = bits.view(dtype)
+    shuffled = np.random.default_rng(5).permutation(bits).view(dtype)
+    mantissa_bits = 10 if dtype == F16 else 7
+    with np.errstate(invalid="ignore"):
+        _, exp = np.frexp(as_f64(x))
+    sign = np.where(bits % 4 < 2, 1.0, -1.0)
+    half_ulp = (sign * np.ldexp(1.0, exp - 2 - mantissa_bits)).astype(dtype)
+    return np.stack([x, x]), np.stack([shuffled, half_ulp])
+
+
+def f32_fused_multiply_add(a: np.ndarray, scale: float, b: np.ndarray) -> np.ndarray:
+    """a * scale + b for float32 a and b, rounded once to float32 (a fused multiply-add):
+    the product is exact in float64, the sum is exact as float64 plus an error term, and
+    the error term breaks the ties that rounding the float64 sum alone would get wrong."""
+    p = a.astype(np.float64) * np.float64(np.float32(scale))
+    q = b.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + q
+        back = s - p
+        err = (p - (s - back)) + (q - back)
+        r = s.astype(np.float32)
+        beyond = np.nextafter(r, np.where(s > r, np.inf, -np.inf).astype(np.float32))
+        tie = (s != r) & (s - r == beyond.astype(np.float64) - s)
+        s = np.where(tie & (err != 0), np.nextafter(s, s + err), s)
+        return s.astype(np.float32)
+
+
 def snapshot(a: np.ndarray) -> tuple:
     """Everything about an array a failed call must leave as it was."""
     return (a.dtype, a.shape, a.strides, bool(a.flags.writeable),

@@ -5,6 +5,7 @@ backend, bit-identical threads, and writes that stay inside the view."""
 from __future__ import annotations
 
 import math
+import platform
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from conftest import (
     F32,
     F64,
     FLOAT_DTYPES,
+    HALF_DTYPES,
     POSITION_FORMS,
     STORAGE_EPS,
     VIEWS_3D,
@@ -24,6 +26,8 @@ from conftest import (
     awkward_params,
     awkward_values,
     describe,
+    f32_fused_multiply_add,
+    half_edge_operands,
     is_bf16,
     make_awkward,
     make_positions,
@@ -330,6 +334,53 @@ def test_add_sinusoidal_scale_zero_gives_the_table():
     x = np.full((2, 40, 8), 5.0)
     fastpe.add_sinusoidal(x, scale=0.0)
     assert_close(x, np.broadcast_to(pe_exact(np.arange(40), 8), x.shape), F64, max_position=40)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [128, 37])     # 37: vectors, a scalar tail, a lone sine
+@pytest.mark.parametrize("scale", [1.0, 0.5, 3.0, 1 / 3])
+def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
+    """float16 / bfloat16 x * scale + PE, every bit pattern of x (NaN, inf, subnormals; row 0
+    of PE is 0, 1, 0, 1, ..., so x + 1 falls on ties): the float32 value of the staged PE
+    row, x widened, one multiply-add, rounded once to the storage type as NumPy / ml_dtypes
+    round. The multiply-add is fused where the compiled kernels fuse it (the avx2 variant,
+    and FMA machines that are not x86), two roundings elsewhere. One batch row (each PE row
+    added as it is made) and two (rows staged for both) alike; strided rows (converted in
+    chunks) give the same bits, NaN payloads included."""
+    xs, _ = half_edge_operands(dtype)
+    n = xs.shape[1] - xs.shape[1] % dim
+    x = np.stack([xs[0, :n], xs[0, :n][::-1]]).reshape(2, -1, dim)
+    seq = x.shape[1]
+    pe = fastpe.sinusoidal_table(seq, dim, dtype=np.float32)
+    info = fastpe.info()
+    fused = info["backend"] == "cython" and (
+        info["isa"] == "avx2" or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
+    x32 = x.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want32 = (f32_fused_multiply_add(x32, scale, pe) if fused
+                  else x32 * np.float32(scale) + pe)
+        want = want32.astype(dtype)
+    nan = np.isnan(want32)
+    assert nan.any() and not nan.all()
+    for batch in (1, 2):
+        ctx = f"add_sinusoidal {dtype} dim {dim} scale {scale} batch {batch} fused {fused}"
+        got = x[:batch].copy()
+        fastpe.add_sinusoidal(got, scale=scale)
+        assert np.isnan(as_f64(got[nan[:batch]])).all(), f"{ctx}: NaN not NaN"
+        assert_bytes_equal(got[~nan[:batch]], want[:batch][~nan[:batch]], ctx)
+        wide = np.zeros((batch, seq, 2 * dim), dtype)
+        strided = wide[..., ::2]
+        strided[...] = x[:batch]
+        fastpe.add_sinusoidal(strided, scale=scale)
+        assert_bytes_equal(got, strided, f"{ctx}: unit-stride vs strided rows")
+        ref = x[:batch].copy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            fastpe.reference.add_sinusoidal(ref, scale=scale)
+        # the reference's PE may differ by a float32 ulp: numbers close, infinities equal
+        a, e = as_f64(got), as_f64(ref)
+        same_inf = np.isinf(e) & (a == e)
+        assert_close(np.where(same_inf, 0, a), np.where(same_inf, 0, e), dtype, magnitude=4.0,
+                     context=f"{ctx} vs fastpe.reference")
 
 
 # ---- compiled against reference, every awkward array --------------------------------------

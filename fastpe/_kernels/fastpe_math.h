@@ -143,6 +143,129 @@ static inline void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_
     }
 }
 
+/* ---- adds on half and bfloat16 runs, in one pass ---------------------------
+ * x[j] = x[j] + t[j] and x[j] = x[j] * scale + pe[j] in float32, rounding once,
+ * 8 or 16 elements at a time widened, computed and narrowed in registers: the
+ * gather / compute / scatter through a float32 stack buffer makes three passes
+ * over every chunk instead of one. The multiply-add is fused in the avx2 variant
+ * (GCC contracts the chunked loop's a * b + c there too: the same bits either way).
+ * Without AVX2 (the baseline variant) only the float16 add has a run loop here;
+ * the others keep the chunked loops, whose conversions SSE2 vectorises.
+ */
+#if FPE_F16C_RUNS && defined(__AVX2__) && defined(__FMA__)
+#define FPE_HALF_ADD_RUNS 1
+#define FPE_MADD_F(a, b, c) fmaf((a), (b), (c))
+
+/* 16 bfloat16s to float32: each 16-bit pattern becomes the top of a 32-bit one.
+ * The in-lane unpacks leave elements 0-3, 8-11 in *lo and 4-7, 12-15 in *hi, the
+ * order fpe_bf16x16_store's in-lane pack puts back. */
+static inline void fpe_bf16x16_load(const fpe_bf16 *p, __m256 *lo, __m256 *hi)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p), zero = _mm256_setzero_si256();
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+}
+
+/* 16 float32s in that order, from memory: 128-bit halves put in place */
+static inline void fpe_f32x16_load_unpacked(const float *p, __m256 *lo, __m256 *hi)
+{
+    *lo = _mm256_set_m128(_mm_loadu_ps(p + 8), _mm_loadu_ps(p));
+    *hi = _mm256_set_m128(_mm_loadu_ps(p + 12), _mm_loadu_ps(p + 4));
+}
+
+/* float32 results of arithmetic to bfloat16 bit patterns (in 32-bit lanes), bit for
+ * bit fpe_bf16_make: round to nearest even on the 16 dropped bits (past the largest
+ * finite value that carries into inf). A NaN is truncated instead, which keeps its
+ * sign and top payload bits; arithmetic only makes quiet NaNs, so the quiet bit that
+ * fpe_bf16_make sets is there already. */
+static inline __m256i fpe_bf16x8_bits(__m256 v)
+{
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i half = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_andnot_si256(nan, half)), 16);
+}
+
+/* every pattern is below 2^16, so the unsigned saturating pack is exact */
+static inline void fpe_bf16x16_store(fpe_bf16 *p, __m256 lo, __m256 hi)
+{
+    _mm256_storeu_si256((__m256i *)p,
+                        _mm256_packus_epi32(fpe_bf16x8_bits(lo), fpe_bf16x8_bits(hi)));
+}
+
+static inline __m256 fpe_f16x8_load(const fpe_f16 *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline void fpe_f16x8_store(fpe_f16 *p, __m256 v)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+#else
+#define FPE_HALF_ADD_RUNS 0
+#define FPE_MADD_F(a, b, c) ((a) * (b) + (c))
+#endif
+
+static inline void fpe_f16_add_run(fpe_f16 *x, const fpe_f16 *t, Py_ssize_t n)
+{
+    Py_ssize_t j = 0;
+#if FPE_F16C_RUNS
+    for (; j + 8 <= n; j += 8) {
+        const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j)));
+        const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + j)));
+        _mm_storeu_si128((__m128i *)(x + j),
+                         _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; j < n; j++)
+        x[j] = fpe_f16_make(fpe_f16_load(x[j]) + fpe_f16_load(t[j]));
+}
+
+static inline void fpe_bf16_add_run(fpe_bf16 *x, const fpe_bf16 *t, Py_ssize_t n)
+{
+    Py_ssize_t j = 0;
+#if FPE_HALF_ADD_RUNS
+    for (; j + 16 <= n; j += 16) {
+        __m256 a0, a1, b0, b1;
+        fpe_bf16x16_load(x + j, &a0, &a1);
+        fpe_bf16x16_load(t + j, &b0, &b1);
+        fpe_bf16x16_store(x + j, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
+    }
+#endif
+    for (; j < n; j++)
+        x[j] = fpe_bf16_make(fpe_bf16_load(x[j]) + fpe_bf16_load(t[j]));
+}
+
+static inline void fpe_f16_madd_run(fpe_f16 *x, const float *pe, Py_ssize_t n, float scale)
+{
+    Py_ssize_t j = 0;
+#if FPE_HALF_ADD_RUNS
+    const __m256 s = _mm256_set1_ps(scale);
+    for (; j + 8 <= n; j += 8)
+        fpe_f16x8_store(x + j, _mm256_fmadd_ps(fpe_f16x8_load(x + j), s, _mm256_loadu_ps(pe + j)));
+#endif
+    for (; j < n; j++)
+        x[j] = fpe_f16_make(FPE_MADD_F(fpe_f16_load(x[j]), scale, pe[j]));
+}
+
+static inline void fpe_bf16_madd_run(fpe_bf16 *x, const float *pe, Py_ssize_t n, float scale)
+{
+    Py_ssize_t j = 0;
+#if FPE_HALF_ADD_RUNS
+    const __m256 s = _mm256_set1_ps(scale);
+    for (; j + 16 <= n; j += 16) {
+        __m256 a0, a1, p0, p1;
+        fpe_bf16x16_load(x + j, &a0, &a1);
+        fpe_f32x16_load_unpacked(pe + j, &p0, &p1);
+        fpe_bf16x16_store(x + j, _mm256_fmadd_ps(a0, s, p0), _mm256_fmadd_ps(a1, s, p1));
+    }
+#endif
+    for (; j < n; j++)
+        x[j] = fpe_bf16_make(FPE_MADD_F(fpe_bf16_load(x[j]), scale, pe[j]));
+}
+
 /* ---- RoPE on adjacent pairs (GPT-J style) --------------------------------
  * x[2j], x[2j + 1] = a, b -> a c[2j] + b s[2j], b c[2j + 1] + a s[2j + 1], with
  * tables of one value per feature (c: cos repeated, s: -sin, sin). Every lane does

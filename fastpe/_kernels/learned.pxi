@@ -1,28 +1,5 @@
 # Learned position tables: x[b, t] += table[pos[b, t]].
 
-cdef extern from *:
-    """
-    /* x[j] += t[j] on float16 runs, in float32, rounding once: F16C converts 8 of
-     * each at a time in registers (the chunked gather/add/scatter does the same
-     * arithmetic through the stack, three passes instead of one). */
-    static inline void fpe_f16_add_run(fpe_f16 *x, const fpe_f16 *t, Py_ssize_t n)
-    {
-        Py_ssize_t j = 0;
-    #if FPE_F16C_RUNS
-        for (; j + 8 <= n; j += 8) {
-            const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j)));
-            const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + j)));
-            _mm_storeu_si128((__m128i *)(x + j),
-                             _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT));
-        }
-    #endif
-        for (; j < n; j++)
-            x[j] = fpe_f16_make(fpe_f16_load(x[j]) + fpe_f16_load(t[j]));
-    }
-    """
-    void fpe_f16_add_run(fpe_f16 *x, const fpe_f16 *t, Py_ssize_t n) nogil
-
-
 cdef enum:
     # tokens of one batch row per work unit on strided rows: long runs keep the
     # streams of x and of the table rows sequential (blocks of 32 measured 1.5x a
@@ -60,9 +37,12 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
             row[j * sd] = row[j * sd] + trow[j * td]
     else:
         # half and bfloat16 add in float32, rounding once
-        if store_t is fpe_f16:
-            if sd == 1 and td == 1:
+        if sd == 1 and td == 1:
+            if store_t is fpe_f16:
                 fpe_f16_add_run(row, trow, dim)
+                return
+            elif FPE_HALF_ADD_RUNS:  # bfloat16
+                fpe_bf16_add_run(row, trow, dim)
                 return
         j0 = 0
         while j0 < dim:

@@ -86,6 +86,13 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
                 for j in range(dim):
                     row[j] = <store_t>(row[j] * scale + pe[j])
             return
+    elif real_t is float and FPE_HALF_ADD_RUNS:
+        if sd == 1 and accumulate:
+            if store_t is fpe_f16:
+                fpe_f16_madd_run(row, pe, dim, scale)
+            else:
+                fpe_bf16_madd_run(row, pe, dim, scale)
+            return
     cdef real_t tmp[CONVERT_CHUNK]
     cdef Py_ssize_t j0, n
     if not accumulate:
