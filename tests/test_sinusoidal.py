@@ -345,11 +345,11 @@ def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
     row, x widened, one multiply-add, rounded once to the storage type as NumPy / ml_dtypes
     round. The multiply-add is fused where the compiled kernels fuse it (the avx2 variant,
     and FMA machines that are not x86), two roundings elsewhere. One batch row (each PE row
-    added as it is made) and two (rows staged for both) alike; strided rows (converted in
-    chunks) give the same bits, NaN payloads included."""
+    added as it is made), two and three (rows staged, added to pairs of rows) alike; strided
+    rows (converted in chunks) give the same bits, NaN payloads included."""
     xs, _ = half_edge_operands(dtype)
     n = xs.shape[1] - xs.shape[1] % dim
-    x = np.stack([xs[0, :n], xs[0, :n][::-1]]).reshape(2, -1, dim)
+    x = np.stack([xs[0, :n], xs[0, :n][::-1], np.roll(xs[0, :n], 4321)]).reshape(3, -1, dim)
     seq = x.shape[1]
     pe = fastpe.sinusoidal_table(seq, dim, dtype=np.float32)
     info = fastpe.info()
@@ -362,7 +362,7 @@ def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
         want = want32.astype(dtype)
     nan = np.isnan(want32)
     assert nan.any() and not nan.all()
-    for batch in (1, 2):
+    for batch in (1, 2, 3):     # each PE row added as made; staged for a pair (and one)
         ctx = f"add_sinusoidal {dtype} dim {dim} scale {scale} batch {batch} fused {fused}"
         got = x[:batch].copy()
         fastpe.add_sinusoidal(got, scale=scale)

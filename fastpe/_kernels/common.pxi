@@ -18,8 +18,10 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_t n)
     void fpe_f16_add_run(fpe_f16 *x, const fpe_f16 *t, Py_ssize_t n)
     void fpe_bf16_add_run(fpe_bf16 *x, const fpe_bf16 *t, Py_ssize_t n)
-    void fpe_f16_madd_run(fpe_f16 *x, const float *pe, Py_ssize_t n, float scale)
-    void fpe_bf16_madd_run(fpe_bf16 *x, const float *pe, Py_ssize_t n, float scale)
+    void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
+                           Py_ssize_t n, float scale)
+    void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
+                            Py_ssize_t n, float scale)
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
                                Py_ssize_t nfreq, double mult)
     void fpe_stream_fence()

@@ -238,32 +238,49 @@ static inline void fpe_bf16_add_run(fpe_bf16 *x, const fpe_bf16 *t, Py_ssize_t n
         x[j] = fpe_bf16_make(fpe_bf16_load(x[j]) + fpe_bf16_load(t[j]));
 }
 
-static inline void fpe_f16_madd_run(fpe_f16 *x, const float *pe, Py_ssize_t n, float scale)
+/* The multiply-adds on `rows` rows `stride` elements apart that add the same pe
+ * (1 or 2: each vector of pe, read from the cache, serves both rows of a pair). */
+static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                     const float *pe, Py_ssize_t n, float scale)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS
     const __m256 s = _mm256_set1_ps(scale);
-    for (; j + 8 <= n; j += 8)
-        fpe_f16x8_store(x + j, _mm256_fmadd_ps(fpe_f16x8_load(x + j), s, _mm256_loadu_ps(pe + j)));
+    for (; j + 8 <= n; j += 8) {
+        const __m256 p = _mm256_loadu_ps(pe + j);
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            fpe_f16 *xr = x + r * stride + j;
+            fpe_f16x8_store(xr, _mm256_fmadd_ps(fpe_f16x8_load(xr), s, p));
+        }
+    }
 #endif
     for (; j < n; j++)
-        x[j] = fpe_f16_make(FPE_MADD_F(fpe_f16_load(x[j]), scale, pe[j]));
+        for (Py_ssize_t r = 0; r < rows; r++)
+            x[r * stride + j] = fpe_f16_make(FPE_MADD_F(fpe_f16_load(x[r * stride + j]), scale,
+                                                        pe[j]));
 }
 
-static inline void fpe_bf16_madd_run(fpe_bf16 *x, const float *pe, Py_ssize_t n, float scale)
+static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                      const float *pe, Py_ssize_t n, float scale)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS
     const __m256 s = _mm256_set1_ps(scale);
     for (; j + 16 <= n; j += 16) {
-        __m256 a0, a1, p0, p1;
-        fpe_bf16x16_load(x + j, &a0, &a1);
+        __m256 p0, p1;
         fpe_f32x16_load_unpacked(pe + j, &p0, &p1);
-        fpe_bf16x16_store(x + j, _mm256_fmadd_ps(a0, s, p0), _mm256_fmadd_ps(a1, s, p1));
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            __m256 a0, a1;
+            fpe_bf16 *xr = x + r * stride + j;
+            fpe_bf16x16_load(xr, &a0, &a1);
+            fpe_bf16x16_store(xr, _mm256_fmadd_ps(a0, s, p0), _mm256_fmadd_ps(a1, s, p1));
+        }
     }
 #endif
     for (; j < n; j++)
-        x[j] = fpe_bf16_make(FPE_MADD_F(fpe_bf16_load(x[j]), scale, pe[j]));
+        for (Py_ssize_t r = 0; r < rows; r++)
+            x[r * stride + j] = fpe_bf16_make(FPE_MADD_F(fpe_bf16_load(x[r * stride + j]),
+                                                         scale, pe[j]));
 }
 
 /* ---- RoPE on adjacent pairs (GPT-J style) --------------------------------

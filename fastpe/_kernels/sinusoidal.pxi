@@ -88,10 +88,7 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
             return
     elif real_t is float and FPE_HALF_ADD_RUNS:
         if sd == 1 and accumulate:
-            if store_t is fpe_f16:
-                fpe_f16_madd_run(row, pe, dim, scale)
-            else:
-                fpe_bf16_madd_run(row, pe, dim, scale)
+            add_rows_half(row, 1, 0, pe, dim, scale)
             return
     cdef real_t tmp[CONVERT_CHUNK]
     cdef Py_ssize_t j0, n
@@ -106,6 +103,15 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
             tmp[j] = tmp[j] * scale + pe[j0 + j]
         scatter(tmp, row + j0 * sd, sd, n)
         j0 += n
+
+
+cdef inline void add_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t stride,
+                               const float *pe, Py_ssize_t dim, float scale) noexcept nogil:
+    """row = row * scale + pe on `rows` unit-stride half or bfloat16 rows, stride apart."""
+    if store_t is fpe_f16:
+        fpe_f16_madd_rows(row, rows, stride, pe, dim, scale)
+    elif store_t is fpe_bf16:
+        fpe_bf16_madd_rows(row, rows, stride, pe, dim, scale)
 
 
 cdef inline void add_block(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
@@ -229,7 +235,16 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 add_columns(x + b * a.sb, a.ss, a.sd, pe_f, t1 - t0, t0, a.dim, a.accumulate,
                             <float>a.scale)
         return
-    for b in range(b0, b1):
+    b = b0
+    if ((store_t is fpe_f16 or store_t is fpe_bf16) and FPE_HALF_ADD_RUNS and a.sd == 1
+            and a.accumulate):
+        # batch rows in pairs: each staged PE row comes from the cache once for both
+        while b + 1 < b1:
+            for t in range(t0, t1):
+                add_rows_half(x + b * a.sb + t * a.ss, 2, a.sb, pe_f + (t - t0) * a.dim, a.dim,
+                              <float>a.scale)
+            b += 2
+    for b in range(b, b1):
         for t in range(t0, t1):
             r = (t - t0) * a.dim
             if store_t is double:
