@@ -282,44 +282,50 @@ def test_half_rows_same_bits_through_strided_table(dtype):
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize("dim", [128, 37])     # 37: vectors and a scalar tail
 def test_half_rows_round_once_on_every_bit_pattern(dtype, dim):
-    """Unit-stride half rows (one pass, widened and narrowed in registers) round the float32
-    sum as NumPy / ml_dtypes do, on every bit pattern against shuffled operands and against
-    half an ulp (ties either way, carries across a power of two, overflow to inf); a NaN
-    sum is NaN, in bfloat16 the float32 NaN's sign and top payload bits, quieted. Strided
-    rows (converted in chunks) give the same bits, and fastpe.reference the same numbers."""
+    """Unit-stride half rows (one pass, widened and narrowed in registers; with several batch
+    rows, pairs of them share each table vector) round the float32 sum as NumPy / ml_dtypes
+    do, on every bit pattern against shuffled operands and against half an ulp (ties either
+    way, carries across a power of two, overflow to inf); a NaN sum is NaN, in bfloat16 the
+    float32 NaN's sign and top payload bits, quieted. Strided rows (converted in chunks) give
+    the same bits, and fastpe.reference the same numbers."""
     xs, ts = half_edge_operands(dtype)
-    n = xs.size - xs.size % dim
-    x = xs.reshape(-1)[:n].reshape(1, -1, dim)
-    table = ts.reshape(-1)[:n].reshape(-1, dim)
-    with np.errstate(invalid="ignore", over="ignore"):
-        sum32 = x.astype(np.float32) + table.astype(np.float32)
-        want = sum32.astype(dtype)
-    got = x.copy()
-    fastpe.add_learned(got, table)
-    ctx = f"add_learned {dtype} dim {dim}"
-    nan = np.isnan(sum32)
-    # which payload NaN + NaN keeps depends on the operand order the compiler picked
-    both_nan = np.isnan(as_f64(x)) & np.isnan(as_f64(table))
-    assert nan.any() and not nan.all()
-    assert np.isnan(as_f64(got[nan])).all(), f"{ctx}: NaN sums not NaN"
-    assert_bytes_equal(got[~nan], want[~nan], f"{ctx} vs the float32 sum rounded")
-    if is_bf16(dtype) and fastpe.info()["backend"] == "cython":
-        # the kernels' NaN (ml_dtypes, under the NumPy backend, has its own)
-        one_nan = nan & ~both_nan
-        quiet = (sum32.view(np.uint32)[one_nan] >> 16) | 0x40
-        assert_bytes_equal(got.view(np.uint16)[one_nan], quiet.astype(np.uint16),
-                           f"{ctx}: NaN bits")
-    wide = np.zeros(x.shape[:-1] + (2 * dim,), dtype)
-    strided = wide[..., ::2]
-    strided[...] = x
-    fastpe.add_learned(strided, table)
-    assert np.isnan(as_f64(strided[both_nan])).all()
-    assert_bytes_equal(got[~both_nan], strided[~both_nan], f"{ctx}: unit-stride vs strided rows")
-    ref = x.copy()
-    with np.errstate(invalid="ignore", over="ignore"):
-        fastpe.reference.add_learned(ref, table)
-    assert np.isnan(as_f64(ref[nan])).all()
-    assert_bytes_equal(got[~nan], ref[~nan], f"{ctx} vs fastpe.reference")
+    # 1 MB a row: token blocks enough for one thread to take whole batches, in pairs
+    seq = -(-(1 << 19) // dim)
+    first = np.resize(xs.reshape(-1), seq * dim)
+    x = np.stack([first, first[::-1], np.roll(first, 4321)]).reshape(3, seq, dim)
+    table = np.resize(ts.reshape(-1), seq * dim).reshape(seq, dim)
+    for batch in (1, 2, 3):
+        ctx = f"add_learned {dtype} dim {dim} batch {batch}"
+        x0 = x[:batch]
+        with np.errstate(invalid="ignore", over="ignore"):
+            sum32 = x0.astype(np.float32) + table.astype(np.float32)
+            want = sum32.astype(dtype)
+        got = x0.copy()
+        fastpe.add_learned(got, table, num_threads=1)
+        nan = np.isnan(sum32)
+        # which payload NaN + NaN keeps depends on the operand order the compiler picked
+        both_nan = np.isnan(as_f64(x0)) & np.isnan(as_f64(table))
+        assert nan.any() and not nan.all()
+        assert np.isnan(as_f64(got[nan])).all(), f"{ctx}: NaN sums not NaN"
+        assert_bytes_equal(got[~nan], want[~nan], f"{ctx} vs the float32 sum rounded")
+        if is_bf16(dtype) and fastpe.info()["backend"] == "cython":
+            # the kernels' NaN (ml_dtypes, under the NumPy backend, has its own)
+            one_nan = nan & ~both_nan
+            quiet = (sum32.view(np.uint32)[one_nan] >> 16) | 0x40
+            assert_bytes_equal(got.view(np.uint16)[one_nan], quiet.astype(np.uint16),
+                               f"{ctx}: NaN bits")
+        wide = np.zeros(x0.shape[:-1] + (2 * dim,), dtype)
+        strided = wide[..., ::2]
+        strided[...] = x0
+        fastpe.add_learned(strided, table)
+        assert np.isnan(as_f64(strided[both_nan])).all()
+        assert_bytes_equal(got[~both_nan], strided[~both_nan],
+                           f"{ctx}: unit-stride vs strided rows")
+        ref = x0.copy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            fastpe.reference.add_learned(ref, table)
+        assert np.isnan(as_f64(ref[nan])).all()
+        assert_bytes_equal(got[~nan], ref[~nan], f"{ctx} vs fastpe.reference")
 
 
 # ---- views ---------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_f16_run_store(const float *src, fpe_f16 *dst, Py_ssize_t n)
     void fpe_bf16_run_load(const fpe_bf16 *src, float *dst, Py_ssize_t n)
     void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_t n)
-    void fpe_f16_add_run(fpe_f16 *x, const fpe_f16 *t, Py_ssize_t n)
-    void fpe_bf16_add_run(fpe_bf16 *x, const fpe_bf16 *t, Py_ssize_t n)
+    void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride, const fpe_f16 *t,
+                          Py_ssize_t n)
+    void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const fpe_bf16 *t,
+                           Py_ssize_t n)
     void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
                            Py_ssize_t n, float scale)
     void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,

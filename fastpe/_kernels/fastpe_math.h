@@ -208,38 +208,51 @@ static inline void fpe_f16x8_store(fpe_f16 *p, __m256 v)
 #define FPE_MADD_F(a, b, c) ((a) * (b) + (c))
 #endif
 
-static inline void fpe_f16_add_run(fpe_f16 *x, const fpe_f16 *t, Py_ssize_t n)
+/* The adds on `rows` rows `stride` elements apart that add the same t (1 or 2: each
+ * vector of t, read from the cache, serves both rows of a pair). */
+static inline void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                    const fpe_f16 *t, Py_ssize_t n)
 {
     Py_ssize_t j = 0;
 #if FPE_F16C_RUNS
     for (; j + 8 <= n; j += 8) {
-        const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j)));
         const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + j)));
-        _mm_storeu_si128((__m128i *)(x + j),
-                         _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT));
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            fpe_f16 *xr = x + r * stride + j;
+            const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)xr));
+            _mm_storeu_si128((__m128i *)xr,
+                             _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT));
+        }
     }
 #endif
     for (; j < n; j++)
-        x[j] = fpe_f16_make(fpe_f16_load(x[j]) + fpe_f16_load(t[j]));
+        for (Py_ssize_t r = 0; r < rows; r++)
+            x[r * stride + j] = fpe_f16_make(fpe_f16_load(x[r * stride + j]) + fpe_f16_load(t[j]));
 }
 
-static inline void fpe_bf16_add_run(fpe_bf16 *x, const fpe_bf16 *t, Py_ssize_t n)
+static inline void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                     const fpe_bf16 *t, Py_ssize_t n)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS
     for (; j + 16 <= n; j += 16) {
-        __m256 a0, a1, b0, b1;
-        fpe_bf16x16_load(x + j, &a0, &a1);
+        __m256 b0, b1;
         fpe_bf16x16_load(t + j, &b0, &b1);
-        fpe_bf16x16_store(x + j, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            __m256 a0, a1;
+            fpe_bf16 *xr = x + r * stride + j;
+            fpe_bf16x16_load(xr, &a0, &a1);
+            fpe_bf16x16_store(xr, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
+        }
     }
 #endif
     for (; j < n; j++)
-        x[j] = fpe_bf16_make(fpe_bf16_load(x[j]) + fpe_bf16_load(t[j]));
+        for (Py_ssize_t r = 0; r < rows; r++)
+            x[r * stride + j] = fpe_bf16_make(fpe_bf16_load(x[r * stride + j]) +
+                                              fpe_bf16_load(t[j]));
 }
 
-/* The multiply-adds on `rows` rows `stride` elements apart that add the same pe
- * (1 or 2: each vector of pe, read from the cache, serves both rows of a pair). */
+/* The same with x[j] * scale + pe[j] */
 static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
                                      const float *pe, Py_ssize_t n, float scale)
 {

@@ -23,6 +23,15 @@ cdef struct LearnedCall:
     Py_ssize_t group            # batch rows per unit: 1, or a group walked batch inner
 
 
+cdef inline void add_table_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t stride,
+                                     const store_t *trow, Py_ssize_t dim) noexcept nogil:
+    """row += trow on `rows` unit-stride half or bfloat16 rows, stride apart."""
+    if store_t is fpe_f16:
+        fpe_f16_add_rows(row, rows, stride, trow, dim)
+    elif store_t is fpe_bf16:
+        fpe_bf16_add_rows(row, rows, stride, trow, dim)
+
+
 cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
                                Py_ssize_t td, Py_ssize_t dim) noexcept nogil:
     cdef Py_ssize_t j, j0, n
@@ -37,13 +46,9 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
             row[j * sd] = row[j * sd] + trow[j * td]
     else:
         # half and bfloat16 add in float32, rounding once
-        if sd == 1 and td == 1:
-            if store_t is fpe_f16:
-                fpe_f16_add_run(row, trow, dim)
-                return
-            elif FPE_HALF_ADD_RUNS:  # bfloat16
-                fpe_bf16_add_run(row, trow, dim)
-                return
+        if sd == 1 and td == 1 and (store_t is fpe_f16 or FPE_HALF_ADD_RUNS):
+            add_table_rows_half(row, 1, 0, trow, dim)
+            return
         j0 = 0
         while j0 < dim:
             n = min(<Py_ssize_t>CONVERT_CHUNK, dim - j0)
@@ -98,14 +103,17 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                         kind))
         return
     cdef const store_t *trow
-    if (store_t is float or store_t is double) and a.sd == 1 and a.td == 1:
+    if a.sd == 1 and a.td == 1 and (store_t is float or store_t is double or FPE_HALF_ADD_RUNS):
         # two batch rows beside each other: two streams of x in flight, and each table
         # row read once for both
         while b + 1 < b1:
             for t in range(t0, t1):
                 trow = table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr
-                add_table_row_to_two(x + b * a.sb + t * a.ss, x + (b + 1) * a.sb + t * a.ss,
-                                     trow, a.dim)
+                if store_t is float or store_t is double:
+                    add_table_row_to_two(x + b * a.sb + t * a.ss, x + (b + 1) * a.sb + t * a.ss,
+                                         trow, a.dim)
+                else:
+                    add_table_rows_half(x + b * a.sb + t * a.ss, 2, a.sb, trow, a.dim)
             b += 2
     for b in range(b, b1):
         for t in range(t0, t1):
