@@ -100,8 +100,10 @@ def dtype_name(dtype: np.dtype) -> str:
 
 
 def as_f64(a) -> np.ndarray:
-    """Any float array (bfloat16, byte-swapped, strided) as native float64 values."""
-    return np.asarray(a).astype(np.float64)
+    """Any float array (bfloat16, byte-swapped, strided) as native float64 values; NaNs
+    stay NaNs (ml_dtypes warns on casting one)."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(a).astype(np.float64)
 
 
 def describe(a: np.ndarray) -> str:

@@ -313,7 +313,8 @@ def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
         pos = torch.from_numpy(_positions(wl, arrays))
         inv_freq = torch.from_numpy(freqs.inv_freq.copy())   # float64: exact angles
         att = freqs.attention_scaling
-        fn = functools.partial(_torch_rope, neox=neox)
+        fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = functools.partial(_torch_rope,
+                                                                                  neox=neox)
         if compiled:
             fn = torch.compile(fn, dynamic=False)
 
