@@ -321,6 +321,9 @@ def bench_plot(report: dict[str, Any], path: str) -> None:
 
 
 def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    # before the peers load: torch sets the OpenMP runtime it shares with fastpe to
+    # one thread
+    info = fastpe.info()
     wls = _bench.select(_bench.workloads(args.size), args.only)
     skipped = []
     for name, reason in _bench.attach_peers(wls, args.peers).items():
@@ -339,7 +342,7 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     progress.done()
     return {
         "schema": "fastpe-bench/1",
-        "fastpe": fastpe.info(),
+        "fastpe": info,
         "machine": machine_info(),
         "dtype": args.dtype,
         "threads": args.threads,
