@@ -514,13 +514,21 @@ def test_table_bit_identical_across_threads(dtype, layout, threaded):
         assert_bytes_equal(many, one, f"sinusoidal_table {dtype} {layout} num_threads={n}")
 
 
-@pytest.mark.parametrize("dim", [1024, 1023])
-def test_table_past_the_caches_equals_small_tables(dim):
+@pytest.mark.parametrize("dim, row_stride", [(1024, None), (1023, None), (1000, None),
+                                             (1023, 1024), (1019, 1024)])
+def test_table_past_the_caches_equals_small_tables(dim, row_stride):
     """A float32 table over 8 MiB goes out with non-temporal stores (odd dim: its last
-    column plainly); every row is bit for bit the row a small table gives, on 1 and 2
-    threads, aligned and not, and within float32 rounding of the reference."""
+    column plainly), two rows at a time where they share an alignment (rows a multiple
+    of 32 bytes apart: 1024 and 1000 wide, or odd widths in wider rows); every row is
+    bit for bit the row a small table gives, on 1 and 2 threads, aligned and not, and
+    within float32 rounding of the reference."""
     rows = (9 << 20) // (4 * dim) + 1
-    big = fastpe.sinusoidal_table(rows, dim, num_threads=1)
+    if row_stride is None:
+        big = fastpe.sinusoidal_table(rows, dim, num_threads=1)
+    else:
+        big = np.full((rows, row_stride), SENTINEL, np.float32)[:, :dim]
+        fastpe.sinusoidal_table(rows, dim, out=big, num_threads=1)
+        assert not np.any(big.base[:, dim:] != SENTINEL), "written past the view"
     assert big.nbytes > 8 << 20
     for start in (0, 32, rows - 40):
         small = fastpe.sinusoidal_table(32, dim, offset=start - start % 32, num_threads=1)

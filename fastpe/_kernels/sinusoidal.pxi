@@ -186,8 +186,20 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
         else:
             fpe_sincos_row(1.0, a.w + f0, step_s, step_c, f1 - f0, 1.0)
         prev = 0
-        for t in range(t0, t1):
+        t = t0
+        while t < t1:
             p = position_at(a.pos, prow, a.seq, t, a.offset)
+            if (store_t is float and a.stream and t % BLOCK_TOKENS != 0 and p == prev + 1
+                    and (t + 1) % BLOCK_TOKENS != 0 and t + 1 < t1
+                    and position_at(a.pos, prow, a.seq, t + 1, a.offset) == p + 1
+                    and fpe_pe_rows2_stream_f32(s, c, step_s, step_c,
+                                                <float *>(x + b0 * a.sb + t * a.ss),
+                                                <float *>(x + b0 * a.sb + (t + 1) * a.ss),
+                                                a.dim, a.nfreq, mult)):
+                # two rows, each one angle-addition step on, as angles_for_token below
+                prev = p + 1
+                t += 2
+                continue
             # reseeded at fixed token indices, whatever the chunk: any thread count
             # and chunk size give the same bits
             angles_for_token(s, c, a.w + f0, step_s, step_c, f1 - f0, p, prev,
@@ -219,6 +231,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 # the arithmetic leaves memory idle: fetch the row the first batch
                 # row will add into, so its stream starts warm
                 prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
+            t += 1
         f0 = f1
     if a.stream:
         fpe_stream_fence()
