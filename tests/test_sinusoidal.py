@@ -541,6 +541,23 @@ def test_table_past_the_caches_equals_small_tables(dim, row_stride):
     assert np.abs(big - ref).max() <= 2e-6 * (1 + rows * 2.0**-20)
 
 
+@pytest.mark.parametrize("misalign", [8, 16, 24, 32, 48, 56])
+def test_table_past_the_caches_at_every_alignment(misalign):
+    """A big float32 table starting `misalign` bytes into a cache line: its rows' partial
+    lines are written plainly, the whole lines streamed, the angles kept at the rows'
+    alignment; every row equals the row of a small table, bit for bit."""
+    rows, dim = (9 << 20) // 4096 + 1, 1024
+    raw = np.zeros(rows * dim * 4 + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + misalign
+    out = raw[start:start + rows * dim * 4].view(np.float32).reshape(rows, dim)
+    fastpe.sinusoidal_table(rows, dim, out=out, num_threads=1)
+    assert not raw[:start].any() and not raw[start + rows * dim * 4:].any(), "outside out"
+    for begin in (0, 32, rows - rows % 32 - 32):
+        assert_bytes_equal(out[begin:begin + 32],
+                           fastpe.sinusoidal_table(32, dim, offset=begin, num_threads=1),
+                           f"rows {begin}.. at {misalign} bytes into a line")
+
+
 def _isa_results(isa_runs):
     ran = {k: v for k, v in isa_runs.items() if not isinstance(v, str)}
     if not ran:

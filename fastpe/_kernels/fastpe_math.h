@@ -446,9 +446,11 @@ static inline void fpe_rotate_pairs_f64(double *x, const double *c, const double
  * feature), as the table's row loop computes them, stored with non-temporal
  * stores: a table larger than the caches is not read back by the call, so its
  * lines need not be fetched first (a store that misses reads the line, then
- * writes it: twice the traffic of the bytes written). Only whole 32-byte vectors
- * stream; the row's ends and rows whose pairs cannot be 32-byte aligned use
- * plain stores. fpe_stream_fence() after the last row makes them visible in order.
+ * writes it: twice the traffic of the bytes written). Only whole 64-byte lines
+ * stream; the row's ends and rows whose pairs cannot be aligned use plain stores. A
+ * line written partly by plain stores and partly by streaming ones (the line two
+ * rows share when a row is not 64-byte aligned) measured 2x slower for the whole
+ * table. fpe_stream_fence() after the last row makes them visible in order.
  */
 static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe,
                                          Py_ssize_t dim, Py_ssize_t nfreq, double mult)
@@ -457,12 +459,13 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
     Py_ssize_t i = 0;
 #if FPE_PAIRS_AVX2
     if (((uintptr_t)pe & 7) == 0) {
-        for (; i < ncos && ((uintptr_t)(pe + 2 * i) & 31); i++) {
+        for (; i < ncos && ((uintptr_t)(pe + 2 * i) & 63); i++) {
             pe[2 * i] = (float)(s[i] * mult);
             pe[2 * i + 1] = (float)(c[i] * mult);
         }
         const __m256d m = _mm256_set1_pd(mult);
-        for (; i + 4 <= ncos; i += 4) {
+        const Py_ssize_t body = i + (ncos - i) / 8 * 8;   /* whole lines */
+        for (; i < body; i += 4) {
             const __m128 s4 = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(s + i), m));
             const __m128 c4 = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(c + i), m));
             _mm256_stream_ps(pe + 2 * i, _mm256_set_m128(_mm_unpackhi_ps(s4, c4),
@@ -487,19 +490,19 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * arithmetic, not by memory (measured 1.1x faster). mult = 1 skips the product,
  * which would not change a bit. Returns 0, having done nothing, where the two rows
  * cannot share the vector loop (rows not 8-byte aligned, or at different
- * alignments modulo 32 bytes), and without AVX2 + FMA. */
+ * alignments modulo 64 bytes), and without AVX2 + FMA. */
 static inline int fpe_pe_rows2_stream_f32(double *s, double *c, const double *step_s,
                                           const double *step_c, float *pe0, float *pe1,
                                           Py_ssize_t dim, Py_ssize_t nfreq, double mult)
 {
 #if FPE_PAIRS_AVX2
     const Py_ssize_t ncos = dim / 2;
-    if (((uintptr_t)pe0 & 7) || (((uintptr_t)pe0 ^ (uintptr_t)pe1) & 31))
+    if (((uintptr_t)pe0 & 7) || (((uintptr_t)pe0 ^ (uintptr_t)pe1) & 63))
         return 0;
     Py_ssize_t i = 0, head = 0;
-    while (head < ncos && ((uintptr_t)(pe0 + 2 * head) & 31))
+    while (head < ncos && ((uintptr_t)(pe0 + 2 * head) & 63))
         head++;
-    const Py_ssize_t body = head + (ncos - head) / 4 * 4;
+    const Py_ssize_t body = head + (ncos - head) / 8 * 8;   /* whole lines, as above */
     const __m256d m = _mm256_set1_pd(mult);
     const int scaled = mult != 1.0;
     for (; i < nfreq; i++) {
