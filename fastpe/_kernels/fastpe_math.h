@@ -487,7 +487,7 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * row t + 1, written to pe1, where (s, c) are left. Per frequency the angles stay in
  * registers between the two rows and the row is written as it is made: the
  * row-by-row form stores and reloads them, and the table is bound by that
- * arithmetic, not by memory (measured 1.1x faster). mult = 1 skips the product,
+ * arithmetic, not by memory (measured 1.3x faster). mult = 1 skips the product,
  * which would not change a bit. Returns 0, having done nothing, where the two rows
  * cannot share the vector loop (rows not 8-byte aligned, or at different
  * alignments modulo 64 bytes), and without AVX2 + FMA. */
