@@ -558,6 +558,21 @@ def test_table_past_the_caches_at_every_alignment(misalign):
                            f"rows {begin}.. at {misalign} bytes into a line")
 
 
+@pytest.mark.parametrize("dim", [1024, 1000, 63])
+def test_rows_made_two_at_a_time_equal_rows_made_one_at_a_time(dim):
+    """float32 PE rows come two per pass where they can (a table; rows staged for a
+    batch) and one per pass elsewhere (one sequence's add, block starts): the same
+    angle-addition steps, so adding to zeros gives the table's bits on every path."""
+    table = fastpe.sinusoidal_table(300, dim, offset=5, num_threads=1)
+    one = np.zeros((1, 300, dim), np.float32)
+    fastpe.add_sinusoidal(one, offset=5, num_threads=1)
+    many = np.zeros((3, 300, dim), np.float32)
+    fastpe.add_sinusoidal(many, offset=5, num_threads=1)
+    assert_bytes_equal(one[0], table, "one sequence")
+    for b in range(3):
+        assert_bytes_equal(many[b], table, f"batch row {b}")
+
+
 def _isa_results(isa_runs):
     ran = {k: v for k, v in isa_runs.items() if not isinstance(v, str)}
     if not ran:

@@ -27,9 +27,9 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
                                Py_ssize_t nfreq, double mult)
     void fpe_stream_fence()
-    int fpe_pe_rows2_stream_f32(double *s, double *c, const double *step_s,
-                                const double *step_c, float *pe0, float *pe1, Py_ssize_t dim,
-                                Py_ssize_t nfreq, double mult)
+    int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,
+                         float *pe0, float *pe1, Py_ssize_t dim, Py_ssize_t nfreq,
+                         double mult, int stream)
     void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
     void fpe_rotate_half_f64(double *x, const double *c, const double *s, Py_ssize_t half)
     void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)

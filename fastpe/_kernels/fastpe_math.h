@@ -481,26 +481,28 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
         pe[dim - 1] = (float)(s[nfreq - 1] * mult);
 }
 
-/* Two consecutive rows of that table at once: (s, c) of the row before t advance by
- * one token step (the angle-addition formulas, s' = s sc + c ss fused as
+/* Two consecutive interleaved float32 rows at once: (s, c) of the row before t
+ * advance by one token step (the angle-addition formulas, s' = s sc + c ss fused as
  * advance_angles compiles them: the same bits) to row t, written to pe0, and again to
  * row t + 1, written to pe1, where (s, c) are left. Per frequency the angles stay in
- * registers between the two rows and the row is written as it is made: the
- * row-by-row form stores and reloads them, and the table is bound by that
+ * registers between the two rows and each row is written as it is made: the
+ * row-by-row form stores and reloads them, and making rows is bound by that
  * arithmetic, not by memory (measured 1.3x faster). mult = 1 skips the product,
- * which would not change a bit. Returns 0, having done nothing, where the two rows
- * cannot share the vector loop (rows not 8-byte aligned, or at different
- * alignments modulo 64 bytes), and without AVX2 + FMA. */
-static inline int fpe_pe_rows2_stream_f32(double *s, double *c, const double *step_s,
-                                          const double *step_c, float *pe0, float *pe1,
-                                          Py_ssize_t dim, Py_ssize_t nfreq, double mult)
+ * which would not change a bit. With `stream`, whole lines go out with
+ * non-temporal stores as in fpe_pe_row_stream_f32, and the call returns 0, having
+ * done nothing, where the two rows cannot share that loop (not 8-byte aligned, or at
+ * different alignments modulo 64 bytes); else plain stores, at any alignment.
+ * Without AVX2 + FMA it returns 0. */
+static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
+                                   const double *step_c, float *pe0, float *pe1,
+                                   Py_ssize_t dim, Py_ssize_t nfreq, double mult, int stream)
 {
 #if FPE_PAIRS_AVX2
     const Py_ssize_t ncos = dim / 2;
-    if (((uintptr_t)pe0 & 7) || (((uintptr_t)pe0 ^ (uintptr_t)pe1) & 63))
+    if (stream && (((uintptr_t)pe0 & 7) || (((uintptr_t)pe0 ^ (uintptr_t)pe1) & 63)))
         return 0;
     Py_ssize_t i = 0, head = 0;
-    while (head < ncos && ((uintptr_t)(pe0 + 2 * head) & 63))
+    while (stream && head < ncos && ((uintptr_t)(pe0 + 2 * head) & 63))
         head++;
     const Py_ssize_t body = head + (ncos - head) / 8 * 8;   /* whole lines, as above */
     const __m256d m = _mm256_set1_pd(mult);
@@ -520,10 +522,17 @@ static inline int fpe_pe_rows2_stream_f32(double *s, double *c, const double *st
                 const __m128 b1 = _mm256_cvtpd_ps(scaled ? _mm256_mul_pd(c1, m) : c1);
                 const __m128 a2 = _mm256_cvtpd_ps(scaled ? _mm256_mul_pd(s2, m) : s2);
                 const __m128 b2 = _mm256_cvtpd_ps(scaled ? _mm256_mul_pd(c2, m) : c2);
-                _mm256_stream_ps(pe0 + 2 * i, _mm256_set_m128(_mm_unpackhi_ps(a1, b1),
-                                                               _mm_unpacklo_ps(a1, b1)));
-                _mm256_stream_ps(pe1 + 2 * i, _mm256_set_m128(_mm_unpackhi_ps(a2, b2),
-                                                               _mm_unpacklo_ps(a2, b2)));
+                const __m256 r1 = _mm256_set_m128(_mm_unpackhi_ps(a1, b1),
+                                                  _mm_unpacklo_ps(a1, b1));
+                const __m256 r2 = _mm256_set_m128(_mm_unpackhi_ps(a2, b2),
+                                                  _mm_unpacklo_ps(a2, b2));
+                if (stream) {
+                    _mm256_stream_ps(pe0 + 2 * i, r1);
+                    _mm256_stream_ps(pe1 + 2 * i, r2);
+                } else {
+                    _mm256_storeu_ps(pe0 + 2 * i, r1);
+                    _mm256_storeu_ps(pe1 + 2 * i, r2);
+                }
             }
             if (i >= nfreq)
                 break;
@@ -547,7 +556,7 @@ static inline int fpe_pe_rows2_stream_f32(double *s, double *c, const double *st
     return 1;
 #else
     (void)s; (void)c; (void)step_s; (void)step_c; (void)pe0; (void)pe1;
-    (void)dim; (void)nfreq; (void)mult;
+    (void)dim; (void)nfreq; (void)mult; (void)stream;
     return 0;
 #endif
 }

@@ -186,6 +186,11 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     # one batch row, token-major: each PE row is added as soon as it is made, while it
     # is in L1 (a chunk of rows made first, then added, makes the data pass twice)
     cdef bint fused = a.fused
+    # float32 rows (a table's, or staged for an add) two at a time: fpe_pe_rows2_f32
+    cdef bint rows2 = (store_t is not double and not a.split and not fused
+                       and a.fblock == a.nfreq)
+    cdef float *pe0
+    cdef float *pe1
     f0 = 0
     while f0 < a.nfreq:  # one block unless the rows are very wide
         f1 = min(f0 + a.fblock, a.nfreq)
@@ -200,17 +205,25 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
         t = t0
         while t < t1:
             p = position_at(a.pos, prow, a.seq, t, a.offset)
-            if (store_t is float and a.stream and t % BLOCK_TOKENS != 0 and p == prev + 1
+            if (rows2 and t % BLOCK_TOKENS != 0 and p == prev + 1
                     and (t + 1) % BLOCK_TOKENS != 0 and t + 1 < t1
-                    and position_at(a.pos, prow, a.seq, t + 1, a.offset) == p + 1
-                    and fpe_pe_rows2_stream_f32(s, c, step_s, step_c,
-                                                <float *>(x + b0 * a.sb + t * a.ss),
-                                                <float *>(x + b0 * a.sb + (t + 1) * a.ss),
-                                                a.dim, a.nfreq, mult)):
+                    and position_at(a.pos, prow, a.seq, t + 1, a.offset) == p + 1):
                 # two rows, each one angle-addition step on, as angles_for_token below
-                prev = p + 1
-                t += 2
-                continue
+                if direct:
+                    pe0 = <float *>(x + b0 * a.sb + t * a.ss)
+                    pe1 = <float *>(x + b0 * a.sb + (t + 1) * a.ss)
+                else:
+                    pe0 = pe_f + (t - t0) * a.dim
+                    pe1 = pe0 + a.dim
+                if fpe_pe_rows2_f32(s, c, step_s, step_c, pe0, pe1, a.dim, a.nfreq, mult,
+                                    a.stream):
+                    if not direct and a.sd == 1:
+                        prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
+                        prefetch_row(<char *>(x + b0 * a.sb + (t + 1) * a.ss),
+                                     a.dim * sizeof(store_t))
+                    prev = p + 1
+                    t += 2
+                    continue
             # reseeded at fixed token indices, whatever the chunk: any thread count
             # and chunk size give the same bits
             angles_for_token(s, c, a.w + f0, step_s, step_c, f1 - f0, p, prev,
