@@ -30,10 +30,9 @@ cdef extern from "fastpe_math.h" nogil:
     int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,
                          float *pe0, float *pe1, Py_ssize_t dim, Py_ssize_t nfreq,
                          double mult, int stream)
-    void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
-    void fpe_rotate_half_f64(double *x, const double *c, const double *s, Py_ssize_t half)
-    void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
-    void fpe_rotate_pairs_f64(double *x, const double *c, const double *s, Py_ssize_t n)
+    void fpe_rotate_f32(float *x, const float *c, const float *s, Py_ssize_t half, int neox)
+    void fpe_rotate_f64(double *x, const double *c, const double *s, Py_ssize_t half,
+                        int neox)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,

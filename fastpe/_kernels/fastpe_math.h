@@ -314,6 +314,17 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
 #define FPE_PAIR_MADD_D(a, c, b, s) ((a) * (c) + (b) * (s))
 #endif
 
+/* The rotations below are inlined into every row loop that calls them, whatever the
+ * compiler's size heuristics say: a call per row is not hidden by memory when the
+ * rows are in cache (a batched decode). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FPE_ALWAYS_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define FPE_ALWAYS_INLINE __forceinline
+#else
+#define FPE_ALWAYS_INLINE inline
+#endif
+
 /* RoPE on split halves (GPT-NeoX / LLaMA style): x[j], x[j + half] = a, b ->
  * a c[j] - b s[j], b c[j] + a s[j]. Written out with AVX2 for the same reason as the
  * pairs below and one more: a head row is short (64 pairs), and the compiler's own
@@ -331,7 +342,7 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
 #define FPE_HALF_Y_D(a, c, b, s) ((b) * (c) + (a) * (s))
 #endif
 
-static inline void fpe_rotate_half_f32_n(float *x, const float *c, const float *s,
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_n(float *x, const float *c, const float *s,
                                        Py_ssize_t half)
 {
     float *y = x + half;
@@ -351,7 +362,7 @@ static inline void fpe_rotate_half_f32_n(float *x, const float *c, const float *
     }
 }
 
-static inline void fpe_rotate_half_f64_n(double *x, const double *c, const double *s,
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f64_n(double *x, const double *c, const double *s,
                                        Py_ssize_t half)
 {
     double *y = x + half;
@@ -371,7 +382,7 @@ static inline void fpe_rotate_half_f64_n(double *x, const double *c, const doubl
     }
 }
 
-static inline void fpe_rotate_pairs_f32_n(float *x, const float *c, const float *s, Py_ssize_t n)
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_n(float *x, const float *c, const float *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
 #if FPE_PAIRS_AVX2
@@ -389,7 +400,7 @@ static inline void fpe_rotate_pairs_f32_n(float *x, const float *c, const float 
     }
 }
 
-static inline void fpe_rotate_pairs_f64_n(double *x, const double *c, const double *s,
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f64_n(double *x, const double *c, const double *s,
                                         Py_ssize_t n)
 {
     Py_ssize_t i = 0;
@@ -419,26 +430,41 @@ static inline void fpe_rotate_pairs_f64_n(double *x, const double *c, const doub
         else fn(x, c, s, n);                                                           \
     } while (0)
 
-static inline void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
 {
     FPE_AT_FIXED_WIDTH(fpe_rotate_half_f32_n, x, c, s, half, 64, 32);
 }
 
-static inline void fpe_rotate_half_f64(double *x, const double *c, const double *s,
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f64(double *x, const double *c, const double *s,
                                        Py_ssize_t half)
 {
     FPE_AT_FIXED_WIDTH(fpe_rotate_half_f64_n, x, c, s, half, 64, 32);
 }
 
-static inline void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
 {
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_n, x, c, s, n, 128, 64);
 }
 
-static inline void fpe_rotate_pairs_f64(double *x, const double *c, const double *s,
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f64(double *x, const double *c, const double *s,
                                         Py_ssize_t n)
 {
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f64_n, x, c, s, n, 128, 64);
+}
+
+/* A row of RoPE: rotate_half pairs (neox) or adjacent ones, 2 * half features. */
+static FPE_ALWAYS_INLINE void fpe_rotate_f32(float *x, const float *c, const float *s,
+                                             Py_ssize_t half, int neox)
+{
+    if (neox) fpe_rotate_half_f32(x, c, s, half);
+    else fpe_rotate_pairs_f32(x, c, s, 2 * half);
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const double *s,
+                                             Py_ssize_t half, int neox)
+{
+    if (neox) fpe_rotate_half_f64(x, c, s, half);
+    else fpe_rotate_pairs_f64(x, c, s, 2 * half);
 }
 
 /* ---- a sinusoidal table row written straight to memory ---------------------

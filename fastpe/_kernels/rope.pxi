@@ -33,30 +33,9 @@ cdef struct RopeCall:
     bint invert_cache               # rotate by the inverse of the cached matrix
 
 
-cdef inline void rotate_neox(real_t *x, const real_t *c, const real_t *s,
-                             Py_ssize_t half) noexcept nogil:
-    """Feature j with j + half (fastpe_math.h)."""
-    if real_t is float:
-        fpe_rotate_half_f32(x, c, s, half)
-    else:
-        fpe_rotate_half_f64(x, c, s, half)
-
-
-cdef inline void rotate_gptj(real_t *x, const real_t *c, const real_t *s,
-                             Py_ssize_t half) noexcept nogil:
-    """Adjacent pairs, with tables of one value per feature (expand_pairs): the
-    same multiply-add on every feature, its partner's value swapped in
-    (fastpe_math.h), which vectorises as contiguous loads, one in-register swap
-    and contiguous stores."""
-    if real_t is float:
-        fpe_rotate_pairs_f32(x, c, s, 2 * half)
-    else:
-        fpe_rotate_pairs_f64(x, c, s, 2 * half)
-
-
 cdef inline void expand_pairs(real_t *c, real_t *s, Py_ssize_t half) noexcept nogil:
     """cos and sin rows of half values, in place, to one value per feature for
-    rotate_gptj: c -> (c0, c0, c1, c1, ...), s -> (-s0, s0, -s1, s1, ...)."""
+    adjacent pairs: c -> (c0, c0, c1, c1, ...), s -> (-s0, s0, -s1, s1, ...)."""
     cdef Py_ssize_t j
     cdef real_t cj, sj
     for j in range(half - 1, -1, -1):   # from the end: each value moves right
@@ -68,23 +47,23 @@ cdef inline void expand_pairs(real_t *c, real_t *s, Py_ssize_t half) noexcept no
         s[2 * j + 1] = sj
 
 
-cdef inline void rotate(real_t *x, const real_t *c, const real_t *s, Py_ssize_t half,
-                        bint neox) noexcept nogil:
-    if neox:
-        rotate_neox(x, c, s, half)
-    else:
-        rotate_gptj(x, c, s, half)
-
-
 cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const real_t *s,
                             Py_ssize_t half, bint neox, real_t *tmp) noexcept nogil:
-    """Rotate the first 2 * half features of one head row (stride sd)."""
+    """Rotate the first 2 * half features of one head row (stride sd): feature j with
+    j + half (neox), or adjacent pairs with tables of one value per feature
+    (expand_pairs: the same multiply-add on every feature, its partner's value swapped
+    in). fastpe_math.h's rotations are inlined into every caller."""
+    cdef real_t *x = tmp
     if sd == 1 and ((store_t is float and real_t is float) or
                     (store_t is double and real_t is double)):
-        rotate(<real_t *>row, c, s, half, neox)
+        x = <real_t *>row
     else:
         gather(row, sd, tmp, 2 * half)
-        rotate(tmp, c, s, half, neox)
+    if real_t is float:
+        fpe_rotate_f32(x, c, s, half, neox)
+    else:
+        fpe_rotate_f64(x, c, s, half, neox)
+    if x == tmp:
         scatter(tmp, row, sd, 2 * half)
 
 
@@ -193,14 +172,31 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
     cdef Py_ssize_t t, h, heads = max(a.hq, a.hk)
     cdef const real_t *c
     cdef const real_t *s
+    # float32 and float64 rows of unit stride call the rotation itself, inlined here:
+    # through rotate_row, which the compiler keeps out of line, a call per row cost
+    # about 6% of a batched decode whose rows are in cache
+    cdef bint direct = (a.qd == 1 and a.kd == 1
+                        and ((store_t is float and real_t is float)
+                             or (store_t is double and real_t is double)))
     for t in range(ntok):
         c = ctab + t * a.width
         s = stab + t * a.width
         for h in range(heads):
-            if h < a.hq:
-                rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, tmp)
-            if h < a.hk:
-                rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, tmp)
+            if real_t is float and direct:
+                if h < a.hq:
+                    fpe_rotate_f32(<float *>(q + h * a.qh + t * a.qs), c, s, a.half, a.neox)
+                if h < a.hk:
+                    fpe_rotate_f32(<float *>(k + h * a.kh + t * a.ks), c, s, a.half, a.neox)
+            elif real_t is double and direct:
+                if h < a.hq:
+                    fpe_rotate_f64(<double *>(q + h * a.qh + t * a.qs), c, s, a.half, a.neox)
+                if h < a.hk:
+                    fpe_rotate_f64(<double *>(k + h * a.kh + t * a.ks), c, s, a.half, a.neox)
+            else:
+                if h < a.hq:
+                    rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, tmp)
+                if h < a.hk:
+                    rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, tmp)
 
 
 cdef inline void rotate_heads_two(store_t *base, Py_ssize_t heads, Py_ssize_t sh,
