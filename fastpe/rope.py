@@ -318,8 +318,10 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     parsed = None
     if kern is not None and freqs is None:
         last = _LAST
-        if (_same_number(base, last[1]) and _same_number(rotary_dim, last[3])
-                and _same_number(max_position_embeddings, last[4])
+        if ((base is last[1] or _same_number(base, last[1]))
+                and (rotary_dim is last[3] or _same_number(rotary_dim, last[3]))
+                and (max_position_embeddings is last[4]
+                     or _same_number(max_position_embeddings, last[4]))
                 and ((scaling is None and last[2] is None)
                      or (type(scaling) is dict and last[2] is not None
                          and kern.same_items(scaling, last[5])))):
