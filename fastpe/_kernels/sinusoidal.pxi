@@ -166,8 +166,8 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef Py_ssize_t b1 = a.batch if a.pos_rows == 1 else prow + 1
     # a table streamed out: the angle rows sit at its rows' address modulo 32 bytes, so
     # that the vector loops read and write both aligned (NumPy's buffers often start 16
-    # bytes into a line: the angles' every other access then split a cache line, and
-    # the table took 2x as long)
+    # bytes into a line: the angles' every other access then split a cache line, about
+    # 5% of an 8192 x 1024 table)
     cdef size_t shift = (<size_t>(x + b0 * a.sb + t0 * a.ss) & 24) if a.stream else 0
     cdef double *s = <double *>(work + shift)
     cdef double *c = s + a.fblock
