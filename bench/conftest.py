@@ -26,6 +26,9 @@ import fastpe
 
 
 def pytest_collect_file(file_path, parent):
+    # a file named on the command line is collected by pytest itself, whatever its name
+    if parent.session.isinitpath(file_path):
+        return None
     if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
         return pytest.Module.from_parent(parent, path=file_path)
     return None

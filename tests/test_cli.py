@@ -302,6 +302,24 @@ def test_bench_suite_skips_without_pytest_benchmark():
     assert "could not import 'pytest_benchmark'" in proc.stdout
 
 
+def test_bench_file_named_alone_is_collected_once():
+    """A bench file given by path collects the same benchmarks as within bench/."""
+    if not (PACKAGE_ROOT / "bench").is_dir():
+        pytest.skip("bench/ ships in the source tree and sdist, not in the wheel")
+    pytest.importorskip("pytest_benchmark")
+
+    def collected(*args: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
+                               "-p", "no:cacheprovider"], env=_env(), capture_output=True,
+                              text=True, timeout=120, cwd=str(PACKAGE_ROOT))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [line for line in proc.stdout.splitlines() if "::" in line]
+
+    alone = collected("bench/bench_alibi.py")
+    assert alone and len(alone) == len(set(alone)), alone
+    assert alone == [t for t in collected("bench") if t.startswith("bench/bench_alibi.py::")]
+
+
 # ---- demo ---------------------------------------------------------------------------------
 
 def test_demo():
