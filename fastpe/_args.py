@@ -468,7 +468,9 @@ def _per_sequence(value: object, name: str, lead: tuple[int, ...], batch: int,
                                  and shape[1] == length)
           or (len(lead) > 1 and shape == lead + (length,)))
     if not ok:
-        forms = [f"({length},)", f"(1, {length})", f"({batch}, {length})"]
+        forms = [f"({length},)", f"(1, {length})"]
+        if batch != 1:
+            forms.append(f"({batch}, {length})")
         if len(lead) > 1:
             forms.append(str(lead + (length,)))
         raise ValueError(f"{name} must have shape {' or '.join(forms)} ({what}; batch = "

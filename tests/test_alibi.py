@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -600,6 +601,19 @@ def test_key_mask_accepts_bool_and_0_1_integers():
         assert_bytes_equal(fastpe.add_alibi(scores.copy(), key_mask=alt), a, str(type(alt)))
     assert np.all(np.isneginf(a[0, :, :, 0])) and np.isfinite(a[1]).all()
 
+
+
+@pytest.mark.parametrize("lead, forms", [
+    ((1,), ["(6,)", "(1, 6)"]),
+    ((2,), ["(6,)", "(1, 6)", "(2, 6)"]),
+    ((2, 3), ["(6,)", "(1, 6)", "(6, 6)", "(2, 3, 6)"])])
+def test_key_mask_shape_error_lists_each_accepted_shape_once(lead, forms):
+    scores = np.zeros(lead + (2, 4, 6), np.float32)
+    with pytest.raises(ValueError, match=r"\bkey_mask\b") as err:
+        fastpe.add_alibi(scores, key_mask=np.ones((7, 5), bool))
+    listed = re.search(r"must have shape (.*) \(one flag", str(err.value)).group(1).split(" or ")
+    assert listed == forms, str(err.value)
+    assert not scores.any()
 
 # ---- views: writes stay inside the view ------------------------------------------------------
 
