@@ -330,6 +330,22 @@ def test_add_sinusoidal_equals_x_scale_plus_table(form, scale, layout, dtype):
                          f"layout={layout})")
 
 
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 300, 130), (3, 70, 64), (1, 1100, 1024), (67, 9)],
+                         ids=str)
+def test_add_sinusoidal_equals_add_learned_of_the_table(shape, dtype, backend):
+    """The README's advice for repeated single-sequence calls: a table made once and
+    added with add_learned gives add_sinusoidal's bits (one rounding of PE, one add;
+    both form the angles from the same float64 seeds, at fixed token indices)."""
+    x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
+    with fastpe.use_backend(backend):
+        table = fastpe.sinusoidal_table(shape[-2] + 5, shape[-1], dtype=dtype)
+        got = fastpe.add_learned(x.copy(), table)
+        want = fastpe.add_sinusoidal(x.copy())
+    assert_bytes_equal(got, want, f"add_learned of the table, {shape} {dtype.__name__}")
+
+
 def test_add_sinusoidal_scale_zero_gives_the_table():
     x = np.full((2, 40, 8), 5.0)
     fastpe.add_sinusoidal(x, scale=0.0)
