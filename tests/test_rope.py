@@ -298,6 +298,49 @@ def test_matches_formula_at_model_head_sizes_and_head_counts(head_dim, hq, hk, d
                            max_position=pos.max(), context=ctx + " k")
 
 
+
+# Views whose features lie farther apart in memory than their tokens or heads (a
+# transposed cache, say): storage axes in this order, features never last, in a padded
+# parent (every other token; a spare row of every axis on each side).
+FEATURES_FAR = {"tokens-nearest": (0, 2, 3, 1), "heads-nearest": (0, 1, 3, 2),
+                "batch-nearest": (3, 2, 1, 0)}
+
+
+@pytest.mark.skipif(not ON_CYTHON, reason="compiled backend not built")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("order", list(FEATURES_FAR))
+def test_views_with_features_far_apart_rotate_like_contiguous_rows(order, dtype):
+    """Every bit as a contiguous copy, rows past 32 of them (the rows rotated together),
+    rotary_dim short of the head; nothing outside the view is written."""
+    batch, seq, hq, hk, dim = 2, 70, 40, 8, 24
+    perm = FEATURES_FAR[order]
+    pos = block_positions(batch, seq, seed=3)
+    for style in STYLES:
+        views, copies, parents, insides = [], [], [], []
+        for heads, seed in ((hq, 1), (hk, 2)):
+            shape = (batch, seq, heads, dim)
+            step = [2 if axis == 1 else 1 for axis in perm]   # every other token
+            parent = np.full([(shape[a] + 2) * st for a, st in zip(perm, step)], 7.0)
+            parent = parent.astype(dtype)
+            inner = tuple(slice(st, st * (shape[a] + 1), st) for a, st in zip(perm, step))
+            view = parent[inner].transpose(np.argsort(perm))
+            assert view.shape == shape and view.strides[-1] != view.itemsize
+            view[...] = rng_floats(shape, dtype, seed=seed)
+            inside = np.zeros(parent.shape, bool)
+            inside[inner] = True
+            views.append(view)
+            copies.append(np.ascontiguousarray(view))
+            parents.append((parent, parent.copy()))
+            insides.append(inside)
+        fastpe.apply_rope(views[0], views[1], pos, style=style, rotary_dim=dim - 4)
+        fastpe.apply_rope(copies[0], copies[1], pos, style=style, rotary_dim=dim - 4)
+        for view, copy, (parent, old), inside, name in zip(views, copies, parents, insides,
+                                                           "qk"):
+            ctx = f"{style} {order} {np.dtype(dtype)} {name}"
+            assert_bytes_equal(view, copy, ctx)
+            assert_bytes_equal(parent[~inside], old[~inside], ctx + ": outside the view")
+
+
 # ---- every option, against the reference and the formula --------------------------------
 
 

@@ -8,6 +8,9 @@ cdef struct RopeCall:
     Py_ssize_t hk, kb, ks, kh, kd   # k likewise; hk = 0 when there is no k
     bint q_token_inner              # walk tokens inside heads (tokens closer in memory)
     bint k_token_inner
+    bint q_across                   # rows closer in memory than features: rotate_across
+    bint k_across
+    Py_ssize_t tmp_rows             # rows the rotation's scratch holds: 1, or ACROSS_ROWS
     const int64_t *pos              # (pos_rows, seq) or NULL for offset + t
     Py_ssize_t pos_rows
     int64_t offset
@@ -31,6 +34,11 @@ cdef struct RopeCall:
     int cache_code
     Py_ssize_t cc0, cc1, sc0, sc1
     bint invert_cache               # rotate by the inverse of the cached matrix
+
+
+cdef enum:
+    # rows of a transposed view rotated together (rotate_across)
+    ACROSS_ROWS = 32
 
 
 cdef inline void expand_pairs(real_t *c, real_t *s, Py_ssize_t half) noexcept nogil:
@@ -144,14 +152,52 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
             expand_pairs(ctab + r, stab + r, a.half)
 
 
+cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, Py_ssize_t sd,
+                               const real_t *ctab, const real_t *stab, Py_ssize_t tab_stride,
+                               Py_ssize_t half, bint neox, real_t *tmp) noexcept nogil:
+    """Rotate nrows rows (stride rs) whose features lie farther apart in memory than
+    the rows do (a transposed view): ACROSS_ROWS rows at a time are copied feature
+    by feature, each feature's run over the rows in memory order, rotated as rows
+    (the arithmetic of rotate_row) and copied back. One row at a time, each of its
+    features would be a cache line and a page of its own (26x a streaming pass).
+    Row r takes the table row at r * tab_stride (0: heads of one token)."""
+    cdef Py_ssize_t r0 = 0, r, f, n, w = 2 * half
+    cdef real_t kind = 0
+    cdef store_t *row0
+    while r0 < nrows:
+        n = min(<Py_ssize_t>ACROSS_ROWS, nrows - r0)
+        row0 = base + r0 * rs
+        for f in range(w):
+            for r in range(n):
+                tmp[r * w + f] = load(row0, r * rs + f * sd, kind)
+        for r in range(n):
+            if real_t is float:
+                fpe_rotate_f32(tmp + r * w, ctab + (r0 + r) * tab_stride,
+                               stab + (r0 + r) * tab_stride, half, neox)
+            else:
+                fpe_rotate_f64(tmp + r * w, ctab + (r0 + r) * tab_stride,
+                               stab + (r0 + r) * tab_stride, half, neox)
+        for f in range(w):
+            for r in range(n):
+                store(row0, r * rs + f * sd, tmp[r * w + f])
+        r0 += n
+
+
 cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py_ssize_t ss,
-                              Py_ssize_t sd, Py_ssize_t ntok, bint token_inner,
+                              Py_ssize_t sd, Py_ssize_t ntok, bint token_inner, bint across,
                               const real_t *ctab, const real_t *stab, Py_ssize_t half,
                               Py_ssize_t width, bint neox, real_t *tmp) noexcept nogil:
     """Rotate heads x tokens rows starting at `base`, in the order memory runs;
     table rows of `width` values."""
     cdef Py_ssize_t h, t
-    if token_inner:
+    if across and token_inner:
+        for h in range(heads):
+            rotate_across(base + h * sh, ntok, ss, sd, ctab, stab, width, half, neox, tmp)
+    elif across:
+        for t in range(ntok):
+            rotate_across(base + t * ss, heads, sh, sd, ctab + t * width, stab + t * width, 0,
+                          half, neox, tmp)
+    elif token_inner:
         for h in range(heads):
             for t in range(ntok):
                 rotate_row(base + h * sh + t * ss, sd, ctab + t * width, stab + t * width,
@@ -272,17 +318,18 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef real_t *ctab = <real_t *>(c + a.half)
     cdef real_t *stab = ctab + a.block * a.width
     cdef real_t *tmp = stab + a.block * a.width
-    cdef double *pp = <double *>(tmp + 2 * a.half)
+    cdef double *pp = <double *>(tmp + 2 * a.half * a.tmp_rows)
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
-    if a.hk and not a.q_token_inner and not a.k_token_inner:
+    if (a.hk and not a.q_token_inner and not a.k_token_inner
+            and not a.q_across and not a.k_across):
         rotate_tokens_qk(a, q + b * a.qb + t0 * a.qs, k + b * a.kb + t0 * a.ks, ntok,
                          ctab, stab, tmp)
         return
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
-                 ctab, stab, a.half, a.width, a.neox, tmp)
+                 a.q_across, ctab, stab, a.half, a.width, a.neox, tmp)
     if a.hk:
         rotate_heads(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, a.k_token_inner,
-                     ctab, stab, a.half, a.width, a.neox, tmp)
+                     a.k_across, ctab, stab, a.half, a.width, a.neox, tmp)
 
 
 cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
@@ -352,6 +399,10 @@ cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_
     a.half = half
     a.q_token_inner = magnitude(a.qs) < magnitude(a.qh)
     a.k_token_inner = magnitude(a.ks) < magnitude(a.kh)
+    a.q_across = a.qd != 1 and magnitude(a.qs if a.q_token_inner else a.qh) < magnitude(a.qd)
+    a.k_across = (a.hk != 0 and a.kd != 1
+                  and magnitude(a.ks if a.k_token_inner else a.kh) < magnitude(a.kd))
+    a.tmp_rows = ACROSS_ROWS if a.q_across or a.k_across else 1
     a.pos, a.pos_rows, a.offset = pos, pos_rows, offset
     a.pair_axis = NULL
     a.pair_axis2 = NULL
@@ -373,11 +424,11 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     cdef int nthreads = units_threads(nunits, num_threads)
     a.block = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
     a.width = a.half if a.neox else 2 * a.half
-    # s, c (double); cos and sin rows of a block and one rotated row (at most
+    # s, c (double); cos and sin rows of a block and tmp_rows rotated rows (at most
     # double); a row of per-pair positions (double) for multi-axis positions
     cdef Py_ssize_t per_thread = round_up(
-        ((4 if a.pair_axis == NULL else 5) * a.half + 2 * a.block * a.width) * sizeof(double),
-        64)
+        ((2 + 2 * a.tmp_rows + (0 if a.pair_axis == NULL else 1)) * a.half
+         + 2 * a.block * a.width) * sizeof(double), 64)
     if a.pair_axis2 != NULL:
         # s, c of both features, positions, the four tables of a block, one row
         per_thread = round_up((7 * a.half + 4 * a.block * a.half) * sizeof(double), 64)
