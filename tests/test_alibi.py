@@ -615,6 +615,46 @@ def test_key_mask_shape_error_lists_each_accepted_shape_once(lead, forms):
     assert listed == forms, str(err.value)
     assert not scores.any()
 
+# ---- views whose queries lie closer in memory than their keys ----------------------------
+
+# storage axes of (batch, heads, q, k) scores, keys never last
+QUERIES_NEAR = {"keys-slowest": (0, 3, 1, 2), "queries-last": (0, 1, 3, 2)}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("order", list(QUERIES_NEAR))
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_views_with_queries_nearer_than_keys_match_contiguous_bits(option, order, dtype):
+    """A transposed view (a K @ Q^T product, say) gives a contiguous copy's bits, and
+    only its own elements change (every other query of a padded parent)."""
+    batch, heads, q, k = 2, 3, 19, 40
+    kw = option_kwargs(option, batch, heads, q, k)
+    if q > k and "q_offset" not in kw and "q_positions" not in kw:
+        kw["q_offset"] = 0
+    perm = QUERIES_NEAR[order]
+    shape = (batch, heads, q, k)
+    step = [2 if axis == 2 else 1 for axis in perm]
+    parent = np.full([(shape[a] + 2) * st for a, st in zip(perm, step)], 5.0).astype(dtype)
+    inner = tuple(slice(st, st * (shape[a] + 1), st) for a, st in zip(perm, step))
+    view = parent[inner].transpose(np.argsort(perm))
+    assert view.shape == shape and abs(view.strides[2]) < abs(view.strides[3])
+    view[...] = np.random.default_rng(4).uniform(-8, 8, shape).astype(dtype)
+    inside = np.zeros(parent.shape, bool)
+    inside[inner] = True
+    before = parent.copy()
+    copy = np.ascontiguousarray(view)
+    fastpe.add_alibi(view, **kw)
+    fastpe.add_alibi(copy, **kw)
+    ctx = f"add_alibi {option} {order} {np.dtype(dtype)}"
+    assert_bytes_equal(view, copy, ctx)
+    assert_bytes_equal(parent[~inside], before[~inside], ctx + ": outside the view")
+    if not any(np.ndim(v) == 2 for v in kw.values()):   # no per-sequence arguments
+        table = np.zeros((k, heads, q), dtype).transpose(1, 2, 0)   # (heads, q, k)
+        fastpe.alibi_bias(heads, q, k, out=table, **kw)
+        want = fastpe.alibi_bias(heads, q, k, dtype=dtype, **kw)
+        assert_bytes_equal(table, want, ctx.replace("add_alibi", "alibi_bias"))
+
+
 # ---- views: writes stay inside the view ------------------------------------------------------
 
 SENTINEL = 1000.0

@@ -124,6 +124,8 @@ cdef struct AlibiCall:
     char *kf                        # (kfrows, kst) key positions as real_t, NaN if masked,
     Py_ssize_t kfrows, kst          # row r's key j at kf + (r * kst + kmis + j) * sizeof(real_t)
     Py_ssize_t kmis
+    bint columns                    # queries closer in memory than keys: alibi_column
+    char *nqf                       # then (qrows, q) minus the query positions, as real_t
 
 
 cdef enum:
@@ -418,6 +420,37 @@ cdef inline void row_exact(const AlibiCall *a, store_t *row, const int64_t *kp,
         store(row, j * a.sk, v)
 
 
+# ---- columns: a view whose queries lie closer in memory than its keys --------------------
+#
+# The bias of (query i, key j) is slope * (k_j - q_i) = slope * ((-q_i) - (-k_j)): the row
+# loop of select_unit, walking a column of queries with the negated query positions in
+# place of the key positions and the negated key position in place of the query's, gives
+# every element the very bits of the rows (the distance is exact either way, and kept
+# where -q_i <= -k_j, i.e. causal; a masked key's NaN keeps none of its column).
+
+cdef void alibi_column(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
+    """Unit u of (batch, heads, k): the column of key j of one head of one sequence."""
+    cdef Py_ssize_t hk = a.heads * a.k
+    cdef Py_ssize_t b = u // hk
+    cdef Py_ssize_t h = (u % hk) // a.k
+    cdef Py_ssize_t j = u % a.k
+    cdef const real_t *kf = (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+    cdef const real_t *nqf = (<const real_t *>a.nqf) + (b if a.qrows > 1 else 0) * a.q
+    cdef real_t nk = -kf[j]
+    cdef real_t lim = nk if a.causal else (<real_t>INFINITY if kf[j] == kf[j] else nk)
+    select_unit(x + a.boff[b] + h * a.sh + j * a.sk, a.sq, 0, a.q, nqf, nk,
+                <real_t>a.slopes[h], lim, a.symmetric, a.accumulate)
+
+
+cdef void alibi_query_columns(const AlibiCall *a, real_t *nqf) noexcept nogil:
+    """nqf[r, i] = -(query position) as real_t."""
+    cdef Py_ssize_t r, i
+    for r in range(a.qrows):
+        for i in range(a.q):
+            nqf[r * a.q + i] = -<real_t>(a.qpos[r * a.q + i] if a.qpos != NULL
+                                         else a.q_offset + i)
+
+
 cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
     """Unit u of (batch, head groups, q): query row i of up to HEAD_GROUP heads of one
     sequence (consecutive units continue the same heads' rows in memory order)."""
@@ -492,6 +525,8 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
 
 cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil:
     cdef Py_ssize_t r, nrows = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
+    if a.columns:
+        nrows = a.batch * a.heads * a.k
     # chunks of 16 rows share the key rows in cache, but a decode call has only
     # heads / HEAD_GROUP units: chunks of 16 would give them all to one thread
     cdef Py_ssize_t chunk = max(1, min(16, nrows // (4 * nthreads)))
@@ -503,6 +538,24 @@ cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil
             alibi_key_rows(a, <double *>a.kf)
         else:
             alibi_key_rows(a, <float *>a.kf)
+    if a.columns:
+        if store_t is double:
+            alibi_query_columns(a, <double *>a.nqf)
+        else:
+            alibi_query_columns(a, <float *>a.nqf)
+        if nthreads > 1:
+            for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
+                if store_t is double:
+                    alibi_column(a, x, r, kind_d)
+                else:
+                    alibi_column(a, x, r, kind_f)
+        else:
+            for r in range(nrows):
+                if store_t is double:
+                    alibi_column(a, x, r, kind_d)
+                else:
+                    alibi_column(a, x, r, kind_f)
+        return
     if nthreads > 1:
         for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
             if store_t is double:
@@ -546,7 +599,10 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
         a.kmis = (<size_t>xp & (VECTOR_BYTES - 1)) // itemsize
     a.kst = round_up(a.k + VECTOR_BYTES // real_size, 64 // real_size)
     cdef Py_ssize_t kf_bytes = a.kfrows * a.kst * real_size if a.exact else 0
-    cdef Py_ssize_t need = kf_bytes + a.batch * sizeof(Py_ssize_t)
+    # a view whose queries lie closer in memory than its keys walks them inner
+    a.columns = a.exact and a.q > 1 and a.sk != 1 and magnitude(a.sq) < magnitude(a.sk)
+    cdef Py_ssize_t nqf_bytes = round_up(a.qrows * a.q * real_size, 64) if a.columns else 0
+    cdef Py_ssize_t need = kf_bytes + nqf_bytes + a.batch * sizeof(Py_ssize_t)
     cdef char stack[ALIBI_STACK_BYTES + 64]
     cdef Scratch heap = None
     cdef char *work
@@ -556,7 +612,8 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
         heap = Scratch(0, 1, need)
         work = heap.shared
     a.kf = work
-    cdef Py_ssize_t *boff = <Py_ssize_t *>(work + kf_bytes)
+    a.nqf = work + kf_bytes
+    cdef Py_ssize_t *boff = <Py_ssize_t *>(work + kf_bytes + nqf_bytes)
     # element offset of each row of the leading dims, C order
     for b in range(a.batch):
         rest = b
@@ -567,7 +624,9 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
             rest //= d
         boff[b] = off
     a.boff = boff
-    cdef int nthreads = units_threads(a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q, num_threads)
+    cdef int nthreads = units_threads(
+        a.batch * (a.heads * a.k if a.columns else ceil_div(a.heads, HEAD_GROUP) * a.q),
+        num_threads)
     with nogil:
         if code == CODE_F32:
             alibi_run(a, <float *>xp, nthreads)

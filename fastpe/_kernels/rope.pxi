@@ -393,15 +393,23 @@ cdef bint head_view(cnp.ndarray x, int layout, Py_ssize_t *shape, Py_ssize_t *st
     return True
 
 
+cdef inline bint rows_across(Py_ssize_t sd, Py_ssize_t ss, Py_ssize_t sh, Py_ssize_t seq,
+                             Py_ssize_t heads, bint token_inner) noexcept nogil:
+    """Whether the rows walked inner (tokens, else heads) lie closer in memory than the
+    features of a row, and are more than one: rotate_across."""
+    if token_inner:
+        return sd != 1 and seq > 1 and magnitude(ss) < magnitude(sd)
+    return sd != 1 and heads > 1 and magnitude(sh) < magnitude(sd)
+
+
 cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_t pos_rows,
                      int64_t offset, bint neox, double cos_scale,
                      double sin_scale) noexcept nogil:
     a.half = half
     a.q_token_inner = magnitude(a.qs) < magnitude(a.qh)
     a.k_token_inner = magnitude(a.ks) < magnitude(a.kh)
-    a.q_across = a.qd != 1 and magnitude(a.qs if a.q_token_inner else a.qh) < magnitude(a.qd)
-    a.k_across = (a.hk != 0 and a.kd != 1
-                  and magnitude(a.ks if a.k_token_inner else a.kh) < magnitude(a.kd))
+    a.q_across = rows_across(a.qd, a.qs, a.qh, a.seq, a.hq, a.q_token_inner)
+    a.k_across = rows_across(a.kd, a.ks, a.kh, a.seq, a.hk, a.k_token_inner)
     a.tmp_rows = ACROSS_ROWS if a.q_across or a.k_across else 1
     a.pos, a.pos_rows, a.offset = pos, pos_rows, offset
     a.pair_axis = NULL
