@@ -183,12 +183,12 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef const double *second = s if a.cos_first else c
     cdef double mult = 1.0 if a.accumulate else a.scale
     cdef bint direct = a.direct
-    # one batch row, token-major: each PE row is added as soon as it is made, while it
-    # is in L1 (a chunk of rows made first, then added, makes the data pass twice)
+    # one batch row, token-major: each PE row (or pair of rows) is added as soon as it
+    # is made, while it is in L1 (a chunk of rows made first, then added, makes the
+    # data pass twice)
     cdef bint fused = a.fused
-    # float32 rows (a table's, or staged for an add) two at a time: fpe_pe_rows2_f32
-    cdef bint rows2 = (store_t is not double and not a.split and not fused
-                       and a.fblock == a.nfreq)
+    # float32 rows (a table's, staged for an add, or fused) two at a time: fpe_pe_rows2_f32
+    cdef bint rows2 = store_t is not double and not a.split and a.fblock == a.nfreq
     cdef float *pe0
     cdef float *pe1
     f0 = 0
@@ -213,11 +213,16 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                     pe0 = <float *>(x + b0 * a.sb + t * a.ss)
                     pe1 = <float *>(x + b0 * a.sb + (t + 1) * a.ss)
                 else:
-                    pe0 = pe_f + (t - t0) * a.dim
+                    pe0 = pe_f + (0 if fused else (t - t0) * a.dim)
                     pe1 = pe0 + a.dim
                 if fpe_pe_rows2_f32(s, c, step_s, step_c, pe0, pe1, a.dim, a.nfreq, mult,
                                     a.stream):
-                    if not direct and a.sd == 1:
+                    if fused:
+                        add_block(x + b0 * a.sb + t * a.ss, a.sd, pe0, a.dim, a.nfreq,
+                                  a.split, 0, a.nfreq, a.accumulate, <float>a.scale)
+                        add_block(x + b0 * a.sb + (t + 1) * a.ss, a.sd, pe1, a.dim, a.nfreq,
+                                  a.split, 0, a.nfreq, a.accumulate, <float>a.scale)
+                    elif not direct and a.sd == 1:
                         prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
                         prefetch_row(<char *>(x + b0 * a.sb + (t + 1) * a.ss),
                                      a.dim * sizeof(store_t))
@@ -344,7 +349,7 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
                and (a.sd == 1 or magnitude(a.ss) >= magnitude(a.sd)))
     # work space grows with the work: PE rows only where they are staged, no more
     # rows than tokens, and angles for one block of frequencies
-    cdef Py_ssize_t pe_rows = 0 if a.direct else (1 if a.fused else min(a.chunk, a.seq))
+    cdef Py_ssize_t pe_rows = 0 if a.direct else (2 if a.fused else min(a.chunk, a.seq))
     cdef bint blocked = a.nfreq > FREQ_BLOCK
     a.fblock = FREQ_BLOCK if blocked else a.nfreq
     a.stream = (a.direct and code == CODE_F32 and not split and not blocked
