@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from . import _args, _backend, _checks, _threads, reference
 from ._typing import ArrayLike, InPlace, PositionsLike
 
@@ -20,9 +24,16 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
     >>> np.array_equal(fastpe.add_learned(x, table)[0], table[:10])
     True
     """
+    kern = _backend.kernels()
+    if (kern is not None and positions is None and type(x) is np.ndarray
+            and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
+        # the plain common case, checked in C (False: nothing written, take the
+        # general path, which also produces every error message)
+        arr: Any = x
+        if kern.learned_fast(arr, table, offset, _threads.resolve(num_threads, 2 * arr.nbytes)):
+            return x
     plan = _args.add_learned(x, table, positions=positions, offset=offset,
                              num_threads=num_threads)
-    kern = _backend.kernels()
     if kern is None:
         reference.run_learned(plan)
         return x

@@ -272,6 +272,10 @@ ROWS += [
           lambda a, v=v: fastpe.apply_rope(a["q"], num_threads=v), ValueError,
           r"\bnum_threads\b", lambda: {"q": x32((1, 4, 2, 8))}) for n, v in
       [("40000", 40000), ("2**40", 2**40)]],
+    *[Row(f"add_learned/fast-num_threads-{n}",
+          lambda a, v=v: fastpe.add_learned(a["x"], a["t"], num_threads=v), ValueError,
+          r"\bnum_threads\b", lambda: {"x": x32((2, 4, 8)), "t": x32((6, 8))}) for n, v in
+      [("40000", 40000), ("2**40", 2**40)]],
     Row("use_backend/unknown", lambda a: _enter_backend("bogus"), ValueError, r"\bname\b"),
     Row("use_backend/none", lambda a: _enter_backend(None), ValueError, r"\bname\b"),
     Row("use_backend/wrong-case", lambda a: _enter_backend("NumPy"), ValueError, r"\bname\b"),

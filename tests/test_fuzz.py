@@ -78,9 +78,9 @@ def serial_bytes(n: int):
 
 @contextlib.contextmanager
 def fast_path(name: str, enabled: bool, log: list | None = None):
-    """Leave the compiled C fast path `name` ("rope_fast" / "alibi_fast") as it is, or
-    make it decline every call (False: the general path runs). `log` records, per call,
-    "fast" or "declined"."""
+    """Leave the compiled C fast path `name` ("rope_fast", "alibi_fast", "learned_fast") as
+    it is, or make it decline every call (False: the general path runs). `log` records,
+    per call, "fast" or "declined"."""
     kern = fastpe._backend.compiled
     real = getattr(kern, name)
 
@@ -382,7 +382,8 @@ def test_add_learned(case, dtype, t_layout, data, table_kind, seed, nt):
     before = placed.base.copy()
     with fastpe.use_backend("numpy"):
         _, exc_r = outcome(lambda: fastpe.add_learned(ref, table, positions, offset=offset))
-    with serial_bytes(0):
+    log: list[str] = []
+    with serial_bytes(0), fast_path("learned_fast", True, log):
         ret, exc_c = outcome(lambda: fastpe.add_learned(x, table, positions, offset=offset,
                                                         num_threads=nt))
     assert_same_error(exc_c, exc_r, ctx)
@@ -392,10 +393,15 @@ def test_add_learned(case, dtype, t_layout, data, table_kind, seed, nt):
         assert_bytes_equal(x, x0, ctx + ": a rejected call wrote")
         return
     assert ret is x
+    event(f"learned path: {log[-1] if log else 'general only'}")
     if dtype.itemsize >= 4:
         assert_bytes_equal(x, ref, ctx)            # one IEEE addition on both sides
     else:
         assert_close(x, ref, dtype, magnitude=4.0, context=ctx)
+    general = np.array(x0)
+    with fast_path("learned_fast", False):
+        fastpe.add_learned(general, table, positions, offset=offset, num_threads=1)
+    assert_bytes_equal(x, general, ctx + ": fast path / nt threads vs general path / 1 thread")
 
 
 # ---- RoPE ---------------------------------------------------------------------------------

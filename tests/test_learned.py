@@ -27,6 +27,7 @@ from conftest import (
     is_bf16,
     make_awkward,
     make_positions,
+    needs_compiled,
     snapshot,
 )
 
@@ -360,3 +361,65 @@ def test_no_writes_outside_the_view(view, dtype, both_threads):
     ctx = f"add_learned on {view} view {describe(v)}, num_threads={both_threads}"
     assert_bytes_equal(big[~inside], before[~inside], ctx + ": outside the view")
     assert np.all(as_f64(big[inside]) == SENTINEL + 8), ctx + ": inside the view"
+
+
+# ---- the compiled fast path --------------------------------------------------------------
+
+
+@needs_compiled
+def test_fast_path_declines_without_writing():
+    """The C fast path returns False (nothing written) for whatever is not the plain case;
+    the public call then takes the general path, which adds or raises as it always has."""
+    kern = fastpe._backend.compiled
+    table = np.arange(40 * 6, dtype=np.float32).reshape(40, 6)
+    shared = np.zeros((50, 6), np.float32)
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(12, np.float32), (4, 6), (4, 4),
+                                                  writeable=True)
+    read_only = np.zeros((4, 6), np.float32)
+    read_only.flags.writeable = False
+    cases = {
+        "byte-swapped x": (np.zeros((4, 6), ">f4"), table, 0, None),
+        "x of another dtype": (np.zeros((4, 6)), table, 0, TypeError),
+        "table byte-swapped": (np.zeros((4, 6), np.float32), table.astype(">f4"), 0, None),
+        "table too narrow": (np.zeros((4, 7), np.float32), table, 0, ValueError),
+        "past the end": (np.zeros((4, 6), np.float32), table, 37, IndexError),
+        "negative offset": (np.zeros((4, 6), np.float32), table, -1, ValueError),
+        "bool offset": (np.zeros((4, 6), np.float32), table, True, TypeError),
+        "numpy offset": (np.zeros((4, 6), np.float32), table, np.int64(2), None),
+        "1-D x": (np.zeros(6, np.float32), table, 0, ValueError),
+        "4-D x": (np.zeros((1, 1, 4, 6), np.float32), table, 0, ValueError),
+        "read-only x": (read_only, table, 0, TypeError),
+        "self-overlapping x": (overlapping, table, 0, ValueError),
+        "table inside x": (shared[10:14], shared, 0, ValueError),
+        "table as a list": (np.zeros((4, 6), np.float32), table.tolist(), 0, TypeError),
+    }
+    for name, (x, tab, offset, error) in cases.items():
+        before = snapshot(x)
+        assert kern.learned_fast(x, tab, offset, 1) is False, name
+        assert snapshot(x) == before, name
+        if error is None:
+            want = as_f64(x) + as_f64(np.asarray(tab))[int(offset):int(offset) + x.shape[-2]]
+            fastpe.add_learned(x, tab, offset=offset)
+            assert_close(x, want, np.dtype(np.float32), magnitude=300.0, context=name)
+        else:
+            with pytest.raises(error):
+                fastpe.add_learned(x, tab, offset=offset)
+            assert snapshot(x) == before, name
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_fast_path_takes_plain_calls_with_the_general_paths_bits(dtype):
+    kern = fastpe._backend.compiled
+    buf = awkward_values((140, 10), dtype, seed=5)
+    for name, x, table, offset in [
+        ("2-D", buf[:30].copy(), buf[40:], 7),
+        ("3-D", np.stack([buf[:30], buf[30:60]]), buf[60:], 0),
+        ("strided table", buf[:30].copy(), buf[40::2], 3),
+        ("reversed x", buf[:30][::-1], buf[40:], 70),    # offset + seq == max_len
+        ("x beside its table", buf[:30], buf[30:], 5),
+    ]:
+        general = np.array(x)
+        fastpe.reference.add_learned(general, table, offset=offset)
+        assert kern.learned_fast(x, table, offset, 1) is True, name
+        assert_bytes_equal(x, general, name)

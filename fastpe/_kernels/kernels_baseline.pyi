@@ -77,6 +77,7 @@ def learned(
     offset: int,
     num_threads: int,
 ) -> None: ...
+def learned_fast(x: object, table: object, offset: object, num_threads: int) -> bool: ...
 def rope(
     q: NDArray[Any],
     k: NDArray[Any] | None,

@@ -142,20 +142,74 @@ def learned(cnp.ndarray x, int code, cnp.ndarray table, object positions, int64_
     None (offset + t) or C-contiguous int64 (1 or batch, seq).
     """
     cdef LearnedCall a
-    cdef char *xp = <char *>cnp.PyArray_DATA(x)
-    cdef const char *tp = <const char *>cnp.PyArray_DATA(table)
     a.batch, a.seq, a.dim = x.shape[0], x.shape[1], x.shape[2]
     a.sb, a.ss, a.sd = elem_stride(x, 0), elem_stride(x, 1), elem_stride(x, 2)
     a.tr, a.td = elem_stride(table, 0), elem_stride(table, 1)
     a.pos = positions_ptr(positions)
     a.pos_rows = 1 if positions is None else (<cnp.ndarray>positions).shape[0]
     a.offset = offset
+    learned_execute(&a, code, <char *>cnp.PyArray_DATA(x),
+                    <const char *>cnp.PyArray_DATA(table), cnp.PyArray_ITEMSIZE(table),
+                    num_threads)
+
+
+def learned_fast(object x, object table, object offset, int num_threads):
+    """add_learned's fast path: x += table[offset : offset + seq] and True for the plain
+    common case, checked here in C (a mid-sized add is then one call, not a dozen
+    Python checks whose code the add itself has evicted from the caches); False,
+    with nothing written, for anything else: the general path validates and raises.
+
+    Common case: x an exact, writable, aligned, native float array of 2 or 3
+    dimensions with whole-element strides and disjoint elements; table an exact,
+    aligned, native 2-D array of the same dtype and width, apart from x, with whole-
+    element strides; offset an int with offset + seq <= the table's rows.
+    """
+    cdef int code = fast_code(x)
+    if code < 0 or not cnp.PyArray_CheckExact(table) or type(offset) is not int:
+        return False
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef cnp.ndarray ta = <cnp.ndarray>table
+    cdef int nd = cnp.PyArray_NDIM(xa)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(xa)
+    if (nd < 2 or nd > 3 or cnp.PyArray_NDIM(ta) != 2
+            or cnp.PyArray_TYPE(ta) != cnp.PyArray_TYPE(xa)
+            or not (cnp.PyArray_ISALIGNED(ta) and cnp.PyArray_ISNOTSWAPPED(ta))
+            or ta.shape[1] != xa.shape[nd - 1]):
+        return False
+    cdef int ax
+    for ax in range(nd):
+        if cnp.PyArray_STRIDES(xa)[ax] % itemsize:
+            return False
+    for ax in range(2):
+        if cnp.PyArray_STRIDES(ta)[ax] % itemsize:
+            return False
+    cdef Py_ssize_t seq = xa.shape[nd - 2]
+    if not (0 <= offset <= ta.shape[0] - seq) or not elements_disjoint(xa) \
+            or extents_overlap(xa, ta):
+        return False
+    cdef LearnedCall a
+    a.batch = xa.shape[0] if nd == 3 else 1
+    a.seq, a.dim = seq, xa.shape[nd - 1]
+    a.sb = elem_stride(xa, 0) if nd == 3 else 0
+    a.ss, a.sd = elem_stride(xa, nd - 2), elem_stride(xa, nd - 1)
+    a.tr, a.td = elem_stride(ta, 0), elem_stride(ta, 1)
+    a.pos = NULL
+    a.pos_rows = 1
+    a.offset = offset
+    learned_execute(&a, code, <char *>cnp.PyArray_DATA(xa),
+                    <const char *>cnp.PyArray_DATA(ta), itemsize, num_threads)
+    return True
+
+
+cdef int learned_execute(LearnedCall *a, int code, char *xp, const char *tp,
+                         Py_ssize_t itemsize, int num_threads) except -1:
+    """Share the rows out into units and run them; `a` holds the call."""
     if a.batch == 0 or a.seq == 0 or a.dim == 0:
-        return
+        return 0
     a.tokens, a.group = LEARNED_TOKENS, 1
     cdef Py_ssize_t nblocks
     if a.sd == 1 and a.pos_rows == 1 and a.batch > 1:
-        a.tokens = max(1, LEARNED_BLOCK_BYTES // (a.dim * cnp.PyArray_ITEMSIZE(table)))
+        a.tokens = max(1, LEARNED_BLOCK_BYTES // (a.dim * itemsize))
         nblocks = ceil_div(a.seq, a.tokens)
         # whole batches per unit while there are blocks enough to share out among
         # the threads, else groups of rows (any split gives the same bits: each
@@ -165,10 +219,11 @@ def learned(cnp.ndarray x, int code, cnp.ndarray table, object positions, int64_
                                       num_threads)
     with nogil:
         if code == CODE_F32:
-            learned_run(&a, <float *>xp, <const float *>tp, nthreads)
+            learned_run(a, <float *>xp, <const float *>tp, nthreads)
         elif code == CODE_F64:
-            learned_run(&a, <double *>xp, <const double *>tp, nthreads)
+            learned_run(a, <double *>xp, <const double *>tp, nthreads)
         elif code == CODE_F16:
-            learned_run(&a, <fpe_f16 *>xp, <const fpe_f16 *>tp, nthreads)
+            learned_run(a, <fpe_f16 *>xp, <const fpe_f16 *>tp, nthreads)
         else:
-            learned_run(&a, <fpe_bf16 *>xp, <const fpe_bf16 *>tp, nthreads)
+            learned_run(a, <fpe_bf16 *>xp, <const fpe_bf16 *>tp, nthreads)
+    return 0
