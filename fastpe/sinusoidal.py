@@ -14,9 +14,12 @@ cosines first (MusicGen).
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
-from . import _args, _backend, _checks, _threads, reference
+from . import _args, _backend, _checks, _math, _threads, reference
 from ._typing import (
     DTypeLike,
     InPlace,
@@ -115,6 +118,20 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     >>> fastpe.add_sinusoidal(x, scale=8.0) is x
     True
     """
+    kern = _backend.kernels()
+    if (kern is not None and positions is None and padding_idx is None
+            and type(x) is np.ndarray and isinstance(base, float) and 1.0 <= base < math.inf
+            and isinstance(scale, float) and type(layout) is str and layout == "interleaved"
+            and type(frequencies) is str and frequencies == "transformer"
+            and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
+        # the plain common case, checked in C (False: nothing written, take the general
+        # path, which also produces every error message); a base of at least 1 gives
+        # frequencies of at most 1, which sinusoidal_inv_freq never refuses
+        arr: Any = x
+        if arr.ndim in (2, 3) and kern.sinusoidal_fast(
+                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base), offset, scale,
+                _threads.resolve(num_threads, arr.nbytes)):
+            return x
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,
                               scale=scale, num_threads=num_threads, frequencies=frequencies,
                               padding_idx=padding_idx))

@@ -78,9 +78,9 @@ def serial_bytes(n: int):
 
 @contextlib.contextmanager
 def fast_path(name: str, enabled: bool, log: list | None = None):
-    """Leave the compiled C fast path `name` ("rope_fast", "alibi_fast", "learned_fast") as
-    it is, or make it decline every call (False: the general path runs). `log` records,
-    per call, "fast" or "declined"."""
+    """Leave the compiled C fast path `name` ("rope_fast", "alibi_fast", "learned_fast",
+    "sinusoidal_fast") as it is, or make it decline every call (False: the general path
+    runs). `log` records, per call, "fast" or "declined"."""
     kern = fastpe._backend.compiled
     real = getattr(kern, name)
 
@@ -327,7 +327,8 @@ def test_add_sinusoidal(case, dtype, seed, nt, data, layout, scale, base):
     note(ctx)
     with fastpe.use_backend("numpy"):
         _, exc_r = outcome(lambda: fastpe.add_sinusoidal(ref, positions, **kw))
-    with serial_bytes(0):
+    log: list[str] = []
+    with serial_bytes(0), fast_path("sinusoidal_fast", True, log):
         ret, exc_c = outcome(lambda: fastpe.add_sinusoidal(x, positions, num_threads=nt, **kw))
     assert_same_error(exc_c, exc_r, ctx)
     placed.untouched_outside(before, ctx)
@@ -335,9 +336,11 @@ def test_add_sinusoidal(case, dtype, seed, nt, data, layout, scale, base):
         assert_bytes_equal(x, vals.astype(x.dtype), ctx + ": a rejected call wrote")
         return
     assert ret is x
+    event(f"sinusoidal path: {log[-1] if log else 'general only'}")
     one = np.array(vals.astype(x.dtype))
-    fastpe.add_sinusoidal(one, positions, num_threads=1, **kw)
-    assert_bytes_equal(x, one, ctx + " vs num_threads=1")
+    with fast_path("sinusoidal_fast", False):
+        fastpe.add_sinusoidal(one, positions, num_threads=1, **kw)
+    assert_bytes_equal(x, one, ctx + ": fast path / nt threads vs general path / 1 thread")
     mag = float(np.abs(as_f64(vals)).max() * abs(scale)) + 1.0 if vals.size else 1.0
     assert_close(x, ref, dtype, magnitude=mag, max_position=int(full.max()) if full.size else 0,
                  context=ctx)

@@ -33,6 +33,7 @@ from conftest import (
     make_positions,
     needs_compiled,
     pe_exact,
+    snapshot,
 )
 
 import fastpe
@@ -775,3 +776,77 @@ def test_new_sinusoidal_arguments_are_checked_before_writing(kwargs, exception, 
         fastpe.add_sinusoidal(x, np.full(4, 2**63 - 2) if "overflows" in pattern else None,
                               **kwargs)
     assert (out == 7.0).all() and (x == 7.0).all()
+
+
+# ---- the compiled fast path --------------------------------------------------------------
+
+
+@needs_compiled
+def test_fast_path_declines_without_writing():
+    """The C fast path returns False (nothing written) for whatever is not the plain case;
+    the public call then takes the general path, which adds or raises as it always has."""
+    kern = fastpe._backend.compiled
+    w6 = fastpe._math.sinusoidal_inv_freq(6, 10000.0)
+    read_only = np.zeros((4, 6), np.float32)
+    read_only.flags.writeable = False
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(12, np.float32), (4, 6), (4, 4),
+                                                  writeable=True)
+    cases = {
+        "byte-swapped x": (np.zeros((4, 6), ">f4"), w6, 0, 1.0, None),
+        "1-D x": (np.zeros(6, np.float32), w6, 0, 1.0, ValueError),
+        "4-D x": (np.zeros((1, 1, 4, 6), np.float32), w6, 0, 1.0, ValueError),
+        "read-only x": (read_only, w6, 0, 1.0, TypeError),
+        "self-overlapping x": (overlapping, w6, 0, 1.0, ValueError),
+        "frequencies of another width": (np.zeros((4, 8), np.float32), w6, 0, 1.0, None),
+        "float32 frequencies": (np.zeros((4, 6), np.float32), w6.astype(np.float32), 0, 1.0,
+                                None),
+        "negative offset": (np.zeros((4, 6), np.float32), w6, -1, 1.0, ValueError),
+        "position 2**32": (np.zeros((4, 6), np.float32), w6, 2**32 - 3, 1.0, ValueError),
+        "bool offset": (np.zeros((4, 6), np.float32), w6, True, 1.0, TypeError),
+        "numpy offset": (np.zeros((4, 6), np.float32), w6, np.int64(3), 1.0, None),
+        "infinite scale": (np.zeros((4, 6), np.float32), w6, 0, math.inf, ValueError),
+    }
+    for name, (x, w, offset, scale, error) in cases.items():
+        before = snapshot(x)
+        assert kern.sinusoidal_fast(x, w, offset, scale, 1) is False, name
+        assert snapshot(x) == before, name
+        if error is None:
+            continue
+        with pytest.raises(error):
+            fastpe.add_sinusoidal(x, offset=offset, scale=scale)
+        assert snapshot(x) == before, name
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_fast_path_gives_the_general_paths_bits(dtype):
+    """Plain calls (the README's np.sqrt(d) scale, the last positions below 2**32, 2-D and
+    3-D, strided and transposed x) take the fast path, with the general path's bits."""
+    kern = fastpe._backend.compiled
+    real = kern.sinusoidal_fast
+    taken = []
+
+    def spy(*args):
+        taken.append(real(*args))
+        return taken[-1]
+
+    base = awkward_values((3, 40, 24), dtype, seed=9)
+    for name, view, kw in [
+        ("3-D, sqrt(d) scale", lambda b: b, {"scale": np.sqrt(24)}),
+        ("2-D, last positions", lambda b: b[0], {"offset": 2**32 - 40}),
+        ("strided", lambda b: b[:, ::2, 1:21], {"base": 500.0, "scale": -2.0}),
+        ("transposed", lambda b: b.transpose(0, 2, 1)[:, :, :24], {"offset": 7}),
+    ]:
+        fast, general = base.copy(), base.copy()
+        kern.sinusoidal_fast = spy
+        try:
+            fastpe.add_sinusoidal(view(fast), **kw)
+        finally:
+            kern.sinusoidal_fast = real
+        assert taken.pop() is True, name
+        kern.sinusoidal_fast = lambda *args: False
+        try:
+            fastpe.add_sinusoidal(view(general), **kw)
+        finally:
+            kern.sinusoidal_fast = real
+        assert_bytes_equal(fast, general, name)

@@ -237,6 +237,25 @@ cdef void byte_extent(cnp.ndarray x, size_t *lo, size_t *hi) noexcept:
     lo[0], hi[0] = start + low, start + high
 
 
+cdef int fast_code(object x) noexcept:
+    """Storage code of a plain, aligned, native, writable float array, else -1."""
+    if not cnp.PyArray_CheckExact(x):
+        return -1
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    if not (cnp.PyArray_ISWRITEABLE(a) and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)):
+        return -1
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return CODE_F32
+    if t == cnp.NPY_DOUBLE:
+        return CODE_F64
+    if t == NPY_HALF:
+        return CODE_F16
+    if t == bfloat16_typenum and t >= 0:
+        return CODE_BF16
+    return -1
+
+
 cdef bint extents_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
     """Whether the byte ranges of a and b intersect (they may share memory)."""
     cdef size_t alo, ahi, blo, bhi

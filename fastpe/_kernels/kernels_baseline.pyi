@@ -69,6 +69,9 @@ def sinusoidal(
     num_threads: int,
     cos_first: bool = ...,
 ) -> None: ...
+def sinusoidal_fast(
+    x: object, inv_freq: object, offset: object, scale: float, num_threads: int
+) -> bool: ...
 def learned(
     x: NDArray[Any],
     code: int,

@@ -533,25 +533,6 @@ def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bi
     rope_execute(&a, code, <char *>cnp.PyArray_DATA(q), kp, num_threads)
 
 
-cdef int fast_code(object x) noexcept:
-    """Storage code of a plain, aligned, native, writable float array, else -1."""
-    if not cnp.PyArray_CheckExact(x):
-        return -1
-    cdef cnp.ndarray a = <cnp.ndarray>x
-    if not (cnp.PyArray_ISWRITEABLE(a) and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)):
-        return -1
-    cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT:
-        return CODE_F32
-    if t == cnp.NPY_DOUBLE:
-        return CODE_F64
-    if t == NPY_HALF:
-        return CODE_F16
-    if t == bfloat16_typenum and t >= 0:
-        return CODE_BF16
-    return -1
-
-
 cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
     """Integer positions of any width and signedness into out as int64; False when
     one is past the int64 range (a uint64 above 2**63 - 1)."""

@@ -329,8 +329,65 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     a.cos_first = cos_first
     a.accumulate = accumulate
     a.scale = scale
+    sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(x), num_threads)
+
+
+def sinusoidal_fast(object x, object inv_freq, object offset, double scale, int num_threads):
+    """add_sinusoidal's fast path: x = x * scale + PE[offset + t] (interleaved) and True
+    for the plain common case, checked here in C (a mid-sized add is then one call,
+    not a dozen Python checks whose code the add itself has evicted from the caches);
+    False, with nothing written, for anything else: the general path validates and
+    raises.
+
+    Common case: x an exact, writable, aligned, native float array of 2 or 3
+    dimensions with whole-element strides and disjoint elements; inv_freq the
+    C-contiguous float64 (ceil(dim / 2),) frequencies; offset an int with every
+    position below 2**32; scale finite.
+    """
+    cdef int code = fast_code(x)
+    if (code < 0 or type(offset) is not int or not (scale - scale == 0)
+            or not cnp.PyArray_CheckExact(inv_freq)):
+        return False
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef cnp.ndarray wa = <cnp.ndarray>inv_freq
+    cdef int nd = cnp.PyArray_NDIM(xa)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(xa)
+    if nd < 2 or nd > 3:
+        return False
+    cdef Py_ssize_t seq = xa.shape[nd - 2], dim = xa.shape[nd - 1]
+    if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] != (dim + 1) // 2):
+        return False
+    cdef int ax
+    for ax in range(nd):
+        if cnp.PyArray_STRIDES(xa)[ax] % itemsize:
+            return False
+    if not (0 <= offset and offset + seq <= (<int64_t>1 << 32)) or not elements_disjoint(xa):
+        return False
+    cdef SinusoidalCall a
+    a.x = <char *>cnp.PyArray_DATA(xa)
+    a.batch = xa.shape[0] if nd == 3 else 1
+    a.seq, a.dim = seq, dim
+    a.sb = elem_stride(xa, 0) if nd == 3 else 0
+    a.ss, a.sd = elem_stride(xa, nd - 2), elem_stride(xa, nd - 1)
+    a.pos = NULL
+    a.pos_rows = 1
+    a.offset = offset
+    a.w = <const double *>cnp.PyArray_DATA(wa)
+    a.nfreq = wa.shape[0]
+    a.split = a.cos_first = False
+    a.accumulate = True
+    a.scale = scale
+    sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(xa), num_threads)
+    return True
+
+
+cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
+                            int num_threads) except -1:
+    """Choose how the rows are made and shared out, and run every unit; `a` holds the
+    call (nbytes: the size of x)."""
     if a.batch == 0 or a.seq == 0 or a.dim == 0:
-        return
+        return 0
     cdef bint one_row = a.pos_rows > 1 or a.batch == 1  # each unit feeds one batch row
     # PE rows of a chunk stay within CHUNK_BYTES (a few MB of cache); rows staged for
     # several batch rows of unit stride within STAGE_BYTES, so that each batch row
@@ -343,7 +400,7 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     a.chunk -= a.chunk % BLOCK_TOKENS
     cdef Py_ssize_t nunits = a.pos_rows * ceil_div(a.seq, a.chunk)
     cdef int nthreads = units_threads(nunits, num_threads)
-    a.direct = ((code == CODE_F32 or code == CODE_F64) and not accumulate and a.sd == 1
+    a.direct = ((code == CODE_F32 or code == CODE_F64) and not a.accumulate and a.sd == 1
                 and one_row)
     a.fused = (not a.direct and one_row
                and (a.sd == 1 or magnitude(a.ss) >= magnitude(a.sd)))
@@ -352,8 +409,8 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     cdef Py_ssize_t pe_rows = 0 if a.direct else (2 if a.fused else min(a.chunk, a.seq))
     cdef bint blocked = a.nfreq > FREQ_BLOCK
     a.fblock = FREQ_BLOCK if blocked else a.nfreq
-    a.stream = (a.direct and code == CODE_F32 and not split and not blocked
-                and cnp.PyArray_NBYTES(x) > STREAM_TABLE_BYTES)
+    a.stream = (a.direct and code == CODE_F32 and not a.split and not blocked
+                and nbytes > STREAM_TABLE_BYTES)
     cdef Scratch scratch = Scratch((4 * a.fblock + pe_rows * a.dim) * sizeof(double) + 32,
                                    nthreads, 0 if blocked else 2 * a.nfreq * sizeof(double))
     a.step_s = a.step_c = NULL
@@ -364,10 +421,11 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
         if not blocked:
             fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)
         if code == CODE_F32:
-            sinusoidal_run(&a, <float *>a.x, scratch.work, nthreads)
+            sinusoidal_run(a, <float *>a.x, scratch.work, nthreads)
         elif code == CODE_F64:
-            sinusoidal_run(&a, <double *>a.x, scratch.work, nthreads)
+            sinusoidal_run(a, <double *>a.x, scratch.work, nthreads)
         elif code == CODE_F16:
-            sinusoidal_run(&a, <fpe_f16 *>a.x, scratch.work, nthreads)
+            sinusoidal_run(a, <fpe_f16 *>a.x, scratch.work, nthreads)
         else:
-            sinusoidal_run(&a, <fpe_bf16 *>a.x, scratch.work, nthreads)
+            sinusoidal_run(a, <fpe_bf16 *>a.x, scratch.work, nthreads)
+    return 0
