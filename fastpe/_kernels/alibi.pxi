@@ -126,6 +126,8 @@ cdef struct AlibiCall:
     Py_ssize_t kmis
     bint columns                    # queries closer in memory than keys: alibi_column
     char *nqf                       # then (qrows, q) minus the query positions, as real_t
+    bint across_heads               # heads closest in memory: alibi_heads
+    char *slr                       # then (heads,) slopes as real_t
 
 
 cdef enum:
@@ -442,6 +444,40 @@ cdef void alibi_column(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind
                 <real_t>a.slopes[h], lim, a.symmetric, a.accumulate)
 
 
+cdef void alibi_heads(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
+    """Unit u of (batch, q): query row i of every head, heads inner, for a view whose
+    heads lie closest in memory: each key's distance and mask serve every head, and
+    each element gets the rows' bits (the same distance times the same slope)."""
+    cdef Py_ssize_t b = u // a.q
+    cdef Py_ssize_t i = u % a.q
+    cdef Py_ssize_t j, h
+    cdef int64_t qp = (a.qpos[(b if a.qrows > 1 else 0) * a.q + i] if a.qpos != NULL
+                       else a.q_offset + i)
+    cdef real_t qf = <real_t>qp
+    cdef real_t lim = qf if a.causal else <real_t>INFINITY
+    cdef const real_t *kf = (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+    cdef const real_t *sl = <const real_t *>a.slr
+    cdef store_t *col
+    cdef real_t kj, d, nd
+    for j in range(a.k):
+        col = x + a.boff[b] + i * a.sq + j * a.sk
+        kj = kf[j]
+        if not kj <= lim:                       # causal, or a masked key (NaN)
+            for h in range(a.heads):
+                store(col, h * a.sh, <real_t>-INFINITY)
+            continue
+        d = kj - qf
+        if a.symmetric:
+            nd = qf - kj
+            d = d if d < nd else nd             # -|kpos - qpos|
+        if a.accumulate:
+            for h in range(a.heads):
+                store(col, h * a.sh, load(col, h * a.sh, kind) + sl[h] * d)
+        else:
+            for h in range(a.heads):
+                store(col, h * a.sh, sl[h] * d)
+
+
 cdef void alibi_query_columns(const AlibiCall *a, real_t *nqf) noexcept nogil:
     """nqf[r, i] = -(query position) as real_t."""
     cdef Py_ssize_t r, i
@@ -524,9 +560,11 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
 
 
 cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil:
-    cdef Py_ssize_t r, nrows = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
+    cdef Py_ssize_t r, h, nrows = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
     if a.columns:
         nrows = a.batch * a.heads * a.k
+    elif a.across_heads:
+        nrows = a.batch * a.q
     # chunks of 16 rows share the key rows in cache, but a decode call has only
     # heads / HEAD_GROUP units: chunks of 16 would give them all to one thread
     cdef Py_ssize_t chunk = max(1, min(16, nrows // (4 * nthreads)))
@@ -538,6 +576,25 @@ cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil
             alibi_key_rows(a, <double *>a.kf)
         else:
             alibi_key_rows(a, <float *>a.kf)
+    if a.across_heads:
+        for h in range(a.heads):
+            if store_t is double:
+                (<double *>a.slr)[h] = <double>a.slopes[h]
+            else:
+                (<float *>a.slr)[h] = <float>a.slopes[h]
+        if nthreads > 1:
+            for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
+                if store_t is double:
+                    alibi_heads(a, x, r, kind_d)
+                else:
+                    alibi_heads(a, x, r, kind_f)
+        else:
+            for r in range(nrows):
+                if store_t is double:
+                    alibi_heads(a, x, r, kind_d)
+                else:
+                    alibi_heads(a, x, r, kind_f)
+        return
     if a.columns:
         if store_t is double:
             alibi_query_columns(a, <double *>a.nqf)
@@ -599,10 +656,15 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
         a.kmis = (<size_t>xp & (VECTOR_BYTES - 1)) // itemsize
     a.kst = round_up(a.k + VECTOR_BYTES // real_size, 64 // real_size)
     cdef Py_ssize_t kf_bytes = a.kfrows * a.kst * real_size if a.exact else 0
-    # a view whose queries lie closer in memory than its keys walks them inner
-    a.columns = a.exact and a.q > 1 and a.sk != 1 and magnitude(a.sq) < magnitude(a.sk)
+    # a view whose heads lie closest in memory walks them inner; else one whose queries
+    # lie closer than its keys walks those inner
+    a.across_heads = (a.exact and a.heads > 1 and a.sk != 1
+                      and magnitude(a.sh) < min(magnitude(a.sk), magnitude(a.sq)))
+    a.columns = (a.exact and not a.across_heads and a.q > 1 and a.sk != 1
+                 and magnitude(a.sq) < magnitude(a.sk))
     cdef Py_ssize_t nqf_bytes = round_up(a.qrows * a.q * real_size, 64) if a.columns else 0
-    cdef Py_ssize_t need = kf_bytes + nqf_bytes + a.batch * sizeof(Py_ssize_t)
+    cdef Py_ssize_t slr_bytes = round_up(a.heads * real_size, 64) if a.across_heads else 0
+    cdef Py_ssize_t need = kf_bytes + nqf_bytes + slr_bytes + a.batch * sizeof(Py_ssize_t)
     cdef char stack[ALIBI_STACK_BYTES + 64]
     cdef Scratch heap = None
     cdef char *work
@@ -613,7 +675,8 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
         work = heap.shared
     a.kf = work
     a.nqf = work + kf_bytes
-    cdef Py_ssize_t *boff = <Py_ssize_t *>(work + kf_bytes + nqf_bytes)
+    a.slr = a.nqf + nqf_bytes
+    cdef Py_ssize_t *boff = <Py_ssize_t *>(a.slr + slr_bytes)
     # element offset of each row of the leading dims, C order
     for b in range(a.batch):
         rest = b
@@ -624,9 +687,12 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
             rest //= d
         boff[b] = off
     a.boff = boff
-    cdef int nthreads = units_threads(
-        a.batch * (a.heads * a.k if a.columns else ceil_div(a.heads, HEAD_GROUP) * a.q),
-        num_threads)
+    cdef Py_ssize_t units = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
+    if a.columns:
+        units = a.batch * a.heads * a.k
+    elif a.across_heads:
+        units = a.batch * a.q
+    cdef int nthreads = units_threads(units, num_threads)
     with nogil:
         if code == CODE_F32:
             alibi_run(a, <float *>xp, nthreads)
