@@ -587,6 +587,86 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
 #endif
 }
 
+/* ---- rows of a transposed view, copied to and from row-major scratch -------
+ * tmp[r * w + f] holds feature f of row r; in memory the rows are adjacent (unit
+ * stride) and the features sd apart. Whole groups of 8 rows move as 8 x 8 blocks
+ * transposed in registers, 8 loads and 8 stores where one element at a time takes
+ * 64 of each; the return value is the rows done (a multiple of 8, 0 without AVX2),
+ * the caller copies the rest. */
+#if FPE_PAIRS_AVX2
+static FPE_ALWAYS_INLINE void fpe_transpose8_f32(__m256 *v)
+{
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    v[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    v[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    v[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    v[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+#endif
+
+static inline Py_ssize_t fpe_rows_in_f32(const float *src, Py_ssize_t sd, float *tmp,
+                                         Py_ssize_t w, Py_ssize_t n)
+{
+#if FPE_PAIRS_AVX2
+    const Py_ssize_t n8 = n / 8 * 8, w8 = w / 8 * 8;
+    __m256 v[8];
+    for (Py_ssize_t r0 = 0; r0 < n8; r0 += 8) {
+        Py_ssize_t f0 = 0;
+        for (; f0 < w8; f0 += 8) {
+            for (int i = 0; i < 8; i++)
+                v[i] = _mm256_loadu_ps(src + r0 + (f0 + i) * sd);
+            fpe_transpose8_f32(v);
+            for (int j = 0; j < 8; j++)
+                _mm256_storeu_ps(tmp + (r0 + j) * w + f0, v[j]);
+        }
+        for (; f0 < w; f0++)
+            for (int j = 0; j < 8; j++)
+                tmp[(r0 + j) * w + f0] = src[r0 + j + f0 * sd];
+    }
+    return n8;
+#else
+    (void)src; (void)sd; (void)tmp; (void)w; (void)n;
+    return 0;
+#endif
+}
+
+static inline Py_ssize_t fpe_rows_out_f32(const float *tmp, float *dst, Py_ssize_t sd,
+                                          Py_ssize_t w, Py_ssize_t n)
+{
+#if FPE_PAIRS_AVX2
+    const Py_ssize_t n8 = n / 8 * 8, w8 = w / 8 * 8;
+    __m256 v[8];
+    for (Py_ssize_t r0 = 0; r0 < n8; r0 += 8) {
+        Py_ssize_t f0 = 0;
+        for (; f0 < w8; f0 += 8) {
+            for (int j = 0; j < 8; j++)
+                v[j] = _mm256_loadu_ps(tmp + (r0 + j) * w + f0);
+            fpe_transpose8_f32(v);
+            for (int i = 0; i < 8; i++)
+                _mm256_storeu_ps(dst + r0 + (f0 + i) * sd, v[i]);
+        }
+        for (; f0 < w; f0++)
+            for (int j = 0; j < 8; j++)
+                dst[r0 + j + f0 * sd] = tmp[(r0 + j) * w + f0];
+    }
+    return n8;
+#else
+    (void)tmp; (void)dst; (void)sd; (void)w; (void)n;
+    return 0;
+#endif
+}
+
 static inline void fpe_stream_fence(void)
 {
 #if FPE_PAIRS_AVX2

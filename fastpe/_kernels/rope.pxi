@@ -161,14 +161,18 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
     (the arithmetic of rotate_row) and copied back. One row at a time, each of its
     features would be a cache line and a page of its own (26x a streaming pass).
     Row r takes the table row at r * tab_stride (0: heads of one token)."""
-    cdef Py_ssize_t r0 = 0, r, f, n, w = 2 * half
+    cdef Py_ssize_t r0 = 0, r, f, n, done, w = 2 * half
     cdef real_t kind = 0
     cdef store_t *row0
+    cdef bint blocks = store_t is float and real_t is float and rs == 1
     while r0 < nrows:
         n = min(<Py_ssize_t>ACROSS_ROWS, nrows - r0)
         row0 = base + r0 * rs
+        done = 0
+        if store_t is float and real_t is float and blocks:
+            done = fpe_rows_in_f32(row0, sd, tmp, w, n)
         for f in range(w):
-            for r in range(n):
+            for r in range(done, n):
                 tmp[r * w + f] = load(row0, r * rs + f * sd, kind)
         for r in range(n):
             if real_t is float:
@@ -177,8 +181,10 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
             else:
                 fpe_rotate_f64(tmp + r * w, ctab + (r0 + r) * tab_stride,
                                stab + (r0 + r) * tab_stride, half, neox)
+        if store_t is float and real_t is float and blocks:
+            done = fpe_rows_out_f32(tmp, row0, sd, w, n)
         for f in range(w):
-            for r in range(n):
+            for r in range(done, n):
                 store(row0, r * rs + f * sd, tmp[r * w + f])
         r0 += n
 
