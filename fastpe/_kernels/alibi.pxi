@@ -21,7 +21,8 @@
 # so that its loads are aligned too. float16 rows convert in chunks (fastpe_math.h's
 # run conversions, F16C), since GCC does not vectorise the element-wise ones. Masked
 # keys are selected on the bits (keep_or_ninf), as a branch on a float comparison
-# does not vectorise.
+# does not vectorise. A view whose keys are not nearest in memory walks what is
+# nearest inner instead: the heads (alibi_heads) or the queries (alibi_column).
 
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport INT32_MAX, uint32_t, uint64_t
