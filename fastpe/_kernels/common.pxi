@@ -27,10 +27,8 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
                                Py_ssize_t nfreq, double mult)
     void fpe_stream_fence()
-    Py_ssize_t fpe_rows_in_f32(const float *src, Py_ssize_t sd, float *tmp, Py_ssize_t w,
-                               Py_ssize_t n)
-    Py_ssize_t fpe_rows_out_f32(const float *tmp, float *dst, Py_ssize_t sd, Py_ssize_t w,
-                                Py_ssize_t n)
+    Py_ssize_t fpe_rows_copy_f32(float *mem, Py_ssize_t sd, float *tmp, Py_ssize_t w,
+                                 Py_ssize_t n, int gather)
     int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,
                          float *pe0, float *pe1, Py_ssize_t dim, Py_ssize_t nfreq,
                          double mult, int stream)

@@ -588,11 +588,12 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
 }
 
 /* ---- rows of a transposed view, copied to and from row-major scratch -------
- * tmp[r * w + f] holds feature f of row r; in memory the rows are adjacent (unit
- * stride) and the features sd apart. Whole groups of 8 rows move as 8 x 8 blocks
- * transposed in registers, 8 loads and 8 stores where one element at a time takes
- * 64 of each; the return value is the rows done (a multiple of 8, 0 without AVX2),
- * the caller copies the rest. */
+ * tmp[r * w + f] holds feature f of row r, which in memory is mem[r + f * sd]: the
+ * rows adjacent (unit stride), the features sd apart. fpe_rows_copy_f32 copies into
+ * tmp (gather) or back out of it; whole groups of 8 rows move as 8 x 8 blocks
+ * transposed in registers (its own inverse), 8 loads and 8 stores where one element
+ * at a time takes 64 of each. It returns the rows done (a multiple of 8, 0 without
+ * AVX2); the caller copies the rest. */
 #if FPE_PAIRS_AVX2
 static FPE_ALWAYS_INLINE void fpe_transpose8_f32(__m256 *v)
 {
@@ -615,8 +616,8 @@ static FPE_ALWAYS_INLINE void fpe_transpose8_f32(__m256 *v)
 }
 #endif
 
-static inline Py_ssize_t fpe_rows_in_f32(const float *src, Py_ssize_t sd, float *tmp,
-                                         Py_ssize_t w, Py_ssize_t n)
+static inline Py_ssize_t fpe_rows_copy_f32(float *mem, Py_ssize_t sd, float *tmp, Py_ssize_t w,
+                                           Py_ssize_t n, int gather)
 {
 #if FPE_PAIRS_AVX2
     const Py_ssize_t n8 = n / 8 * 8, w8 = w / 8 * 8;
@@ -624,45 +625,28 @@ static inline Py_ssize_t fpe_rows_in_f32(const float *src, Py_ssize_t sd, float 
     for (Py_ssize_t r0 = 0; r0 < n8; r0 += 8) {
         Py_ssize_t f0 = 0;
         for (; f0 < w8; f0 += 8) {
+            float *m = mem + r0 + f0 * sd, *t = tmp + r0 * w + f0;
             for (int i = 0; i < 8; i++)
-                v[i] = _mm256_loadu_ps(src + r0 + (f0 + i) * sd);
+                v[i] = gather ? _mm256_loadu_ps(m + i * sd) : _mm256_loadu_ps(t + i * w);
             fpe_transpose8_f32(v);
-            for (int j = 0; j < 8; j++)
-                _mm256_storeu_ps(tmp + (r0 + j) * w + f0, v[j]);
+            for (int i = 0; i < 8; i++) {
+                if (gather)
+                    _mm256_storeu_ps(t + i * w, v[i]);
+                else
+                    _mm256_storeu_ps(m + i * sd, v[i]);
+            }
         }
         for (; f0 < w; f0++)
-            for (int j = 0; j < 8; j++)
-                tmp[(r0 + j) * w + f0] = src[r0 + j + f0 * sd];
+            for (Py_ssize_t r = r0; r < r0 + 8; r++) {
+                if (gather)
+                    tmp[r * w + f0] = mem[r + f0 * sd];
+                else
+                    mem[r + f0 * sd] = tmp[r * w + f0];
+            }
     }
     return n8;
 #else
-    (void)src; (void)sd; (void)tmp; (void)w; (void)n;
-    return 0;
-#endif
-}
-
-static inline Py_ssize_t fpe_rows_out_f32(const float *tmp, float *dst, Py_ssize_t sd,
-                                          Py_ssize_t w, Py_ssize_t n)
-{
-#if FPE_PAIRS_AVX2
-    const Py_ssize_t n8 = n / 8 * 8, w8 = w / 8 * 8;
-    __m256 v[8];
-    for (Py_ssize_t r0 = 0; r0 < n8; r0 += 8) {
-        Py_ssize_t f0 = 0;
-        for (; f0 < w8; f0 += 8) {
-            for (int j = 0; j < 8; j++)
-                v[j] = _mm256_loadu_ps(tmp + (r0 + j) * w + f0);
-            fpe_transpose8_f32(v);
-            for (int i = 0; i < 8; i++)
-                _mm256_storeu_ps(dst + r0 + (f0 + i) * sd, v[i]);
-        }
-        for (; f0 < w; f0++)
-            for (int j = 0; j < 8; j++)
-                dst[r0 + j + f0 * sd] = tmp[(r0 + j) * w + f0];
-    }
-    return n8;
-#else
-    (void)tmp; (void)dst; (void)sd; (void)w; (void)n;
+    (void)mem; (void)sd; (void)tmp; (void)w; (void)n; (void)gather;
     return 0;
 #endif
 }

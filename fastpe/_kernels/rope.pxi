@@ -170,7 +170,7 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
         row0 = base + r0 * rs
         done = 0
         if store_t is float and real_t is float and blocks:
-            done = fpe_rows_in_f32(row0, sd, tmp, w, n)
+            done = fpe_rows_copy_f32(row0, sd, tmp, w, n, True)
         for f in range(w):
             for r in range(done, n):
                 tmp[r * w + f] = load(row0, r * rs + f * sd, kind)
@@ -182,7 +182,7 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
                 fpe_rotate_f64(tmp + r * w, ctab + (r0 + r) * tab_stride,
                                stab + (r0 + r) * tab_stride, half, neox)
         if store_t is float and real_t is float and blocks:
-            done = fpe_rows_out_f32(tmp, row0, sd, w, n)
+            done = fpe_rows_copy_f32(row0, sd, tmp, w, n, False)
         for f in range(w):
             for r in range(done, n):
                 store(row0, r * rs + f * sd, tmp[r * w + f])
