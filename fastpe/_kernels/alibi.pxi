@@ -129,6 +129,7 @@ cdef struct AlibiCall:
     char *nqf                       # then (qrows, q) minus the query positions, as real_t
     bint across_heads               # heads closest in memory: alibi_heads
     char *slr                       # then (heads,) slopes as real_t
+    Py_ssize_t nunits               # units of work of the walk chosen (alibi_any)
 
 
 cdef enum:
@@ -423,6 +424,16 @@ cdef inline void row_exact(const AlibiCall *a, store_t *row, const int64_t *kp,
         store(row, j * a.sk, v)
 
 
+cdef inline int64_t query_position(const AlibiCall *a, Py_ssize_t b, Py_ssize_t i) noexcept nogil:
+    """The position of query i of sequence b."""
+    return a.qpos[(b if a.qrows > 1 else 0) * a.q + i] if a.qpos != NULL else a.q_offset + i
+
+
+cdef inline const real_t *key_row(const AlibiCall *a, Py_ssize_t b, real_t kind) noexcept nogil:
+    """Sequence b's key positions as real_t (alibi_key_rows); `kind` picks the type."""
+    return (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+
+
 # ---- columns: a view whose queries lie closer in memory than its keys --------------------
 #
 # The bias of (query i, key j) is slope * (k_j - q_i) = slope * ((-q_i) - (-k_j)): the row
@@ -437,7 +448,7 @@ cdef void alibi_column(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind
     cdef Py_ssize_t b = u // hk
     cdef Py_ssize_t h = (u % hk) // a.k
     cdef Py_ssize_t j = u % a.k
-    cdef const real_t *kf = (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+    cdef const real_t *kf = key_row(a, b, kind)
     cdef const real_t *nqf = (<const real_t *>a.nqf) + (b if a.qrows > 1 else 0) * a.q
     cdef real_t nk = -kf[j]
     cdef real_t lim = nk if a.causal else (<real_t>INFINITY if kf[j] == kf[j] else nk)
@@ -452,11 +463,9 @@ cdef void alibi_heads(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind)
     cdef Py_ssize_t b = u // a.q
     cdef Py_ssize_t i = u % a.q
     cdef Py_ssize_t j, h
-    cdef int64_t qp = (a.qpos[(b if a.qrows > 1 else 0) * a.q + i] if a.qpos != NULL
-                       else a.q_offset + i)
-    cdef real_t qf = <real_t>qp
+    cdef real_t qf = <real_t>query_position(a, b, i)
     cdef real_t lim = qf if a.causal else <real_t>INFINITY
-    cdef const real_t *kf = (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+    cdef const real_t *kf = key_row(a, b, kind)
     cdef const real_t *sl = <const real_t *>a.slr
     cdef store_t *col
     cdef real_t kj, d, nd
@@ -484,8 +493,7 @@ cdef void alibi_query_columns(const AlibiCall *a, real_t *nqf) noexcept nogil:
     cdef Py_ssize_t r, i
     for r in range(a.qrows):
         for i in range(a.q):
-            nqf[r * a.q + i] = -<real_t>(a.qpos[r * a.q + i] if a.qpos != NULL
-                                         else a.q_offset + i)
+            nqf[r * a.q + i] = -<real_t>query_position(a, r, i)
 
 
 cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
@@ -505,12 +513,9 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
     cdef real_t *rows[HEAD_GROUP]
     cdef real_t sl[HEAD_GROUP]
     cdef Py_ssize_t t
-    if a.qpos != NULL:
-        qp = a.qpos[(b if a.qrows > 1 else 0) * a.q + i]
-    else:
-        qp = a.q_offset + i
+    qp = query_position(a, b, i)
     if a.exact:
-        kf = (<const real_t *>a.kf) + (b if a.kfrows > 1 else 0) * a.kst + a.kmis
+        kf = key_row(a, b, kind)
         if store_t is fpe_f16 and a.sk == 1:
             rows_f16(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
         elif (store_t is float or store_t is double) and a.plain and a.sk == 1 \
@@ -560,15 +565,22 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
                     row[j] = <real_t>NAN
 
 
+cdef inline void alibi_any(const AlibiCall *a, store_t *x, Py_ssize_t u,
+                           real_t kind) noexcept nogil:
+    """Unit u of the walk alibi_execute chose for this view."""
+    if a.across_heads:
+        alibi_heads(a, x, u, kind)
+    elif a.columns:
+        alibi_column(a, x, u, kind)
+    else:
+        alibi_unit(a, x, u, kind)
+
+
 cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil:
-    cdef Py_ssize_t r, h, nrows = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
-    if a.columns:
-        nrows = a.batch * a.heads * a.k
-    elif a.across_heads:
-        nrows = a.batch * a.q
+    cdef Py_ssize_t r, h
     # chunks of 16 rows share the key rows in cache, but a decode call has only
     # heads / HEAD_GROUP units: chunks of 16 would give them all to one thread
-    cdef Py_ssize_t chunk = max(1, min(16, nrows // (4 * nthreads)))
+    cdef Py_ssize_t chunk = max(1, min(16, a.nunits // (4 * nthreads)))
     # storage float64 computes in float64, everything else in float32
     cdef double kind_d = 0
     cdef float kind_f = 0
@@ -583,49 +595,23 @@ cdef void alibi_run(const AlibiCall *a, store_t *x, int nthreads) noexcept nogil
                 (<double *>a.slr)[h] = <double>a.slopes[h]
             else:
                 (<float *>a.slr)[h] = <float>a.slopes[h]
-        if nthreads > 1:
-            for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
-                if store_t is double:
-                    alibi_heads(a, x, r, kind_d)
-                else:
-                    alibi_heads(a, x, r, kind_f)
-        else:
-            for r in range(nrows):
-                if store_t is double:
-                    alibi_heads(a, x, r, kind_d)
-                else:
-                    alibi_heads(a, x, r, kind_f)
-        return
-    if a.columns:
+    elif a.columns:
         if store_t is double:
             alibi_query_columns(a, <double *>a.nqf)
         else:
             alibi_query_columns(a, <float *>a.nqf)
-        if nthreads > 1:
-            for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
-                if store_t is double:
-                    alibi_column(a, x, r, kind_d)
-                else:
-                    alibi_column(a, x, r, kind_f)
-        else:
-            for r in range(nrows):
-                if store_t is double:
-                    alibi_column(a, x, r, kind_d)
-                else:
-                    alibi_column(a, x, r, kind_f)
-        return
     if nthreads > 1:
-        for r in prange(nrows, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
+        for r in prange(a.nunits, schedule="dynamic", chunksize=chunk, num_threads=nthreads):
             if store_t is double:
-                alibi_unit(a, x, r, kind_d)
+                alibi_any(a, x, r, kind_d)
             else:
-                alibi_unit(a, x, r, kind_f)
+                alibi_any(a, x, r, kind_f)
     else:
-        for r in range(nrows):
+        for r in range(a.nunits):
             if store_t is double:
-                alibi_unit(a, x, r, kind_d)
+                alibi_any(a, x, r, kind_d)
             else:
-                alibi_unit(a, x, r, kind_f)
+                alibi_any(a, x, r, kind_f)
 
 
 cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_position,
@@ -688,12 +674,12 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
             rest //= d
         boff[b] = off
     a.boff = boff
-    cdef Py_ssize_t units = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
+    a.nunits = a.batch * ceil_div(a.heads, HEAD_GROUP) * a.q
     if a.columns:
-        units = a.batch * a.heads * a.k
+        a.nunits = a.batch * a.heads * a.k
     elif a.across_heads:
-        units = a.batch * a.q
-    cdef int nthreads = units_threads(units, num_threads)
+        a.nunits = a.batch * a.q
+    cdef int nthreads = units_threads(a.nunits, num_threads)
     with nogil:
         if code == CODE_F32:
             alibi_run(a, <float *>xp, nthreads)
