@@ -743,16 +743,10 @@ def alibi_fast(object scores, object slopes, object q_offset, bint causal, bint 
     if nd < 3:
         return False
     cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
-    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(x)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x)
-    cdef int ax
     cdef Py_ssize_t i, q = dims[nd - 2], k = dims[nd - 1]
     cdef const double *sp
     cdef int64_t off
-    for ax in range(nd):
-        if st[ax] % itemsize:
-            return False
-    if not elements_disjoint(x):
+    if not whole_element_strides(x) or not elements_disjoint(x):
         return False
     if (cnp.PyArray_TYPE(s) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(s) != 1
             or not cnp.PyArray_IS_C_CONTIGUOUS(s) or s.shape[0] != dims[nd - 3]):

@@ -258,6 +258,33 @@ cdef int fast_code(object x) noexcept:
     return -1
 
 
+cdef bint whole_element_strides(cnp.ndarray x) noexcept:
+    """Whether every stride of x is a whole number of elements."""
+    cdef int ax
+    for ax in range(cnp.PyArray_NDIM(x)):
+        if cnp.PyArray_STRIDES(x)[ax] % cnp.PyArray_ITEMSIZE(x):
+            return False
+    return True
+
+
+cdef int fast_rows(object x, Py_ssize_t *dims, Py_ssize_t *strides) noexcept:
+    """fast_code of an x of 2 or 3 dimensions with whole-element strides and disjoint
+    elements, its sizes and element strides filled in as (batch, seq, width): batch
+    1 (stride 0) for 2-D; else -1. What the compiled fast paths of the adds take."""
+    cdef int code = fast_code(x)
+    if code < 0:
+        return -1
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    cdef int ax, nd = cnp.PyArray_NDIM(a)
+    if nd < 2 or nd > 3 or not whole_element_strides(a) or not elements_disjoint(a):
+        return -1
+    dims[0], strides[0] = 1, 0
+    for ax in range(nd):
+        dims[3 - nd + ax] = cnp.PyArray_DIMS(a)[ax]
+        strides[3 - nd + ax] = elem_stride(a, ax)
+    return code
+
+
 cdef bint extents_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
     """Whether the byte ranges of a and b intersect (they may share memory)."""
     cdef size_t alo, ahi, blo, bhi

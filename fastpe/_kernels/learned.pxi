@@ -164,40 +164,27 @@ def learned_fast(object x, object table, object offset, int num_threads):
     aligned, native 2-D array of the same dtype and width, apart from x, with whole-
     element strides; offset an int with offset + seq <= the table's rows.
     """
-    cdef int code = fast_code(x)
+    cdef LearnedCall a
+    cdef Py_ssize_t dims[3]
+    cdef Py_ssize_t strides[3]
+    cdef int code = fast_rows(x, dims, strides)
     if code < 0 or not cnp.PyArray_CheckExact(table) or type(offset) is not int:
         return False
     cdef cnp.ndarray xa = <cnp.ndarray>x
     cdef cnp.ndarray ta = <cnp.ndarray>table
-    cdef int nd = cnp.PyArray_NDIM(xa)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(xa)
-    if (nd < 2 or nd > 3 or cnp.PyArray_NDIM(ta) != 2
-            or cnp.PyArray_TYPE(ta) != cnp.PyArray_TYPE(xa)
+    if (cnp.PyArray_NDIM(ta) != 2 or cnp.PyArray_TYPE(ta) != cnp.PyArray_TYPE(xa)
             or not (cnp.PyArray_ISALIGNED(ta) and cnp.PyArray_ISNOTSWAPPED(ta))
-            or ta.shape[1] != xa.shape[nd - 1]):
+            or not whole_element_strides(ta) or ta.shape[1] != dims[2]
+            or not (0 <= offset <= ta.shape[0] - dims[1]) or extents_overlap(xa, ta)):
         return False
-    cdef int ax
-    for ax in range(nd):
-        if cnp.PyArray_STRIDES(xa)[ax] % itemsize:
-            return False
-    for ax in range(2):
-        if cnp.PyArray_STRIDES(ta)[ax] % itemsize:
-            return False
-    cdef Py_ssize_t seq = xa.shape[nd - 2]
-    if not (0 <= offset <= ta.shape[0] - seq) or not elements_disjoint(xa) \
-            or extents_overlap(xa, ta):
-        return False
-    cdef LearnedCall a
-    a.batch = xa.shape[0] if nd == 3 else 1
-    a.seq, a.dim = seq, xa.shape[nd - 1]
-    a.sb = elem_stride(xa, 0) if nd == 3 else 0
-    a.ss, a.sd = elem_stride(xa, nd - 2), elem_stride(xa, nd - 1)
+    a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
+    a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
     a.tr, a.td = elem_stride(ta, 0), elem_stride(ta, 1)
     a.pos = NULL
     a.pos_rows = 1
     a.offset = offset
     learned_execute(&a, code, <char *>cnp.PyArray_DATA(xa),
-                    <const char *>cnp.PyArray_DATA(ta), itemsize, num_threads)
+                    <const char *>cnp.PyArray_DATA(ta), cnp.PyArray_ITEMSIZE(ta), num_threads)
     return True
 
 

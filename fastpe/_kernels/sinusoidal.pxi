@@ -344,32 +344,21 @@ def sinusoidal_fast(object x, object inv_freq, object offset, double scale, int 
     C-contiguous float64 (ceil(dim / 2),) frequencies; offset an int with every
     position below 2**32; scale finite.
     """
-    cdef int code = fast_code(x)
+    cdef SinusoidalCall a
+    cdef Py_ssize_t dims[3]
+    cdef Py_ssize_t strides[3]
+    cdef int code = fast_rows(x, dims, strides)
     if (code < 0 or type(offset) is not int or not (scale - scale == 0)
             or not cnp.PyArray_CheckExact(inv_freq)):
         return False
-    cdef cnp.ndarray xa = <cnp.ndarray>x
     cdef cnp.ndarray wa = <cnp.ndarray>inv_freq
-    cdef int nd = cnp.PyArray_NDIM(xa)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(xa)
-    if nd < 2 or nd > 3:
-        return False
-    cdef Py_ssize_t seq = xa.shape[nd - 2], dim = xa.shape[nd - 1]
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] != (dim + 1) // 2):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] != (dims[2] + 1) // 2
+            or not (0 <= offset and offset + dims[1] <= (<int64_t>1 << 32))):
         return False
-    cdef int ax
-    for ax in range(nd):
-        if cnp.PyArray_STRIDES(xa)[ax] % itemsize:
-            return False
-    if not (0 <= offset and offset + seq <= (<int64_t>1 << 32)) or not elements_disjoint(xa):
-        return False
-    cdef SinusoidalCall a
-    a.x = <char *>cnp.PyArray_DATA(xa)
-    a.batch = xa.shape[0] if nd == 3 else 1
-    a.seq, a.dim = seq, dim
-    a.sb = elem_stride(xa, 0) if nd == 3 else 0
-    a.ss, a.sd = elem_stride(xa, nd - 2), elem_stride(xa, nd - 1)
+    a.x = <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
+    a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
+    a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
     a.pos = NULL
     a.pos_rows = 1
     a.offset = offset
@@ -378,7 +367,7 @@ def sinusoidal_fast(object x, object inv_freq, object offset, double scale, int 
     a.split = a.cos_first = False
     a.accumulate = True
     a.scale = scale
-    sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(xa), num_threads)
+    sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(<cnp.ndarray>x), num_threads)
     return True
 
 
