@@ -164,12 +164,11 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
     cdef Py_ssize_t r0 = 0, r, f, n, done, w = 2 * half
     cdef real_t kind = 0
     cdef store_t *row0
-    cdef bint blocks = store_t is float and real_t is float and rs == 1
     while r0 < nrows:
         n = min(<Py_ssize_t>ACROSS_ROWS, nrows - r0)
         row0 = base + r0 * rs
         done = 0
-        if store_t is float and real_t is float and blocks:
+        if store_t is float and real_t is float and rs == 1:
             done = fpe_rows_copy_f32(row0, sd, tmp, w, n, True)
         for f in range(w):
             for r in range(done, n):
@@ -181,7 +180,7 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
             else:
                 fpe_rotate_f64(tmp + r * w, ctab + (r0 + r) * tab_stride,
                                stab + (r0 + r) * tab_stride, half, neox)
-        if store_t is float and real_t is float and blocks:
+        if store_t is float and real_t is float and rs == 1:
             done = fpe_rows_copy_f32(row0, sd, tmp, w, n, False)
         for f in range(w):
             for r in range(done, n):
