@@ -19,17 +19,45 @@ from . import _checks
 __all__ = ["mrope_positions", "vision_positions"]
 
 
-def _grid(value: object, name: str) -> tuple[int, int, int]:
-    """(t, h, w) of a grid given as (t, h, w) or (h, w)."""
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _array_like(value: object) -> bool:
+    return isinstance(value, np.ndarray) or hasattr(value, "__array__") or hasattr(
+        value, "__array_interface__")
+
+
+def _sizes(value: object, name: str) -> list[object]:
+    """The entries of one grid: a sequence, or a 1-D integer array or tensor (a row of
+    transformers' image_grid_thw)."""
+    if _array_like(value):
+        arr = np.asarray(value)
+        if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
+            raise TypeError(f"{name} must be (t, h, w) or (h, w) integer patch counts, got an "
+                            f"array of shape {arr.shape} and dtype {arr.dtype}")
+        return [int(v) for v in arr.tolist()]
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be (t, h, w) or (h, w) patch counts, got "
                         f"{type(value).__name__}")
-    if len(value) not in (2, 3):
+    return list(value)
+
+
+def _grid(value: object, name: str) -> tuple[int, int, int]:
+    """(t, h, w) of a grid given as (t, h, w) or (h, w)."""
+    entries = _sizes(value, name)
+    if len(entries) not in (2, 3):
         raise ValueError(f"{name} must be (t, h, w) or (h, w) patch counts, got {value!r}")
-    sizes: list[object] = [1, *value] if len(value) == 2 else list(value)
+    sizes: list[object] = [1, *entries] if len(entries) == 2 else entries
     return (_checks.count(sizes[0], f"{name} t", minimum=1),
             _checks.count(sizes[1], f"{name} h", minimum=1),
             _checks.count(sizes[2], f"{name} w", minimum=1))
+
+
+def _fits(largest: float, name: str) -> None:
+    """Refuse positions past int64, which would wrap to negative numbers."""
+    if largest > _INT64_MAX:
+        raise ValueError(f"{name} gives positions up to {largest:.4g}, past the int64 range "
+                         f"of the result (at most 2**63 - 1)")
 
 
 def _merged(grid: tuple[int, int, int], merge: int, name: str) -> tuple[int, int]:
@@ -76,20 +104,27 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
            [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7]])
     """
     merge = _checks.count(spatial_merge_size, "spatial_merge_size", minimum=1)
+    if _array_like(segments) or isinstance(segments, (str, bytes)) or not isinstance(
+            segments, Sequence):
+        raise TypeError(f"segments must be a list of text token counts and (t, h, w) grids, "
+                        f"got {type(segments).__name__}")
     parts = []
     start = 0
     for i, seg in enumerate(segments):
-        if isinstance(seg, (int, np.integer)) and not isinstance(seg, bool):
+        if isinstance(seg, (int, np.integer)) and not isinstance(seg, (bool, np.bool_)):
             n = _checks.count(seg, f"segments[{i}]")
+            _fits(start + n - 1, f"segments[{i}]")
             parts.append(np.broadcast_to(start + np.arange(n, dtype=np.int64), (3, n)))
             start += n
             continue
+        entries = _sizes(seg, f"segments[{i}]")
         step = 1.0
-        if isinstance(seg, Sequence) and not isinstance(seg, (str, bytes)) and len(seg) == 4:
-            step = _checks.real(seg[3], f"segments[{i}] temporal step", positive=True)
-            seg = seg[:3]
-        grid = _grid(seg, f"segments[{i}]")
+        if len(entries) == 4:
+            step = _checks.real(entries[3], f"segments[{i}] temporal step", positive=True)
+            entries = entries[:3]
+        grid = _grid(entries, f"segments[{i}]")
         h, w = _merged(grid, merge, f"segments[{i}]")
+        _fits(start + max((grid[0] - 1) * step, h - 1, w - 1), f"segments[{i}]")
         frames = (np.arange(grid[0]) * step).astype(np.int64)
         t_idx, h_idx, w_idx = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")
         parts.append(start + np.stack([t_idx, h_idx, w_idx]).reshape(3, -1).astype(np.int64))
@@ -143,12 +178,27 @@ def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
     offset = _checks.count(offset, "offset")
     cls = _checks.flag(cls, "cls")
     temporal = _checks.flag(temporal, "temporal")
-    items = list(grids)
+    if _array_like(grids):
+        arr = np.asarray(grids)
+        if arr.ndim not in (1, 2) or arr.dtype.kind not in "iu":
+            raise TypeError(f"grids must be a (t, h, w) or (h, w) grid or an (n, 3) integer "
+                            f"array of them (image_grid_thw), got an array of shape "
+                            f"{arr.shape} and dtype {arr.dtype}")
+        items: list[object] = [int(v) for v in arr] if arr.ndim == 1 else list(arr)
+    elif isinstance(grids, (str, bytes)) or not isinstance(grids, Sequence):
+        raise TypeError(f"grids must be a (t, h, w) or (h, w) grid, a sequence of them or an "
+                        f"(n, 3) integer array (image_grid_thw), got {type(grids).__name__}")
+    else:
+        items = list(grids)
+    if not items:
+        raise ValueError("grids must hold at least one grid")
     single = all(isinstance(v, (int, np.integer)) for v in items)
     parts = []
     for i, value in enumerate([items] if single else items):
-        t, h, w = _grid(value, "grids" if single else f"grids[{i}]")
-        _merged((t, h, w), merge, "grids" if single else f"grids[{i}]")
+        name = "grids" if single else f"grids[{i}]"
+        t, h, w = _grid(value, name)
+        _merged((t, h, w), merge, name)
+        _fits(max(t - 1, offset + max(h, w) - 1), "offset" if offset else name)
         row_grid, col_grid = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
         block = (h // merge, merge, w // merge, merge)
         rows = row_grid.reshape(block).transpose(0, 2, 1, 3).ravel() + offset

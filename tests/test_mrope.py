@@ -538,3 +538,51 @@ def test_hunyuan_inverse_and_cache_are_refused(backend):
         rope(q, None, np.arange(S))
         rope(q, None, np.arange(S), inverse=True)
     np.testing.assert_allclose(q, make("contiguous", q.shape, F64, seed=1), rtol=0, atol=1e-12)
+
+
+# ---- what the loaders and position helpers read --------------------------------------
+
+
+def test_position_helpers_take_grid_thw_arrays_and_tensors():
+    """transformers hands image_grid_thw over as an (n, 3) integer tensor: its rows (or
+    the whole array) give the same positions as tuples."""
+    grids = np.array([[1, 4, 6], [2, 2, 2]], dtype=np.int64)
+    want = fastpe.vision_positions([(1, 4, 6), (2, 2, 2)], spatial_merge_size=2)
+    np.testing.assert_array_equal(fastpe.vision_positions(grids, spatial_merge_size=2), want)
+    np.testing.assert_array_equal(
+        fastpe.vision_positions(np.array([4, 6]), spatial_merge_size=2),
+        fastpe.vision_positions((4, 6), spatial_merge_size=2))
+    want = fastpe.mrope_positions([3, (1, 4, 6), 2, (2, 2, 2)], spatial_merge_size=2)
+    got = fastpe.mrope_positions([3, grids[0], 2, grids[1]], spatial_merge_size=2)
+    np.testing.assert_array_equal(got, want)
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(grids)
+    np.testing.assert_array_equal(fastpe.vision_positions(t, spatial_merge_size=2),
+                                  fastpe.vision_positions(grids, spatial_merge_size=2))
+    np.testing.assert_array_equal(
+        fastpe.mrope_positions([3, t[0], 2, t[1]], spatial_merge_size=2), want)
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: fastpe.vision_positions(5), TypeError, r"grids must be"),
+    (lambda: fastpe.vision_positions(np.array([[1.0, 2.0, 2.0]])), TypeError, r"grids must"),
+    (lambda: fastpe.vision_positions([]), ValueError, r"grids must hold"),
+    (lambda: fastpe.mrope_positions(None), TypeError, r"segments must be"),
+    (lambda: fastpe.mrope_positions([2, np.array([[1, 2, 2]])]), TypeError, r"segments\[1\]"),
+    (lambda: fastpe.vision_positions((2, 2), offset=2**63 - 1), ValueError,
+     r"offset.*int64"),
+    (lambda: fastpe.vision_positions((2, 2), offset=2**63), ValueError, r"offset.*int64"),
+    (lambda: fastpe.mrope_positions([(3, 2, 2, 1e19)]), ValueError, r"segments\[0\].*int64"),
+    (lambda: fastpe.mrope_positions([(1, 2, 2), 2**63 - 1]), ValueError,
+     r"segments\[1\].*int64"),
+], ids=["int-grids", "float-array", "no-grids", "none-segments", "2d-segment",
+        "offset-overflow", "offset-past-int64", "temporal-step-overflow", "text-overflow"])
+def test_position_helpers_name_the_argument(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_largest_positions_that_fit_are_given():
+    top = 2**63 - 2
+    got = fastpe.vision_positions((2, 2), offset=top)
+    assert got.max() == top + 1 and got.min() == top
