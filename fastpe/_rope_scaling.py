@@ -51,6 +51,12 @@ _DYNAMIC_SPLIT = 8
 
 # An inverse frequency above this overflows position * inv_freq for some int64 position.
 MAX_INV_FREQ = np.finfo(np.float64).max / 2.0**63
+# The largest inverse frequency a base and scaling may give: positions below 2**32
+# (fastpe._checks.MAX_ANGLE_POSITION) then keep their float64 angles below 2**32
+# radians, within the 5e-7 rad of rounding that limit is set for. Every base > 1 with
+# factors >= 1 stays below it (pair 0 turns by 1 rad per position); a base below 1 or
+# a factor below 1 would give angles whose rounding grows past that at long context.
+MAX_SPEC_INV_FREQ = 1.0
 # Normal float32 numbers: the attention scaling multiplies cos and sin in float32.
 ATTENTION_SCALING_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
 
@@ -164,10 +170,10 @@ class RopeSpec:
             return self._cache.setdefault(regime, freqs)
 
     def _check_frequencies(self, inv_freq: np.ndarray) -> None:
-        """Every angle position * inv_freq must be a finite float64 for every int64
-        position: finite, tiny or huge inputs can still make base**(-2i/d) / factor
-        overflow."""
-        ok = np.isfinite(inv_freq) & (inv_freq >= 0.0) & (inv_freq <= MAX_INV_FREQ)
+        """Every angle position * inv_freq must be as accurate in float64 as the position
+        limit promises (see MAX_SPEC_INV_FREQ): finite, tiny or huge inputs can still
+        make base**(-2i/d) / factor overflow, or exceed 1."""
+        ok = np.isfinite(inv_freq) & (inv_freq >= 0.0) & (inv_freq <= MAX_SPEC_INV_FREQ)
         if ok.all():
             return
         i = int(np.argmin(ok))
@@ -176,9 +182,10 @@ class RopeSpec:
             names.append(_key("factor"))
         raise ValueError(
             f"base={self.base!r} with rope_type {self.rope_type!r} gives inverse frequency "
-            f"{float(inv_freq[i])!r} for pair {i}, outside [0, {MAX_INV_FREQ:.3g}] (the "
-            f"largest for which every int64 position has a finite angle); check "
-            f"{', '.join(dict.fromkeys(names))}"
+            f"{float(inv_freq[i])!r} for pair {i}, outside [0, {MAX_SPEC_INV_FREQ}]: past "
+            f"1 the float64 angles of positions up to 2**32 carry more rounding than "
+            f"float32 precision; check {', '.join(dict.fromkeys(names))} (a base above 1, "
+            f"factors of at least 1)"
         )
 
 

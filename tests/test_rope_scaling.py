@@ -144,7 +144,7 @@ def test_default_matches_roformer(d, base):
 
 
 @pytest.mark.parametrize("d, base", DIMS_BASES)
-@pytest.mark.parametrize("factor", [0.5, 2.0, 4.0])
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0])  # below 1: test_frequencies_above_one
 def test_linear_matches_position_interpolation(d, base, factor):
     freqs = rope_frequencies(d, base=base, scaling={"rope_type": "linear", "factor": factor})
     assert_freqs(freqs, ref_linear(d, base, factor))
@@ -685,6 +685,29 @@ def test_hf_rope_config_rope_dict_wins_over_top_level():
     c = hf_rope_config(config)
     assert (c["base"], c["rotary_dim"]) == (500000.0, 16)
     assert "partial_rotary_factor" not in c["scaling"]
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("kwargs, names", [
+    (dict(base=1e-320), r"check base \("),
+    (dict(base=0.5), r"check base \("),
+    (dict(scaling={"rope_type": "linear", "factor": 0.5}), r"check base, scaling\['factor'\]"),
+    (dict(scaling={"rope_type": "longrope", "short_factor": [0.5] * 4, "long_factor": [1.0] * 4,
+                   "original_max_position_embeddings": 16}), r"short_factor"),
+], ids=["base-denormal", "base-below-1", "linear-below-1", "longrope-below-1"])
+def test_frequencies_above_one_are_refused(kwargs, names, backend):
+    """Past 1 the angle of a position below the 2**32 limit is not accurate to float32
+    precision in float64 (base=1e-320 gives inverse frequencies up to 1e280)."""
+    if backend == "cython" and fastpe.info()["backend"] != "cython":
+        pytest.skip("compiled backend not built")
+    q = np.ones((1, 4, 1, 8))
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=names):
+        fastpe.apply_rope(q, max_position_embeddings=64, **kwargs)
+    assert (q == 1).all()
+    with pytest.raises(ValueError, match=r"outside \[0, 1\.0\]"):
+        rope_frequencies(8, max_position_embeddings=64, **kwargs)
+    # the edge: a base just above 1 keeps every frequency at most 1
+    assert rope_frequencies(8, base=1.0 + 2**-40).inv_freq.max() == 1.0
 
 
 def test_hf_rope_config_phi3_top_level_original_length():
