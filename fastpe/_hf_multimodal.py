@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from . import _args
+from . import _args, _checks
 from ._rope_scaling import _hf_get, _hf_plain, _hf_refuse, hf_rope_config, parse_rope_spec
 from ._typing import Style
 
@@ -43,6 +43,7 @@ _GLM_NEOX = TextMRope((8, 12, 12), "contiguous", "neox")
 _ERNIE = TextMRope((22, 22, 20), "ernie", "gptj")
 _NEOMME = TextMRope((), "row_col", "neox")
 _HUNYUAN = TextMRope((), "hunyuan", "neox")
+_HY_V4_VL = TextMRope((24, 20, 20), "interleaved", "gptj")
 
 # Text models with M-RoPE that fastpe reproduces, by model type (checked against each
 # family's own transformers code by tests/test_mrope.py's fixtures).
@@ -50,7 +51,8 @@ TEXT_MROPE: dict[str, TextMRope] = {
     # the flat config.json of Qwen2-VL and Qwen2.5-VL checkpoints
     "qwen2_vl": _QWEN2, "qwen2_5_vl": _QWEN2,
     "qwen2_vl_text": _QWEN2, "qwen2_5_vl_text": _QWEN2,
-    "qwen2_5_omni_text": _QWEN2,
+    "qwen2_5_omni_text": _QWEN2, "qwen2_5_omni_talker": _QWEN2,
+    "qwen3_omni_moe_talker_text": _QWEN3,
     "paddleocr_vl_text": _QWEN2,
     "qwen3_vl_text": _QWEN3, "qwen3_vl_moe_text": _QWEN3, "qwen3_omni_moe_text": _QWEN3,
     "cosmos3_edge_text": _QWEN3,
@@ -60,14 +62,19 @@ TEXT_MROPE: dict[str, TextMRope] = {
     "glm4v_moe_text": _GLM_NEOX, "glm_image_text": _GLM_NEOX,
     "ernie4_5_vl_moe_text": _ERNIE,
     "hunyuan_vl_text": _HUNYUAN,
+    # multi-head latent attention with Qwen3-VL's interleaved M-RoPE on the rope part of
+    # q and k, whose pairs are adjacent features
+    "hy_v4_vl_text": _HY_V4_VL,
 }
 
 # Model types whose text attention rotates by M-RoPE in a way fastpe does not
 # reproduce (or has not been checked against), with the reason.
 UNSUPPORTED_TEXT = {
-    **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"),
-                    "its multi-head latent attention rotates a separate rope slice of q "
-                    "and k by M-RoPE, which fastpe has not been checked against"),
+    # their towers turn the patch grid into (column + 1, row + 1) before the rotary
+    # module sees it, over one [h | w] table per patch: not the 2D layout of the others
+    **dict.fromkeys(("muse_glimmer_vision", "muse_spark_vision"),
+                    "its vision tower feeds its rotary module its own flipped and shifted "
+                    "patch coordinates, which fastpe has not been checked against"),
 }
 
 # Model types whose attention rotates by M-RoPE, supported or not, and the composite
@@ -141,6 +148,14 @@ def _as_dict(config: object) -> dict[str, Any]:
     return dict(plain) if isinstance(plain, Mapping) else dict(vars(plain))
 
 
+def _sections(value: object, name: str) -> list[int]:
+    """A config's mrope_section: a list of non-negative integer pair counts, one per axis."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"config {name} must be a list of pair counts, one per axis, got "
+                        f"{type(value).__name__}")
+    return [_checks.count(n, f"{name}[{i}]", minimum=0) for i, n in enumerate(value)]
+
+
 def text_mrope(config: object,
                layer_type: str | None) -> tuple[dict[str, Any], TextMRope] | None:
     """(the config as a dict with a one-axis rope dict, for `layer_type` where the
@@ -163,6 +178,8 @@ def text_mrope(config: object,
     legacy = rope.pop("xdrope_section", None)  # HunYuan-VL's older name
     sections = legacy if sections is None else sections
     rope.pop("mrope_interleaved", None)
+    if sections is not None:
+        sections = _sections(sections, "mrope_section" if legacy is None else "xdrope_section")
     if family.scheme == "hunyuan":
         if sections is None:
             raise ValueError(f"model_type {model_type!r}: the config has no mrope_section "
@@ -170,9 +187,18 @@ def text_mrope(config: object,
         if rope.get("rope_type") == "ntk_alpha":
             # HunYuan's NTK with a fixed alpha only stretches the base
             d = _hf_get(cfg, "head_dim")
-            alpha = rope.pop("alpha")
+            if d is None:
+                raise ValueError("HunYuan-VL's ntk_alpha RoPE needs the config's head_dim")
+            d = _checks.count(d, "head_dim", minimum=4, whole_float=True)
+            for key in ("alpha", "rope_theta"):
+                if rope.get(key) is None:
+                    raise ValueError(f"HunYuan-VL's ntk_alpha RoPE needs rope parameters' "
+                                     f"{key}")
+            alpha = _checks.real(rope.pop("alpha"), "rope parameters' alpha", positive=True)
+            theta = _checks.real(rope["rope_theta"], "rope parameters' rope_theta",
+                                 positive=True)
             rope["rope_type"] = "default"
-            rope["rope_theta"] = float(rope["rope_theta"]) * float(alpha) ** (d / (d - 2))
+            rope["rope_theta"] = theta * alpha ** (d / (d - 2))
     if rope.get("rope_type", rope.get("type")) == "mrope":
         # Qwen2-VL's original config.json; transformers reads it as default RoPE
         rope.pop("type", None)
@@ -191,8 +217,8 @@ VISION: dict[str, str] = {
         "qwen3_omni_moe_vision_encoder", "qwen4_exp_vision", "glm4v_vision",
         "glm4v_moe_vision", "glm_ocr_vision", "glm5_next_vision", "paddleocr_vl_vision",
         "ernie4_5_vl_moe_vision", "cohere_compass_vision", "dots3_note_vision_encoder",
-        "exaone4_5_vision", "lfm3_vl_vision", "mlcd_vision_model", "muse_glimmer_vision",
-        "muse_spark_vision", "video_llama_3_vision"], "hw"),
+        "exaone4_5_vision", "lfm3_vl_vision", "mlcd_vision_model",
+        "video_llama_3_vision"], "hw"),
     "step3p5_vision": "wh",
     "inkling2_vision": "wh_gptj",
     "llama4_vision_model": "wh_gptj",
@@ -249,6 +275,26 @@ def _halves_rope(cls: type[RotaryEmbedding], head_dim: int, theta: Any) -> Rotar
     return emb
 
 
+def _vision_head_dim(config: object, model_type: str) -> int:
+    """The tower's head width: head_dim, else its hidden width over its head count."""
+    head_dim = _hf_get(config, "head_dim")
+    if head_dim is not None:
+        return _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
+    width_key = "embed_dim" if model_type == "qwen2_vl_vision" else "hidden_size"
+    width = _hf_get(config, width_key)
+    heads_key = "num_attention_heads" if _hf_get(config, "num_attention_heads") is not None \
+        else "num_heads"
+    heads = _hf_get(config, heads_key)
+    if width is None or heads is None:
+        raise ValueError(f"config of model_type {model_type!r} has no head_dim, and no "
+                         f"{width_key} and num_attention_heads to derive it from")
+    width = _checks.count(width, width_key, minimum=1, whole_float=True)
+    heads = _checks.count(heads, heads_key, minimum=1, whole_float=True)
+    if width % heads:
+        raise ValueError(f"{width_key}={width} is not a multiple of {heads_key}={heads}")
+    return width // heads
+
+
 def vision_rope(cls: type[RotaryEmbedding], config: object,
                 style: Style | None) -> RotaryEmbedding | None:
     """The embedding of a vision tower's 2D RoPE, or None for another model."""
@@ -264,18 +310,15 @@ def vision_rope(cls: type[RotaryEmbedding], config: object,
         raise ValueError(f"model_type {model_type!r}: its vision rotary embedding supports only "
                          f"rope_type {' or '.join(map(repr, allowed))}, got {rope_type!r}")
     theta = rope.get("rope_theta", _hf_get(config, "rope_theta"))
-    head_dim = _hf_get(config, "head_dim")
-    if head_dim is None:
-        width = _hf_get(config, "embed_dim" if model_type == "qwen2_vl_vision" else "hidden_size")
-        heads = _hf_get(config, "num_attention_heads", "num_heads")
-        if width is None or heads is None:
-            raise ValueError(f"config of model_type {model_type!r} has no head_dim, and no "
-                             f"hidden size and num_attention_heads to derive it from")
-        head_dim = int(width) // int(heads)
+    head_dim = _vision_head_dim(config, model_type)
     if kind == "halves":
-        return _halves_rope(cls, int(head_dim), theta)
-    axes, width, pair_axis, pair_freq, own_style = _vision_layout(kind, int(head_dim))
-    emb = cls(int(head_dim), base=theta, rotary_dim=2 * len(pair_axis),
+        if style not in (None, "neox"):
+            raise ValueError(f"style={style!r}: Gemma 4's vision tower rotates each half of "
+                             "the head with rotate_half pairing ('neox'), which fastpe does "
+                             "not run another way")
+        return _halves_rope(cls, head_dim, theta)
+    axes, width, pair_axis, pair_freq, own_style = _vision_layout(kind, head_dim)
+    emb = cls(head_dim, base=theta, rotary_dim=2 * len(pair_axis),
               style=style or own_style)
     emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
     return emb
@@ -301,7 +344,7 @@ def check_supported(config: object) -> None:
 
 
 def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | None,
-                   layer_type: str | None) -> RotaryEmbedding | None:
+                   layer_type: str | None, part: str | None) -> RotaryEmbedding | None:
     """``cls.from_hf_config`` for multi-axis models: the embedding, None for a
     one-axis model, or a ValueError for a multi-axis model fastpe does not reproduce."""
     if is_multi_axis(config):
@@ -309,6 +352,9 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
         # vision-language model's text and vision towers rotate differently: the
         # caller picks the sub-config), as for one-axis models
         _hf_refuse(_as_dict(config), _hf_get(config, "model_type"))
+        if part is not None:
+            raise ValueError(f"part={part!r}: fastpe knows no second rotary module of a "
+                             "multi-axis model")
     text = text_mrope(config, layer_type)
     if text is None:
         vision = vision_rope(cls, config, style)
@@ -316,7 +362,11 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
             check_supported(config)
         return vision
     cfg, family = text
-    c = hf_rope_config(cfg)
+    if family.scheme == "hunyuan" and style not in (None, family.style):
+        raise ValueError(f"style={style!r}: HunYuan-VL's M-RoPE lays each axis over runs of "
+                         "the rotate_half pairs ('neox'); fastpe does not run it another way")
+    # the rope dict is flat now; layer_type still refuses the family's NoPE layers
+    c = hf_rope_config(cfg, layer_type=layer_type, multi_axis=True)
     rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],
                style=style or family.style, max_position_embeddings=c["max_position_embeddings"])
     if family.scheme == "hunyuan":
@@ -333,6 +383,7 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
         rope._set_layout(len(sections), feature_axis[:half], None)
         rope._pair_axis2 = np.ascontiguousarray(feature_axis[half:])
         return rope
+    rope.feature_slice = slice(*c["features"])
     rope._set_layout(2 if family.scheme == "row_col" else 3,
                      _pair_axis(family.scheme, cfg["mrope_section"], rope.rotary_dim // 2), None)
     return rope

@@ -296,7 +296,8 @@ def parse_rope_spec(dim: object, *, base: object = None, scaling: object = None,
     return _parse(dim, base, scaling, max_position_embeddings)
 
 
-def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
+def hf_rope_config(config: object, *, layer_type: str | None = None, part: str | None = None,
+                   multi_axis: bool = False) -> HfRope:
     """The RoPE settings of a Hugging Face model config, ready for :func:`rope_frequencies`.
 
     ``config`` is a transformers config object (its ``to_dict()``, or getattr) or its
@@ -326,13 +327,25 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
     - ``inverse``: True where the model rotates by -angle (nanochat).
 
     ``layer_type`` picks one entry of per-layer-type rope parameters (Gemma 2/3/4:
-    "full_attention", "sliding_attention"). Configs fastpe does not reproduce exactly
-    (multi-axis M-RoPE, vision towers, composite configs, unknown rope types) are a
-    ValueError that says what is missing.
+    "full_attention", "sliding_attention"); a layer type whose layers use no positional
+    encoding (NoPE) is a ValueError. ``part="indexer"`` gives the rotation of a lightning
+    indexer (DeepSeek-V3.2) instead of the main attention's. Configs fastpe does not
+    reproduce exactly (multi-axis M-RoPE, vision towers, composite configs, unknown rope
+    types, model types of transformers it has not checked) are a ValueError that says
+    what is missing. ``multi_axis``: the caller is the M-RoPE loader, whose model types
+    are checked by their own fixture.
     """
-    config = _hf_plain(config)
-    model_type = _hf_get(config, "model_type")
+    config, model_type = hf_config(config)
     _hf_refuse(config, model_type)
+    if not multi_axis:
+        _hf_refuse_unchecked(model_type)
+    if part is not None and part != "indexer":
+        raise ValueError(f"part must be None (the main attention) or 'indexer', got {part!r}")
+    nope = _hf_models.NOPE_LAYERS.get(model_type or "", frozenset())
+    if layer_type in nope:
+        raise ValueError(f"model_type {model_type!r}: its {layer_type!r} layers use no "
+                         "positional encoding (NoPE): they do not rotate q and k, so there is "
+                         "no rotary embedding to load for them")
     conv = _hf_models.convention(model_type)
     for key, value, default in conv.requires:
         given = _hf_get(config, key)
@@ -344,13 +357,19 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
         config.update({name: config[key] for name, key in conv.aliases
                        if _hf_get(config, key) is not None})
     scaling = _hf_scaling(config, layer_type)
+    for key in ("rope_type", "type"):
+        if key in scaling and scaling[key] in (None, ""):
+            # transformers 5.24 looks the type up as given: KeyError for these
+            raise ValueError(f"config rope parameters have {key}={scaling[key]!r}, which is "
+                             f"no rope type; transformers {_hf_models.TRANSFORMERS_VERSION} "
+                             "fails on it (give 'default' for plain RoPE)")
     if "mrope_section" in scaling or scaling.get("mrope_interleaved") is not None:
         raise ValueError(
             "config rope parameters have mrope_section: multi-axis M-RoPE (one position per "
             "time/height/width axis) is not a 1-D text RoPE; fastpe does not load it yet"
         )
     theta = scaling.pop("rope_theta", None)
-    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "axial":
         raise ValueError(
             "config rope_type 'axial' is a 2-D vision RoPE (patch rows and columns); "
@@ -358,6 +377,12 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
         )
     # proportional RoPE keeps the full head width and zeroes frequencies instead.
     partial = None if rope_type == "proportional" else scaling.pop("partial_rotary_factor", None)
+    whole = (part is None and conv.width_key is None and not conv.trailing
+             and _hf_whole_head(config, model_type, rope_type, partial))
+    if rope_type == "dynamic":
+        # transformers' dynamic NTK grows the base past the config's
+        # max_position_embeddings, whatever the rope dict says (it warns of the key)
+        scaling.pop("original_max_position_embeddings", None)
     if not conv.mscale:
         for name in ("short_mscale", "long_mscale"):
             scaling.pop(name, None)  # only Phi-3.5-MoE's rotary module reads them
@@ -375,16 +400,21 @@ def hf_rope_config(config: object, *, layer_type: str | None = None) -> HfRope:
         max_positions = _checks.count(max_positions, "max_position_embeddings", minimum=1, whole_float=True)
     if theta is None:
         theta = _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
-    if conv.width_key is not None:
+    if part is not None:
+        head_dim, rotary_dim, features, indexer_style = _hf_indexer(config, model_type)
+    elif conv.width_key is not None:
         head_dim, rotary_dim, features = _hf_mla_width(config, conv, layer_type, partial)
     else:
         head_dim = _hf_head_dim(config, layer_type)
-        rotary_dim = _hf_rotary_dim(config, head_dim, partial)
+        rotary_dim = (_rotary_width(head_dim, None, "head_dim", dim_name="head_dim") if whole
+                      else _hf_rotary_dim(config, head_dim, partial))
         features = (0, head_dim)
         if conv.trailing:
             features = (head_dim - rotary_dim, head_dim)
             head_dim = rotary_dim
-    if conv.style is not None:
+    if part is not None:
+        interleaved = indexer_style == "gptj"
+    elif conv.style is not None:
         interleaved = conv.style == "gptj" or bool(_hf_get(config, "rope_interleave"))
     else:
         flag = _hf_get(config, "rope_interleave")
@@ -876,7 +906,7 @@ def _hf_refuse(config: object, model_type: object) -> None:
     if reason is not None:
         raise ValueError(f"model_type {model_type!r}: {reason}; fastpe does not reproduce it")
     kind = _hf_get(config, "position_embedding_type")
-    if isinstance(kind, str) and "rot" not in kind:
+    if isinstance(kind, str) and "rot" not in kind and kind != "rope":
         raise ValueError(f"config has position_embedding_type={kind!r}: this model does not "
                          "use rotary embeddings")
     if not isinstance(config, Mapping):
@@ -898,6 +928,97 @@ def _hf_refuse(config: object, model_type: object) -> None:
         )
 
 
+
+
+def hf_config(config: object) -> tuple[object, str | None]:
+    """(the config as its dict, or the object itself where it has no to_dict; its model
+    type), or TypeError / ValueError for what is not a config."""
+    if config is None or isinstance(config, (str, bytes, int, float, Sequence)):
+        raise TypeError(f"config must be a transformers config or its dict (config.json), "
+                        f"got {type(config).__name__}")
+    config = _hf_plain(config)
+    model_type = _hf_get(config, "model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise TypeError(f"config model_type must be a string, got {type(model_type).__name__}")
+    if model_type == "":
+        raise ValueError(
+            "config has an empty model_type: transformers gives that to sub-configs of "
+            "composite models (an adaptor, an encoder of a protein or speech model, ...), "
+            "whose attention fastpe cannot tell from their keys; fastpe does not load it")
+    return config, model_type
+
+
+def _hf_refuse_unchecked(model_type: str | None) -> None:
+    version = _hf_models.TRANSFORMERS_VERSION
+    if model_type in _hf_models.KNOWN and model_type not in _hf_models.CHECKED:
+        raise ValueError(
+            f"model_type {model_type!r} is a model type of transformers {version} whose "
+            f"positional encoding fastpe has not checked against its transformers code "
+            f"(only a model type transformers {version} does not know loads as Llama's)")
+
+
+def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
+                   partial: object) -> bool:
+    """Whether the family's rotary module rotates the whole head whatever the config's
+    partial_rotary_factor, rotary_pct or rotary_dim say (Llama's and 122 other families');
+    a ValueError where transformers' frequencies would then cover part of the head while
+    its attention rotates all of it, or where the family is not known (a custom model may
+    or may not read them). ``partial``: the rope dict's partial_rotary_factor."""
+    whole = model_type in _hf_models.WHOLE_HEAD
+    if model_type in _hf_models.PARTIAL_FAILS:
+        moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
+        if moved is not None and moved != 1:
+            raise ValueError(
+                f"model_type {model_type!r}: its config sets partial_rotary_factor={moved!r}, "
+                "which its rotary module reads while its attention applies cos and sin to "
+                "the whole head: the model's own code fails on this config")
+    if not whole and model_type in _hf_models.KNOWN:
+        return False
+    given = [(name, value) for name, value in (
+        ("rope parameters' partial_rotary_factor", partial),
+        ("partial_rotary_factor", _hf_get(config, "partial_rotary_factor")),
+        ("rotary_pct", _hf_get(config, "rotary_pct")),
+        ("rotary_dim", _hf_get(config, "rotary_dim"))) if value is not None]
+    if not whole and given:
+        name, value = given[0]
+        raise ValueError(
+            f"config of model_type {model_type!r} sets {name}={value!r}: a model type "
+            f"transformers {_hf_models.TRANSFORMERS_VERSION} does not know loads as Llama's, "
+            "whose rotary module rotates the whole head whatever that key says, while other "
+            "families rotate part of it; fastpe cannot tell which this model does (give "
+            "RotaryEmbedding(head_dim, rotary_dim=...) directly)")
+    # transformers moves a top-level partial_rotary_factor into the rope parameters,
+    # where every rope type but the default reads it
+    moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
+    if rope_type != "default" and moved is not None and moved != 1:
+        raise ValueError(
+            f"model_type {model_type!r} rotates the whole head, but its config sets "
+            f"partial_rotary_factor={moved!r} with rope_type {rope_type!r}, whose "
+            "transformers frequencies cover only that part of it: the model's own code "
+            "fails on this config")
+    return True
+
+
+def _hf_indexer(config: object, model_type: str | None) -> tuple[int, int, tuple[int, int], str]:
+    """(rotated width, rotary_dim, features of the indexer's head, style) of a lightning
+    indexer, which rotates qk_rope_head_dim features of its index_head_dim-wide heads."""
+    indexer = _hf_models.INDEXERS.get(model_type) if model_type is not None else None
+    if indexer is None:
+        raise ValueError(f"part='indexer': model_type {model_type!r} has no lightning indexer "
+                         f"whose rotation fastpe has checked (those of "
+                         f"{', '.join(sorted(_hf_models.INDEXERS))})")
+    width = _hf_get(config, "qk_rope_head_dim")
+    head = _hf_get(config, "index_head_dim")
+    if width is None or head is None:
+        raise ValueError("part='indexer' needs the config's qk_rope_head_dim and "
+                         "index_head_dim (the indexer's rotated and whole head widths)")
+    width = _checks.count(width, "qk_rope_head_dim", minimum=2, whole_float=True)
+    head = _checks.count(head, "index_head_dim", minimum=1, whole_float=True)
+    if width > head:
+        raise ValueError(f"qk_rope_head_dim={width} is wider than index_head_dim={head}")
+    rotary = _rotary_width(width, None, "qk_rope_head_dim", dim_name="qk_rope_head_dim")
+    features = (head - width, head) if indexer.trailing else (0, width)
+    return width, rotary, features, indexer.style
 
 
 def _hf_get(config: object, *names: str) -> Any:

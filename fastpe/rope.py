@@ -482,7 +482,8 @@ class RotaryEmbedding:
 
     @classmethod
     def from_hf_config(cls, config: object, *, style: Style | None = None,
-                       layer_type: str | None = None) -> RotaryEmbedding:
+                       layer_type: str | None = None,
+                       part: str | None = None) -> RotaryEmbedding:
         """The rotary embedding of a transformers model, from its config object or dict.
 
         Reproduces the model's own rotary module and apply function to float64
@@ -498,12 +499,22 @@ class RotaryEmbedding:
 
         ``feature_slice`` says which features of the model's query head to pass:
         ``rope(q[..., rope.feature_slice], k_pe)`` for MLA (DeepSeek-V2/V3), whose
-        q is [nope | rope] and whose k_pe is rotated whole.
+        q is [nope | rope] and whose k_pe is rotated whole. ``part="indexer"`` gives
+        the embedding of DeepSeek-V3.2's (and AXK2's, GLM-MoE-DSA's, HY-V4's) lightning
+        indexer, whose own q and k rotate with another pairing over another slice.
+
+        Every model type of transformers 5.24 is either checked against its own code
+        or refused with a ValueError naming it; so is a layer type whose layers use no
+        positional encoding (NoPE). Keys the family's code ignores are ignored
+        (``partial_rotary_factor`` in Llama).
         """
-        multi_axis = _hf_multimodal.from_hf_config(cls, config, style, layer_type)
+        config, _ = _rope_scaling.hf_config(config)
+        if style is not None:
+            _checks.choice(style, "style", _args.ROPE_STYLES)
+        multi_axis = _hf_multimodal.from_hf_config(cls, config, style, layer_type, part)
         if multi_axis is not None:
             return multi_axis
-        c = _rope_scaling.hf_rope_config(config, layer_type=layer_type)
+        c = _rope_scaling.hf_rope_config(config, layer_type=layer_type, part=part)
         rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"],
                    rotary_dim=c["rotary_dim"], style=style or c["style"],
                    max_position_embeddings=c["max_position_embeddings"])

@@ -7,6 +7,7 @@ fastpe does not reproduce must raise a ValueError that says why.
 """
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,8 @@ def inputs(seed, dim):
 
 
 def rotate_like_the_model(case, backend):
-    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"])
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"],
+                                                 part=case.get("part"))
     start, stop = case["features"]
     sl = rope.feature_slice
     assert start <= sl.start and sl.stop <= stop, (sl, case["features"])
@@ -88,10 +90,233 @@ def test_model_types_the_generator_could_not_run_are_not_one_axis_rope(name):
     assert rope.axes > 1, (name, rope)
 
 
+MROPE = json.loads((DATA / "hf_mrope_reference.json").read_text())
+MULTI_AXIS_CHECKED = {c["config"]["model_type"] for c in MROPE["cases"]
+                      if c["kind"] in ("text", "vision")}
+TEXT_CHECKED = {c["model_type"] for c in CASES.values()}
+
+
+def test_known_model_types_are_transformers():
+    # the generator's list: the config mapping and every sub-config's model type
+    assert fastpe._hf_models.KNOWN == set(FIXTURE["known"])
+    assert len(FIXTURE["known"]) > 800
+    assert fastpe._hf_models.TRANSFORMERS_VERSION == ".".join(
+        FIXTURE["transformers_version"].split(".")[:2])
+
+
+def test_checked_model_types_are_the_fixtures():
+    assert fastpe._hf_models.CHECKED == TEXT_CHECKED
+    assert TEXT_CHECKED <= fastpe._hf_models.KNOWN
+
+
+def test_multi_axis_tables_are_the_mrope_fixtures():
+    # besides the flat config.json of Qwen2-VL / Qwen2.5-VL checkpoints, which run the
+    # text models' code (test_mrope.py's test_flat_qwen2_vl_config_json_loads...)
+    tables = set(fastpe._hf_multimodal.TEXT_MROPE) | set(fastpe._hf_multimodal.VISION)
+    assert tables - MULTI_AXIS_CHECKED == {"qwen2_vl", "qwen2_5_vl"}
+
+
+@pytest.mark.parametrize("model_type", sorted(set(FIXTURE["known"]) - TEXT_CHECKED
+                                              - MULTI_AXIS_CHECKED))
+def test_every_unchecked_model_type_is_refused(model_type):
+    # No fixture stands behind it: whatever the config says, it raises, naming the type.
+    config = {"model_type": model_type, "hidden_size": 128, "num_attention_heads": 4,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    with pytest.raises(ValueError, match=re.escape(repr(model_type))):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+def test_unchecked_message_names_the_transformers_version():
+    with pytest.raises(ValueError, match=r"'layoutxlm'.*transformers 5\.24"):
+        fastpe.RotaryEmbedding.from_hf_config({"model_type": "layoutxlm", "hidden_size": 768,
+                                               "num_attention_heads": 12})
+
+
+@pytest.mark.parametrize("case", FIXTURE["unnamed_sub_configs"], ids=lambda c: c["name"])
+def test_sub_configs_without_a_model_type_are_refused(case):
+    # fun_asr_nano's adaptor has no rotary code although it reads as Llama's
+    with pytest.raises(ValueError, match="empty model_type"):
+        fastpe.RotaryEmbedding.from_hf_config(case["config"])
+
+
+def _nope_layers():
+    """{model type: the layer types that the model's own forward pass left unrotated in
+    every traced config of it where some layer rotates}; a config none of whose layers
+    rotate (Zamba2 without use_mem_rope) is refused whole instead."""
+    found = {}
+    for name, kinds in FIXTURE["layers"].items():
+        if not {"rope", "mixed"} & set(kinds.values()):
+            continue
+        nope = {k for k, v in kinds.items() if v == "nope" and k != "null"}
+        model_type = name.split("/")[0]  # the generator names variants model_type/variant
+        found[model_type] = found.get(model_type, nope) & nope
+    return {k: frozenset(v) for k, v in found.items() if v}
+
+
+def test_nope_layer_types_are_the_traced_ones():
+    assert fastpe._hf_models.NOPE_LAYERS == _nope_layers()
+    assert {"cohere2", "qwen3_next", "llama4_text", "exaone4"} <= set(_nope_layers())
+
+
+def _config_of(model_type):
+    """The generator's default config of a model type: its case's, or (a multi-axis text
+    model, checked by tests/test_mrope.py) its refusal's."""
+    case = next((c for c in CASES.values() if c["name"].split("[")[0] == model_type),
+                REFUSALS.get(model_type))
+    return case["config"]
+
+
+NOPE = [(model_type, kind) for model_type, kinds in sorted(_nope_layers().items())
+        for kind in sorted(kinds)]
+
+
+@pytest.mark.parametrize("model_type, layer_type", NOPE, ids=lambda v: str(v))
+def test_layers_without_rotation_are_refused(model_type, layer_type):
+    # Cohere 2's full attention, Qwen3-Next's linear attention, Llama 4's NoPE layers:
+    # the model leaves q and k alone there, so no RoPE may load for them.
+    config = _config_of(model_type)
+    with pytest.raises(ValueError, match=rf"{layer_type!r} layers use no positional "
+                                         rf"encoding \(NoPE\)"):
+        fastpe.RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+
+
+def test_model_without_any_rotating_layer_is_refused():
+    # Zamba2 builds no rotary module unless use_mem_rope; GraniteMoE-hybrid's attention
+    # rotates only with position_embedding_type "rope"
+    for name in ("zamba2", "granitemoehybrid"):
+        assert REFUSALS[name]["reason"] == "no layer applies a rotary embedding"
+        with pytest.raises(ValueError, match="applies rotary embeddings only with"):
+            fastpe.RotaryEmbedding.from_hf_config(REFUSALS[name]["config"])
+    assert {"zamba2/mem_rope", "granitemoehybrid/rope"} <= set(CASES)
+
+
+def _partial_read(case):
+    """Whether the model's own output left the trailing features alone (it rotated only
+    the leading partial_rotary_factor of the head)."""
+    width = case["features"][1] - case["features"][0]
+    q = inputs(case["seed"], width)
+    return np.array_equal(ARRAYS[f"{case['key']}_q_out"][:, -1], q[:, -1])
+
+
+def test_whole_head_families_are_those_the_partial_variant_did_not_narrow():
+    partial = [c for c in CASES.values() if c["name"].split("[")[0].endswith("/partial")]
+    assert len(partial) > 120
+    whole = {c["model_type"] for c in partial if not _partial_read(c)}
+    assert "llama" in whole and "phi" not in whole
+    assert fastpe._hf_models.WHOLE_HEAD == whole
+
+
+def test_families_whose_code_fails_on_a_partial_width_refuse_it():
+    failed = {name.split("/")[0] for name in FIXTURE["not_run"]
+              if name.endswith("/partial") and name.split("/")[0] in TEXT_CHECKED}
+    assert fastpe._hf_models.PARTIAL_FAILS == failed
+    for model_type in failed:
+        config = dict(FIXTURE["not_run"][f"{model_type}/partial"]["config"])
+        with pytest.raises(ValueError, match=r"own code fails"):
+            fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+def test_partial_rotary_factor_is_ignored_where_llama_ignores_it():
+    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+              "partial_rotary_factor": 0.5}
+    rope = fastpe.RotaryEmbedding.from_hf_config(config)
+    assert (rope.head_dim, rope.rotary_dim) == (64, 64)
+    # with a scaled rope type transformers' frequencies would cover half the head while
+    # Llama's attention rotates all of it: its own code fails, so fastpe refuses
+    config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0,
+                                 "partial_rotary_factor": 0.5}
+    with pytest.raises(ValueError, match=r"rotates the whole head.*'linear'"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+def test_custom_model_with_a_partial_width_is_refused():
+    # Llama's code (what a custom model loads as) ignores the key; others read it
+    config = {"model_type": "my_custom_llm", "hidden_size": 256, "num_attention_heads": 4,
+              "partial_rotary_factor": 0.5}
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=0\.5.*cannot tell"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+def test_dynamic_ntk_length_is_max_position_embeddings_as_transformers_computes_it():
+    # the fixture's variants carry an original length of 16 in the rope dict, which
+    # transformers' code ignores; positions up to 300 against 64 or 16 differ by ~2
+    for name in ("llama/dynamic_original", "llama/dynamic_legacy_type"):
+        assert CASES[name]["config"]["max_position_embeddings"] == 64
+        assert "original_max_position_embeddings" in str(CASES[name]["config"])
+
+
+@pytest.mark.parametrize("params", [
+    {"rope_type": "", "rope_theta": 10000.0},
+    {"rope_type": None, "type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+], ids=["empty", "none-with-type"])
+def test_rope_type_transformers_fails_on_is_refused(params):
+    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+              "max_position_embeddings": 64, "rope_parameters": params}
+    with pytest.raises(ValueError, match=r"rope_type=.*no rope type"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+def test_sarvam_mla_runs_deepseek_v3_and_slices_like_it():
+    # a config-only type: transformers runs DeepseekV3Model for it (q is [nope | rope])
+    config = dict(CASES["sarvam_mla"]["config"])
+    sarvam = fastpe.RotaryEmbedding.from_hf_config(config)
+    deepseek = fastpe.RotaryEmbedding.from_hf_config(dict(config, model_type="deepseek_v3"))
+    nope, rope = config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+    assert sarvam.feature_slice == deepseek.feature_slice == slice(nope, nope + rope)
+
+
+def test_indexer_part_is_the_indexers_rotation():
+    # DeepSeek-V3.2: the main attention pairs adjacent features of q's rope part, the
+    # lightning indexer rotate_half over the leading features of its own heads
+    config = CASES["deepseek_v32"]["config"]
+    main = fastpe.RotaryEmbedding.from_hf_config(config)
+    indexer = fastpe.RotaryEmbedding.from_hf_config(config, part="indexer")
+    assert (main.style, indexer.style) == ("gptj", "neox")
+    assert indexer.feature_slice == slice(0, config["qk_rope_head_dim"])
+    assert {c["model_type"] for c in CASES.values() if c.get("part") == "indexer"} == set(
+        fastpe._hf_models.INDEXERS)
+
+
+@pytest.mark.parametrize("config, part, error, pattern", [
+    ({"model_type": "llama", "head_dim": 64}, "indexer", ValueError, r"no lightning indexer"),
+    ({"model_type": "deepseek_v32", "hidden_size": 128, "num_attention_heads": 4,
+      "qk_rope_head_dim": 64, "qk_nope_head_dim": 64}, "indexer", ValueError,
+     r"index_head_dim"),
+    ({"model_type": "llama", "head_dim": 64}, "attention", ValueError, r"part must be"),
+], ids=["no-indexer", "no-index-head-dim", "unknown-part"])
+def test_bad_part_is_refused(config, part, error, pattern):
+    with pytest.raises(error, match=pattern):
+        fastpe.RotaryEmbedding.from_hf_config(config, part=part)
+
+
+@pytest.mark.parametrize("config, error, pattern", [
+    (None, TypeError, r"config must be a transformers config"),
+    ("llama", TypeError, r"config must be a transformers config"),
+    ({"model_type": ["llama"], "head_dim": 64}, TypeError, r"model_type must be a string"),
+    ({"model_type": "llama", "head_dim": 64.5}, ValueError, r"head_dim"),
+    ({"model_type": "llama", "head_dim": "64"}, TypeError, r"head_dim"),
+    ({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 0}, ValueError,
+     r"num_attention_heads"),
+], ids=["none", "str", "list-model-type", "fractional-head-dim", "string-head-dim",
+        "zero-heads"])
+def test_loader_checks_what_it_reads(config, error, pattern):
+    with pytest.raises(error, match=pattern):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+def test_style_override_is_checked():
+    with pytest.raises(ValueError, match="style"):
+        fastpe.RotaryEmbedding.from_hf_config({"model_type": "llama", "head_dim": 64},
+                                              style="rotate")
+    rope = fastpe.RotaryEmbedding.from_hf_config({"model_type": "llama", "head_dim": 64},
+                                                 style="gptj")
+    assert rope.style == "gptj"
+
+
 def test_fixture_covers_the_families():
     # A reader sees the coverage in the fixture; guard against a truncated regeneration.
     families = {c["model_type"] for c in CASES.values()}
-    assert len(families) > 130
+    assert len(families) > 180
     assert {"llama", "gptj", "deepseek_v2", "deepseek_v3", "gemma4_text", "phimoe",
             "nanochat", "llama4_text"} <= families
 
@@ -103,6 +328,7 @@ def test_model_types_without_rope_are_the_generators():
 
 
 def test_unknown_model_type_loads_as_llama():
+    assert "my_custom_llm" not in fastpe._hf_models.KNOWN
     config = {"model_type": "my_custom_llm", "hidden_size": 256, "num_attention_heads": 4,
               "rope_theta": 50000.0, "max_position_embeddings": 4096}
     rope = fastpe.RotaryEmbedding.from_hf_config(config)

@@ -586,3 +586,61 @@ def test_largest_positions_that_fit_are_given():
     top = 2**63 - 2
     got = fastpe.vision_positions((2, 2), offset=top)
     assert got.max() == top + 1 and got.min() == top
+
+
+@pytest.mark.parametrize("name", ["muse_glimmer_vision", "muse_spark_vision"])
+def test_towers_with_their_own_patch_coordinates_are_refused(name):
+    # they rotate by (column + 1, row + 1) over one [h | w] table per patch
+    with pytest.raises(ValueError, match=rf"'{name}' is not supported.*flipped"):
+        fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
+
+
+def test_style_overrides_are_applied_or_refused():
+    # Gemma 4's halves and HunYuan-VL's runs are rotate_half layouts the kernels keep
+    # whatever style says: an override is refused rather than dropped
+    for name in ("gemma4_vision", "hunyuan_vl"):
+        config = HF_CASES[name]["config"]
+        with pytest.raises(ValueError, match=r"style='gptj'"):
+            fastpe.RotaryEmbedding.from_hf_config(config, style="gptj")
+        assert fastpe.RotaryEmbedding.from_hf_config(config, style="neox").style == "neox"
+    # elsewhere the override is the embedding's pairing
+    rope = fastpe.RotaryEmbedding.from_hf_config(HF_CASES["qwen2_vl"]["config"], style="gptj")
+    assert rope.style == "gptj"
+    with pytest.raises(ValueError, match="style"):
+        fastpe.RotaryEmbedding.from_hf_config(HF_CASES["qwen2_vl"]["config"], style="half")
+
+
+def _cfg(name, **changes):
+    config = dict(HF_CASES[name]["config"])
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return config
+
+
+def _hunyuan(**rope):
+    config = _cfg("hunyuan_vl")
+    config["rope_parameters"] = {**config["rope_parameters"], **rope}
+    return config
+
+
+@pytest.mark.parametrize("config, error, pattern", [
+    (_cfg("qwen2_vl_vision", head_dim=80.5), ValueError, r"head_dim"),
+    (_cfg("qwen2_vl_vision", head_dim="80"), TypeError, r"head_dim"),
+    (_cfg("qwen2_vl_vision", embed_dim="1280"), TypeError, r"embed_dim"),
+    (_cfg("qwen2_vl_vision", num_heads=16.5), ValueError, r"num_heads"),
+    (_cfg("qwen2_vl_vision", num_heads=0), ValueError, r"num_heads"),
+    (_hunyuan(mrope_section=64), TypeError, r"mrope_section must be a list"),
+    (_hunyuan(mrope_section=[16.5, 16, 16, 15.5]), TypeError, r"mrope_section\[0\]"),
+    (_hunyuan(mrope_section="16,16"), TypeError, r"mrope_section must be a list"),
+    (_hunyuan(mrope_section=[-2, 18, 16, 16]), ValueError, r"mrope_section\[0\]"),
+    (_hunyuan(rope_type="ntk_alpha", alpha=None), ValueError, r"alpha"),
+    (_hunyuan(rope_type="ntk_alpha", alpha="2"), TypeError, r"alpha"),
+], ids=["head_dim-fraction", "head_dim-str", "embed_dim-str", "num_heads-fraction",
+        "num_heads-zero", "sections-int", "sections-float", "sections-str",
+        "sections-negative", "alpha-missing", "alpha-str"])
+def test_loaders_name_the_key_they_cannot_read(config, error, pattern):
+    with pytest.raises(error, match=pattern):
+        fastpe.RotaryEmbedding.from_hf_config(config)

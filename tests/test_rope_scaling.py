@@ -680,11 +680,40 @@ def test_hf_rope_config_v5_partial_rotary_in_rope_parameters():
 
 
 def test_hf_rope_config_rope_dict_wins_over_top_level():
-    config = dict(LLAMA32_1B_V5, rope_theta=10000.0, partial_rotary_factor=0.5)
+    # Phi's rotary module reads partial_rotary_factor (Llama's would not)
+    config = dict(LLAMA32_1B_V5, model_type="phi", rope_theta=10000.0,
+                  partial_rotary_factor=0.5)
     config["rope_parameters"] = dict(config["rope_parameters"], partial_rotary_factor=0.25)
     c = hf_rope_config(config)
     assert (c["base"], c["rotary_dim"]) == (500000.0, 16)
     assert "partial_rotary_factor" not in c["scaling"]
+
+
+def test_hf_rope_config_refuses_a_partial_width_llamas_attention_cannot_apply():
+    # transformers' llama3 frequencies would cover a quarter of the head, which Llama's
+    # attention rotates whole: its own code fails
+    config = dict(LLAMA32_1B_V5)
+    config["rope_parameters"] = dict(config["rope_parameters"], partial_rotary_factor=0.25)
+    with pytest.raises(ValueError, match=r"rotates the whole head.*'llama3'"):
+        hf_rope_config(config)
+    # the default type ignores it, as LlamaRotaryEmbedding does
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0,
+                                 "partial_rotary_factor": 0.25}
+    assert hf_rope_config(config)["rotary_dim"] == 64
+
+
+def test_hf_rope_config_dynamic_grows_past_max_position_embeddings():
+    # transformers' dynamic NTK ignores the dict's original length (it warns of the key);
+    # rope_frequencies itself still reads it (test_original_length_from_dict_wins_over_keyword)
+    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+              "max_position_embeddings": 4096,
+              "rope_scaling": {"type": "dynamic", "factor": 2.0,
+                               "original_max_position_embeddings": 2048}}
+    c = hf_rope_config(config)
+    assert "original_max_position_embeddings" not in c["scaling"]
+    freqs = rope_frequencies(c["rotary_dim"], base=c["base"], scaling=c["scaling"],
+                             max_position_embeddings=c["max_position_embeddings"], seq_len=5000)
+    assert_freqs(freqs, ref_dynamic(64, 10000.0, 2.0, 5000, 4096))
 
 
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
@@ -768,10 +797,14 @@ def test_hf_rope_config_per_layer_type_parameters():
     ({"model_type": "llama", "hidden_size": 4096}, ValueError, r"head_dim.*hidden_size.*num_attention_heads"),
     ({"num_attention_heads": 32}, ValueError, r"head_dim"),
     ({"head_dim": "128"}, TypeError, r"head_dim"),
-    ({"head_dim": 64, "rotary_dim": 65}, ValueError, r"rotary_dim.*even"),
-    ({"head_dim": 64, "rotary_dim": 128}, ValueError, r"rotary_dim.*head_dim=64"),
+    ({"model_type": "gptj", "head_dim": 64, "rotary_dim": 65}, ValueError, r"rotary_dim.*even"),
+    ({"model_type": "gptj", "head_dim": 64, "rotary_dim": 128}, ValueError,
+     r"rotary_dim.*head_dim=64"),
     ({"head_dim": 63}, ValueError, r"head_dim.*even"),
-    ({"head_dim": 64, "rotary_pct": 1.5}, ValueError, r"rotary_pct"),
+    ({"model_type": "gpt_neox", "head_dim": 64, "rotary_pct": 1.5}, ValueError,
+     r"rotary_pct must be in"),
+    # a custom model: Llama's code ignores the key, others read it
+    ({"head_dim": 64, "rotary_pct": 0.5}, ValueError, r"rotary_pct=0\.5.*cannot tell"),
     ({"head_dim": 64, "rope_scaling": "linear"}, TypeError, r"rope_scaling.*dict"),
     ({"head_dim": 64, "rope_theta": -1.0}, ValueError, r"rope_theta"),
     ({"head_dim": 64, "max_position_embeddings": 0}, ValueError, r"max_position_embeddings"),

@@ -102,6 +102,14 @@ TEXT_CASES = [
      dict(SMALL, rope_parameters=rp(1e6, mrope_section=[4, 6, 6])), 3, None),
     ("qwen2_5_omni", "qwen2_5_omni", "Qwen2_5OmniTextConfig", "Qwen2_5OmniRotaryEmbedding",
      dict(SMALL, rope_parameters=rp(1e6, mrope_section=[2, 7, 7])), 3, None),
+    # the Omni talkers' text attention: the thinkers' rotary classes and apply function
+    ("qwen2_5_omni_talker", "qwen2_5_omni", "Qwen2_5OmniTalkerConfig",
+     "Qwen2_5OmniRotaryEmbedding",
+     dict(SMALL, rope_parameters=rp(1e6, mrope_section=[2, 7, 7])), 3, None),
+    ("qwen3_omni_moe_talker", "qwen3_omni_moe", "Qwen3OmniMoeTalkerTextConfig",
+     "Qwen3OmniMoeTalkerRotaryEmbedding",
+     dict(SMALL, rope_parameters=rp(1e6, mrope_section=[6, 5, 5], mrope_interleaved=True)), 3,
+     None),
     ("qwen3_vl", "qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding",
      dict(SMALL, rope_parameters=rp(5e6, mrope_section=[6, 5, 5], mrope_interleaved=True)), 3,
      None),
@@ -158,6 +166,11 @@ TEXT_CASES = [
      dict(SMALL, rope_parameters=rp(5e5, mrope_section=[5, 5, 6])), 3, None),
     ("ernie4_5_vl_moe_default_sections", "ernie4_5_vl_moe", "Ernie4_5_VLMoeTextConfig",
      "Ernie4_5_VLMoeTextRotaryEmbedding", dict(BIG, rope_parameters=rp(5e5)), 3, None),
+    # multi-head latent attention: M-RoPE (Qwen3-VL's interleaving) over the separate
+    # rope part of q and k, which is all the apply function sees
+    ("hy_v4_vl", "hy_v4_vl", "HYV4VLTextConfig", "HYV4VLRotaryEmbedding",
+     dict(SMALL, qk_rope_head_dim=32, qk_nope_head_dim=64,
+          rope_parameters=rp(1e6, mrope_section=[6, 5, 5])), 3, None),
     ("paddleocr_vl", "paddleocr_vl", "PaddleOCRTextConfig", "PaddleOCRRotaryEmbedding",
      dict(SMALL, rope_parameters=rp(5e5, mrope_section=[4, 6, 6])), 3, None),
     ("cosmos3_edge", "cosmos3_edge", "Cosmos3EdgeTextConfig", "Cosmos3EdgeTextRotaryEmbedding",
@@ -215,8 +228,6 @@ VISION_CASES = [
         ("exaone4_5", "Exaone4_5_VisionRotaryEmbedding"),
         ("lfm3_vl", "Lfm3VlVisionRotaryEmbedding"),
         ("mlcd", "MLCDRotaryEmbedding"),
-        ("muse_glimmer", "MuseGlimmerVisionRotaryEmbedding"),
-        ("muse_spark", "MuseSparkVisionRotaryEmbedding"),
         ("video_llama_3", "VideoLlama3VisionRotaryEmbedding"),
         ("step3p7", "Step3p7VisionRotaryEmbedding"),
         ("inkling2", "Inkling2VisionRotaryEmbedding"),
@@ -384,7 +395,9 @@ def run_gemma4(seed):
 
 
 UNSUPPORTED = [
-    ("hy_v4_vl", "hy_v4_vl", "HYV4VLTextConfig", {}),
+    # their towers give the rotary module (column + 1, row + 1) per patch
+    ("muse_glimmer_vision", "muse_glimmer", "MuseGlimmerVisionConfig", {}),
+    ("muse_spark_vision", "muse_spark", "MuseSparkVisionConfig", {}),
 ]
 
 

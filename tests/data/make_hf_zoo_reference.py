@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import transformers
 from transformers import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
 OUTPUT = Path(__file__).with_name("hf_zoo_reference.json")
 ARRAYS = Path(__file__).with_name("hf_zoo_reference.npz")
@@ -67,8 +68,19 @@ def float64_torch():
         torch.set_default_dtype(saved[4])
 
 
-def modeling_module(config_class):
-    return importlib.import_module(config_class.__module__.replace("configuration_", "modeling_"))
+def modeling_module(model_type, config_class):
+    """The modeling module the model type runs: its own, or for a config-only type
+    (sarvam_mla runs DeepseekV3Model) the module of its class in the model mapping.
+    None where transformers has no model for it. The test refuses every model type
+    without a case, so one whose module does not import here stays refused."""
+    try:
+        return importlib.import_module(config_class.__module__.replace("configuration_",
+                                                                       "modeling_"))
+    except ModuleNotFoundError:
+        name = MODEL_MAPPING_NAMES.get(model_type)
+        if name is None:
+            return None
+        return importlib.import_module(getattr(transformers, name).__module__)
 
 
 def rotary_class(module, config_class):
@@ -126,7 +138,7 @@ def refusal_reason(config, rot_cls):
     if subs and not {"rope_parameters", "rope_scaling", "rope_theta"} & set(d):
         return "composite config: " + ", ".join(subs)
     kind = getattr(config, "position_embedding_type", None)
-    if isinstance(kind, str) and "rot" not in kind:
+    if isinstance(kind, str) and "rot" not in kind and kind != "rope":
         return f"no RoPE: position_embedding_type={kind!r}"
     if "mrope" in inspect.getsource(rot_cls):
         return "multi-axis M-RoPE (mrope_section)"
@@ -254,6 +266,87 @@ def run_case(config, rot_cls, apply, kind, layer_type, seed):
         return {"q": q, "k": k, "q_out": qo, "k_out": ko, "features": features}
 
 
+# Sizes that keep a whole model small enough to build and run for the layer trace; only
+# the keys a config already has are set (none of them changes its RoPE).
+TRACE_SMALL = {"vocab_size": 256, "intermediate_size": 64, "moe_intermediate_size": 32,
+               "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4,
+               "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+               "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2,
+               "linear_num_value_heads": 2, "linear_key_head_dim": 16,
+               "linear_value_head_dim": 16, "first_k_dense_replace": 0, "pad_token_id": 0}
+
+
+# Config keys that say layers differ in kind (hybrid, NoPE or sliding layers): where a
+# config has none, every layer runs the same attention, and the rotary module and apply
+# function are the whole story.
+LAYER_KEYS = ("layer_types", "layers_block_type", "no_rope_layers", "use_mem_rope",
+              "position_embedding_type", "attn_layer_indices", "hybrid_override_pattern")
+
+
+def trace_layers(model_type, config):
+    """{layer type: "rope" | "nope" | "mixed"} from running the model transformers builds
+    for this config on a few tokens and recording which decoder layers call a rotary
+    apply function (outside an indexer); None where the config has no layers of
+    different kinds, or the model cannot be built or run from the config alone. Layers
+    without ``layer_types`` count as one type, None."""
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    if name is None or not any(k in config.to_dict() for k in LAYER_KEYS):
+        return None
+    model_class = getattr(transformers, name)
+    defaults = config.to_dict()
+    small = {k: v for k, v in TRACE_SMALL.items() if k in defaults and defaults[k] is not None}
+    try:
+        trace_config = type(config).from_dict({**defaults, **small})
+        torch.manual_seed(0)
+        model = model_class(trace_config).eval()
+    except Exception:
+        return None
+    module = sys.modules[model_class.__module__]
+    current, rotated = [None], set()
+
+    def wrap(fn):
+        def traced(*args, **kwargs):
+            caller = sys._getframe(1).f_locals.get("self")
+            if current[0] is not None and "Indexer" not in type(caller).__name__:
+                rotated.add(current[0])
+            return fn(*args, **kwargs)
+        return traced
+
+    saved = {n: f for n, f in vars(module).items() if inspect.isfunction(f)
+             and ("rotary" in n or "rope" in n) and not n.startswith("_compute")}
+    layers = {}
+    for mod_name, sub in model.named_modules():
+        parts = mod_name.split(".")
+        if len(parts) >= 2 and parts[-2] == "layers" and parts[-1].isdigit():
+            layers.setdefault(int(parts[-1]), sub)
+    if not layers:
+        return None
+    for idx, sub in layers.items():
+        sub.register_forward_pre_hook(lambda m, a, i=idx: current.__setitem__(0, i))
+    try:
+        for n, f in saved.items():
+            setattr(module, n, wrap(f))
+        with torch.no_grad():
+            ids = torch.arange(1, 9)[None] % trace_config.vocab_size
+            try:
+                model(input_ids=ids, use_cache=False)
+            except TypeError:
+                rotated.clear()
+                model(input_ids=ids)
+    except Exception:
+        return None
+    finally:
+        for n, f in saved.items():
+            setattr(module, n, f)
+    kinds = getattr(trace_config, "layer_types", None) or [None] * len(layers)
+    result = {}
+    for idx in layers:
+        kind = kinds[idx] if idx < len(kinds) else None
+        state = "rope" if idx in rotated else "nope"
+        result[kind] = state if result.get(kind, state) == state else "mixed"
+    return result
+
+
 # Conformer speech encoders rotate their hidden states (heads of the input to the q and
 # k projections) with their own module and method, at positions 0 .. seq - 1.
 CONFORMERS = {
@@ -346,10 +439,6 @@ VARIANTS = {
         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
         "original_max_position_embeddings": 128}}),
         ("no_interleave", {"rope_interleave": False})],
-    "llama": [("dynamic", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
-                                               "factor": 2.0}, "max_position_embeddings": 64}),
-              ("linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
-                                              "factor": 4.0}})],
     "phi3": [("longrope", {"max_position_embeddings": 4096, "original_max_position_embeddings": 128,
                            "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                                "short_factor": [1.0 + i / 40 for i in range(16)],
@@ -361,9 +450,96 @@ VARIANTS = {
                             "long_factor": [2.0 + i for i in range(16)],
                             "short_mscale": 1.243, "long_mscale": 1.118,
                             "original_max_position_embeddings": 128}})],
+    # transformers' dynamic NTK takes its original length from max_position_embeddings,
+    # whatever the rope dict says (also under the legacy "type" key)
+    "llama": [("dynamic", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
+                                               "factor": 2.0}, "max_position_embeddings": 64}),
+              ("dynamic_original", {"rope_parameters": {
+                  "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0,
+                  "original_max_position_embeddings": 16}, "max_position_embeddings": 64}),
+              ("dynamic_legacy_type", {"rope_scaling": {
+                  "type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16},
+                  "max_position_embeddings": 64}),
+              ("linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
+                                              "factor": 4.0}})],
+    "zamba2": [("mem_rope", {"use_mem_rope": True})],
+    "granitemoehybrid": [("rope", {"position_embedding_type": "rope", "num_hidden_layers": 2,
+                                   "layer_types": ["linear_attention", "full_attention"]})],
     "qwen2": [("yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
                                             "original_max_position_embeddings": 128}})],
 }
+
+
+def partial_variant(config_class, model_type):
+    """A partial_rotary_factor of 0.5 where the default config sets none: whether the
+    family's rotary module reads it is its code's to say, not the key's."""
+    if model_type in CONFORMERS or model_type == "roformer":
+        return []
+    try:
+        defaults = config_class().to_dict()
+    except Exception:
+        return []
+    if "qk_rope_head_dim" in defaults or any(
+            k in defaults and defaults[k] is not None
+            for k in ("partial_rotary_factor", "rotary_pct", "rotary_dim")):
+        return []
+    params = defaults.get("rope_parameters")
+    nested = [params] if not isinstance(params, dict) else (
+        list(params.values()) if params and all(isinstance(v, dict) or v is None
+                                                for v in params.values()) else [params])
+    if any(isinstance(p, dict) and p.get("partial_rotary_factor") is not None for p in nested):
+        return []
+    return [("partial", {**(SMALL_EXTRA.get(model_type) or {}), "partial_rotary_factor": 0.5})]
+
+
+# Lightning indexers (DeepSeek-V3.2 sparse attention) that rotate their own q and k
+# with the main attention's cos and sin.
+INDEXERS = ("deepseek_v32", "axk2", "glm_moe_dsa", "hy_v4")
+
+
+def run_indexer(module, config, rot_cls, seed):
+    """The indexer's rotation: its own apply function (rotate_half or interleaved) on the
+    qk_rope_head_dim features it splits off its head (leading or trailing)."""
+    source = "".join(inspect.getsource(obj) for name, obj in vars(module).items()
+                     if inspect.isclass(obj) and name.endswith("Indexer"))
+    interleave = "apply_rotary_pos_emb_interleave(" in source
+    apply = module.apply_rotary_pos_emb_interleave if interleave else module.apply_rotary_pos_emb
+    trailing = "q_pass, q_rot = torch.split" in source
+    rope, head = int(config.qk_rope_head_dim), int(config.index_head_dim)
+    with float64_torch():
+        cos, sin = rot_cls(config=config)(torch.zeros(1, dtype=torch.float64),
+                                          torch.from_numpy(POSITIONS[None]))
+        q, k = inputs(seed, rope), inputs(seed + 1, rope)
+        qo, ko = apply(torch.from_numpy(q)[None, :, None], torch.from_numpy(k)[None, :, None],
+                       cos, sin, unsqueeze_dim=2)
+    return {"q_out": qo.numpy()[:, :, 0][None], "k_out": ko.numpy()[:, :, 0][None],
+            "features": [head - rope, head] if trailing else [0, rope],
+            "hf_order": "deinterleaved" if interleave else "same"}
+
+
+def known_model_types():
+    """Every model type transformers knows: its config mapping and the model types of the
+    sub-configs its default configs hold; and the sub-configs it gives no model type
+    (an empty one), which the test checks are refused."""
+    known, unnamed = set(CONFIG_MAPPING.keys()), []
+
+    def walk(config, path):
+        for key in getattr(type(config), "sub_configs", None) or {}:
+            sub = getattr(config, key, None)
+            if sub is None or not hasattr(sub, "to_dict"):
+                continue
+            if sub.model_type:
+                known.add(sub.model_type)
+            else:
+                unnamed.append({"name": f"{path}.{key}", "config": config_dict(sub)})
+            walk(sub, f"{path}.{key}")
+
+    for model_type in CONFIG_MAPPING.keys():
+        try:
+            walk(CONFIG_MAPPING[model_type](), model_type)
+        except Exception:
+            continue
+    return {"known": sorted(known), "unnamed_sub_configs": unnamed}
 
 
 def main():
@@ -371,13 +547,17 @@ def main():
     transformers.logging.set_verbosity_error()
     only = set(sys.argv[1:])
     cases, refusals, not_run, arrays, no_rope = [], [], {}, {}, []
+    layers, unmodelled = {}, []
     for model_type in CONFIG_MAPPING.keys():
         if only and model_type not in only:
             continue
+        config_class = CONFIG_MAPPING[model_type]
         try:
-            config_class = CONFIG_MAPPING[model_type]
-            module = modeling_module(config_class)
-        except Exception:
+            module = modeling_module(model_type, config_class)
+        except Exception:  # needs packages the generator's venv lacks (torchaudio)
+            module = None
+        if module is None:
+            unmodelled.append(model_type)
             continue
         if not has_rotary_code(module) and not getattr(config_class, "sub_configs", None):
             no_rope.append(model_type)
@@ -407,19 +587,39 @@ def main():
         if rot_cls is None:
             continue
         variants = [("default", SMALL_EXTRA.get(model_type))] + VARIANTS.get(model_type, [])
+        variants += partial_variant(config_class, model_type)
         for variant, extra in variants:
             name = model_type if variant == "default" else f"{model_type}/{variant}"
             try:
                 config = small_config(config_class, extra)
+                # multi-axis text models too: their NoPE layers are refused by layer type
+                traced = trace_layers(model_type, config)
+                if traced is not None:
+                    layers[name] = traced
                 reason = refusal_reason(config, rot_cls)
                 if reason is not None and not own:
                     raise ValueError(f"{rot_cls.__name__} is not this config's: {reason}")
+                if traced is not None and "rope" not in traced.values() and (
+                        "mixed" not in traced.values()):
+                    reason = "no layer applies a rotary embedding"
                 if reason is not None:
                     refusals.append({"name": name, "reason": reason,
                                      "config": config_dict(config)})
                     continue
                 apply, kind = pick_apply(module, config, rot_cls)
+                if model_type in INDEXERS and variant == "default":
+                    seed = 2 * len(cases)
+                    got = run_indexer(module, config, rot_cls, seed)
+                    key = f"c{len(cases)}"
+                    for field in ("q_out", "k_out"):
+                        arrays[f"{key}_{field}"] = got[field][0, 0]
+                    cases.append({"name": f"{name}/indexer", "key": key, "seed": seed,
+                                  "model_type": model_type, "layer_type": None,
+                                  "part": "indexer", "features": got["features"],
+                                  "hf_order": got["hf_order"], "config": config_dict(config)})
                 for layer_type in rope_layer_types(config):
+                    if (traced or {}).get(layer_type) == "nope":
+                        continue
                     seed = 2 * len(cases)
                     got = run_case(config, rot_cls, apply, kind, layer_type, seed)
                     case_name = name if layer_type is None else f"{name}[{layer_type}]"
@@ -451,6 +651,9 @@ def main():
         "refusals": refusals,
         "not_run": not_run,
         "no_rope": sorted(no_rope),
+        "layers": layers,
+        "unmodelled": sorted(unmodelled),
+        **known_model_types(),
     }
     OUTPUT.write_text(json.dumps(document, indent=None, separators=(",", ":")) + "\n")
     np.savez_compressed(ARRAYS, **arrays)
