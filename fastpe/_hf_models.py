@@ -67,6 +67,9 @@ class Convention:
         at all (conformer speech encoders: ``position_embeddings_type`` "rotary";
         Falcon: ``alibi`` False), with the default transformers assumes when the
         config omits the key.
+    needs : tuple of str
+        Config keys that list the layers with attention (Bamba: ``attn_layer_indices``);
+        without them no layer rotates.
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
@@ -82,6 +85,7 @@ class Convention:
     mscale: bool = False
     ignored: tuple[str, ...] = ()
     requires: tuple[tuple[str, object, object], ...] = ()
+    needs: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
 
 
@@ -125,6 +129,7 @@ MODELS: dict[str, Convention] = {
     "zamba2": Convention(aliases=(("head_dim", "attention_head_dim"),),
                          requires=(("use_mem_rope", True, False),)),
     "granitemoehybrid": Convention(requires=(("position_embedding_type", "rope", None),)),
+    "bamba": Convention(needs=("attn_layer_indices",)),
     "moonshine": Convention(style="gptj",
                             aliases=(("num_attention_heads", "decoder_num_attention_heads"),)),
     "minimax_m3_vl_text": Convention(ignored=("rotary_dim",)),
@@ -475,7 +480,7 @@ KNOWN: frozenset[str] = frozenset("""
 """.split())
 CHECKED: frozenset[str] = frozenset("""
     EvollaModel afmoe apertus apertus1p5_text arcee aria_text axk1 axk2
-    bailing_hybrid beam bitnet blt_global_transformer blt_local_decoder
+    bailing_hybrid bamba beam bitnet blt_global_transformer blt_local_decoder
     blt_local_encoder blt_patcher chameleon codegen cohere cohere2 cohere2_moe csm
     csm_depth_decoder_model cwm dbrx deepseek_ocr2_encoder deepseek_ocr2_text
     deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 dia_decoder dia_encoder
@@ -508,6 +513,8 @@ CHECKED: frozenset[str] = frozenset("""
 """.split())
 NOPE_LAYERS: dict[str, frozenset[str]] = {
     "afmoe": frozenset(("full_attention",)),
+    "bailing_hybrid": frozenset(("linear_attention",)),
+    "bamba": frozenset(("linear_attention",)),
     "beam": frozenset(("full_attention",)),
     "cohere2": frozenset(("full_attention",)),
     "cohere2_moe": frozenset(("full_attention",)),

@@ -352,6 +352,11 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         if (default if given is None else given) != value:
             raise ValueError(f"config has {key}={given!r}: model_type {model_type!r} "
                              f"applies rotary embeddings only with {key}={value!r}")
+    for key in conv.needs:
+        if _hf_get(config, key) is None:
+            raise ValueError(f"config has no {key}: model_type {model_type!r} rotates q and k "
+                             "only in the attention layers that key lists, and without it "
+                             "no layer has attention")
     if (conv.aliases or conv.ignored) and isinstance(config, Mapping):
         config = {k: v for k, v in config.items() if k not in conv.ignored}
         config.update({name: config[key] for name, key in conv.aliases
@@ -960,18 +965,21 @@ def _hf_refuse_unchecked(model_type: str | None) -> None:
 def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
                    partial: object) -> bool:
     """Whether the family's rotary module rotates the whole head whatever the config's
-    partial_rotary_factor, rotary_pct or rotary_dim say (Llama's and 122 other families');
-    a ValueError where transformers' frequencies would then cover part of the head while
-    its attention rotates all of it, or where the family is not known (a custom model may
-    or may not read them). ``partial``: the rope dict's partial_rotary_factor."""
+    partial_rotary_factor, rotary_pct or rotary_dim say (Llama's, and over a hundred other
+    families'); a ValueError where transformers' frequencies would then cover part of the
+    head while its attention rotates all of it, where the family's code fails on a partial
+    width, or where the family is not known (a custom model may or may not read them).
+    ``partial``: the rope dict's partial_rotary_factor."""
     whole = model_type in _hf_models.WHOLE_HEAD
-    if model_type in _hf_models.PARTIAL_FAILS:
-        moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
-        if moved is not None and moved != 1:
-            raise ValueError(
-                f"model_type {model_type!r}: its config sets partial_rotary_factor={moved!r}, "
-                "which its rotary module reads while its attention applies cos and sin to "
-                "the whole head: the model's own code fails on this config")
+    # transformers moves a top-level partial_rotary_factor into the rope parameters,
+    # where its shared frequency functions read it
+    moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
+    narrowed = moved is not None and moved != 1
+    if model_type in _hf_models.PARTIAL_FAILS and narrowed:
+        raise ValueError(
+            f"model_type {model_type!r}: its config sets partial_rotary_factor={moved!r}, "
+            "which its rotary module reads while its attention applies cos and sin to the "
+            "whole head: the model's own code fails on this config")
     if not whole and model_type in _hf_models.KNOWN:
         return False
     given = [(name, value) for name, value in (
@@ -987,10 +995,7 @@ def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
             "whose rotary module rotates the whole head whatever that key says, while other "
             "families rotate part of it; fastpe cannot tell which this model does (give "
             "RotaryEmbedding(head_dim, rotary_dim=...) directly)")
-    # transformers moves a top-level partial_rotary_factor into the rope parameters,
-    # where every rope type but the default reads it
-    moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
-    if rope_type != "default" and moved is not None and moved != 1:
+    if rope_type != "default" and narrowed:
         raise ValueError(
             f"model_type {model_type!r} rotates the whole head, but its config sets "
             f"partial_rotary_factor={moved!r} with rope_type {rope_type!r}, whose "

@@ -182,12 +182,14 @@ def test_layers_without_rotation_are_refused(model_type, layer_type):
 
 def test_model_without_any_rotating_layer_is_refused():
     # Zamba2 builds no rotary module unless use_mem_rope; GraniteMoE-hybrid's attention
-    # rotates only with position_embedding_type "rope"
-    for name in ("zamba2", "granitemoehybrid"):
+    # rotates only with position_embedding_type "rope"; Bamba's default has no attention
+    for name, pattern in (("zamba2", "applies rotary embeddings only with"),
+                          ("granitemoehybrid", "applies rotary embeddings only with"),
+                          ("bamba", "no attn_layer_indices")):
         assert REFUSALS[name]["reason"] == "no layer applies a rotary embedding"
-        with pytest.raises(ValueError, match="applies rotary embeddings only with"):
+        with pytest.raises(ValueError, match=pattern):
             fastpe.RotaryEmbedding.from_hf_config(REFUSALS[name]["config"])
-    assert {"zamba2/mem_rope", "granitemoehybrid/rope"} <= set(CASES)
+    assert {"zamba2/mem_rope", "granitemoehybrid/rope", "bamba/attention"} <= set(CASES)
 
 
 def _partial_read(case):

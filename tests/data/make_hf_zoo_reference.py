@@ -294,9 +294,13 @@ def trace_layers(model_type, config):
         return None
     model_class = getattr(transformers, name)
     defaults = config.to_dict()
-    small = {k: v for k, v in TRACE_SMALL.items() if k in defaults and defaults[k] is not None}
+    # getattr, and set again once built: a few keys are attributes that to_dict and
+    # from_dict leave out (Bailing-hybrid's n_group)
+    small = {k: v for k, v in TRACE_SMALL.items() if getattr(config, k, None) is not None}
     try:
         trace_config = type(config).from_dict({**defaults, **small})
+        for key, value in small.items():
+            setattr(trace_config, key, value)
         torch.manual_seed(0)
         model = model_class(trace_config).eval()
     except Exception:
@@ -463,6 +467,8 @@ VARIANTS = {
               ("linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
                                               "factor": 4.0}})],
     "zamba2": [("mem_rope", {"use_mem_rope": True})],
+    # Bamba's default config has no attention layers at all
+    "bamba": [("attention", {"attn_layer_indices": [1], "num_hidden_layers": 2})],
     "granitemoehybrid": [("rope", {"position_embedding_type": "rope", "num_hidden_layers": 2,
                                    "layer_types": ["linear_attention", "full_attention"]})],
     "qwen2": [("yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
