@@ -24,6 +24,18 @@ type with rotary code that the generator cannot run is listed under ``not_run`` 
 the error and its config, which must be refused too: fastpe has not checked it.
 ``no_rope`` lists the model types whose modeling code has no rotary embedding at all
 (fastpe._hf_models.NO_ROPE must be that list).
+
+Coverage is by construction: ``known`` is every model type transformers knows (the
+config mapping and the model types of the sub-configs its default configs hold), and
+fastpe refuses each one without a case here; config-only types run the module of their
+class in the model mapping (``unmodelled``: those with none, or whose module does not
+import in this venv); ``unnamed_sub_configs`` are sub-configs with an empty model type.
+``layers`` maps each config with layers of different kinds to what the model
+transformers builds for it did on a few tokens, per layer type: "rope", "nope" (no
+layer of that type called a rotary apply function) or "mixed". A ``/partial`` variant
+sets partial_rotary_factor=0.5 where the default config sets none (the model's output
+says whether the family reads it); ``/indexer`` cases are the lightning indexers'
+rotations (``part``: "indexer").
 """
 
 import contextlib
