@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _checks, _math, _rope_scaling, _threads
+from . import _checks, _constants, _math, _rope_scaling, _threads
 
 LAYOUTS = ("interleaved", "split", "split_cos")
 SINUSOIDAL_FREQUENCIES = ("transformer", "fairseq")
@@ -67,7 +67,8 @@ def _padding_shift(positions: _checks.Positions, padding_idx: object) -> _checks
     if positions.array is None:
         return _checks.Positions(None, positions.offset + shift, positions.max + shift)
     return _checks.Positions(positions.array + shift, 0,
-                             positions.max + shift if positions.max >= 0 else -1)
+                             positions.max + shift if positions.max >= 0 else -1,
+                             positions.source)
 
 
 def sinusoidal_table(length: object, dim: object, *, base: object, offset: object,
@@ -95,7 +96,7 @@ def add_sinusoidal(x: object, *, positions: object, offset: object, base: object
     pos = _padding_shift(_checks.positions(positions, offset, x3.shape[0], x3.shape[1]),
                          padding_idx)
     _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
-    _checks.disjoint(x, "x", (positions, "positions"))
+    _checks.disjoint(x, "x", (pos.source, "positions"))
     return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads),
                           cos_first, zero_tail)
 
@@ -111,7 +112,7 @@ def add_learned(x: object, table: object, *, positions: object, offset: object,
         raise ValueError(f"table rows have {table.shape[1]} features but x has {x3.shape[2]} "
                          f"(table must be (max_len, {x3.shape[2]}))")
     pos = _checks.positions(positions, offset, x3.shape[0], x3.shape[1])
-    _checks.disjoint(x, "x", (table, "table"), (positions, "positions"))
+    _checks.disjoint(x, "x", (table, "table"), (pos.source, "positions"))
     if pos.max >= table.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of table (max_len "
                          f"{table.shape[0]}): a learned table can't handle sequences longer "
@@ -146,7 +147,7 @@ class RopePlan(NamedTuple):
 
 
 # the compiled kernel keeps one position per axis on the stack
-MAX_AXES = 16
+MAX_AXES = _constants.MAX_AXES
 
 
 def mrope_pair_axis(half: int, sections: object, interleaved: object) -> np.ndarray:
@@ -206,7 +207,9 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     both ways (batch == axes) is refused."""
     if positions is None:
         return _checks.positions(None, offset, batch, seq), False
-    shape = _checks.as_array(positions, "positions").shape
+    # converted once: an __array__ may return another array each time it is asked
+    converted = _checks.as_array(positions, "positions")
+    shape = converted.shape
     if len(shape) == 2 and shape == (axes, seq) and batch == axes:
         raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
                          f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "
@@ -220,12 +223,12 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
                          f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) for "
                          f"text tokens, got {shape}")
     if text:
-        return _checks.positions(positions, offset, batch, seq), False
+        return _checks.positions(positions, offset, batch, seq, converted=converted), False
     _checks.count(offset, "offset")
     if offset:
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
-    pos, hi = _checks.position_array(positions, "positions")
-    return _checks.Positions(pos.reshape(axes, -1, seq), 0, hi), True
+    pos, hi = _checks.position_array(positions, "positions", converted)
+    return _checks.Positions(pos.reshape(axes, -1, seq), 0, hi, converted), True
 
 
 def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
@@ -254,7 +257,7 @@ def rope_views(q: object, k: object, layout: object) -> tuple[np.ndarray, np.nda
     if (k4.shape[0], k4.shape[1], k4.shape[3]) != (b, s, d):
         raise ValueError(f"k must match q in batch, seq and head_dim ({layout} layout): "
                          f"q {q.shape}, k {k.shape}")
-    if np.may_share_memory(q, k) and np.shares_memory(q, k):
+    if _checks.share_memory(q, k, "q", "k"):
         raise ValueError("q and k overlap in memory; rotating one would corrupt the other")
     return q4, k4
 
@@ -369,8 +372,7 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
     _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
-    rope_disjoint(q4, k4, (positions, "positions"),
-                   (getattr(freqs, "inv_freq", freqs), "freqs"))
+    rope_disjoint(q4, k4, (pos.source, "positions"), (given.inv_freq, "freqs"))
     att = given.attention_scaling
     inverse = _checks.flag(inverse, "inverse")
     if inverse and multi and pair_axis2 is not None:
@@ -400,7 +402,7 @@ def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: ob
                          f"shape {cos.shape}")
     _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], f"cos (width {cos.shape[1]})")
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
-    rope_disjoint(q4, k4, (positions, "positions"), (cos, "cos"), (sin, "sin"))
+    rope_disjoint(q4, k4, (pos.source, "positions"), (cos, "cos"), (sin, "sin"))
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
                          f"({cos.shape[0]} rows)")
@@ -449,7 +451,7 @@ def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> NDArray[n
     if s.ndim != 1 or s.shape[0] != heads:
         raise ValueError(f"slopes must have shape ({heads},), one per head of the scores "
                          f"(axis -3), got shape {s.shape}")
-    s = np.ascontiguousarray(s, dtype=np.float64)
+    s = np.array(s, dtype=np.float64)  # the call's own: read without the GIL
     if not np.isfinite(s).all():
         raise ValueError(f"slopes must be finite, got {s[~np.isfinite(s)][0]!r} "
                          f"at head {int(np.argmin(np.isfinite(s)))}")
@@ -492,14 +494,14 @@ def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
     rows = _per_sequence(m, "key_mask", lead, batch, length,
                             f"one flag per key, {length} keys")
     if m.dtype.kind == "b":
-        return np.ascontiguousarray(m).view(np.uint8).reshape(rows, length)
+        return m.astype(np.uint8).reshape(rows, length)  # the call's own copy
     if m.dtype.kind not in "iu":
         raise TypeError(f"key_mask must be booleans (or integers 0/1; True = attend), got "
                         f"dtype {m.dtype}")
     if m.size and not ((m == 0) | (m == 1)).all():
         raise ValueError("key_mask must hold only 0 and 1 (1 = a real key to attend to, "
                          "0 = padding)")
-    return np.ascontiguousarray(m, dtype=np.uint8).reshape(rows, length)
+    return np.array(m, dtype=np.uint8).reshape(rows, length)
 
 
 def _alibi_target(scores: object, name: str) -> np.ndarray:

@@ -12,6 +12,7 @@ why the returned arrays are read-only.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _checks, _hf_models
+from . import _checks, _constants, _hf_models
 from ._typing import Style
 
 __all__ = [
@@ -47,10 +48,10 @@ _NEEDS_ORIGINAL_LENGTH = frozenset({"dynamic", "yarn", "longrope", "llama3"})
 _MAX_CACHED_LENGTHS = 64
 # and forms each from exp(-SPLIT * (i // SPLIT) * step) * exp(-(i % SPLIT) * step) for
 # pair i (rope.pxi DYNAMIC_SPLIT)
-_DYNAMIC_SPLIT = 8
+_DYNAMIC_SPLIT = _constants.DYNAMIC_SPLIT
 
 # An inverse frequency above this overflows position * inv_freq for some int64 position.
-MAX_INV_FREQ = np.finfo(np.float64).max / 2.0**63
+MAX_INV_FREQ = _constants.MAX_INV_FREQ
 # Normal float32 numbers: the attention scaling multiplies cos and sin in float32.
 ATTENTION_SCALING_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
 
@@ -83,6 +84,21 @@ class RopeFrequencies(NamedTuple):
     attention_scaling: float
 
 
+
+# One lock for every spec's frequency cache (held only to insert): a child forked while
+# another thread holds it gets a fresh one, or its first new length would wait forever.
+_cache_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 @dataclass(frozen=True)
 class RopeSpec:
     """A validated RoPE configuration, cheap to reuse; build it with :func:`parse_rope_spec`.
@@ -101,8 +117,6 @@ class RopeSpec:
     depends_on_seq_len: bool = field(init=False, repr=False, compare=False)
     _cache: dict[Regime, RopeFrequencies] = field(default_factory=dict, init=False, repr=False,
                                                   compare=False)
-    _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
-                                        compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
@@ -116,7 +130,6 @@ class RopeSpec:
         for name, value in state.items():
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_cache", {})
-        object.__setattr__(self, "_cache_lock", threading.Lock())
         self.__post_init__()
 
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
@@ -157,7 +170,7 @@ class RopeSpec:
                                 attention)
         # the eviction iterates the dict: without the lock another thread's insert
         # makes it raise "dictionary changed size during iteration"
-        with self._cache_lock:
+        with _cache_lock:
             if regime not in self._cache and len(self._cache) >= _MAX_CACHED_LENGTHS:
                 self._cache.pop(next(iter(self._cache)))
             # if two threads raced, both callers get the object that was stored first

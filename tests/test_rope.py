@@ -520,7 +520,7 @@ def _v_byteswapped(q, k, pos):
 
 def _v_fused_qkv(q, k, pos):
     """q and k sliced out of one (batch, seq, 3, heads, dim) buffer: their byte ranges
-    interleave (the fast path declines), but no element is shared."""
+    interleave, but no element is shared."""
     b, s, h, d = q.shape
     qkv = np.full((b, s, 3, h, d), 7, q.dtype)
     qkv[:, :, 0], qkv[:, :, 1, :k.shape[2]] = q, k
@@ -571,8 +571,6 @@ GENERAL_VARIANTS = {
     "positions-strided-int64": _v_positions(lambda p: np.repeat(p, 2, axis=1)[:, ::2]),
     "positions-big-endian": _v_positions(lambda p: p.astype(">i8")),
     "q-k-byteswapped": _v_byteswapped,
-    "q-k-fused-qkv-slices": _v_fused_qkv,
-    "q-k-interleaved-features": _v_interleaved_features,
     "q-k-unaligned": _v_unaligned,
     "freqs-bare-array": _v_kwargs(freqs=np.array(fastpe.rope_frequencies(D).inv_freq)),
     "num_threads-negative": _v_kwargs(num_threads=-1),
@@ -596,6 +594,9 @@ FAST_VARIANTS = {
     "base-numpy-float": _v_kwargs(base=np.float64(10000)),
     "base-numpy-int": _v_kwargs(base=np.int32(10000)),
     "max_position_embeddings": _v_kwargs(max_position_embeddings=4096),
+    # q and k of one buffer, their byte ranges interleaved: proven apart in C
+    "q-k-fused-qkv-slices": _v_fused_qkv,
+    "q-k-interleaved-features": _v_interleaved_features,
 }
 
 

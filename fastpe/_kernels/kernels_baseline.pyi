@@ -39,6 +39,7 @@ def rope_small(
     att: float,
     cos: object,
     sin: object,
+    serial_bytes: int,
 ) -> bool: ...
 def rope_decode(
     state: tuple[Any, ...],
@@ -50,6 +51,7 @@ def rope_decode(
     layout: object,
     inverse: object,
     num_threads: object,
+    serial_bytes: int,
 ) -> bool: ...
 def dynamic_ntk_frequencies(
     plain: object, factor: float, original: int, length: int, out: NDArray[np.float64]
