@@ -364,6 +364,12 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
                     f"freqs ({given.inv_freq.size} frequencies)")
     else:
         _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
+    if positions is not None:
+        positions = _checks.as_array(positions, "positions")  # converted once
+        if positions.dtype.kind == "f":
+            return _real_positions_plan(q4, k4, positions, offset, neox, spec, given if spec
+                                        is None else None, axes, pair_axis, pair_freq,
+                                        pair_axis2, inverse, num_threads)
     multi = False
     if pair_axis is None:
         pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
@@ -384,6 +390,61 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
     return RopePlan(q4, k4, pos, neox, inv_freq, cos_scale, sin_scale, None, None,
                     False, _threads.check(num_threads), pair_axis if multi else None,
                     pair_axis2 if multi else None)
+
+
+def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.ndarray,
+                         offset: object, neox: bool, spec: _rope_scaling.RopeSpec | None,
+                         given: _rope_scaling.RopeFrequencies | None, axes: int,
+                         pair_axis: np.ndarray | None, pair_freq: np.ndarray | None,
+                         pair_axis2: np.ndarray | None, inverse: object,
+                         num_threads: object) -> RopePlan:
+    """The plan of a rotation by real-valued positions (DINOv3's patch centres, SAM's
+    grids): each token's cos and sin formed here in float64 from the float64 angle
+    position * inv_freq, then applied as a cache with one row per token."""
+    batch, seq = q4.shape[0], q4.shape[1]
+    if _checks.count(offset, "offset"):
+        raise ValueError(f"give either positions or offset, not both (offset={offset})")
+    shape = positions.shape
+    per_axis = pair_axis is not None and (
+        (len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
+        or (len(shape) == 2 and shape == (axes, seq) and batch != axes))
+    text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
+    if not (per_axis or text):
+        want = f"({seq},) or ({batch}, {seq})"
+        if pair_axis is not None:
+            want = f"({axes}, {seq}), ({axes}, {batch}, {seq}) (one row per axis), or " + want
+        raise ValueError(f"positions must have shape {want}, got {shape}")
+    pos = positions.astype(np.float64)  # the call's own copy
+    if pos.size and not (np.isfinite(pos).all()
+                         and np.abs(pos).max() < _checks.MAX_ANGLE_POSITION):
+        raise ValueError("real-valued positions must be finite and of magnitude below 2**32 "
+                         "(the float64 angle position * frequency keeps float32 precision)")
+    if spec is not None:
+        if spec.depends_on_seq_len:
+            raise ValueError(f"rope type {spec.rope_type!r} picks its frequencies by the "
+                             f"sequence length max(positions) + 1, which real-valued "
+                             f"positions do not have; pass integer positions")
+        given = spec.frequencies()
+    assert given is not None
+    if per_axis and pair_axis2 is not None:
+        raise ValueError("real-valued positions: this embedding turns the two features of a "
+                         "pair by different angles, which fastpe applies to integer "
+                         "positions only")
+    rope_disjoint(q4, k4, (positions, "positions"), (given.inv_freq, "freqs"))
+    inv_freq = given.inv_freq if pair_freq is None else given.inv_freq[pair_freq]
+    if per_axis:
+        assert pair_axis is not None
+        rows = pos.reshape(axes, -1, seq)
+        angles = np.moveaxis(rows[pair_axis.astype(np.intp)], 0, -1) * inv_freq
+    else:
+        angles = pos.reshape(-1, seq)[..., None] * inv_freq
+    att = given.attention_scaling
+    n = angles.shape[0] * seq
+    cos = (np.cos(angles) * att).reshape(n, -1)
+    sin = (np.sin(angles) * att).reshape(n, -1)
+    rows_pos = np.arange(n, dtype=np.int64).reshape(-1, seq)
+    return RopePlan(q4, k4, _checks.Positions(rows_pos, 0, n - 1), neox, None, 1.0, 1.0,
+                    cos, sin, _checks.flag(inverse, "inverse"), _threads.check(num_threads))
 
 
 def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: object,
@@ -409,6 +470,41 @@ def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: ob
     return RopePlan(q4, k4, pos, neox, None, 1.0, 1.0, cos, sin,
                     _checks.flag(inverse, "inverse"),
                     _threads.check(num_threads))
+
+
+def token_cos_sin(cos: object, sin: object, positions: object, offset: object,
+                  style: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """transformers' cos and sin, one row per token with each frequency's value twice,
+    as a (rows, rotary_dim // 2) cache and the positions of q's tokens in it."""
+    if positions is not None or _checks.count(offset, "offset"):
+        raise ValueError("cos and sin lined up with the tokens (one row per token, as "
+                         "transformers' rotary modules return them) take no positions or "
+                         "offset")
+    neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
+    halves = []
+    for x, name in ((cos, "cos"), (sin, "sin")):
+        a = _checks.as_array(x, name)
+        _checks.dtype_code(a.dtype, name)
+        if a.ndim not in (2, 3) or a.shape[-1] % 2 or not a.shape[-1]:
+            raise ValueError(f"{name} lined up with the tokens must be (batch, seq, "
+                             f"rotary_dim) or (seq, rotary_dim) with an even rotary_dim, "
+                             f"got shape {a.shape}")
+        half = a.shape[-1] // 2
+        first, second = (a[..., :half], a[..., half:]) if neox else (a[..., 0::2], a[..., 1::2])
+        if not np.array_equal(first, second):
+            raise ValueError(f"{name} does not hold each frequency's value twice as "
+                             f"style={style!r} pairs features ("
+                             + ("both halves equal, transformers' cat((freqs, freqs))"
+                                if neox else "adjacent features equal") +
+                             "): pass rows of rope_cos_sin with positions instead")
+        halves.append(first[None] if a.ndim == 2 else first)
+    c, s = halves
+    if c.shape != s.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {c.shape[:-1]} rows "
+                         f"of {c.shape[-1]} and {s.shape[:-1]} of {s.shape[-1]} frequencies")
+    rows, seq = c.shape[0], c.shape[1]
+    pos = np.arange(rows * seq, dtype=np.int64).reshape(rows, seq)
+    return c.reshape(rows * seq, -1), s.reshape(rows * seq, -1), pos
 
 
 def rope_cos_sin(positions: object, freqs: object,

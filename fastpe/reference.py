@@ -197,8 +197,13 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
                       layout: RopeLayout = "bshd", inverse: bool = False,
-                      num_threads: int | None = None) -> tuple[InPlace, Any]:
+                      num_threads: int | None = None,
+                      per_token: bool | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
+    if per_token or (per_token is None and np.ndim(cos) == 3):
+        cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
+    elif per_token is not None:
+        _checks.flag(per_token, "per_token")
     run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=layout, inverse=inverse, num_threads=num_threads))
     return q, k

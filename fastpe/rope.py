@@ -377,21 +377,32 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
                       layout: RopeLayout = "bshd", inverse: bool = False,
-                      num_threads: int | None = None) -> tuple[InPlace, Any]:
+                      num_threads: int | None = None,
+                      per_token: bool | None = None) -> tuple[InPlace, Any]:
     """Rotate q and k in place with cos and sin rows looked up by position.
 
     cos and sin are (max_positions, rotary_dim // 2), as :func:`rope_cos_sin`
     returns them (already multiplied by the attention scaling). A position at
     or past max_positions is an IndexError. ``inverse=True`` applies the exact
     inverse of the cached rotation. Other arguments as :func:`apply_rope`.
+
+    They may also be what transformers' rotary modules return: one row per token,
+    (batch or 1, seq, rotary_dim) with each frequency's value twice (both halves
+    equal for ``style="neox"``, each adjacent pair for ``"gptj"``), lined up with
+    q's tokens, so that no positions are given. A 3-D cos is read that way;
+    ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
     if type(q) is not np.ndarray and _checks.is_tensor(q):
         qv, kv, cv, sv, pv = _checks.torch_tensors(
             (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
             (positions, "positions", False))
         apply_rope_cached(qv, kv, cv, sv, pv, offset=offset, style=style, layout=layout,
-                          inverse=inverse, num_threads=num_threads)
+                          inverse=inverse, num_threads=num_threads, per_token=per_token)
         return q, k
+    if per_token or (per_token is None and np.ndim(cos) == 3):
+        cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
+    elif per_token is not None:
+        _checks.flag(per_token, "per_token")
     kern = _backend.kernels()
     if kern is not None and isinstance(q, np.ndarray) and (
             kern.rope_small(q, k, positions, offset, style, layout, inverse, num_threads, None,

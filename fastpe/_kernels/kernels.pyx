@@ -1,10 +1,15 @@
 # cython: language_level=3
 """Compiled loops of fastpe.
 
-Every function here takes arguments that fastpe's Python layer has already
-validated and normalised (shapes, dtypes as storage codes, element-aligned
-strides, int64 positions in range, float64 frequencies); none of them raises
-on data, and each writes only inside the views it is given.
+Two kinds of entry. The loops (rope, sinusoidal, learned, alibi) take arguments
+that fastpe's Python layer has validated and normalised (shapes, dtypes as storage
+codes, element-aligned strides, the call's own int64 positions in range, float64
+frequencies). The fast entries (rope_decode, rope_small, rope_fast,
+rope_cached_fast, learned_fast, sinusoidal_fast, alibi_fast) take the caller's
+objects and check them here, in C: each either runs the plain case it documents
+and returns True, or returns False having written nothing, and the Python layer
+then validates the call in full (and names what is wrong). None of them raises on
+data, and each writes only inside the views it is given.
 
 This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.

@@ -5,8 +5,11 @@ The same Cython source is built once per instruction-set level, so every variant
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-The functions trust their arguments: fastpe's Python layer has validated and
-normalised them (fastpe._checks), and none of them raises on data.
+The loops (rope, sinusoidal, learned, alibi) trust their arguments: fastpe's Python
+layer has validated and normalised them (fastpe._checks). The *_fast, rope_small and
+rope_decode entries take the caller's objects, check them in C and return False,
+having written nothing, for anything but the plain case they document. None of them
+raises on data.
 """
 
 from typing import Any, Final, final
