@@ -93,7 +93,7 @@ def run_case(benchmark, wl: _bench.Workload, dtype: str, impl: str, threads: int
                     f"the floor changed {n}"
     else:
         for n, mine, ref in zip(wl.result, got, expected(wl, dtype)):
-            msg = _bench.compare(mine, ref, dtype, atol=wl.atol.get(impl, 0.0),
+            msg = _bench.compare(wl.part(n, mine), ref, dtype, atol=wl.atol.get(impl, 0.0),
                                  offset_per_row=impl in wl.offset_per_row)
             assert msg is None, f"{wl.name} {dtype} {impl}: {n} {msg}"
     del got
