@@ -109,8 +109,12 @@ def forms(kind: str, names: tuple[str, ...]) -> dict[str, MaybePrepare]:
                 one = np.ones(8 // arrays[names[0]].itemsize, arrays[names[0]].dtype)
                 word = int(one.view(np.uint64)[0])
 
+            # a decode call's floor is a microsecond: no tuple made per call
+            mine = tuple(arrays[n] for n in names)
+
             def run(a: Arrays) -> Result:
-                kern.stream(tuple(a[n] for n in names), fill, word, threads, nontemporal)
+                targets = mine if a is arrays else tuple(a[n] for n in names)
+                kern.stream(targets, fill, word, threads, nontemporal)
                 return ()
             return run
         return c
