@@ -173,11 +173,6 @@ class Workload:
         """Bytes the floor moves: read + write for a stream, write for a fill."""
         return self.floor_bytes(arrays) * {"stream": 2, "fill": 1, "none": 0}[self.floor]
 
-    def prepare_floor(self) -> Prepare:
-        """The NumPy form of the floor over this workload's result arrays."""
-        from .floors import prepare_floor
-        return prepare_floor(self.floor, self.result)
-
     def part(self, name: str, result: object) -> np.ndarray:
         """The part of result array `name` that the check compares."""
         a = np.asarray(result)
