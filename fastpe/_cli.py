@@ -491,9 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "fastest way to move the same bytes: in-place passes, or a fill with "
                     "streaming stores for tables), all measured side by side in the same "
                     "shuffled rounds; prints medians, the speedups and fastpe's fraction "
-                    "of the floor (of memory bandwidth), flagging as noise a row faster "
-                    "than its floor. A few minutes with every peer; --quick (no peers "
-                    "unless --peers asks) under 20 seconds on two cores.")
+                    "of the floor (of memory bandwidth), flagging as noise a row measured "
+                    "past 105% of its floor. A few minutes with every peer; --quick (no "
+                    "peers unless --peers asks) under 20 seconds on two cores.")
     p.add_argument("--quick", action="store_true",
                    help="fewer, shorter rounds, ALiBi prefill and bias over 1024 tokens "
                         "instead of 2048, no peers unless --peers names them: under 20 "
