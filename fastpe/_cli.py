@@ -386,7 +386,9 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
                                            own_threads=_bench.peers.FASTPE_PEERS))
     progress.done()
     return {
-        "schema": "fastpe-bench/1",
+        # 2: the floor per round and its noise flag, rows without a floor (None), the
+        # program's inner part
+        "schema": "fastpe-bench/2",
         "fastpe": info,
         "machine": machine_info(),
         "dtype": args.dtype,

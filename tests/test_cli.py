@@ -151,7 +151,7 @@ FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-nt"}
 
 
 def check_report(report: dict, *, dtype="float32", threads=1) -> None:
-    assert report["schema"] == "fastpe-bench/1"
+    assert report["schema"] == "fastpe-bench/2"
     assert report["fastpe"]["version"] == fastpe.__version__
     assert report["dtype"] == dtype and report["threads"] == threads
     assert report["mode"] == "quick" and report["size"] == "tiny"
