@@ -153,8 +153,9 @@ class Workload:
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # the call's arguments, for
     #                                             implementations added elsewhere (bench/)
     # A part of each written array that the reference computes on its own (every 4th
-    # head: RoPE rotates each head alike, ALiBi biases each head by its own slope), for a
-    # check that costs a fraction of the reference's pass; empty: all of it.
+    # head: RoPE rotates each head alike, ALiBi biases each head by its own slope; every
+    # 4th sequence of a batch of embeddings), for a check that costs a fraction of the
+    # reference's pass; empty: all of it.
     check_index: Mapping[str, tuple[slice, ...]] = dataclasses.field(default_factory=dict)
     check_reference: Prepare | None = None  # that part's reference, if not impls["reference"]
     dtypes: tuple[str, ...] = ("float16", "float32", "float64")  # those it runs in

@@ -43,6 +43,10 @@ EVERY_4TH_HEAD = {"q": (slice(None), slice(None), slice(None, None, 4)),
                   "k": (slice(None), slice(None), slice(None, None, 4))}
 
 
+# The checked part of x (batch, seq, dim): every sequence of the batch gets the same rows.
+EVERY_4TH_SEQUENCE = {"x": (slice(None, None, 4),)}
+
+
 # ---- sinusoidal ---------------------------------------------------------------------------
 
 def _table_workload(size: Size) -> Workload:
@@ -95,7 +99,8 @@ def _add_sinusoidal_workload(size: Size) -> Workload:
         title=f"add_sinusoidal(x {shape})",
         make=make, inplace=("x",), result=("x",), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_sinusoidal},
-        numpy_note="x += a cached table (built once, untimed): one in-place broadcast add")
+        numpy_note="x += a cached table (built once, untimed): one in-place broadcast add",
+        check_index=EVERY_4TH_SEQUENCE)
 
 
 # ---- learned ------------------------------------------------------------------------------
@@ -122,7 +127,8 @@ def _learned_workload(size: Size) -> Workload:
         title=f"add_learned(x {shape}, table ({max_len}, {shape[-1]}))",
         make=make, inplace=("x",), result=("x",), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_learned},
-        numpy_note="x += table[:seq]: one in-place broadcast add of a table slice")
+        numpy_note="x += table[:seq]: one in-place broadcast add of a table slice",
+        check_index=EVERY_4TH_SEQUENCE)
 
 
 def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...],
