@@ -36,6 +36,7 @@ include "sinusoidal.pxi"
 include "learned.pxi"
 include "rope.pxi"
 include "alibi.pxi"
+include "floor.pxi"
 
 
 ISA = FASTPE_ISA.decode()
@@ -89,47 +90,3 @@ def same_items(dict d, tuple items):
                 break
             i += 1
     return same
-
-
-# ---- streaming loops: the bench's floor -------------------------------------------------------
-
-cdef enum:
-    STREAM_WORDS = 8192   # 64 KiB per unit of work
-
-
-cdef void xor_words(uint64_t *p, Py_ssize_t n, uint64_t mask) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        p[i] = p[i] ^ mask
-
-
-cdef void fill_words(uint64_t *p, Py_ssize_t n, uint64_t value) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        p[i] = value
-
-
-def stream(cnp.ndarray a, bint fill, uint64_t word, int num_threads):
-    """One pass over the bytes of a, in place: each 8-byte word XORed with `word`
-    (read and written once; word 0 leaves the values as they were), or, with
-    fill, set to `word` (written once). The simplest loop at the machine's
-    streaming speed: ``python -m fastpe bench`` measures its floor with it.
-
-    a: C-contiguous, 8-byte aligned, nbytes a multiple of 8 (the caller checks).
-    """
-    cdef uint64_t *p = <uint64_t *>cnp.PyArray_DATA(a)
-    cdef Py_ssize_t n = cnp.PyArray_NBYTES(a) // 8
-    cdef Py_ssize_t u, units = ceil_div(n, STREAM_WORDS), w0
-    cdef int nthreads = units_threads(units, num_threads)
-    with nogil:
-        if nthreads > 1:
-            for u in prange(units, schedule="static", num_threads=nthreads):
-                w0 = u * STREAM_WORDS
-                if fill:
-                    fill_words(p + w0, min(<Py_ssize_t>STREAM_WORDS, n - w0), word)
-                else:
-                    xor_words(p + w0, min(<Py_ssize_t>STREAM_WORDS, n - w0), word)
-        elif fill:
-            fill_words(p, n, word)
-        else:
-            xor_words(p, n, word)

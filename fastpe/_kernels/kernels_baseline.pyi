@@ -25,6 +25,8 @@ OPENMP: Final[bool]
 """Whether this build has OpenMP threads."""
 HALF_CONVERSION: Final[str]
 """float16 conversion: "hardware" (F16C / NEON) or "software"."""
+STREAM_STORES: Final[bool]
+"""Whether stream(nontemporal=True) has streaming (non-temporal) stores here."""
 
 def cpu_supports(isa: str) -> bool: ...
 def openmp_max_threads() -> int: ...
@@ -61,7 +63,13 @@ def dynamic_ntk_frequencies(
 ) -> bool: ...
 def same_items(d: dict[Any, Any], items: tuple[tuple[Any, Any], ...]) -> bool: ...
 def register_bfloat16(typenum: int) -> None: ...
-def stream(a: NDArray[Any], fill: bool, word: int, num_threads: int) -> None: ...
+def stream(
+    arrays: tuple[NDArray[Any], ...],
+    fill: bool,
+    word: int,
+    num_threads: int,
+    nontemporal: bool = ...,
+) -> None: ...
 def sinusoidal(
     x: NDArray[Any],
     code: int,
