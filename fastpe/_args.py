@@ -197,6 +197,14 @@ def pair_axis_arg(axes: object, pair_axis: object, half: int) -> tuple[int, np.n
     return n, np.ascontiguousarray(a, dtype=np.int8)
 
 
+def _refuse_ambiguous_axes(shape: tuple[int, ...], axes: int, batch: int, seq: int) -> None:
+    if len(shape) == 2 and shape == (axes, seq) and batch == axes:
+        raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
+                         f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "
+                         f"positions shared by the batch, ({axes}, {batch}, {seq}) for "
+                         f"per-sequence ones, or a (1, {seq}) text row")
+
+
 def axis_positions(positions: object, offset: object, batch: int, seq: int,
                    axes: int) -> tuple[_checks.Positions, bool]:
     """Positions for an embedding with `axes` position axes: (Positions, multi).
@@ -210,11 +218,7 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     # converted once: an __array__ may return another array each time it is asked
     converted = _checks.as_array(positions, "positions")
     shape = converted.shape
-    if len(shape) == 2 and shape == (axes, seq) and batch == axes:
-        raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
-                         f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "
-                         f"positions shared by the batch, ({axes}, {batch}, {seq}) for "
-                         f"per-sequence ones, or a (1, {seq}) text row")
+    _refuse_ambiguous_axes(shape, axes, batch, seq)
     per_axis = ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch)
                  and shape[2] == seq) or (len(shape) == 2 and shape == (axes, seq)))
     text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
@@ -405,6 +409,8 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
     if _checks.count(offset, "offset"):
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
     shape = positions.shape
+    if pair_axis is not None:
+        _refuse_ambiguous_axes(shape, axes, batch, seq)
     per_axis = pair_axis is not None and (
         (len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
         or (len(shape) == 2 and shape == (axes, seq) and batch != axes))

@@ -316,8 +316,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     """
     if type(q) is not np.ndarray and _checks.is_tensor(q):
         # a model's own torch tensors: viewed once, then the path of NumPy arrays
-        qv, kv, pv = _checks.torch_tensors((q, "q", True), (k, "k", True),
-                                           (positions, "positions", False))
+        qv, kv, pv = _checks.rope_tensors(q, k, positions)
         apply_rope(qv, kv, pv, offset=offset, freqs=freqs, base=base, scaling=scaling,
                    rotary_dim=rotary_dim, style=style, layout=layout, inverse=inverse,
                    num_threads=num_threads, max_position_embeddings=max_position_embeddings)
@@ -580,8 +579,7 @@ class RotaryEmbedding:
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         if type(q) is not np.ndarray and _checks.is_tensor(q):
-            qv, kv, pv = _checks.torch_tensors((q, "q", True), (k, "k", True),
-                                               (positions, "positions", False))
+            qv, kv, pv = _checks.rope_tensors(q, k, positions)
             self(qv, kv, pv, offset=offset, layout=layout, inverse=inverse,
                  num_threads=num_threads)
             return q, k

@@ -2077,3 +2077,14 @@ def test_real_valued_positions_refused_where_frequencies_follow_the_length():
                           scaling={"rope_type": "dynamic", "factor": 2.0},
                           max_position_embeddings=2)
     assert (q == 1).all()
+
+
+def test_real_valued_positions_that_read_both_as_axes_and_batch_are_refused():
+    """(2, seq) with two axes and a batch of 2: per-axis or per-sequence? Refused, as for
+    integer positions, never guessed."""
+    rope = fastpe.RotaryEmbedding(16, mrope_section=[4, 4])
+    q = np.ones((2, 5, 1, 16))
+    for pos in (np.zeros((2, 5)), np.zeros((2, 5), np.int64)):
+        with pytest.raises(ValueError, match=r"read both as \(axes, seq\)"):
+            rope(q, None, pos)
+    assert (q == 1).all()
