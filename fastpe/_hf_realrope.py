@@ -1,0 +1,107 @@
+"""Rotary embeddings of transformers models that rotate by real-valued coordinates.
+
+DINOv3's ViT and the models built on its backbone (EoMT-DINOv3, Sapiens 2) rotate each
+patch by its centre normalised to [-1, 1] (``fastpe.dinov3_positions``). Each loader
+here reads what that model's own transformers 5.24 code reads from the config and
+builds the :class:`fastpe.RotaryEmbedding` that reproduces its rotary module and apply
+function; tests/data/make_hf_realrope_reference.py checks them against that code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._hf_multimodal import _vision_layout
+from ._rope_scaling import _hf_get, _hf_plain, parse_rope_spec
+from ._typing import Style
+
+if TYPE_CHECKING:  # rope imports this module
+    from .rope import RotaryEmbedding
+
+__all__ = ["LOADERS", "from_hf_config"]
+
+def _head_dim(config: Mapping[str, Any], model_type: str, hidden: str, heads: str) -> int:
+    """hidden // heads as the model's rotary module computes it (a head_dim key, if any,
+    is not read by that code), divisible by 4: two axes of rotate_half pairs."""
+    h, n = config.get(hidden), config.get(heads)
+    if not isinstance(h, int) or not isinstance(n, int) or h < 1 or n < 1:
+        raise ValueError(f"config of model_type {model_type!r} needs positive ints {hidden} "
+                         f"and {heads}, got {h!r} and {n!r}")
+    head_dim = h // n
+    if head_dim % 4:
+        raise ValueError(f"model_type {model_type!r}: {hidden} // {heads} = {head_dim} must "
+                         "be divisible by 4 (two axes of rotated pairs)")
+    return head_dim
+
+
+def _theta(config: Mapping[str, Any], model_type: str, default: float) -> float:
+    """rope_theta where the model's code reads it: a rope_parameters dict of rope_type
+    "default" (EoMT-DINOv3) or the top-level key (DINOv3, Sapiens 2)."""
+    rope = config.get("rope_parameters")
+    if model_type == "eomt_dinov3" and isinstance(rope, Mapping):
+        kind = rope.get("rope_type", "default")
+        if kind != "default":
+            raise ValueError(f"model_type {model_type!r} supports only rope_type 'default' in "
+                             f"rope_parameters, got {kind!r}")
+        theta = rope.get("rope_theta", default)
+    else:
+        theta = config.get("rope_theta", default)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ValueError(f"model_type {model_type!r}: rope_theta must be a positive number, "
+                         f"got {theta!r}")
+    return float(theta)
+
+
+def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: str,
+            style: Style | None) -> RotaryEmbedding:
+    """DINOv3 (Simeoni et al. 2025): angle ``2 pi * c * theta^(-4j / head_dim)`` for j <
+    head_dim / 4, the first head_dim / 4 pairs (rotate_half) on the patch centre's y,
+    the next on its x; CLS and register tokens in front are not rotated. The random
+    shift, jitter and rescale of the coordinates run only in training mode, so
+    inference ignores pos_embed_shift / pos_embed_jitter / pos_embed_rescale."""
+    head_dim = _head_dim(config, model_type, "hidden_size", "num_attention_heads")
+    theta = _theta(config, model_type, 100.0)
+    axes, width, pair_axis, pair_freq, own_style = _vision_layout("hw", head_dim)
+    emb = cls(head_dim, base=theta, style=style or own_style)
+    # the 2 pi of the angle folded into the frequencies: a linear scaling divides by
+    # its factor, so 1 / (2 pi) multiplies each theta^(-4j / head_dim) by 2 pi
+    spec = parse_rope_spec(width, base=theta,
+                           scaling={"rope_type": "linear", "factor": 1.0 / (2.0 * math.pi)})
+    emb._set_layout(axes, pair_axis, pair_freq, spec)
+    registers = config.get("num_register_tokens", 0)
+    if isinstance(registers, bool) or not isinstance(registers, int) or registers < 0:
+        raise ValueError(f"model_type {model_type!r}: num_register_tokens must be an int >= 0, "
+                         f"got {registers!r}")
+    emb.prefix_tokens = 1 + registers
+    return emb
+
+
+Loader = Callable[[type["RotaryEmbedding"], Mapping[str, Any], str, "Style | None"],
+                  "RotaryEmbedding"]
+
+LOADERS: dict[str, Loader] = {
+    "dinov3_vit": _dinov3,
+    # EoMT's last num_blocks layers also put num_queries query tokens in front, which
+    # its apply function leaves unrotated like the CLS and register tokens
+    "eomt_dinov3": _dinov3,
+    "sapiens2": _dinov3,
+}
+
+
+def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | None,
+                   layer_type: str | None) -> RotaryEmbedding | None:
+    """The embedding of a model that rotates by real-valued coordinates, or None for
+    any other model."""
+    model_type = _hf_get(config, "model_type")
+    loader = LOADERS.get(model_type) if isinstance(model_type, str) else None
+    if loader is None:
+        return None
+    if layer_type is not None:
+        raise ValueError(f"model_type {model_type!r} has one rotary embedding for every "
+                         f"layer: layer_type={layer_type!r} does not apply")
+    plain = _hf_plain(config)
+    if not isinstance(plain, Mapping):
+        plain = dict(vars(plain))
+    return loader(cls, plain, model_type, style)

@@ -1,0 +1,101 @@
+"""Regenerate hf_realrope_reference.json/.npz: RoPE on real-valued coordinates as
+transformers' own code applies it (DINOv3 and the models on its backbone).
+
+Run by hand, never by the test suite, with a scratch virtualenv holding torch (CPU) and
+transformers 5.24:
+
+    /path/to/venv/bin/python tests/data/make_hf_realrope_reference.py
+
+Each case builds a small random config, the model's own rotary module (run in eval mode:
+the coordinate augmentations are training-only) on a dummy image of ``grid`` patches,
+and the model's own ``apply_rotary_pos_emb`` on float64 standard-normal q and k laid out
+as the attention holds them, (batch, heads, tokens, head_dim), prefix tokens (CLS,
+registers, EoMT's queries) in front. The JSON holds the config as transformers writes
+it and the shapes; the npz holds, keyed ``<name>/<array>``, the inputs ``q``, ``k``, the
+outputs ``q_out``, ``k_out``, and ``coords``, the patch coordinates the model's code
+makes, (tokens, 2).
+
+The models compute in float32; as make_hf_mrope_reference.py does, each case runs with
+float32 promoted to float64, so every step is the model's own, in double precision.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from make_hf_mrope_reference import config_json, float64_everywhere, module  # noqa: E402
+
+JSON_OUT = HERE / "hf_realrope_reference.json"
+NPZ_OUT = HERE / "hf_realrope_reference.npz"
+
+SMALL = dict(hidden_size=64, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1,
+             patch_size=4, image_size=16)
+
+# (name, package, config class, rotary class, config kwargs, (rows, cols) of patches,
+#  batch, query tokens in front of the prefix (EoMT's last blocks), key heads)
+DINOV3_CASES = [
+    ("dinov3_vit", "dinov3_vit", "DINOv3ViTConfig", "DINOv3ViTRopePositionEmbedding",
+     dict(SMALL, num_register_tokens=4, rope_theta=100.0), (3, 5), 2, 0, 2),
+    ("dinov3_vit_no_registers", "dinov3_vit", "DINOv3ViTConfig",
+     "DINOv3ViTRopePositionEmbedding",
+     dict(SMALL, hidden_size=96, num_attention_heads=3, num_register_tokens=0,
+          rope_theta=1000.0), (4, 4), 1, 0, 3),
+    ("eomt_dinov3", "eomt_dinov3", "EomtDinov3Config", "EomtDinov3RotaryEmbedding",
+     dict(SMALL, num_register_tokens=2, num_queries=3, num_blocks=1,
+          rope_parameters=dict(rope_type="default", rope_theta=100.0)), (2, 3), 1, 3, 2),
+    ("sapiens2", "sapiens2", "Sapiens2Config", "Sapiens2RopePositionEmbedding",
+     dict(SMALL, hidden_size=128, num_attention_heads=4, num_register_tokens=3,
+          num_key_value_attention_heads=2, num_first_full_attention_layers=0,
+          num_last_full_attention_layers=0, rope_theta=100.0), (5, 2), 1, 0, 2),
+]
+
+
+def run_dinov3(case, seed):
+    name, package, config_cls, rotary_cls, kwargs, (rows, cols), batch, queries, kv_heads = case
+    mod = module(package)
+    cfg = getattr(transformers, config_cls)(**kwargs)
+    patch = cfg.patch_size
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    prefix = queries + 1 + cfg.num_register_tokens
+    tokens = prefix + rows * cols
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, cfg.num_attention_heads, tokens, head_dim))
+    k = rng.standard_normal((batch, kv_heads, tokens, head_dim))
+    with float64_everywhere():
+        rope = getattr(mod, rotary_cls)(cfg).eval()
+        pixels = torch.zeros(batch, cfg.num_channels, rows * patch, cols * patch,
+                             dtype=torch.float64)
+        with torch.no_grad():
+            cos, sin = rope(pixels)
+            q_out, k_out = mod.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k),
+                                                    cos, sin)
+        coords = mod.get_patches_center_coordinates(rows, cols, torch.float64, "cpu")
+    assert q_out.dtype == torch.float64 and cos.dtype == torch.float64
+    arrays = {"q": q, "k": k, "q_out": q_out.numpy(), "k_out": k_out.numpy(),
+              "coords": coords.numpy()}
+    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg),
+                grid=[rows, cols], prefix=prefix, queries=queries)
+    return meta, arrays
+
+
+def main():
+    cases, arrays = [], {}
+    for seed, case in enumerate(DINOV3_CASES):
+        meta, out = run_dinov3(case, seed)
+        cases.append(meta)
+        arrays.update({f"{meta['name']}/{key}": value for key, value in out.items()})
+    JSON_OUT.write_text(json.dumps(dict(
+        generated_by=Path(__file__).name, transformers_version=transformers.__version__,
+        torch_version=torch.__version__, cases=cases), indent=1) + "\n")
+    np.savez_compressed(NPZ_OUT, **arrays)
+    print(f"{len(cases)} cases -> {JSON_OUT.name}, {NPZ_OUT.name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""RoPE on real-valued coordinates: the models that rotate patches by them.
+
+Truths, independent of the code under test:
+- tests/data/hf_realrope_reference.*, made by make_hf_realrope_reference.py from each
+  model's own transformers rotary module and apply function (in float64), read here
+  without torch;
+- the DINOv3 formula (Simeoni et al. 2025) written out below in float64: frequency j <
+  head_dim / 4 turns pair j by ``2 pi * y * theta^(-4j / head_dim)`` and pair
+  head_dim / 4 + j by the same with x, rotate_half pairing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import COMPILED
+
+import fastpe
+
+DATA = Path(__file__).parent / "data"
+FIXTURE = json.loads((DATA / "hf_realrope_reference.json").read_text())
+with np.load(DATA / "hf_realrope_reference.npz") as _npz:
+    ARRAYS = {key: _npz[key] for key in _npz.files}
+CASES = {c["name"]: c for c in FIXTURE["cases"]}
+BACKENDS = ["numpy"] + (["cython"] if COMPILED else [])
+DINOV3 = {"model_type": "dinov3_vit", "hidden_size": 64, "num_attention_heads": 2,
+          "rope_theta": 100.0, "num_register_tokens": 4}
+
+
+def fixture(name: str, key: str) -> np.ndarray:
+    return ARRAYS[f"{name}/{key}"]
+
+
+def test_fixture_is_transformers_524():
+    assert FIXTURE["transformers_version"].startswith("5.24")
+    assert {c["model_type"] for c in CASES.values()} >= {"dinov3_vit", "eomt_dinov3",
+                                                         "sapiens2"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "grid" in c])
+def test_dinov3_family_matches_transformers(name, backend):
+    case = CASES[name]
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"])
+    # EoMT's queries come before the CLS and registers; the model knows how many
+    assert rope.prefix_tokens + case["queries"] == case["prefix"]
+    prefix = case["prefix"]
+    q, k = fixture(name, "q").copy(), fixture(name, "k").copy()
+    pos = fastpe.dinov3_positions(*case["grid"])
+    if q.shape[0] > 1:
+        pos = pos[:, None]  # (axes, 1, tokens): the batch shares the grid
+    with fastpe.use_backend(backend):
+        rope(q[:, :, prefix:], k[:, :, prefix:], pos, layout="bhsd")
+    for got, key in ((q, "q_out"), (k, "k_out")):
+        np.testing.assert_allclose(got, fixture(name, key), rtol=0, atol=1e-13,
+                                   err_msg=f"{name} {key} ({backend})")
+    np.testing.assert_array_equal(q[:, :, :prefix], fixture(name, "q")[:, :, :prefix])
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "grid" in c])
+def test_dinov3_positions_are_the_models_patch_centres(name):
+    rows, cols = CASES[name]["grid"]
+    np.testing.assert_array_equal(fastpe.dinov3_positions(rows, cols),
+                                  fixture(name, "coords").T)
+    # in pixels: the model floors to whole patches
+    patch = CASES[name]["config"]["patch_size"]
+    np.testing.assert_array_equal(
+        fastpe.dinov3_positions(rows * patch + patch - 1, cols * patch, patch_size=patch),
+        fixture(name, "coords").T)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dinov3_rotation_is_the_papers_formula(backend):
+    rope = fastpe.RotaryEmbedding.from_hf_config(DINOV3)
+    pos = fastpe.dinov3_positions(3, 4)
+    j = np.arange(8)
+    omega = 2 * math.pi * 100.0 ** (-4.0 * j / 32)
+    angles = np.concatenate([pos[0][:, None] * omega, pos[1][:, None] * omega], axis=1)
+    q = np.random.default_rng(0).standard_normal((12, 2, 32))
+    a, b = q[..., :16], q[..., 16:]
+    c, s = np.cos(angles)[:, None], np.sin(angles)[:, None]
+    want = np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+    with fastpe.use_backend(backend):
+        rope(q, None, pos, layout="shd")
+    np.testing.assert_allclose(q, want, rtol=0, atol=1e-13)
+
+
+def test_float32_within_its_rounding():
+    name = "dinov3_vit"
+    case = CASES[name]
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"])
+    p = case["prefix"]
+    q = fixture(name, "q").astype(np.float32)
+    rope(q[:, :, p:], None, fastpe.dinov3_positions(*case["grid"])[:, None], layout="bhsd")
+    np.testing.assert_allclose(q, fixture(name, "q_out"), rtol=0, atol=2e-6)
+
+
+def test_loads_from_a_config_object_and_its_dict_alike():
+    a = fastpe.RotaryEmbedding.from_hf_config(DINOV3)
+    b = fastpe.RotaryEmbedding.from_hf_config(types.SimpleNamespace(**DINOV3))
+    np.testing.assert_array_equal(a.frequencies().inv_freq, b.frequencies().inv_freq)
+    assert (a.axes, a.prefix_tokens, a.style) == (b.axes, b.prefix_tokens, b.style) == (2, 5, "neox")
+
+
+def test_sam2_memory_positions_grid():
+    pos = fastpe.sam2_memory_positions(2, 3, frames=2)
+    assert pos.dtype == np.float64 and pos.shape == (2, 12)
+    np.testing.assert_array_equal(pos[:, :6], [[0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2]])
+    np.testing.assert_array_equal(pos[:, 6:], pos[:, :6])
+
+
+# ---- bad input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"hidden_size": 68}, ValueError, r"34 must be divisible by 4"),
+    ({"hidden_size": None}, ValueError, r"hidden_size and num_attention_heads"),
+    ({"rope_theta": -1.0}, ValueError, r"rope_theta must be a positive number"),
+    ({"rope_theta": "100"}, ValueError, r"rope_theta must be a positive number"),
+    ({"num_register_tokens": -1}, ValueError, r"num_register_tokens must be an int >= 0"),
+    ({"model_type": "eomt_dinov3", "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 100.0}},
+     ValueError, r"supports only rope_type 'default'"),
+])
+def test_unreproducible_configs_name_the_key(change, error, match):
+    with pytest.raises(error, match=match):
+        fastpe.RotaryEmbedding.from_hf_config({**DINOV3, **change})
+
+
+def test_layer_type_does_not_apply():
+    with pytest.raises(ValueError, match=r"layer_type='full_attention' does not apply"):
+        fastpe.RotaryEmbedding.from_hf_config(DINOV3, layer_type="full_attention")
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: fastpe.dinov3_positions(0, 3), ValueError, r"height"),
+    (lambda: fastpe.dinov3_positions(3, 2.5), TypeError, r"width must be an int"),
+    (lambda: fastpe.dinov3_positions(8, 32, patch_size=16), ValueError,
+     r"height=8 pixels is smaller than one patch"),
+    (lambda: fastpe.dinov3_positions(32, 32, patch_size=0), ValueError, r"patch_size"),
+    (lambda: fastpe.sam2_memory_positions(2, 2, frames=0), ValueError, r"frames"),
+])
+def test_coordinate_helpers_refuse_bad_sizes(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("positions, error, match", [
+    (np.zeros((3, 12)), ValueError, r"positions"),
+    (np.full((2, 12), np.nan), ValueError, r"finite"),
+    (np.zeros((2, 11)), ValueError, r"positions"),
+])
+def test_bad_positions_leave_the_buffers_unchanged(backend, positions, error, match):
+    rope = fastpe.RotaryEmbedding.from_hf_config(DINOV3)
+    q = np.random.default_rng(1).standard_normal((1, 17, 2, 32))
+    before = q.copy()
+    with fastpe.use_backend(backend), pytest.raises(error, match=match):
+        rope(q[:, rope.prefix_tokens:], None, positions)
+    np.testing.assert_array_equal(q, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_only_q_is_a_type_error(backend):
+    rope = fastpe.RotaryEmbedding.from_hf_config(DINOV3)
+    q = np.ones((1, 12, 2, 32))
+    q.flags.writeable = False
+    with fastpe.use_backend(backend), pytest.raises(TypeError, match=r"q .*read-only|read-only"):
+        rope(q, None, fastpe.dinov3_positions(3, 4))
