@@ -1,7 +1,9 @@
 """Rotary embeddings of transformers models that rotate by real-valued coordinates.
 
 DINOv3's ViT and the models built on its backbone (EoMT-DINOv3, Sapiens 2) rotate each
-patch by its centre normalised to [-1, 1] (``fastpe.dinov3_positions``). Each loader
+patch by its centre normalised to [-1, 1] (``fastpe.dinov3_positions``); the memory
+attention of SAM 2's video model, SAM 3's tracker and EdgeTAM rotates by the (row,
+column) of its feature map (``fastpe.sam2_memory_positions``). Each loader
 here reads what that model's own transformers 5.24 code reads from the config and
 builds the :class:`fastpe.RotaryEmbedding` that reproduces its rotary module and apply
 function; tests/data/make_hf_realrope_reference.py checks them against that code.
@@ -22,17 +24,22 @@ if TYPE_CHECKING:  # rope imports this module
 
 __all__ = ["LOADERS", "from_hf_config"]
 
-def _head_dim(config: Mapping[str, Any], model_type: str, hidden: str, heads: str) -> int:
-    """hidden // heads as the model's rotary module computes it (a head_dim key, if any,
-    is not read by that code), divisible by 4: two axes of rotate_half pairs."""
-    h, n = config.get(hidden), config.get(heads)
-    if not isinstance(h, int) or not isinstance(n, int) or h < 1 or n < 1:
-        raise ValueError(f"config of model_type {model_type!r} needs positive ints {hidden} "
-                         f"and {heads}, got {h!r} and {n!r}")
-    head_dim = h // n
+
+def _head_dim(config: Mapping[str, Any], model_type: str, hidden: str, *divisors: str,
+              defaults: Mapping[str, int] | None = None) -> int:
+    """hidden // (product of divisors) as the model's rotary module computes it (a
+    head_dim key, if any, is not read by that code), divisible by 4: two axes of
+    rotated pairs. ``defaults``: what the config class fills in for a missing key."""
+    keys = (hidden, *divisors)
+    values = [config.get(key, (defaults or {}).get(key)) for key in keys]
+    if not all(type(v) is int and v > 0 for v in values):
+        raise ValueError(f"config of model_type {model_type!r} needs positive ints "
+                         f"{', '.join(keys[:-1])} and {keys[-1]}, got "
+                         f"{', '.join(map(repr, values))}")
+    head_dim = int(values[0]) // math.prod(int(v) for v in values[1:])
     if head_dim % 4:
-        raise ValueError(f"model_type {model_type!r}: {hidden} // {heads} = {head_dim} must "
-                         "be divisible by 4 (two axes of rotated pairs)")
+        raise ValueError(f"model_type {model_type!r}: {hidden} // ({' * '.join(divisors)}) = "
+                         f"{head_dim} must be divisible by 4 (two axes of rotated pairs)")
     return head_dim
 
 
@@ -78,6 +85,52 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
     return emb
 
 
+def _positive_ints(config: Mapping[str, Any], model_type: str, key: str,
+                   default: list[int]) -> list[int]:
+    value = config.get(key, default)
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(type(v) is int and v > 0 for v in value)):
+        raise ValueError(f"model_type {model_type!r}: {key} must be two positive ints "
+                         f"(width, height), got {value!r}")
+    return list(value)
+
+
+def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: str,
+                 style: Style | None) -> RotaryEmbedding:
+    """The memory attention of SAM 2 (Ravi et al. 2024) and its successors: heads of
+    memory_attention_hidden_size / (downsample_rate * num_attention_heads) features,
+    frequencies theta^(-4j / head_dim) for j < head_dim / 4, adjacent pairs, the first
+    head_dim / 4 on the column and the next on the row of the feature map. The same
+    embedding serves its self-attention (``grid`` from memory_attention_rope_feat_sizes,
+    given as (width, height)) and its cross-attention to the memory, whose keys hold
+    that grid once per frame and then the object pointers, which are not rotated.
+    EdgeTAM's keys are grouped per memory frame, each group's first tokens (temporal)
+    unrotated and the rest on ``key_grid`` (memory_attention_rope_k_sizes)."""
+    rope = config.get("rope_parameters") or {"rope_type": "axial", "rope_theta": 10000.0}
+    if not isinstance(rope, Mapping) or rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"model_type {model_type!r}: its memory attention supports only "
+                         f"rope_type 'axial' in rope_parameters, got {rope!r}")
+    theta = _theta(rope, model_type, 10000.0)
+    head_dim = _head_dim(config, model_type, "memory_attention_hidden_size",
+                         "memory_attention_downsample_rate",
+                         "memory_attention_num_attention_heads",
+                         defaults={"memory_attention_hidden_size": 256,
+                                   "memory_attention_downsample_rate": 1,
+                                   "memory_attention_num_attention_heads": 1})
+    axes, width, pair_axis, pair_freq, own_style = _vision_layout("wh_gptj", head_dim)
+    emb = cls(head_dim, base=theta, style=style or own_style)
+    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
+    cols, rows = _positive_ints(config, model_type, "memory_attention_rope_feat_sizes",
+                                [72, 72] if model_type == "sam3_tracker_video" else [64, 64])
+    emb.grid = (rows, cols)
+    if model_type == "edgetam_video":
+        key_cols, key_rows = _positive_ints(config, model_type,
+                                            "memory_attention_rope_k_sizes", [16, 16])
+        emb.key_grid = (key_rows, key_cols)
+    emb.prefix_tokens = 0
+    return emb
+
+
 Loader = Callable[[type["RotaryEmbedding"], Mapping[str, Any], str, "Style | None"],
                   "RotaryEmbedding"]
 
@@ -87,6 +140,9 @@ LOADERS: dict[str, Loader] = {
     # its apply function leaves unrotated like the CLS and register tokens
     "eomt_dinov3": _dinov3,
     "sapiens2": _dinov3,
+    "sam2_video": _sam2_memory,
+    "sam3_tracker_video": _sam2_memory,
+    "edgetam_video": _sam2_memory,
 }
 
 

@@ -1,4 +1,5 @@
-"""RoPE on real-valued coordinates: the models that rotate patches by them.
+"""RoPE on real-valued coordinates: the models that rotate patches by them (DINOv3 and
+its descendants; SAM 2's, SAM 3 tracker's and EdgeTAM's memory attention).
 
 Truths, independent of the code under test:
 - tests/data/hf_realrope_reference.*, made by make_hf_realrope_reference.py from each
@@ -38,8 +39,9 @@ def fixture(name: str, key: str) -> np.ndarray:
 
 def test_fixture_is_transformers_524():
     assert FIXTURE["transformers_version"].startswith("5.24")
-    assert {c["model_type"] for c in CASES.values()} >= {"dinov3_vit", "eomt_dinov3",
-                                                         "sapiens2"}
+    assert {c["model_type"] for c in CASES.values()} >= {
+        "dinov3_vit", "eomt_dinov3", "sapiens2", "sam2_video", "sam3_tracker_video",
+        "edgetam_video"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -107,6 +109,59 @@ def test_loads_from_a_config_object_and_its_dict_alike():
     assert (a.axes, a.prefix_tokens, a.style) == (b.axes, b.prefix_tokens, b.style) == (2, 5, "neox")
 
 
+SAM = [n for n, c in CASES.items() if "frames" in c]
+
+
+@pytest.mark.parametrize("name", SAM)
+def test_sam_memory_positions_are_the_models(name):
+    rope = fastpe.RotaryEmbedding.from_hf_config(CASES[name]["config"])
+    # the model stacks (column, row); fastpe's axes are (row, column)
+    np.testing.assert_array_equal(fastpe.sam2_memory_positions(*rope.grid),
+                                  fixture(name, "coords")[:, ::-1].T)
+    key_grid = getattr(rope, "key_grid", rope.grid)
+    np.testing.assert_array_equal(fastpe.sam2_memory_positions(*key_grid),
+                                  fixture(name, "key_coords")[:, ::-1].T)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", SAM)
+def test_sam_memory_self_attention_matches_transformers(name, backend):
+    rope = fastpe.RotaryEmbedding.from_hf_config(CASES[name]["config"])
+    assert rope.prefix_tokens == 0
+    q, k = fixture(name, "q").copy(), fixture(name, "k").copy()
+    with fastpe.use_backend(backend):
+        rope(q, k, fastpe.sam2_memory_positions(*rope.grid), layout="bhsd")
+    np.testing.assert_allclose(q, fixture(name, "q_self"), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(k, fixture(name, "k_self"), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", SAM)
+def test_sam_memory_cross_attention_matches_transformers(name, backend):
+    case = CASES[name]
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"])
+    frames, temporal = case["frames"], case["temporal"]
+    q, mem = fixture(name, "q").copy(), fixture(name, "memory").copy()
+    with fastpe.use_backend(backend):
+        rope(q, None, fastpe.sam2_memory_positions(*rope.grid), layout="bhsd")
+        if temporal:
+            # EdgeTAM: per memory frame, temporal tokens first (unrotated), then its key grid
+            rows, cols = rope.key_grid
+            group = temporal + rows * cols
+            for f in range(frames):
+                rope(mem[:, :, f * group + temporal:(f + 1) * group], None,
+                     fastpe.sam2_memory_positions(rows, cols), layout="bhsd")
+        else:
+            rows, cols = rope.grid
+            rope(mem[:, :, :frames * rows * cols], None,
+                 fastpe.sam2_memory_positions(rows, cols, frames=frames), layout="bhsd")
+    np.testing.assert_allclose(q, fixture(name, "q_cross"), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(mem, fixture(name, "k_cross"), rtol=0, atol=1e-13)
+    # the object pointers at the end are the model's unrotated tokens
+    tail = mem.shape[2] - case["pointers"]
+    np.testing.assert_array_equal(mem[:, :, tail:], fixture(name, "memory")[:, :, tail:])
+
+
 def test_sam2_memory_positions_grid():
     pos = fastpe.sam2_memory_positions(2, 3, frames=2)
     assert pos.dtype == np.float64 and pos.shape == (2, 12)
@@ -130,6 +185,35 @@ def test_sam2_memory_positions_grid():
 def test_unreproducible_configs_name_the_key(change, error, match):
     with pytest.raises(error, match=match):
         fastpe.RotaryEmbedding.from_hf_config({**DINOV3, **change})
+
+
+SAM2 = {"model_type": "sam2_video", "memory_attention_hidden_size": 64,
+        "memory_attention_num_attention_heads": 2, "memory_attention_downsample_rate": 1,
+        "memory_attention_rope_feat_sizes": [3, 2],
+        "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, r"only rope_type 'axial'"),
+    ({"memory_attention_downsample_rate": 3}, r"// \(memory_attention_downsample_rate \* "
+                                              r"memory_attention_num_attention_heads\) = 10"),
+    ({"memory_attention_num_attention_heads": 0}, r"positive ints"),
+    ({"memory_attention_rope_feat_sizes": [3]}, r"memory_attention_rope_feat_sizes must be two"),
+    ({"memory_attention_rope_feat_sizes": [3, 2.0]}, r"memory_attention_rope_feat_sizes"),
+    ({"model_type": "edgetam_video", "memory_attention_rope_k_sizes": [0, 4]},
+     r"memory_attention_rope_k_sizes"),
+])
+def test_sam_configs_it_cannot_reproduce_name_the_key(change, match):
+    with pytest.raises(ValueError, match=match):
+        fastpe.RotaryEmbedding.from_hf_config({**SAM2, **change})
+
+
+def test_sam_defaults_are_the_config_classes():
+    rope = fastpe.RotaryEmbedding.from_hf_config({"model_type": "sam3_tracker_video"})
+    assert (rope.head_dim, rope.grid, rope.style) == (256, (72, 72), "gptj")
+    assert rope.frequencies().inv_freq[1] == pytest.approx(10000.0 ** (-4 / 256), rel=1e-15)
+    edgetam = fastpe.RotaryEmbedding.from_hf_config({"model_type": "edgetam_video"})
+    assert (edgetam.grid, edgetam.key_grid) == ((64, 64), (16, 16))
 
 
 def test_layer_type_does_not_apply():

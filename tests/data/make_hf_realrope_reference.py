@@ -1,5 +1,6 @@
 """Regenerate hf_realrope_reference.json/.npz: RoPE on real-valued coordinates as
-transformers' own code applies it (DINOv3 and the models on its backbone).
+transformers' own code applies it (DINOv3 and the models on its backbone; the memory
+attention of SAM 2, SAM 3's tracker and EdgeTAM).
 
 Run by hand, never by the test suite, with a scratch virtualenv holding torch (CPU) and
 transformers 5.24:
@@ -14,6 +15,12 @@ registers, EoMT's queries) in front. The JSON holds the config as transformers w
 it and the shapes; the npz holds, keyed ``<name>/<array>``, the inputs ``q``, ``k``, the
 outputs ``q_out``, ``k_out``, and ``coords``, the patch coordinates the model's code
 makes, (tokens, 2).
+
+SAM cases (``frames`` in the JSON) run the memory attention's rotary module on its own
+precomputed positions (``coords`` in the npz: (tokens, 2), column then row) and its
+apply function: self-attention (q and k on the feature map) and cross-attention (keys:
+``frames`` memory frames of the map, EdgeTAM's each after ``temporal`` unrotated
+tokens on its key grid, then ``pointers`` object-pointer tokens, not rotated).
 
 The models compute in float32; as make_hf_mrope_reference.py does, each case runs with
 float32 promoted to float64, so every step is the model's own, in double precision.
@@ -84,10 +91,76 @@ def run_dinov3(case, seed):
     return meta, arrays
 
 
+MEMORY = dict(memory_attention_hidden_size=64, memory_attention_num_attention_heads=2,
+              memory_attention_downsample_rate=1, memory_attention_rope_feat_sizes=[3, 2],
+              rope_parameters=dict(rope_type="axial", rope_theta=10000.0))
+
+# (name, package, config class, class prefix, config kwargs, memory frames, object
+#  pointers, EdgeTAM's temporal tokens per frame)
+SAM_CASES = [
+    ("sam2_video", "sam2_video", "Sam2VideoConfig", "Sam2Video", MEMORY, 2, 3, 0),
+    ("sam3_tracker_video", "sam3_tracker_video", "Sam3TrackerVideoConfig", "Sam3TrackerVideo",
+     dict(MEMORY, memory_attention_num_attention_heads=1, memory_attention_downsample_rate=2,
+          rope_parameters=dict(rope_type="axial", rope_theta=1000.0)), 3, 0, 0),
+    ("edgetam_video", "edgetam_video", "EdgeTamVideoConfig", "EdgeTamVideo",
+     dict(MEMORY, memory_attention_rope_feat_sizes=[2, 2], memory_attention_rope_k_sizes=[3, 2]),
+     2, 2, 2),
+]
+
+
+def run_sam(case, seed):
+    name, package, config_cls, prefix, kwargs, frames, pointers, temporal = case
+    mod = module(package)
+    cfg = getattr(transformers, config_cls)(**kwargs)
+    # SAM 3's tracker derives its feature map from image_size when it is built
+    cfg.memory_attention_rope_feat_sizes = kwargs["memory_attention_rope_feat_sizes"]
+    heads = cfg.memory_attention_num_attention_heads
+    head_dim = cfg.memory_attention_hidden_size // (cfg.memory_attention_downsample_rate * heads)
+    attention = getattr(mod, f"{prefix}MemoryAttention")
+    rng = np.random.default_rng(seed)
+    with float64_everywhere():
+        rope = getattr(mod, f"{prefix}VisionRotaryEmbedding")(cfg).eval()
+        positions = attention.precompute_positions(cfg)
+        n = positions.shape[0]
+        q = rng.standard_normal((1, heads, n, head_dim))
+        k = rng.standard_normal((1, heads, n, head_dim))
+        x = torch.zeros(1, n, cfg.memory_attention_hidden_size, dtype=torch.float64)
+        with torch.no_grad():
+            cos, sin = rope(x, positions)
+            if temporal:
+                key_positions = attention.precompute_positions(cfg, is_key=True)
+                cos_k, sin_k = rope(x, key_positions)
+                m = key_positions.shape[0]
+                mem = rng.standard_normal((1, heads, frames * (temporal + m) + pointers,
+                                           head_dim))
+                q_self, k_self = mod.apply_rotary_pos_emb_2d_self_attn(
+                    torch.from_numpy(q), torch.from_numpy(k), cos, sin)
+                q_cross, k_cross = mod.apply_rotary_pos_emb_2d_cross_attn(
+                    torch.from_numpy(q), torch.from_numpy(mem), cos, sin, cos_k, sin_k,
+                    num_k_exclude_rope=pointers, repeat_freqs_k=frames)
+            else:
+                key_positions = positions
+                mem = rng.standard_normal((1, heads, frames * n + pointers, head_dim))
+                q_self, k_self = mod.apply_rotary_pos_emb_2d(
+                    torch.from_numpy(q), torch.from_numpy(k), cos, sin)
+                q_cross, k_cross = mod.apply_rotary_pos_emb_2d(
+                    torch.from_numpy(q), torch.from_numpy(mem), cos, sin,
+                    num_k_exclude_rope=pointers, repeat_freqs_k=True)
+    assert cos.dtype == torch.float64 and k_cross.dtype == torch.float64
+    arrays = {"q": q, "k": k, "memory": mem, "q_self": q_self.numpy(),
+              "k_self": k_self.numpy(), "q_cross": q_cross.numpy(), "k_cross": k_cross.numpy(),
+              "coords": positions.numpy().astype(np.float64),
+              "key_coords": key_positions.numpy().astype(np.float64)}
+    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg), frames=frames,
+                pointers=pointers, temporal=temporal)
+    return meta, arrays
+
+
 def main():
     cases, arrays = [], {}
-    for seed, case in enumerate(DINOV3_CASES):
-        meta, out = run_dinov3(case, seed)
+    runs = [(run_dinov3, c) for c in DINOV3_CASES] + [(run_sam, c) for c in SAM_CASES]
+    for seed, (run, case) in enumerate(runs):
+        meta, out = run(case, seed)
         cases.append(meta)
         arrays.update({f"{meta['name']}/{key}": value for key, value in out.items()})
     JSON_OUT.write_text(json.dumps(dict(
