@@ -8,7 +8,7 @@ arrays by compiled OpenMP kernels, with a pure-NumPy twin of every function in
 
 from . import reference
 from ._backend import backend, use_backend
-from ._coordinates import dinov3_positions, sam2_memory_positions
+from ._coordinates import dinov3_positions, sam2_memory_positions, sam3_vit_positions
 from ._grids import mrope_positions, vision_positions
 from ._info import info
 from ._threads import get_num_threads, set_num_threads
@@ -45,6 +45,7 @@ __all__ = [
     "rope_cos_sin",
     "rope_frequencies",
     "sam2_memory_positions",
+    "sam3_vit_positions",
     "set_num_threads",
     "sinusoidal_table",
     "use_backend",

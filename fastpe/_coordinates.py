@@ -3,7 +3,9 @@
 DINOv3 (Simeoni et al. 2025) rotates each patch by its centre, normalised to [-1, 1]
 on both axes, so one set of frequencies serves every image size; SAM 2's memory
 attention (Ravi et al. 2024) rotates by the integer (row, column) of its feature map,
-the same grid for every frame held in memory. Each helper returns the coordinates as
+the same grid for every frame held in memory; SAM 3's ViT (Carion et al. 2025) rotates
+by that grid in its windowed layers and by the image's grid rescaled to a window's
+extent in its global ones. Each helper returns the coordinates as
 the model's own code forms them, in float64, axis first: ``(2, tokens)`` with axis 0
 the row (y) and axis 1 the column (x), ready for the embedding that
 :meth:`fastpe.RotaryEmbedding.from_hf_config` builds for the model.
@@ -16,7 +18,7 @@ from numpy.typing import NDArray
 
 from . import _checks
 
-__all__ = ["dinov3_positions", "sam2_memory_positions"]
+__all__ = ["dinov3_positions", "sam2_memory_positions", "sam3_vit_positions"]
 
 
 def _patches(size: object, patch_size: object, name: str) -> int:
@@ -63,9 +65,25 @@ def sam2_memory_positions(height: int, width: int, *, frames: int = 1) -> NDArra
     current frame) use ``frames=1``. The object-pointer tokens that follow the frames'
     keys are not rotated: pass ``k[:, :-num_object_pointer_tokens]``.
     """
+    f = _checks.count(frames, "frames", minimum=1)
+    return np.tile(_grid(height, width, 1.0), (1, f))
+
+
+def sam3_vit_positions(height: int, width: int, *, window_size: int) -> NDArray[np.float64]:
+    """SAM 3's ViT positions, ``(2, height * width)`` float64: the (row, column) of each
+    patch of a ``height x width`` grid times ``window_size / width``, row-major.
+
+    Its windowed layers use the window's own grid (``height = width = window_size``:
+    integer positions); its global layers the whole image's patch grid (``rope.grid``),
+    scaled so that it spans what a window spans (``rope.window_size``).
+    """
+    ws = _checks.count(window_size, "window_size", minimum=1)
+    return _grid(height, width, ws / _checks.count(width, "width", minimum=1))
+
+
+def _grid(height: object, width: object, scale: float) -> NDArray[np.float64]:
     h = _checks.count(height, "height", minimum=1)
     w = _checks.count(width, "width", minimum=1)
-    f = _checks.count(frames, "frames", minimum=1)
     rows, cols = np.meshgrid(np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64),
                              indexing="ij")
-    return np.tile(np.stack([rows.ravel(), cols.ravel()]), (1, f))
+    return np.stack([rows.ravel(), cols.ravel()]) * scale

@@ -3,7 +3,8 @@
 DINOv3's ViT and the models built on its backbone (EoMT-DINOv3, Sapiens 2) rotate each
 patch by its centre normalised to [-1, 1] (``fastpe.dinov3_positions``); the memory
 attention of SAM 2's video model, SAM 3's tracker and EdgeTAM rotates by the (row,
-column) of its feature map (``fastpe.sam2_memory_positions``). Each loader
+column) of its feature map (``fastpe.sam2_memory_positions``), SAM 3's ViT by its patch
+grid, rescaled in its global layers (``fastpe.sam3_vit_positions``). Each loader
 here reads what that model's own transformers 5.24 code reads from the config and
 builds the :class:`fastpe.RotaryEmbedding` that reproduces its rotary module and apply
 function; tests/data/make_hf_realrope_reference.py checks them against that code.
@@ -95,6 +96,14 @@ def _positive_ints(config: Mapping[str, Any], model_type: str, key: str,
     return list(value)
 
 
+def _gptj_columns_first(cls: type[RotaryEmbedding], head_dim: int, theta: float,
+                        style: Style | None) -> RotaryEmbedding:
+    axes, width, pair_axis, pair_freq, own_style = _vision_layout("wh_gptj", head_dim)
+    emb = cls(head_dim, base=theta, style=style or own_style)
+    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
+    return emb
+
+
 def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: str,
                  style: Style | None) -> RotaryEmbedding:
     """The memory attention of SAM 2 (Ravi et al. 2024) and its successors: heads of
@@ -117,9 +126,7 @@ def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_ty
                          defaults={"memory_attention_hidden_size": 256,
                                    "memory_attention_downsample_rate": 1,
                                    "memory_attention_num_attention_heads": 1})
-    axes, width, pair_axis, pair_freq, own_style = _vision_layout("wh_gptj", head_dim)
-    emb = cls(head_dim, base=theta, style=style or own_style)
-    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
+    emb = _gptj_columns_first(cls, head_dim, theta, style)
     cols, rows = _positive_ints(config, model_type, "memory_attention_rope_feat_sizes",
                                 [72, 72] if model_type == "sam3_tracker_video" else [64, 64])
     emb.grid = (rows, cols)
@@ -129,6 +136,47 @@ def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_ty
         emb.key_grid = (key_rows, key_cols)
     emb.prefix_tokens = 0
     return emb
+
+
+def _sam3_vit(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: str,
+              style: Style | None) -> RotaryEmbedding:
+    """SAM 3's ViT: SAM 2's memory-attention rotation (frequencies theta^(-4j /
+    head_dim), adjacent pairs, column first) over hidden_size / num_attention_heads
+    features, on the window's patch grid in windowed layers and on the image's
+    (``grid``) times window_size / columns in the global_attn_indexes layers."""
+    rope = config.get("rope_parameters") or {"rope_type": "axial", "rope_theta": 10000.0}
+    if not isinstance(rope, Mapping) or rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"model_type {model_type!r}: its ViT supports only rope_type "
+                         f"'axial' in rope_parameters, got {rope!r}")
+    head_dim = _head_dim(config, model_type, "hidden_size", "num_attention_heads",
+                         defaults={"hidden_size": 1024, "num_attention_heads": 16})
+    if config.get("head_dim") not in (None, head_dim):
+        raise ValueError(f"model_type {model_type!r}: head_dim={config['head_dim']!r} differs "
+                         f"from hidden_size // num_attention_heads = {head_dim}, which its "
+                         "attention uses")
+    emb = _gptj_columns_first(cls, head_dim, _theta(rope, model_type, 10000.0), style)
+    # the model's grid: rows from image_size[1] // patch_size[1], columns from index 0
+    image = _pair(config, model_type, "image_size", 1008)
+    patch = _pair(config, model_type, "patch_size", 14)
+    grid = (image[1] // patch[1], image[0] // patch[0])
+    if min(grid) < 1:
+        raise ValueError(f"model_type {model_type!r}: image_size {image} is smaller than one "
+                         f"patch of {patch}")
+    emb.grid = grid
+    window = config.get("window_size", 24)
+    if type(window) is not int or window < 1:
+        raise ValueError(f"model_type {model_type!r}: window_size must be a positive int, got "
+                         f"{window!r}")
+    emb.window_size = window
+    emb.prefix_tokens = 0
+    return emb
+
+
+def _pair(config: Mapping[str, Any], model_type: str, key: str, default: int) -> list[int]:
+    value = config.get(key, default)
+    if type(value) is int:
+        value = [value, value]
+    return _positive_ints({key: value}, model_type, key, [])
 
 
 Loader = Callable[[type["RotaryEmbedding"], Mapping[str, Any], str, "Style | None"],
@@ -143,6 +191,7 @@ LOADERS: dict[str, Loader] = {
     "sam2_video": _sam2_memory,
     "sam3_tracker_video": _sam2_memory,
     "edgetam_video": _sam2_memory,
+    "sam3_vit_model": _sam3_vit,
 }
 
 

@@ -41,7 +41,7 @@ def test_fixture_is_transformers_524():
     assert FIXTURE["transformers_version"].startswith("5.24")
     assert {c["model_type"] for c in CASES.values()} >= {
         "dinov3_vit", "eomt_dinov3", "sapiens2", "sam2_video", "sam3_tracker_video",
-        "edgetam_video"}
+        "edgetam_video", "sam3_vit_model"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -162,6 +162,23 @@ def test_sam_memory_cross_attention_matches_transformers(name, backend):
     np.testing.assert_array_equal(mem[:, :, tail:], fixture(name, "memory")[:, :, tail:])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layer", ["windowed", "global"])
+def test_sam3_vit_matches_transformers(layer, backend):
+    name = "sam3_vit_model"
+    rope = fastpe.RotaryEmbedding.from_hf_config(CASES[name]["config"])
+    assert rope.window_size == CASES[name]["window"] and rope.grid == (4, 6)
+    ws = rope.window_size
+    grid = (ws, ws) if layer == "windowed" else rope.grid
+    pos = fastpe.sam3_vit_positions(*grid, window_size=ws)
+    np.testing.assert_array_equal(pos, fixture(name, f"{layer}/coords")[:, ::-1].T)
+    q, k = fixture(name, f"{layer}/q").copy(), fixture(name, f"{layer}/k").copy()
+    with fastpe.use_backend(backend):
+        rope(q, k, pos[:, None], layout="bhsd")
+    np.testing.assert_allclose(q, fixture(name, f"{layer}/q_out"), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(k, fixture(name, f"{layer}/k_out"), rtol=0, atol=1e-13)
+
+
 def test_sam2_memory_positions_grid():
     pos = fastpe.sam2_memory_positions(2, 3, frames=2)
     assert pos.dtype == np.float64 and pos.shape == (2, 12)
@@ -214,6 +231,29 @@ def test_sam_defaults_are_the_config_classes():
     assert rope.frequencies().inv_freq[1] == pytest.approx(10000.0 ** (-4 / 256), rel=1e-15)
     edgetam = fastpe.RotaryEmbedding.from_hf_config({"model_type": "edgetam_video"})
     assert (edgetam.grid, edgetam.key_grid) == ((64, 64), (16, 16))
+
+
+SAM3_VIT = {"model_type": "sam3_vit_model", "hidden_size": 64, "num_attention_heads": 2,
+            "image_size": 24, "patch_size": 4, "window_size": 4}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, r"only rope_type 'axial'"),
+    ({"head_dim": 16}, r"head_dim=16 differs from hidden_size // num_attention_heads = 32"),
+    ({"image_size": [24]}, r"image_size must be two positive ints"),
+    ({"patch_size": 32}, r"image_size \[24, 24\] is smaller than one patch"),
+    ({"window_size": 0}, r"window_size must be a positive int"),
+])
+def test_sam3_vit_configs_it_cannot_reproduce_name_the_key(change, match):
+    with pytest.raises(ValueError, match=match):
+        fastpe.RotaryEmbedding.from_hf_config({**SAM3_VIT, **change})
+
+
+def test_sam3_vit_positions_refuse_bad_sizes():
+    with pytest.raises(ValueError, match=r"window_size"):
+        fastpe.sam3_vit_positions(4, 4, window_size=0)
+    with pytest.raises(TypeError, match=r"width must be an int"):
+        fastpe.sam3_vit_positions(4, 4.0, window_size=4)
 
 
 def test_layer_type_does_not_apply():

@@ -1,6 +1,6 @@
 """Regenerate hf_realrope_reference.json/.npz: RoPE on real-valued coordinates as
 transformers' own code applies it (DINOv3 and the models on its backbone; the memory
-attention of SAM 2, SAM 3's tracker and EdgeTAM).
+attention of SAM 2, SAM 3's tracker and EdgeTAM; SAM 3's ViT).
 
 Run by hand, never by the test suite, with a scratch virtualenv holding torch (CPU) and
 transformers 5.24:
@@ -21,6 +21,10 @@ precomputed positions (``coords`` in the npz: (tokens, 2), column then row) and 
 apply function: self-attention (q and k on the feature map) and cross-attention (keys:
 ``frames`` memory frames of the map, EdgeTAM's each after ``temporal`` unrotated
 tokens on its key grid, then ``pointers`` object-pointer tokens, not rotated).
+
+SAM 3 ViT cases (``window`` in the JSON) run one layer's rotary module on the positions
+that layer precomputes (``<layer>/coords``: windowed and global) and the apply function
+on q and k of that layer's tokens.
 
 The models compute in float32; as make_hf_mrope_reference.py does, each case runs with
 float32 promoted to float64, so every step is the model's own, in double precision.
@@ -156,9 +160,45 @@ def run_sam(case, seed):
     return meta, arrays
 
 
+# (name, config kwargs, batch)
+SAM3_VIT_CASES = [
+    ("sam3_vit_model", dict(hidden_size=64, num_attention_heads=2, intermediate_size=64,
+                            num_hidden_layers=2, image_size=[24, 16], patch_size=4,
+                            window_size=4, global_attn_indexes=[1],
+                            rope_parameters=dict(rope_type="axial", rope_theta=10000.0)), 2),
+]
+
+
+def run_sam3_vit(case, seed):
+    name, kwargs, batch = case
+    mod = module("sam3")
+    cfg = transformers.Sam3ViTConfig(**kwargs)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    with float64_everywhere():
+        rope = mod.Sam3ViTRotaryEmbedding(cfg).eval()
+        for layer, window in (("windowed", cfg.window_size), ("global", 0)):
+            positions = mod.Sam3ViTLayer.precompute_positions(cfg, window)
+            n = positions.shape[0]
+            q = rng.standard_normal((batch, cfg.num_attention_heads, n, head_dim))
+            k = rng.standard_normal((batch, cfg.num_attention_heads, n, head_dim))
+            with torch.no_grad():
+                cos, sin = rope(torch.zeros(1, dtype=torch.float64), positions)
+                q_out, k_out = mod.apply_rotary_pos_emb_2d(torch.from_numpy(q),
+                                                           torch.from_numpy(k), cos, sin)
+            assert cos.dtype == torch.float64 and q_out.dtype == torch.float64
+            arrays.update({f"{layer}/q": q, f"{layer}/k": k, f"{layer}/q_out": q_out.numpy(),
+                           f"{layer}/k_out": k_out.numpy(), f"{layer}/coords": positions.numpy()})
+    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg),
+                window=cfg.window_size)
+    return meta, arrays
+
+
 def main():
     cases, arrays = [], {}
-    runs = [(run_dinov3, c) for c in DINOV3_CASES] + [(run_sam, c) for c in SAM_CASES]
+    runs = ([(run_dinov3, c) for c in DINOV3_CASES] + [(run_sam, c) for c in SAM_CASES]
+            + [(run_sam3_vit, c) for c in SAM3_VIT_CASES])
     for seed, (run, case) in enumerate(runs):
         meta, out = run(case, seed)
         cases.append(meta)
