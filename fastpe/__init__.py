@@ -8,7 +8,12 @@ arrays by compiled OpenMP kernels, with a pure-NumPy twin of every function in
 
 from . import reference
 from ._backend import backend, use_backend
-from ._coordinates import dinov3_positions, sam2_memory_positions, sam3_vit_positions
+from ._coordinates import (
+    dinov3_positions,
+    efficientloftr_positions,
+    sam2_memory_positions,
+    sam3_vit_positions,
+)
 from ._grids import mrope_positions, vision_positions
 from ._info import info
 from ._threads import get_num_threads, set_num_threads
@@ -38,6 +43,7 @@ __all__ = [
     "apply_rope_cached",
     "backend",
     "dinov3_positions",
+    "efficientloftr_positions",
     "get_num_threads",
     "info",
     "mrope_positions",

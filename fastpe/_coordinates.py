@@ -5,7 +5,8 @@ on both axes, so one set of frequencies serves every image size; SAM 2's memory
 attention (Ravi et al. 2024) rotates by the integer (row, column) of its feature map,
 the same grid for every frame held in memory; SAM 3's ViT (Carion et al. 2025) rotates
 by that grid in its windowed layers and by the image's grid rescaled to a window's
-extent in its global ones. Each helper returns the coordinates as
+extent in its global ones; EfficientLoFTR (Wang et al. 2024) by the 1-based (row,
+column) of its aggregated coarse feature map. Each helper returns the coordinates as
 the model's own code forms them, in float64, axis first: ``(2, tokens)`` with axis 0
 the row (y) and axis 1 the column (x), ready for the embedding that
 :meth:`fastpe.RotaryEmbedding.from_hf_config` builds for the model.
@@ -18,7 +19,8 @@ from numpy.typing import NDArray
 
 from . import _checks
 
-__all__ = ["dinov3_positions", "sam2_memory_positions", "sam3_vit_positions"]
+__all__ = ["dinov3_positions", "efficientloftr_positions", "sam2_memory_positions",
+           "sam3_vit_positions"]
 
 
 def _patches(size: object, patch_size: object, name: str) -> int:
@@ -79,6 +81,15 @@ def sam3_vit_positions(height: int, width: int, *, window_size: int) -> NDArray[
     """
     ws = _checks.count(window_size, "window_size", minimum=1)
     return _grid(height, width, ws / _checks.count(width, "width", minimum=1))
+
+
+def efficientloftr_positions(height: int, width: int) -> NDArray[np.float64]:
+    """EfficientLoFTR's positions, ``(2, height * width)`` float64: the 1-based (row,
+    column) of each cell of its aggregated coarse map, row-major. For coarse features
+    of ``H x W`` the map is ``(H - k) // s + 1`` by ``(W - k) // s + 1``, with ``k`` and
+    ``s`` the config's q_aggregation_kernel_size and q_aggregation_stride
+    (``rope.q_aggregation``)."""
+    return _grid(height, width, 1.0) + 1.0
 
 
 def _grid(height: object, width: object, scale: float) -> NDArray[np.float64]:

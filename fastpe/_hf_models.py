@@ -130,7 +130,6 @@ MODELS: dict[str, Convention] = {
 }
 
 REFUSED: dict[str, str] = {
-    "efficientloftr": "2-D vision RoPE of a feature matcher",
     **dict.fromkeys((
         "vjepa2", "sam2_video_mask_decoder", "sam3_detr_decoder",
         "sam3_detr_encoder", "sam3_geometry_encoder", "sam3_mask_decoder",

@@ -4,7 +4,8 @@ DINOv3's ViT and the models built on its backbone (EoMT-DINOv3, Sapiens 2) rotat
 patch by its centre normalised to [-1, 1] (``fastpe.dinov3_positions``); the memory
 attention of SAM 2's video model, SAM 3's tracker and EdgeTAM rotates by the (row,
 column) of its feature map (``fastpe.sam2_memory_positions``), SAM 3's ViT by its patch
-grid, rescaled in its global layers (``fastpe.sam3_vit_positions``). Each loader
+grid, rescaled in its global layers (``fastpe.sam3_vit_positions``); EfficientLoFTR by
+its coarse feature map's cells (``fastpe.efficientloftr_positions``). Each loader
 here reads what that model's own transformers 5.24 code reads from the config and
 builds the :class:`fastpe.RotaryEmbedding` that reproduces its rotary module and apply
 function; tests/data/make_hf_realrope_reference.py checks them against that code.
@@ -15,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._hf_multimodal import _vision_layout
 from ._rope_scaling import _hf_get, _hf_plain, parse_rope_spec
@@ -179,6 +182,46 @@ def _pair(config: Mapping[str, Any], model_type: str, key: str, default: int) ->
     return _positive_ints({key: value}, model_type, key, [])
 
 
+def _efficientloftr(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: str,
+                    style: Style | None) -> RotaryEmbedding:
+    """EfficientLoFTR (Wang et al. 2024): its coarse transformer rotates the whole
+    hidden_size vector of a token before it splits it into heads, adjacent pairs,
+    pair 2m by the row and pair 2m + 1 by the column, both at theta^(-2m / dim) with
+    dim = head_dim * partial_rotary_factor, which its code needs to be hidden_size / 2.
+    Pass q as (batch, tokens, 1, hidden_size): ``rope.head_dim`` is hidden_size."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, Mapping) or rope.get("rope_type", "default") != "default":
+        raise ValueError(f"model_type {model_type!r}: fastpe reproduces only rope_type "
+                         f"'default' in rope_parameters, got {rope!r}")
+    theta = _theta(rope, model_type, 10000.0)
+    hidden = config.get("hidden_size", 256)
+    heads = config.get("num_attention_heads", 8)
+    if not (type(hidden) is int and type(heads) is int and hidden > 0 and heads > 0
+            and hidden % 4 == 0):
+        raise ValueError(f"config of model_type {model_type!r} needs positive ints "
+                         f"hidden_size (divisible by 4) and num_attention_heads, got "
+                         f"{hidden!r} and {heads!r}")
+    head_dim = config.get("head_dim") or hidden // heads
+    factor = rope.get("partial_rotary_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+            int(head_dim * factor) != hidden // 2:
+        raise ValueError(f"model_type {model_type!r}: head_dim * partial_rotary_factor = "
+                         f"{head_dim} * {factor!r} must be hidden_size / 2 = {hidden // 2}: "
+                         "its code gives one frequency per row-column pair of hidden_size")
+    n = hidden // 4
+    emb = cls(hidden, base=theta, style=style or "gptj")
+    emb._set_layout(2, np.tile(np.array([0, 1], np.int8), n), np.repeat(np.arange(n), 2),
+                    parse_rope_spec(hidden // 2, base=theta))
+    aggregation = (config.get("q_aggregation_kernel_size", 4),
+                   config.get("q_aggregation_stride", 4))
+    if not all(type(v) is int and v > 0 for v in aggregation):
+        raise ValueError(f"model_type {model_type!r}: q_aggregation_kernel_size and "
+                         f"q_aggregation_stride must be positive ints, got {aggregation}")
+    emb.q_aggregation = aggregation
+    emb.prefix_tokens = 0
+    return emb
+
+
 Loader = Callable[[type["RotaryEmbedding"], Mapping[str, Any], str, "Style | None"],
                   "RotaryEmbedding"]
 
@@ -192,6 +235,7 @@ LOADERS: dict[str, Loader] = {
     "sam3_tracker_video": _sam2_memory,
     "edgetam_video": _sam2_memory,
     "sam3_vit_model": _sam3_vit,
+    "efficientloftr": _efficientloftr,
 }
 
 

@@ -41,7 +41,7 @@ def test_fixture_is_transformers_524():
     assert FIXTURE["transformers_version"].startswith("5.24")
     assert {c["model_type"] for c in CASES.values()} >= {
         "dinov3_vit", "eomt_dinov3", "sapiens2", "sam2_video", "sam3_tracker_video",
-        "edgetam_video", "sam3_vit_model"}
+        "edgetam_video", "sam3_vit_model", "efficientloftr"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -179,6 +179,27 @@ def test_sam3_vit_matches_transformers(layer, backend):
     np.testing.assert_allclose(k, fixture(name, f"{layer}/k_out"), rtol=0, atol=1e-13)
 
 
+LOFTR = [n for n, c in CASES.items() if "coarse" in c]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", LOFTR)
+def test_efficientloftr_matches_transformers(name, backend):
+    case = CASES[name]
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"])
+    assert rope.head_dim == case["config"]["hidden_size"]
+    kernel, stride = rope.q_aggregation
+    rows, cols = ((n - kernel) // stride + 1 for n in case["coarse"])
+    assert [rows, cols] == case["map"]
+    pos = fastpe.efficientloftr_positions(rows, cols)
+    np.testing.assert_array_equal(pos, fixture(name, "coords").T)
+    q, k = fixture(name, "q").copy(), fixture(name, "k").copy()
+    with fastpe.use_backend(backend):
+        rope(q, k, pos[:, None])
+    np.testing.assert_allclose(q, fixture(name, "q_out"), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(k, fixture(name, "k_out"), rtol=0, atol=1e-13)
+
+
 def test_sam2_memory_positions_grid():
     pos = fastpe.sam2_memory_positions(2, 3, frames=2)
     assert pos.dtype == np.float64 and pos.shape == (2, 12)
@@ -254,6 +275,23 @@ def test_sam3_vit_positions_refuse_bad_sizes():
         fastpe.sam3_vit_positions(4, 4, window_size=0)
     with pytest.raises(TypeError, match=r"width must be an int"):
         fastpe.sam3_vit_positions(4, 4.0, window_size=4)
+
+
+LOFTR_CONFIG = {"model_type": "efficientloftr", "hidden_size": 256, "num_attention_heads": 8,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                    "partial_rotary_factor": 4.0}}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, r"only rope_type 'default'"),
+    ({"rope_parameters": None}, r"only rope_type 'default'"),
+    ({"num_attention_heads": 4}, r"64 \* 4.0 must be hidden_size / 2 = 128"),
+    ({"hidden_size": 250}, r"hidden_size \(divisible by 4\)"),
+    ({"q_aggregation_stride": 0}, r"q_aggregation_stride must be positive ints"),
+])
+def test_efficientloftr_configs_it_cannot_reproduce_name_the_key(change, match):
+    with pytest.raises(ValueError, match=match):
+        fastpe.RotaryEmbedding.from_hf_config({**LOFTR_CONFIG, **change})
 
 
 def test_layer_type_does_not_apply():

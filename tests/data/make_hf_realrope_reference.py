@@ -1,6 +1,6 @@
 """Regenerate hf_realrope_reference.json/.npz: RoPE on real-valued coordinates as
 transformers' own code applies it (DINOv3 and the models on its backbone; the memory
-attention of SAM 2, SAM 3's tracker and EdgeTAM; SAM 3's ViT).
+attention of SAM 2, SAM 3's tracker and EdgeTAM; SAM 3's ViT; EfficientLoFTR).
 
 Run by hand, never by the test suite, with a scratch virtualenv holding torch (CPU) and
 transformers 5.24:
@@ -25,6 +25,12 @@ tokens on its key grid, then ``pointers`` object-pointer tokens, not rotated).
 SAM 3 ViT cases (``window`` in the JSON) run one layer's rotary module on the positions
 that layer precomputes (``<layer>/coords``: windowed and global) and the apply function
 on q and k of that layer's tokens.
+
+EfficientLoFTR cases (``coarse`` in the JSON: the coarse feature map's size) run its
+rotary module on dummy coarse features and its apply function on q and k of
+(batch, tokens, 1, hidden_size), as its attention holds them before splitting heads;
+``coords`` is the (row, column) its code gives each token, from ``compute_embeddings``
+with unit frequencies.
 
 The models compute in float32; as make_hf_mrope_reference.py does, each case runs with
 float32 promoted to float64, so every step is the model's own, in double precision.
@@ -195,10 +201,51 @@ def run_sam3_vit(case, seed):
     return meta, arrays
 
 
+# (name, config kwargs, coarse feature map (rows, cols), batch)
+LOFTR_CASES = [
+    ("efficientloftr", dict(hidden_size=64, out_features=[16, 16, 32, 64], num_attention_heads=8,
+                            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                 partial_rotary_factor=4.0)), (12, 17), 2),
+    ("efficientloftr_stride2", dict(hidden_size=32, out_features=[16, 16, 32, 32],
+                                    num_attention_heads=4, q_aggregation_kernel_size=2,
+                                    q_aggregation_stride=2,
+                                    rope_parameters=dict(rope_type="default", rope_theta=100.0,
+                                                         partial_rotary_factor=2.0)), (6, 4), 1),
+]
+
+
+def run_loftr(case, seed):
+    name, kwargs, (rows, cols), batch = case
+    mod = module("efficientloftr")
+    cfg = transformers.EfficientLoFTRConfig(**kwargs)
+    hidden = cfg.hidden_size
+    rng = np.random.default_rng(seed)
+    with float64_everywhere():
+        rope = mod.EfficientLoFTRRotaryEmbedding(cfg).eval()
+        with torch.no_grad():
+            cos, sin = rope(torch.zeros(1, hidden, rows, cols, dtype=torch.float64))
+            h, w = cos.shape[1:3]
+            cos = cos.expand(batch, -1, -1, -1).reshape(batch, -1, hidden)
+            sin = sin.expand(batch, -1, -1, -1).reshape(batch, -1, hidden)
+            q = rng.standard_normal((batch, h * w, 1, hidden))
+            k = rng.standard_normal((batch, h * w, 1, hidden))
+            q_out, k_out = mod.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k),
+                                                    cos, sin, unsqueeze_dim=2)
+            ones = torch.ones(hidden // 4, dtype=torch.float64)
+            coords = mod.compute_embeddings(ones, h, w, hidden)[0, :, :, :2].reshape(-1, 2)
+    assert cos.dtype == torch.float64 and q_out.dtype == torch.float64
+    arrays = {"q": q, "k": k, "q_out": q_out.numpy(), "k_out": k_out.numpy(),
+              "coords": coords.numpy()}
+    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg),
+                coarse=[rows, cols], map=[h, w])
+    return meta, arrays
+
+
 def main():
     cases, arrays = [], {}
     runs = ([(run_dinov3, c) for c in DINOV3_CASES] + [(run_sam, c) for c in SAM_CASES]
-            + [(run_sam3_vit, c) for c in SAM3_VIT_CASES])
+            + [(run_sam3_vit, c) for c in SAM3_VIT_CASES]
+            + [(run_loftr, c) for c in LOFTR_CASES])
     for seed, (run, case) in enumerate(runs):
         meta, out = run(case, seed)
         cases.append(meta)
