@@ -49,7 +49,8 @@ def _head_dim(config: Mapping[str, Any], model_type: str, hidden: str, *divisors
 
 def _theta(config: Mapping[str, Any], model_type: str, default: float) -> float:
     """rope_theta where the model's code reads it: a rope_parameters dict of rope_type
-    "default" (EoMT-DINOv3) or the top-level key (DINOv3, Sapiens 2)."""
+    "default" (EoMT-DINOv3) or the top-level key (DINOv3, Sapiens 2; for the SAM
+    family and EfficientLoFTR ``config`` is their rope_parameters dict itself)."""
     rope = config.get("rope_parameters")
     if model_type == "eomt_dinov3" and isinstance(rope, Mapping):
         kind = rope.get("rope_type", "default")
