@@ -8,6 +8,12 @@ arrays by compiled OpenMP kernels, with a pure-NumPy twin of every function in
 
 from . import reference
 from ._backend import backend, use_backend
+from ._coordinates import (
+    dinov3_positions,
+    efficientloftr_positions,
+    sam2_memory_positions,
+    sam3_vit_positions,
+)
 from ._grids import mrope_positions, vision_positions
 from ._info import info
 from ._threads import get_num_threads, set_num_threads
@@ -36,12 +42,16 @@ __all__ = [
     "apply_rope",
     "apply_rope_cached",
     "backend",
+    "dinov3_positions",
+    "efficientloftr_positions",
     "get_num_threads",
     "info",
     "mrope_positions",
     "reference",
     "rope_cos_sin",
     "rope_frequencies",
+    "sam2_memory_positions",
+    "sam3_vit_positions",
     "set_num_threads",
     "sinusoidal_table",
     "use_backend",

@@ -526,6 +526,10 @@ class RotaryEmbedding:
         ``rope(q[..., rope.feature_slice], k_pe)`` for MLA (DeepSeek-V2/V3), whose
         q is [nope | rope] and whose k_pe is rotated whole.
         """
+        from . import _hf_realrope  # DINOv3, SAM: rotations by real-valued coordinates
+        real = _hf_realrope.from_hf_config(cls, config, style, layer_type)
+        if real is not None:
+            return real
         multi_axis = _hf_multimodal.from_hf_config(cls, config, style, layer_type)
         if multi_axis is not None:
             return multi_axis

@@ -340,6 +340,22 @@ ROWS += [
         TypeError, r"\bcls\b"),
     Row("vision_positions/grid-four-sizes", lambda a: fastpe.vision_positions((1, 2, 2, 2)),
         ValueError, r"\bgrids\b"),
+    Row("dinov3_positions/height-float", lambda a: fastpe.dinov3_positions(3.0, 4),
+        TypeError, r"\bheight\b"),
+    Row("dinov3_positions/patch-size-zero", lambda a: fastpe.dinov3_positions(
+        32, 32, patch_size=0), ValueError, r"\bpatch_size\b"),
+    Row("sam2_memory_positions/frames-str", lambda a: fastpe.sam2_memory_positions(
+        2, 2, frames="2"), TypeError, r"\bframes\b"),
+    Row("sam2_memory_positions/width-zero", lambda a: fastpe.sam2_memory_positions(2, 0),
+        ValueError, r"\bwidth\b"),
+    Row("sam3_vit_positions/window-size-float", lambda a: fastpe.sam3_vit_positions(
+        4, 4, window_size=4.5), TypeError, r"\bwindow_size\b"),
+    Row("sam3_vit_positions/height-negative", lambda a: fastpe.sam3_vit_positions(
+        -1, 4, window_size=4), ValueError, r"\bheight\b"),
+    Row("efficientloftr_positions/width-none", lambda a: fastpe.efficientloftr_positions(
+        2, None), TypeError, r"\bwidth\b"),
+    Row("efficientloftr_positions/height-zero", lambda a: fastpe.efficientloftr_positions(
+        0, 2), ValueError, r"\bheight\b"),
     Row("rope_cos_sin/positions-uint64-2**63",
         lambda a: fastpe.rope_cos_sin(np.array([1, 2**63], np.uint64),
                                       fastpe.rope_frequencies(8)), ValueError, r"\bpositions\b"),
@@ -885,6 +901,10 @@ REQUIRED = {
     "alibi_slopes": {"type", "non-finite", "value"},
     "mrope_positions": {"type", "value"},
     "vision_positions": {"type", "value"},
+    "dinov3_positions": {"type", "value"},
+    "sam2_memory_positions": {"type", "value"},
+    "sam3_vit_positions": {"type", "value"},
+    "efficientloftr_positions": {"type", "value"},
     "set_num_threads": {"type", "value"},
     "use_backend": {"value"},
 }
