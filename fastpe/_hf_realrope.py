@@ -138,7 +138,6 @@ def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_ty
         key_cols, key_rows = _positive_ints(config, model_type,
                                             "memory_attention_rope_k_sizes", [16, 16])
         emb.key_grid = (key_rows, key_cols)
-    emb.prefix_tokens = 0
     return emb
 
 
@@ -172,7 +171,6 @@ def _sam3_vit(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type:
         raise ValueError(f"model_type {model_type!r}: window_size must be a positive int, got "
                          f"{window!r}")
     emb.window_size = window
-    emb.prefix_tokens = 0
     return emb
 
 
@@ -219,7 +217,6 @@ def _efficientloftr(cls: type[RotaryEmbedding], config: Mapping[str, Any], model
         raise ValueError(f"model_type {model_type!r}: q_aggregation_kernel_size and "
                          f"q_aggregation_stride must be positive ints, got {aggregation}")
     emb.q_aggregation = aggregation
-    emb.prefix_tokens = 0
     return emb
 
 

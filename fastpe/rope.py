@@ -625,6 +625,10 @@ class RotaryEmbedding:
     # changes; never pickled (its cached arrays would come back writable)
     _decode: tuple[Any, ...] | bool | None = None
 
+    # leading tokens the model leaves unrotated (DINOv3's CLS and registers): the
+    # caller passes q[:, prefix_tokens:]
+    prefix_tokens: int = 0
+
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         if name != "_decode":
