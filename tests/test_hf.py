@@ -58,6 +58,11 @@ FAMILIES = {
     # Phi slices the rotated features off before its apply function
     "phi": (lambda: text_model("phi", partial_rotary_factor=0.5), None),
     "qwen2_vl": (qwen2_vl, (1e6, 16, (2, 3, 3))),
+    "mistral": (lambda: text_model("mistral"), None),
+    "gpt_neox": (lambda: text_model("gpt_neox", rotary_pct=0.25), None),
+    "stablelm": (lambda: text_model("stablelm", partial_rotary_factor=0.25), None),
+    # adjacent pairs (from_hf_config's "gptj" style)
+    "cohere": (lambda: text_model("cohere"), None),
 }
 
 
@@ -90,7 +95,20 @@ def family(request):
     return request.param
 
 
-def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family):
+def count_rotations(monkeypatch):
+    """Every call of a fastpe RotaryEmbedding from now on, as the shape of its q."""
+    calls = []
+    call = fastpe.RotaryEmbedding.__call__
+
+    def counted(self, q, *args, **kwargs):
+        calls.append(tuple(q.shape))
+        return call(self, q, *args, **kwargs)
+
+    monkeypatch.setattr(fastpe.RotaryEmbedding, "__call__", counted)
+    return calls
+
+
+def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family, monkeypatch):
     model = FAMILIES[family][0]()
     inputs = prompt(family)
     stock_logits, stock_tokens = run(model, inputs)
@@ -98,16 +116,22 @@ def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family):
     state = {k: v.clone() for k, v in model.state_dict().items()}
 
     assert fastpe.hf.patch(model) is model
+    calls = count_rotations(monkeypatch)
     logits, tokens = run(model, inputs)
     torch.testing.assert_close(logits, stock_logits, rtol=0, atol=2e-5)  # float32 rounding
     assert torch.equal(tokens, stock_tokens)
-    assert not torch.equal(logits, stock_logits)  # fastpe's own numbers ran
+    # fastpe rotated q and k in every layer of 9 passes (the logits', generate's prefill
+    # and its 7 decode steps), and in Qwen2-VL's 2 vision layers in the 2 with the image
+    vision = 2 * 2 if family == "qwen2_vl" else 0
+    assert len(calls) == SMALL["num_hidden_layers"] * 9 + vision
+    calls.clear()
 
     assert fastpe.hf.unpatch(model) is model
     assert instance_attributes(model) == before
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     logits, tokens = run(model, inputs)
     assert torch.equal(logits, stock_logits) and torch.equal(tokens, stock_tokens)
+    assert not calls
 
 
 def reference_rotation(x, positions, base, rotated, sections):
@@ -172,9 +196,9 @@ def test_rotations_exact_at_2_20_positions(name):
         model(input_ids=torch.arange(1, seq + 1)[None], position_ids=position_ids)
     for rotated_x, projected in result():
         want = reference_rotation(projected, axes, base, rotated, sections)
-        # float32 storage of values up to ~4: a few ulps, the angles themselves exact
-        np.testing.assert_allclose(rotated_x, want, rtol=0, atol=4e-6)
-    # the stock float32 cos/sin are off by far more at these positions
+        # q and k are below 1: float32 rounding (about 3e-8 here), the angles exact
+        np.testing.assert_allclose(rotated_x, want, rtol=0, atol=2e-7)
+    # the stock float32 angles are off by up to ~6e-2 rad here: q, k off by 2e-3 to 5e-3
     for handle in handles:
         handle.remove()
     fastpe.hf.unpatch(model)
