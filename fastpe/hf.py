@@ -6,17 +6,19 @@
   ``forward(x, position_ids[, layer_type])``) returns, in place of float32 cos/sin
   tables, the model's own ``position_ids`` together with the
   :class:`fastpe.RotaryEmbedding` that ``from_hf_config`` reads from that module's
-  config (one per layer type where the module takes ``layer_type``: Gemma 3);
-- each module below it whose ``forward`` calls the modeling file's ``apply_*rotary*`` /
-  ``apply_*rope*`` function runs its class's own ``forward`` code with that one global
-  name bound to fastpe's rotation, in place on q and k, as (batch, heads, seq, dim) for
-  ``unsqueeze_dim=1`` (every text family), (batch, seq, heads, dim) for
-  ``unsqueeze_dim=2`` and (tokens, heads, dim) for the vision towers' 3-D q.
+  config (one per layer type where the module takes ``layer_type``: Gemma 3, 3n, 4);
+- each module beside it (in the same text model or vision tower) whose ``forward``
+  calls the modeling file's ``apply_*rotary*`` / ``apply_*rope*`` function runs its
+  class's own ``forward`` code with that one global name bound to fastpe's rotation,
+  in place on q and k (or on each, for the ``(x, cos, sin)`` form of Gemma 3n and 4):
+  (batch, heads, seq, dim) for ``unsqueeze_dim=1``, (batch, seq, heads, dim) for
+  ``unsqueeze_dim=2``, (tokens, heads, dim) for the vision towers' 3-D q.
 
-The angles are ``position * inv_freq`` in float64, so a model at 2**20 positions rotates
-exactly where the stock float32 cos/sin are off by about 6e-2 (float32 has 24 bits for
-a product near 1e6 radians). ``unpatch(model)`` deletes the instance attributes again:
-the class code runs, bit for bit the stock model.
+The angles are ``position * inv_freq`` in float64, so at 2**20 positions the patched
+model rotates exactly where the stock float32 angles are off by up to about 6e-2
+radians (a float32 near 1e6 is a multiple of 1/16, and inv_freq is itself rounded).
+``unpatch(model)`` deletes the instance attributes again: the class code runs, bit for
+bit the stock model.
 
 transformers' kernel hub (``use_kernel_forward_from_hub("rotary_pos_emb")``,
 ``use_kernelized_func``, ``kernelize``) does not serve here: it needs the separate
@@ -49,7 +51,7 @@ __all__ = ["patch", "unpatch"]
 
 # where patch() keeps what it replaced, on the model instance
 _STATE = "_fastpe_hf_patched"
-_APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # a prefix
+_APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a name
 
 
 class _Positions:
@@ -257,8 +259,7 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
                          f"positions")
     if config is None:
         raise ValueError(f"fastpe.hf: neither the rotary module {where} nor its model keeps a "
-                         f"config to read its "
-                         f"RoPE from")
+                         f"config to read its RoPE from")
     try:
         if params[2:]:
             layer_types = sorted(set(getattr(module, "layer_types", None)

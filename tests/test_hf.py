@@ -30,6 +30,19 @@ def text_model(model_type, **extra):
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
+def gemma3n():
+    """Gemma 3n's text model: apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=2) on q
+    and k one at a time, as (batch, seq, heads, dim); the last 2 layers reuse the
+    keys of earlier ones."""
+    config = transformers.Gemma3nTextConfig(
+        **{**SMALL, "num_hidden_layers": 4}, head_dim=HEAD_DIM, sliding_window=4,
+        vocab_size_per_layer_input=SMALL["vocab_size"], hidden_size_per_layer_input=8,
+        layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+        laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0] * 4)
+    torch.manual_seed(0)
+    return transformers.Gemma3nForCausalLM(config).eval()
+
+
 def qwen2_vl():
     config = transformers.Qwen2VLConfig(
         text_config=dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
@@ -63,11 +76,36 @@ FAMILIES = {
     "stablelm": (lambda: text_model("stablelm", partial_rotary_factor=0.25), None),
     # adjacent pairs (from_hf_config's "gptj" style)
     "cohere": (lambda: text_model("cohere"), None),
+    # scalings whose frequencies change past the original length, which the 16
+    # positions of prompt and decoding cross
+    "phi3_longrope": (lambda: text_model("phi3", max_position_embeddings=64, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [2.0 + 0.5 * i for i in range(8)],
+        "original_max_position_embeddings": 12}), None),
+    "llama_dynamic": (lambda: text_model("llama", max_position_embeddings=12, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}), None),
+    "llama3": (lambda: text_model("llama", rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8}), None),
+    "gemma3n": (gemma3n, None),
+    # full layers: 512-wide heads (Gemma 4's default), proportional RoPE on a quarter
+    "gemma4": (lambda: text_model("gemma4_text", head_dim=HEAD_DIM, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"]), None),
+    # an attention scaling (YaRN's mscale) on cos and sin
+    "qwen2_yarn": (lambda: text_model("qwen2", rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+        "original_max_position_embeddings": 8}), None),
 }
 
 
+# calls of fastpe per forward pass where it is not one per layer: Gemma 3n and 4 rotate
+# q and k in calls of their own, and Gemma 3n's 2 last layers reuse earlier layers' keys
+ROTATIONS_PER_PASS = {"gemma3n": 4 + 2, "gemma4": 2 * 2}
+
+
 def prompt(family):
-    """The model's inputs: text, and for Qwen2-VL an image of 4 x 6 patches
+    """The model's inputs: 8 text tokens, and for Qwen2-VL an image of 4 x 6 patches
     (6 tokens after the 2 x 2 merge) between its start and end tokens."""
     ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
     if family != "qwen2_vl":
@@ -80,10 +118,13 @@ def prompt(family):
 
 
 def run(model, inputs):
+    """The logits of the prompt, and greedy decoding of 8 tokens: the tokens, each
+    step's logits after them."""
     with torch.no_grad():
         logits = model(**inputs).logits
-        tokens = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    return logits, tokens
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    return torch.cat([logits[0]] + [step for step in out.logits]), out.sequences
 
 
 def instance_attributes(model):
@@ -122,8 +163,8 @@ def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family, mo
     assert torch.equal(tokens, stock_tokens)
     # fastpe rotated q and k in every layer of 9 passes (the logits', generate's prefill
     # and its 7 decode steps), and in Qwen2-VL's 2 vision layers in the 2 with the image
-    vision = 2 * 2 if family == "qwen2_vl" else 0
-    assert len(calls) == SMALL["num_hidden_layers"] * 9 + vision
+    assert len(calls) == ROTATIONS_PER_PASS.get(family, SMALL["num_hidden_layers"]) * 9 + (
+        2 * 2 if family == "qwen2_vl" else 0)
     calls.clear()
 
     assert fastpe.hf.unpatch(model) is model
@@ -289,3 +330,19 @@ def test_both_backends_rotate_the_same():
     with fastpe.use_backend("numpy"):
         reference, _ = run(model, inputs)
     torch.testing.assert_close(compiled, reference, rtol=0, atol=1e-6)
+
+
+def test_a_copy_of_a_patched_model_is_patched_on_its_own(monkeypatch):
+    stock = text_model("llama")
+    inputs = prompt("llama")
+    want, _ = run(stock, inputs)
+    original = fastpe.hf.patch(copy.deepcopy(stock))
+    twin = copy.deepcopy(original)
+    calls = count_rotations(monkeypatch)
+    fastpe.hf.unpatch(original)
+    logits, _ = run(twin, inputs)
+    torch.testing.assert_close(logits, want, rtol=0, atol=2e-5)
+    assert calls  # the copy's own layers, still patched, rotated through fastpe
+    calls.clear()
+    assert torch.equal(run(original, inputs)[0], want) and not calls
+    assert torch.equal(run(fastpe.hf.unpatch(twin), inputs)[0], want)
