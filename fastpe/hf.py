@@ -99,6 +99,13 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
     return forward
 
 
+# model types whose attention does more with cos and sin than pass them to the apply
+# function, which fastpe.hf cannot see from outside: what they do
+_NOT_REPRODUCED = {
+    "deepseek_v4": "its attention also rotates its output back (cos, -sin) and its "
+                   "compressed keys at positions of their own",
+}
+
 # parameters an apply function may have after (q, k, cos, sin) or (x, cos, sin)
 _EXTRA_PARAMS = {"unsqueeze_dim", "position_ids"}
 
@@ -260,6 +267,10 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
     if config is None:
         raise ValueError(f"fastpe.hf: neither the rotary module {where} nor its model keeps a "
                          f"config to read its RoPE from")
+    model_type = getattr(config, "model_type", None)
+    if model_type in _NOT_REPRODUCED:
+        raise ValueError(f"fastpe.hf: model type {model_type!r} is not reproduced: "
+                         f"{_NOT_REPRODUCED[model_type]}")
     try:
         if params[2:]:
             layer_types = sorted(set(getattr(module, "layer_types", None)
@@ -270,7 +281,23 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
         return {None: RotaryEmbedding.from_hf_config(config)}
     except ValueError as err:
         raise ValueError(f"fastpe.hf: cannot reproduce the rotary module {where} of model type "
-                         f"{getattr(config, 'model_type', None)!r}: {err}") from err
+                         f"{model_type!r}: {err}") from err
+
+
+def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """Of `applying` (module name -> the apply functions its forward calls), those that
+    apply the rotary module `name`'s embedding: in the nearest module around it that
+    has any (the text model or vision tower it belongs to; Moshi's attention holds its
+    own rotary module)."""
+    scope = name
+    while scope:
+        scope = scope.rpartition(".")[0]
+        prefix = scope + "." if scope else ""
+        found = {n: f for n, f in applying.items() if n == scope or n.startswith(prefix)}
+        if found:
+            return found
+    raise ValueError(f"fastpe.hf: no module around the rotary module {name!r} calls an "
+                     f"apply_*rotary* function that fastpe.hf can replace")
 
 
 def _named_modules(model: Any) -> Iterator[tuple[str, Any]]:
@@ -302,31 +329,22 @@ def patch(model: Any) -> Any:
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
                          f"embedding module (*RotaryEmbedding): fastpe.hf reproduces only "
                          f"models that rotate q and k by RoPE")
+    applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
     plan: list[tuple[Any, Callable[..., Any]]] = []
     appliers: set[str] = set()
     stand_ins: dict[int, Callable[..., Any]] = {}  # one per apply function
     for name, module in rotary.items():
         plan.append((module, _rotary_forward(_ropes(module, _config(modules, name)))))
-        # the modules that apply it: those beside it in its model (a vision tower's
-        # rotary module and attention sit in the tower, the text model's in the text model)
-        scope = name.rpartition(".")[0]
-        prefix = scope + "." if scope else ""
-        for sub_name, sub in modules.items():
-            if not sub_name.startswith(prefix) or sub_name in appliers or sub_name in rotary:
-                continue
-            functions = _apply_names(type(sub))
-            if not functions:
+        for sub_name, functions in _appliers(applying, name).items():
+            if sub_name in appliers:
                 continue
             appliers.add(sub_name)
             for fname, f in functions.items():
                 if id(f) not in stand_ins:
                     stand_ins[id(f)] = _apply_function(fname, f)
             rebound = {fname: stand_ins[id(f)] for fname, f in functions.items()}
+            sub = modules[sub_name]
             plan.append((sub, types.MethodType(_rebound_forward(type(sub), rebound), sub)))
-        if not any(a.startswith(prefix) for a in appliers):
-            raise ValueError(f"fastpe.hf: no module of {type(model).__name__} beside its "
-                             f"rotary module {name!r} calls an apply_*rotary* function that "
-                             f"fastpe.hf can replace")
     for module, _ in plan:
         if "forward" in vars(module):
             raise ValueError(f"fastpe.hf: the forward of {type(module).__name__} was already "

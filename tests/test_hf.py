@@ -88,6 +88,15 @@ FAMILIES = {
     "llama3": (lambda: text_model("llama", rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 8}), None),
+    # multi-head latent attention: the apply function gets q's rope part and the one
+    # shared k_pe head, and interleaves their features
+    "deepseek_v3": (lambda: text_model(
+        "deepseek_v3", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1), None),
+    # one rotary module per layer type, in a list beside the layers
+    "granite_swa": (lambda: text_model("granite_swa"), None),
     "gemma3n": (gemma3n, None),
     # full layers: 512-wide heads (Gemma 4's default), proportional RoPE on a quarter
     "gemma4": (lambda: text_model("gemma4_text", head_dim=HEAD_DIM, sliding_window=4,
@@ -295,12 +304,15 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
         n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64, vocab_size=64))
     with pytest.raises(ValueError, match=r"apply_rotary_pos_emb\(tensor, sin, cos\)"):
         fastpe.hf.patch(gptj)
+    deepseek_v4 = text_model("deepseek_v4")
+    with pytest.raises(ValueError, match="'deepseek_v4' is not reproduced: its attention also"):
+        fastpe.hf.patch(deepseek_v4)
     llama = text_model("llama")
     hooked = llama.model.layers[1].self_attn
     hooked.forward = hooked.forward  # as accelerate's hooks do
     with pytest.raises(ValueError, match="already replaced on this instance"):
         fastpe.hf.patch(llama)
-    for model in (gpt2, gptj, llama):
+    for model in (gpt2, gptj, deepseek_v4, llama):
         assert not hasattr(model, "_fastpe_hf_patched")
     assert ["forward" in vars(m) for m in llama.modules()].count(True) == 1
     with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
