@@ -133,7 +133,7 @@ def run(model, inputs):
         logits = model(**inputs).logits
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0,
                              output_logits=True, return_dict_in_generate=True)
-    return torch.cat([logits[0]] + [step for step in out.logits]), out.sequences
+    return torch.cat([logits] + [step[:, None] for step in out.logits], 1), out.sequences
 
 
 def instance_attributes(model):
@@ -182,6 +182,30 @@ def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family, mo
     logits, tokens = run(model, inputs)
     assert torch.equal(logits, stock_logits) and torch.equal(tokens, stock_tokens)
     assert not calls
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen2_vl"])
+def test_left_padded_batch(name):
+    """Two prompts, the shorter left-padded: generate's (batch, seq) position_ids from
+    the attention mask, each sequence at positions of its own (Qwen2-VL: (3, batch,
+    seq), its image in the first)."""
+    model = FAMILIES[name][0]()
+    inputs = prompt(name)
+    ids = inputs["input_ids"]
+    pad = 3
+    shorter = torch.cat([torch.zeros(1, pad, dtype=ids.dtype), ids[:, pad:].flip(1)], 1)
+    if name == "qwen2_vl":  # the second prompt: text only
+        shorter = torch.where(ids[:, pad:].flip(1) >= IMAGE_TOKEN, 8, ids[:, pad:].flip(1))
+        shorter = torch.cat([torch.zeros(1, pad, dtype=ids.dtype), shorter], 1)
+    mask = torch.ones(2, ids.shape[1], dtype=torch.long)
+    mask[1, :pad] = 0
+    batch = {**inputs, "input_ids": torch.cat([ids, shorter]), "attention_mask": mask}
+    if name == "qwen2_vl":
+        batch["mm_token_type_ids"] = (batch["input_ids"] == IMAGE_TOKEN).int()
+    stock_logits, stock_tokens = run(model, batch)
+    logits, tokens = run(fastpe.hf.patch(model), batch)
+    torch.testing.assert_close(logits, stock_logits, rtol=0, atol=2e-5)
+    assert torch.equal(tokens, stock_tokens)
 
 
 def reference_rotation(x, positions, base, rotated, sections):
