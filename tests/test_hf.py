@@ -382,3 +382,16 @@ def test_a_copy_of_a_patched_model_is_patched_on_its_own(monkeypatch):
     calls.clear()
     assert torch.equal(run(original, inputs)[0], want) and not calls
     assert torch.equal(run(fastpe.hf.unpatch(twin), inputs)[0], want)
+
+
+def test_inference_mode_and_float16():
+    model = text_model("llama")
+    half = copy.deepcopy(model).half()
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        want, want16 = model(ids).logits, half(ids).logits
+    with torch.inference_mode():
+        got = fastpe.hf.patch(model)(ids).logits
+        got16 = fastpe.hf.patch(half)(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    torch.testing.assert_close(got16, want16, rtol=0, atol=2e-3)  # float16's ulp at 1: 1e-3
