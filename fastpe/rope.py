@@ -584,9 +584,13 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         if type(q) is not np.ndarray and _checks.is_tensor(q):
             qv, kv, pv = _checks.rope_tensors(q, k, positions)
-            self(qv, kv, pv, offset=offset, layout=layout, inverse=inverse,
-                 num_threads=num_threads)
+            self._rotate(qv, kv, pv, offset, layout, inverse, num_threads)
             return q, k
+        return self._rotate(q, k, positions, offset, layout, inverse, num_threads)
+
+    def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
+                inverse: Any, num_threads: Any) -> tuple[Any, Any]:
+        """__call__ once torch tensors are NumPy views."""
         if type(inverse) is not bool:
             inverse = _checks.flag(inverse, "inverse")
         state = self._decode
