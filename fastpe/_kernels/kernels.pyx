@@ -29,6 +29,7 @@ include "sinusoidal.pxi"
 include "learned.pxi"
 include "rope.pxi"
 include "alibi.pxi"
+include "relative.pxi"
 
 
 ISA = FASTPE_ISA.decode()
