@@ -60,6 +60,7 @@ class DebertaSpec(NamedTuple):
     reach: int
     c2p_index: NDArray[np.int32]
     p2c_index: NDArray[np.int32]
+    linear: int      # both indices are span + d for |d| <= linear (exact distances)
 
 
 def _t5_magnitude_buckets(n: NDArray[np.int64], num_buckets: int,
@@ -125,9 +126,10 @@ def deberta_log_positions(rel: NDArray[np.int64], bucket_size: int,
     f32 = np.float32
     mid = bucket_size // 2
     mag = np.where((rel < mid) & (rel > -mid), mid - 1, np.abs(rel))
-    log = np.log((mag.astype(f32) / f32(mid)).astype(np.float64)).astype(f32)
     denominator = f32(math.log(float(f32((max_position - 1) / mid))))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # log(0) where mid == 1 (position_buckets 2 or 3): never selected below
+        log = np.log((mag.astype(f32) / f32(mid)).astype(np.float64)).astype(f32)
         log_pos = np.ceil(log / denominator * f32(mid - 1)) + f32(mid)
         signed = (log_pos * np.sign(rel).astype(f32)).astype(np.int64)
     return np.where(mag <= mid, rel, signed)
@@ -171,20 +173,27 @@ def deberta_spec(position_buckets: int, max_relative_positions: int) -> DebertaS
     """The gather indices of validated settings, computed once."""
     deberta_check(position_buckets, max_relative_positions)
     span = deberta_span(position_buckets, max_relative_positions)
-    # the first distance whose index is clamped in both directions, found by doubling
-    reach = span + 1
+    # the first distance whose index is clamped in both directions, found by doubling;
+    # with one exact bucket per side (position_buckets // 2 == 1) every distance from 1
+    # on has bucket +-1
+    one_bucket = position_buckets // 2 == 1 and max_relative_positions > 0
+    reach = 2 if one_bucket else span + 1
     while True:
         d = np.arange(-reach, reach + 1, dtype=np.int64)
         c2p = np.clip(deberta_positions(d, position_buckets, max_relative_positions) + span,
                       0, 2 * span - 1)
-        if (c2p[0] == 0 and c2p[-1] == 2 * span - 1) or reach > MAX_TABLE_DISTANCE:
+        if one_bucket or (c2p[0] == 0 and c2p[-1] == 2 * span - 1):
             break
+        if reach > MAX_TABLE_DISTANCE:
+            raise ValueError(f"position_buckets={position_buckets}, max_relative_positions="
+                             f"{max_relative_positions}: the relative positions reach the ends "
+                             f"of the span {span} only past distance {MAX_TABLE_DISTANCE}")
         reach *= 2
-    if reach > MAX_TABLE_DISTANCE:
-        raise ValueError(f"position_buckets={position_buckets}, max_relative_positions="
-                         f"{max_relative_positions}: the relative positions reach the ends of "
-                         f"the span {span} only past distance {MAX_TABLE_DISTANCE}")
     p2c = np.clip(-deberta_positions(-d, position_buckets, max_relative_positions) + span,
                   0, 2 * span - 1)
+    exact = (c2p == span + d) & (p2c == span + d)
+    centre = exact[reach:]                               # d = 0, 1, ...
+    linear = int(np.argmin(centre & exact[reach::-1])) - 1 if not centre.all() else reach
     return DebertaSpec(position_buckets, max_relative_positions, span, reach,
-                       frozen(c2p.astype(np.int32)), frozen(p2c.astype(np.int32)))
+                       frozen(c2p.astype(np.int32)), frozen(p2c.astype(np.int32)),
+                       max(linear, -1))

@@ -58,6 +58,7 @@ def _run_deberta(plan: _relative_args.DebertaPlan) -> None:
     with _checks.kernel_views(plan.scores) as (work,):
         kern.deberta_disentangled(work, _checks.dtype_code(work.dtype, "scores"), c2p, p2c,
                                   plan.spec.c2p_index, plan.spec.p2c_index, plan.spec.reach,
+                                  plan.spec.linear, plan.spec.span,
                                   _threads.resolve(plan.num_threads, nbytes))
 
 

@@ -165,6 +165,8 @@ def deberta_disentangled(
     c2p_index: NDArray[np.int32],
     p2c_index: NDArray[np.int32],
     reach: int,
+    linear: int,
+    span: int,
     num_threads: int,
 ) -> None: ...
 

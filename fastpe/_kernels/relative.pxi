@@ -19,7 +19,10 @@ cdef enum:
     REL_CHUNK = 256
     # query rows of a DeBERTa unit: p2c's term of a key is a run of adjacent elements
     # of its row for adjacent queries, so a block of rows reads each line of p2c once
-    DEBERTA_ROWS = 16
+    DEBERTA_ROWS = 64
+    # keys per pass over the block: whole rows up to this many (rows of 256 keys, the
+    # block's scores revisited once per chunk, measured 4x slower at 12 x 512 x 512)
+    DEBERTA_CHUNK = 4096
 
 
 cdef struct T5Call:
@@ -237,6 +240,111 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
 
 # ---- DeBERTa ---------------------------------------------------------------------------------
 
+cdef extern from *:
+    """
+    /* DeBERTa rows of unit stride (scores, and c2p / p2c along the span), float32 and
+     * float64. The keys of a chunk fall in three zones of the distance d = i - j: past
+     * the reach (d > reach: c2p's clamped end), within it (the index table read
+     * backwards), before it (d < -reach: the other end); restrict lets the compiler keep
+     * the tables in registers and vectorise the adds. pt: the p2c tile row or NULL. */
+    #define FPE_DEB_ZONES(n, d0, reach, ta, tc)                                           \
+        Py_ssize_t ta = (d0) - (reach) < 0 ? 0 : ((d0) - (reach) > (n) ? (n) : (d0) - (reach)); \
+        Py_ssize_t tc = (d0) + (reach) + 1 < ta ? ta                                       \
+                        : ((d0) + (reach) + 1 > (n) ? (n) : (d0) + (reach) + 1);
+    #define FPE_DEB_ROW(NAME, T)                                                          \
+    static void NAME(T *restrict x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,       \
+                     Py_ssize_t lin, Py_ssize_t span, const T *restrict crow,            \
+                     const int32_t *restrict ci, const T *restrict pt)                   \
+    {                                                                                     \
+        FPE_DEB_ZONES(n, d0, reach, ta, tc)                                               \
+        /* within |d| <= lin the index is span + d: c2p's row read backwards */           \
+        FPE_DEB_ZONES(n, d0, lin, la, lc)                                                 \
+        if (la < ta) la = ta;                                                             \
+        if (lc > tc) lc = tc;                                                             \
+        if (lc < la) lc = la;                                                             \
+        Py_ssize_t t;                                                                     \
+        if (crow == NULL) {                                                               \
+            for (t = 0; t < n; t++) x[t] = x[t] + pt[t];                                  \
+            return;                                                                       \
+        }                                                                                 \
+        const T far = crow[ci[reach]], ahead = crow[ci[-reach]];                          \
+        const int32_t *cd = ci + d0;                                                      \
+        const T *cl = crow + span + d0;                                                   \
+        if (pt == NULL) {                                                                 \
+            for (t = 0; t < ta; t++) x[t] = x[t] + far;                                   \
+            for (t = ta; t < la; t++) x[t] = x[t] + crow[cd[-t]];                         \
+            for (t = la; t < lc; t++) x[t] = x[t] + cl[-t];                               \
+            for (t = lc; t < tc; t++) x[t] = x[t] + crow[cd[-t]];                         \
+            for (t = tc; t < n; t++) x[t] = x[t] + ahead;                                 \
+            return;                                                                       \
+        }                                                                                 \
+        for (t = 0; t < ta; t++) x[t] = x[t] + (far + pt[t]);                             \
+        for (t = ta; t < la; t++) x[t] = x[t] + (crow[cd[-t]] + pt[t]);                   \
+        for (t = la; t < lc; t++) x[t] = x[t] + (cl[-t] + pt[t]);                         \
+        for (t = lc; t < tc; t++) x[t] = x[t] + (crow[cd[-t]] + pt[t]);                   \
+        for (t = tc; t < n; t++) x[t] = x[t] + (ahead + pt[t]);                           \
+    }
+    FPE_DEB_ROW(fpe_deberta_row_f32, float)
+    FPE_DEB_ROW(fpe_deberta_row_f64, double)
+    /* tile[r * ld + t] = p2c[j0 + t, pi(i0 + r - j0 - t)] for r < rows, t < n: for each key
+     * the few adjacent entries of its row the block's queries read. */
+    #if defined(__GNUC__)
+    #define FPE_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+    #else
+    #define FPE_PREFETCH(p) ((void)(p))
+    #endif
+    #define FPE_DEB_AHEAD 8
+    #define FPE_DEB_TILE(NAME, T)                                                         \
+    static void NAME(T *restrict tile, Py_ssize_t ld, const T *restrict p2c, Py_ssize_t pk, \
+                     const int32_t *restrict pi, Py_ssize_t reach, Py_ssize_t lin,       \
+                     Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,     \
+                     Py_ssize_t n)                                                       \
+    {                                                                                     \
+        for (Py_ssize_t t = 0; t < n; t++) {                                              \
+            const T *restrict prow = p2c + (j0 + t) * pk;                                 \
+            const Py_ssize_t d = i0 - j0 - t;                                             \
+            /* the keys' rows are pk apart and read a few lines each, diagonally: no      \
+             * hardware prefetcher follows that, so fetch a few keys ahead */              \
+            if (t + FPE_DEB_AHEAD < n && d - FPE_DEB_AHEAD >= -lin) {                     \
+                const char *next = (const char *)(prow + FPE_DEB_AHEAD * pk + span + d    \
+                                                  - FPE_DEB_AHEAD);                        \
+                for (Py_ssize_t b = 0; b < rows * (Py_ssize_t)sizeof(T); b += 64)          \
+                    FPE_PREFETCH(next + b);                                               \
+            }                                                                             \
+            if (d >= -lin && d + rows - 1 <= lin) {                                       \
+                const T *restrict src = prow + span + d;                                  \
+                for (Py_ssize_t r = 0; r < rows; r++) tile[r * ld + t] = src[r];          \
+            } else if (d >= -reach && d + rows - 1 <= reach) {                            \
+                const int32_t *restrict pd = pi + d;                                      \
+                for (Py_ssize_t r = 0; r < rows; r++) tile[r * ld + t] = prow[pd[r]];     \
+            } else {                                                                      \
+                for (Py_ssize_t r = 0; r < rows; r++) {                                   \
+                    Py_ssize_t e = d + r;                                                 \
+                    e = e < -reach ? -reach : (e > reach ? reach : e);                    \
+                    tile[r * ld + t] = prow[pi[e]];                                       \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+    }
+    FPE_DEB_TILE(fpe_deberta_tile_f32, float)
+    FPE_DEB_TILE(fpe_deberta_tile_f64, double)
+    """
+    void fpe_deberta_row_f32(float *x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,
+                             Py_ssize_t lin, Py_ssize_t span, const float *crow,
+                             const int32_t *ci, const float *pt) nogil
+    void fpe_deberta_row_f64(double *x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,
+                             Py_ssize_t lin, Py_ssize_t span, const double *crow,
+                             const int32_t *ci, const double *pt) nogil
+    void fpe_deberta_tile_f32(float *tile, Py_ssize_t ld, const float *p2c, Py_ssize_t pk,
+                              const int32_t *pi, Py_ssize_t reach, Py_ssize_t lin,
+                              Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,
+                              Py_ssize_t n) nogil
+    void fpe_deberta_tile_f64(double *tile, Py_ssize_t ld, const double *p2c, Py_ssize_t pk,
+                              const int32_t *pi, Py_ssize_t reach, Py_ssize_t lin,
+                              Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,
+                              Py_ssize_t n) nogil
+
+
 cdef struct DebertaCall:
     Py_ssize_t batch, heads, q, k
     Py_ssize_t sh, sq, sk               # element strides of the scores
@@ -250,6 +358,10 @@ cdef struct DebertaCall:
     const int32_t *ci                   # gather index by distance i - j, from -reach
     const int32_t *pi
     Py_ssize_t reach
+    Py_ssize_t linear                   # ci(d) = pi(d) = span + d for |d| <= linear
+    Py_ssize_t span
+    Py_ssize_t chunk                    # keys per pass over a block of rows
+    Py_ssize_t ld                       # elements between the p2c tile's rows
 
 
 cdef inline Py_ssize_t clamp_distance(Py_ssize_t d, Py_ssize_t reach) noexcept nogil:
@@ -269,8 +381,8 @@ cdef inline void deberta_p2c_tile(const DebertaCall *a, real_t *tile, Py_ssize_t
         j = j0 + t
         prow = pbase + j * a.pk
         for r in range(rows):
-            tile[r * REL_CHUNK + t] = load(prow, a.pi[clamp_distance(i0 + r - j, a.reach)] * a.ps,
-                                           kind)
+            tile[r * a.ld + t] = load(prow, a.pi[clamp_distance(i0 + r - j, a.reach)] * a.ps,
+                                      kind)
 
 
 cdef inline void deberta_c2p_add(const DebertaCall *a, real_t *x, Py_ssize_t i, Py_ssize_t j0,
@@ -296,9 +408,10 @@ cdef inline void deberta_c2p_add(const DebertaCall *a, real_t *x, Py_ssize_t i, 
             x[t] = x[t] + ptile[t]
 
 
-cdef void deberta_unit(const DebertaCall *a, store_t *x, Py_ssize_t u,
+cdef void deberta_unit(const DebertaCall *a, store_t *x, Py_ssize_t u, real_t *work,
                        real_t kind) noexcept nogil:
-    """Unit u of (batch, heads, blocks of DEBERTA_ROWS queries), keys in chunks."""
+    """Unit u of (batch, heads, blocks of DEBERTA_ROWS queries), keys in chunks of
+    a.chunk; work: DEBERTA_ROWS rows of a.ld real_t (the p2c tile) and a row buffer."""
     cdef Py_ssize_t nblocks = ceil_div(a.q, DEBERTA_ROWS)
     cdef Py_ssize_t b = u // (a.heads * nblocks)
     cdef Py_ssize_t h = (u // nblocks) % a.heads
@@ -307,67 +420,85 @@ cdef void deberta_unit(const DebertaCall *a, store_t *x, Py_ssize_t u,
     cdef store_t *row
     cdef const store_t *crow = NULL
     cdef const store_t *pbase = NULL
-    cdef real_t buf[REL_CHUNK]
-    cdef real_t tile[DEBERTA_ROWS * REL_CHUNK]
+    cdef real_t *tile = work
+    cdef real_t *buf = work + DEBERTA_ROWS * a.ld
     cdef real_t *ptile = NULL
     cdef real_t *xr
     cdef Py_ssize_t j0, n, r, i
     cdef bint direct = ((store_t is float or store_t is double) and a.sk == 1
                         and sizeof(store_t) == sizeof(real_t))
+    # float32 / float64 logits of unit stride along the span: the C loops above
+    cdef bint unit = ((store_t is float or store_t is double) and sizeof(store_t) == sizeof(real_t)
+                      and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
     if a.p2c != NULL:
         pbase = (<const store_t *>a.p2c) + a.poff[b] + h * a.ph
     j0 = 0
     while j0 < a.k:
-        n = min(<Py_ssize_t>REL_CHUNK, a.k - j0)
+        n = min(a.chunk, a.k - j0)
         if pbase != NULL:
-            deberta_p2c_tile(a, tile, i0, rows, j0, n, pbase)
+            if unit and store_t is float:
+                fpe_deberta_tile_f32(<float *>tile, a.ld, <const float *>pbase, a.pk, a.pi,
+                                     a.reach, a.linear, a.span, i0, rows, j0, n)
+            elif unit and store_t is double:
+                fpe_deberta_tile_f64(<double *>tile, a.ld, <const double *>pbase, a.pk,
+                                     a.pi, a.reach, a.linear, a.span, i0, rows, j0, n)
+            else:
+                deberta_p2c_tile(a, tile, i0, rows, j0, n, pbase)
         for r in range(rows):
             i = i0 + r
             row = x + a.boff[b] + h * a.sh + i * a.sq + j0 * a.sk
             if a.c2p != NULL:
                 crow = (<const store_t *>a.c2p) + a.coff[b] + h * a.ch + i * a.cq
             if pbase != NULL:
-                ptile = tile + r * REL_CHUNK
+                ptile = tile + r * a.ld
             if direct:
                 xr = <real_t *>row
             else:
                 gather(row, a.sk, buf, n)
                 xr = buf
-            deberta_c2p_add(a, xr, i, j0, n, crow, ptile)
+            if unit and store_t is float:
+                fpe_deberta_row_f32(<float *>xr, n, i - j0, a.reach, a.linear, a.span,
+                                    <const float *>crow, a.ci, <const float *>ptile)
+            elif unit and store_t is double:
+                fpe_deberta_row_f64(<double *>xr, n, i - j0, a.reach, a.linear, a.span,
+                                    <const double *>crow, a.ci, <const double *>ptile)
+            else:
+                deberta_c2p_add(a, xr, i, j0, n, crow, ptile)
             if not direct:
                 scatter(buf, row, a.sk, n)
         j0 += n
 
 
-cdef void deberta_run(const DebertaCall *a, store_t *x, int nthreads) noexcept nogil:
+cdef void deberta_run(const DebertaCall *a, store_t *x, Work work, int nthreads) noexcept nogil:
     cdef Py_ssize_t u, units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
     cdef double kind_d = 0
     cdef float kind_f = 0
     if nthreads > 1:
         for u in prange(units, schedule="static", num_threads=nthreads):
             if store_t is double:
-                deberta_unit(a, x, u, kind_d)
+                deberta_unit(a, x, u, <double *>work_for(work, omp_get_thread_num()), kind_d)
             else:
-                deberta_unit(a, x, u, kind_f)
+                deberta_unit(a, x, u, <float *>work_for(work, omp_get_thread_num()), kind_f)
     else:
         for u in range(units):
             if store_t is double:
-                deberta_unit(a, x, u, kind_d)
+                deberta_unit(a, x, u, <double *>work_for(work, 0), kind_d)
             else:
-                deberta_unit(a, x, u, kind_f)
+                deberta_unit(a, x, u, <float *>work_for(work, 0), kind_f)
 
 
 def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
                          cnp.ndarray c2p_index, cnp.ndarray p2c_index, Py_ssize_t reach,
-                         int num_threads):
+                         Py_ssize_t linear, Py_ssize_t span, int num_threads):
     """scores[..., h, i, j] += c2p[..., h, i, ci] + p2c[..., h, j, pi], in place, with ci
     and pi the entries of c2p_index / p2c_index at clip(i - j, -reach, reach) + reach.
 
     scores: writable (..., heads, q, k) array of storage `code`; c2p (..., heads, q, 2 span)
     and p2c (..., heads, k, 2 span): None or arrays of the same storage and leading dims,
     disjoint from scores; all aligned and native with whole-element strides; the index
-    tables C-contiguous int32 (2 reach + 1,) with entries in [0, 2 span). Arguments are
-    validated by the caller (fastpe._relative_args).
+    tables C-contiguous int32 (2 reach + 1,) with entries in [0, 2 span), both span + d
+    for |d| <= linear (-1: nowhere). Arguments are validated by the caller
+    (fastpe._relative_args).
     """
     cdef int nd = cnp.PyArray_NDIM(scores), ax
     cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
@@ -384,7 +515,11 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     if c2p_index.shape[0] != 2 * reach + 1 or p2c_index.shape[0] != 2 * reach + 1:
         raise ValueError("deberta_disentangled: index tables do not match the reach")
     a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
+    if linear > reach or linear < -1:
+        raise ValueError("deberta_disentangled: linear is outside the reach")
     a.reach = reach
+    a.linear = linear
+    a.span = span
     a.ci = (<const int32_t *>cnp.PyArray_DATA(c2p_index)) + reach
     a.pi = (<const int32_t *>cnp.PyArray_DATA(p2c_index)) + reach
     cdef Scratch work = Scratch(0, 1, 3 * a.batch * sizeof(Py_ssize_t))
@@ -412,12 +547,18 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     cdef char *xp = <char *>cnp.PyArray_DATA(scores)
     cdef Py_ssize_t units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
     cdef int nthreads = units_threads(units, num_threads)
+    a.chunk = min(a.k, <Py_ssize_t>DEBERTA_CHUNK)
+    # rows of the tile a power of two apart would share a few cache sets (the key loop
+    # stores down a column of it): one cache line more than the chunk spreads them
+    cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
+    a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
+    cdef Scratch space = Scratch((DEBERTA_ROWS * a.ld + a.chunk) * real_size, nthreads)
     with nogil:
         if code == CODE_F32:
-            deberta_run(&a, <float *>xp, nthreads)
+            deberta_run(&a, <float *>xp, space.work, nthreads)
         elif code == CODE_F64:
-            deberta_run(&a, <double *>xp, nthreads)
+            deberta_run(&a, <double *>xp, space.work, nthreads)
         elif code == CODE_F16:
-            deberta_run(&a, <fpe_f16 *>xp, nthreads)
+            deberta_run(&a, <fpe_f16 *>xp, space.work, nthreads)
         else:
-            deberta_run(&a, <fpe_bf16 *>xp, nthreads)
+            deberta_run(&a, <fpe_bf16 *>xp, space.work, nthreads)
