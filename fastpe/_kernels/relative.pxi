@@ -294,13 +294,9 @@ cdef extern from *:
     #define FPE_PREFETCH(p) ((void)(p))
     #endif
     #define FPE_DEB_AHEAD 8
-    #define FPE_DEB_TILE(NAME, T)                                                         \
-    static void NAME(T *restrict tile, Py_ssize_t ld, const T *restrict p2c, Py_ssize_t pk, \
-                     const int32_t *restrict pi, Py_ssize_t reach, Py_ssize_t lin,       \
-                     Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,     \
-                     Py_ssize_t n)                                                       \
-    {                                                                                     \
-        for (Py_ssize_t t = 0; t < n; t++) {                                              \
+    /* the entries of key j0 + t for the block's rows: see FPE_DEB_TILE */
+    #define FPE_DEB_TILE_KEY(T)                                                           \
+        {                                                                                 \
             const T *restrict prow = p2c + (j0 + t) * pk;                                 \
             const Py_ssize_t d = i0 - j0 - t;                                             \
             /* the keys' rows are pk apart and read a few lines each, diagonally: no      \
@@ -324,9 +320,58 @@ cdef extern from *:
                     tile[r * ld + t] = prow[pi[e]];                                       \
                 }                                                                         \
             }                                                                             \
-        }                                                                                 \
+        }
+    #define FPE_DEB_TILE_ARGS(T)                                                          \
+        T *restrict tile, Py_ssize_t ld, const T *restrict p2c, Py_ssize_t pk,            \
+        const int32_t *restrict pi, Py_ssize_t reach, Py_ssize_t lin, Py_ssize_t span,    \
+        Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0, Py_ssize_t n
+    /* tile[r * ld + t] = p2c[j0 + t, pi(i0 + r - j0 - t)] for r < rows, t < n: for each key
+     * the few adjacent entries of its row the block's queries read. */
+    #define FPE_DEB_TILE(NAME, T)                                                         \
+    static void NAME(FPE_DEB_TILE_ARGS(T))                                                \
+    {                                                                                     \
+        for (Py_ssize_t t = 0; t < n; t++) FPE_DEB_TILE_KEY(T)                            \
     }
+    #if defined(__SSE2__) || defined(_M_X64)
+    /* float32: where four keys' runs all lie within the exact distances, 4 x 4 blocks
+     * (four keys, four rows) are transposed in registers rather than stored one entry
+     * at a time down the tile's columns. */
+    static void fpe_deberta_tile_f32(FPE_DEB_TILE_ARGS(float))
+    {
+        Py_ssize_t t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const Py_ssize_t d = i0 - j0 - t;
+            if ((rows & 3) || d - 3 < -lin || d + rows - 1 > lin) {
+                const Py_ssize_t t4 = t + 4;
+                for (; t < t4; t++) FPE_DEB_TILE_KEY(float)
+                t -= 4;
+                continue;
+            }
+            if (t + FPE_DEB_AHEAD + 4 <= n && d - FPE_DEB_AHEAD - 3 >= -lin) {
+                for (Py_ssize_t q = 0; q < 4; q++) {
+                    const char *next = (const char *)(p2c + (j0 + t + FPE_DEB_AHEAD + q) * pk
+                                                      + span + d - FPE_DEB_AHEAD - q);
+                    for (Py_ssize_t b = 0; b < rows * (Py_ssize_t)sizeof(float); b += 64)
+                        FPE_PREFETCH(next + b);
+                }
+            }
+            const float *s0 = p2c + (j0 + t) * pk + span + d;
+            const float *s1 = s0 + pk - 1, *s2 = s1 + pk - 1, *s3 = s2 + pk - 1;
+            for (Py_ssize_t r = 0; r < rows; r += 4) {
+                __m128 a0 = _mm_loadu_ps(s0 + r), a1 = _mm_loadu_ps(s1 + r);
+                __m128 a2 = _mm_loadu_ps(s2 + r), a3 = _mm_loadu_ps(s3 + r);
+                _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+                _mm_storeu_ps(tile + r * ld + t, a0);
+                _mm_storeu_ps(tile + (r + 1) * ld + t, a1);
+                _mm_storeu_ps(tile + (r + 2) * ld + t, a2);
+                _mm_storeu_ps(tile + (r + 3) * ld + t, a3);
+            }
+        }
+        for (; t < n; t++) FPE_DEB_TILE_KEY(float)
+    }
+    #else
     FPE_DEB_TILE(fpe_deberta_tile_f32, float)
+    #endif
     FPE_DEB_TILE(fpe_deberta_tile_f64, double)
     """
     void fpe_deberta_row_f32(float *x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,
