@@ -196,6 +196,16 @@ def test_relative_bias_matches_the_table_rounded_once(dtype):
     assert_bytes_equal(out, want)
 
 
+def test_tables_of_any_float_dtype_and_layout(backend):
+    table = np.random.default_rng(2).standard_normal((32, 12))[:, ::4]   # strided, float64
+    want = fastpe.relative_bias(np.ascontiguousarray(table), 6, 9, dtype="float64")
+    for t in (table, table.astype(">f8"), np.asfortranarray(table)):
+        assert_bytes_equal(fastpe.relative_bias(t, 6, 9, dtype="float64"), want)
+    s = np.zeros((1, 3, 6, 9), np.float32)
+    fastpe.add_relative_bias(s, table.astype(">f8"))
+    assert_bytes_equal(s[0], want.astype(np.float32))
+
+
 def test_masked_keys_are_minus_inf_whatever_the_score():
     scores = np.full((1, 1, 2, 3), np.nan, np.float32)
     scores[0, 0, 0] = [np.inf, -np.inf, 1.0]
@@ -412,6 +422,12 @@ def test_disentangled_kernel_matches_reference(dtype, settings, terms, both_thre
                 kw2[name][...] = kw[name]
         got = fastpe.add_disentangled_bias(make_awkward("contiguous", shape, dtype), **kw2)
         assert_bytes_equal(got, want, f"{shape} strided logits")
+        if "byteswapped" in awkward_kinds(shape, dtype):     # read through a native copy
+            swapped = {n: v if v is None or n not in ("c2p", "p2c")
+                       else v.astype(v.dtype.newbyteorder()) for n, v in kw.items()}
+            got = fastpe.add_disentangled_bias(make_awkward("contiguous", shape, dtype),
+                                               **swapped)
+            assert_bytes_equal(got, want, f"{shape} byte-swapped logits")
 
 
 def test_half_types_sum_the_logits_in_float32():
