@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_alibi as _alibi  # the ALiBi rows (BAD_ADD, BAD_BIAS) use its arrays
+import test_relative as _relative  # the T5 and DeBERTa rows (BAD_T5, BAD_DEBERTA, ...)
 import test_rope as _rope  # the RoPE rows (BAD) use its arrays and scalings
 from conftest import COMPILED, run_python, snapshot
 
@@ -746,6 +747,109 @@ ROWS += [
 ]
 
 
+# ---- relative biases: tests/test_relative.py's tables, and the overlaps ----------------------
+
+
+def _relative_row(function, case, defaults=None) -> Row:
+    """A row of BAD_T5 / BAD_DEBERTA: (id, scores factory, kwargs, exception, words)."""
+    case_id, factory, kwargs, exc, words = case
+    defaults = defaults or {}
+
+    def arrays():
+        made = {"scores": factory() if factory else np.zeros(
+            _relative.DS if function == "add_disentangled_bias" else _relative.S, np.float32)}
+        made.update({k: _fresh(v) for k, v in kwargs.items() if isinstance(v, (np.ndarray,
+                                                                               list))})
+        return made
+
+    def call(a):
+        kw = {**defaults, **{k: a.get(k, v) for k, v in kwargs.items()}}
+        f = getattr(fastpe, function)
+        if function == "add_relative_bias":
+            return f(a["scores"], kw.pop("table", _relative.T), **kw)
+        return f(a["scores"], **kw)
+
+    return Row(f"{function}/{case_id}", call, exc, _words(words), arrays)
+
+
+def _args_row(function, case) -> Row:
+    """A row of BAD_T5_TABLE / BAD_BUCKET / BAD_DEBERTA_POSITIONS: positional arguments."""
+    case_id, args, kwargs, exc, words = case
+    args = args if isinstance(args, tuple) else (args,)
+
+    def arrays():
+        made = {f"arg{i}": _fresh(v) for i, v in enumerate(args)
+                if isinstance(v, (np.ndarray, list))}
+        made.update({k: _fresh(v) for k, v in kwargs.items() if isinstance(v, np.ndarray)})
+        if case_id == "out-read-only":
+            made["out"].flags.writeable = False
+        return made
+
+    def call(a):
+        pos = [a.get(f"arg{i}", v) for i, v in enumerate(args)]
+        return getattr(fastpe, function)(*pos, **{k: a.get(k, v) for k, v in kwargs.items()})
+
+    return Row(f"{function}/{case_id}", call, exc, _words(words), arrays)
+
+
+def _shared(nbytes=4096):
+    return {"buf": np.zeros(nbytes, np.uint8)}
+
+
+def _f32(buf, start, shape):
+    n = int(np.prod(shape))
+    return buf[4 * start:4 * (start + n)].view(np.float32).reshape(shape)
+
+
+ROWS += [_relative_row("add_relative_bias", c) for c in _relative.BAD_T5]
+ROWS += [_args_row("relative_bias", c) for c in _relative.BAD_T5_TABLE]
+ROWS += [_args_row("relative_position_bucket", c) for c in _relative.BAD_BUCKET]
+ROWS += [_relative_row("add_disentangled_bias", c, _relative.DEBERTA_DEFAULTS)
+         for c in _relative.BAD_DEBERTA]
+ROWS += [_args_row("deberta_relative_positions", c) for c in _relative.BAD_DEBERTA_POSITIONS]
+ROWS += [
+    Row("relative_bias/out-read-only",
+        lambda a: fastpe.relative_bias(_relative.T, 4, 6, out=a["out"]), TypeError,
+        _words(["out", "read-only"]), lambda: {"out": read_only(np.zeros((3, 4, 6), np.float32))}),
+    Row("add_relative_bias/table-overlaps-scores",
+        lambda a: fastpe.add_relative_bias(_f32(a["buf"], 0, _relative.S),
+                                           _f32(a["buf"], 40, (32, 3))),
+        ValueError, _overlap("table", "scores"), _shared),
+    Row("add_relative_bias/key_mask-overlaps-scores",
+        lambda a: fastpe.add_relative_bias(_f32(a["buf"], 0, _relative.S), _relative.T,
+                                           key_mask=a["buf"][:6].view(bool)),
+        ValueError, _overlap("key_mask", "scores"), _shared),
+    Row("relative_bias/out-overlaps-table",
+        lambda a: fastpe.relative_bias(_f32(a["buf"], 10, (32, 3)), 4, 6,
+                                       out=_f32(a["buf"], 0, (3, 4, 6))),
+        ValueError, _overlap("table", "out"), _shared),
+    Row("add_disentangled_bias/c2p-overlaps-scores",
+        lambda a: fastpe.add_disentangled_bias(_f32(a["buf"], 0, _relative.DS),
+                                               c2p=_f32(a["buf"], 0, (2, 3, 5, 16)),
+                                               position_buckets=8, max_relative_positions=24),
+        ValueError, _overlap("c2p", "scores"), lambda: _shared(8192)),
+    Row("RelativeBias/num_buckets-str", lambda a: fastpe.RelativeBias("32"), TypeError,
+        r"\bnum_buckets\b"),
+    Row("RelativeBias/num_buckets-too-few", lambda a: fastpe.RelativeBias(3), ValueError,
+        r"\bnum_buckets\b"),
+    Row("RelativeBias/config-list", lambda a: fastpe.RelativeBias.from_hf_config([1]),
+        TypeError, r"\bconfig\b"),
+    Row("RelativeBias/model_type-unknown",
+        lambda a: fastpe.RelativeBias.from_hf_config({"model_type": "gpt2"}), ValueError,
+        r"\bmodel_type\b"),
+    Row("RelativeBias/decoder-str",
+        lambda a: fastpe.RelativeBias.from_hf_config({"model_type": "t5"}, decoder="yes"),
+        TypeError, r"\bdecoder\b"),
+    Row("DisentangledBias/c2p-text", lambda a: fastpe.DisentangledBias(
+        max_relative_positions=8, c2p="yes"), TypeError, r"\bc2p\b"),
+    Row("DisentangledBias/config-list", lambda a: fastpe.DisentangledBias.from_hf_config([1]),
+        TypeError, r"\bconfig\b"),
+    Row("DisentangledBias/model_type-unknown",
+        lambda a: fastpe.DisentangledBias.from_hf_config({"model_type": "bert"}), ValueError,
+        r"\bmodel_type\b"),
+]
+
+
 # ---- the test --------------------------------------------------------------------------------
 
 ROWS_BY_ID = {r.id: r for r in ROWS}
@@ -907,6 +1011,13 @@ REQUIRED = {
     "efficientloftr_positions": {"type", "value"},
     "set_num_threads": {"type", "value"},
     "use_backend": {"value"},
+    "add_relative_bias": ALL,
+    "relative_bias": ALL,
+    "relative_position_bucket": {"type", "value", "positions"},
+    "add_disentangled_bias": ALL - {"non-finite"},    # integer settings, logits are data
+    "deberta_relative_positions": {"type", "value"},
+    "RelativeBias": {"type", "value"},
+    "DisentangledBias": {"type", "value"},
 }
 
 

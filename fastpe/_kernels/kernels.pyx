@@ -37,6 +37,7 @@ include "learned.pxi"
 include "rope.pxi"
 include "alibi.pxi"
 include "floor.pxi"
+include "relative.pxi"
 
 
 ISA = FASTPE_ISA.decode()

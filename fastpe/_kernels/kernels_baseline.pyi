@@ -158,6 +158,30 @@ def alibi_fast(
     symmetric: bool,
     num_threads: int,
 ) -> bool: ...
+def t5_relative(
+    scores: NDArray[Any],
+    code: int,
+    table: NDArray[Any],
+    lut: NDArray[np.int32],
+    reach: int,
+    q_offset: int,
+    causal: bool,
+    key_mask: NDArray[np.uint8] | None,
+    accumulate: bool,
+    num_threads: int,
+) -> None: ...
+def deberta_disentangled(
+    scores: NDArray[Any],
+    code: int,
+    c2p: NDArray[Any] | None,
+    p2c: NDArray[Any] | None,
+    c2p_index: NDArray[np.int32],
+    p2c_index: NDArray[np.int32],
+    reach: int,
+    linear: int,
+    span: int,
+    num_threads: int,
+) -> None: ...
 
 @final
 class Scratch:
