@@ -1,7 +1,8 @@
 """Turn ``fastpe._bench`` workloads into pytest-benchmark cases.
 
-A case is (workload, dtype, implementation, threads). fastpe and the floor run on one
-thread and on all of them; the NumPy-based implementations (reference, numpy, textbook) and
+A case is (workload, dtype, implementation, threads). fastpe and each form of the floor
+(``floor:numpy``, ``floor:c``, ``floor:c-nt``: fastpe._bench.floors) run on one thread
+and on all of them; the NumPy-based implementations (reference, numpy, textbook) and
 torch on one. Every case:
 
 - prepares its implementation once (temporaries, cached tables: untimed);
@@ -61,10 +62,11 @@ def cases(workloads: list[_bench.Workload], unavailable: dict[str, str] | None =
     out = []
     for wl in workloads:
         for dtype in _bench.DTYPES:
+            floors = [f"floor:{form}" for form in _bench.floors.forms(wl.floor, wl.result)]
             names = (list(wl.impls) + list(wl.peers)
-                     + [n for n in unavailable if n not in wl.impls] + ["floor"])
+                     + [n for n in unavailable if n not in wl.impls] + floors)
             for impl in names:
-                threads = THREADS if impl in ("fastpe", "floor") else [1]
+                threads = THREADS if impl == "fastpe" or impl in floors else [1]
                 for t in threads:
                     marks = ([pytest.mark.skip(reason=unavailable[impl])]
                              if impl in unavailable else [])
@@ -75,8 +77,9 @@ def cases(workloads: list[_bench.Workload], unavailable: dict[str, str] | None =
 
 def run_case(benchmark, wl: _bench.Workload, dtype: str, impl: str, threads: int) -> None:
     base = inputs(wl, dtype)
-    floor = impl == "floor"
-    prepare = wl.prepare_floor() if floor else {**wl.peers, **wl.impls}[impl]
+    floor = impl.startswith("floor:")
+    prepare = (_bench.floors.forms(wl.floor, wl.result)[impl.partition(":")[2]] if floor
+               else {**wl.peers, **wl.impls}[impl])
     work = _bench.copy_arrays(base, wl.written)
     run = prepare(work, threads)
     if run is None:
@@ -93,7 +96,7 @@ def run_case(benchmark, wl: _bench.Workload, dtype: str, impl: str, threads: int
                     f"the floor changed {n}"
     else:
         for n, mine, ref in zip(wl.result, got, expected(wl, dtype)):
-            msg = _bench.compare(mine, ref, dtype, atol=wl.atol.get(impl, 0.0),
+            msg = _bench.compare(wl.part(n, mine), ref, dtype, atol=wl.atol.get(impl, 0.0),
                                  offset_per_row=impl in wl.offset_per_row)
             assert msg is None, f"{wl.name} {dtype} {impl}: {n} {msg}"
     del got

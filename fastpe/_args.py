@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _checks, _math, _rope_scaling, _threads
+from . import _checks, _constants, _math, _rope_scaling, _threads
 
 LAYOUTS = ("interleaved", "split", "split_cos")
 SINUSOIDAL_FREQUENCIES = ("transformer", "fairseq")
@@ -67,7 +67,8 @@ def _padding_shift(positions: _checks.Positions, padding_idx: object) -> _checks
     if positions.array is None:
         return _checks.Positions(None, positions.offset + shift, positions.max + shift)
     return _checks.Positions(positions.array + shift, 0,
-                             positions.max + shift if positions.max >= 0 else -1)
+                             positions.max + shift if positions.max >= 0 else -1,
+                             positions.source)
 
 
 def sinusoidal_table(length: object, dim: object, *, base: object, offset: object,
@@ -95,7 +96,7 @@ def add_sinusoidal(x: object, *, positions: object, offset: object, base: object
     pos = _padding_shift(_checks.positions(positions, offset, x3.shape[0], x3.shape[1]),
                          padding_idx)
     _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
-    _checks.disjoint(x, "x", (positions, "positions"))
+    _checks.disjoint(x, "x", (pos.source, "positions"))
     return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads),
                           cos_first, zero_tail)
 
@@ -111,7 +112,7 @@ def add_learned(x: object, table: object, *, positions: object, offset: object,
         raise ValueError(f"table rows have {table.shape[1]} features but x has {x3.shape[2]} "
                          f"(table must be (max_len, {x3.shape[2]}))")
     pos = _checks.positions(positions, offset, x3.shape[0], x3.shape[1])
-    _checks.disjoint(x, "x", (table, "table"), (positions, "positions"))
+    _checks.disjoint(x, "x", (table, "table"), (pos.source, "positions"))
     if pos.max >= table.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of table (max_len "
                          f"{table.shape[0]}): a learned table can't handle sequences longer "
@@ -146,7 +147,7 @@ class RopePlan(NamedTuple):
 
 
 # the compiled kernel keeps one position per axis on the stack
-MAX_AXES = 16
+MAX_AXES = _constants.MAX_AXES
 
 
 def mrope_pair_axis(half: int, sections: object, interleaved: object) -> np.ndarray:
@@ -196,6 +197,14 @@ def pair_axis_arg(axes: object, pair_axis: object, half: int) -> tuple[int, np.n
     return n, np.ascontiguousarray(a, dtype=np.int8)
 
 
+def _refuse_ambiguous_axes(shape: tuple[int, ...], axes: int, batch: int, seq: int) -> None:
+    if len(shape) == 2 and shape == (axes, seq) and batch == axes:
+        raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
+                         f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "
+                         f"positions shared by the batch, ({axes}, {batch}, {seq}) for "
+                         f"per-sequence ones, or a (1, {seq}) text row")
+
+
 def axis_positions(positions: object, offset: object, batch: int, seq: int,
                    axes: int) -> tuple[_checks.Positions, bool]:
     """Positions for an embedding with `axes` position axes: (Positions, multi).
@@ -206,12 +215,10 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     both ways (batch == axes) is refused."""
     if positions is None:
         return _checks.positions(None, offset, batch, seq), False
-    shape = _checks.as_array(positions, "positions").shape
-    if len(shape) == 2 and shape == (axes, seq) and batch == axes:
-        raise ValueError(f"positions of shape {shape} read both as (axes, seq) and as "
-                         f"(batch, seq) text positions; pass ({axes}, 1, {seq}) for per-axis "
-                         f"positions shared by the batch, ({axes}, {batch}, {seq}) for "
-                         f"per-sequence ones, or a (1, {seq}) text row")
+    # converted once: an __array__ may return another array each time it is asked
+    converted = _checks.as_array(positions, "positions")
+    shape = converted.shape
+    _refuse_ambiguous_axes(shape, axes, batch, seq)
     per_axis = ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch)
                  and shape[2] == seq) or (len(shape) == 2 and shape == (axes, seq)))
     text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
@@ -220,12 +227,12 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
                          f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) for "
                          f"text tokens, got {shape}")
     if text:
-        return _checks.positions(positions, offset, batch, seq), False
+        return _checks.positions(positions, offset, batch, seq, converted=converted), False
     _checks.count(offset, "offset")
     if offset:
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
-    pos, hi = _checks.position_array(positions, "positions")
-    return _checks.Positions(pos.reshape(axes, -1, seq), 0, hi), True
+    pos, hi = _checks.position_array(positions, "positions", converted)
+    return _checks.Positions(pos.reshape(axes, -1, seq), 0, hi, converted), True
 
 
 def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
@@ -254,7 +261,7 @@ def rope_views(q: object, k: object, layout: object) -> tuple[np.ndarray, np.nda
     if (k4.shape[0], k4.shape[1], k4.shape[3]) != (b, s, d):
         raise ValueError(f"k must match q in batch, seq and head_dim ({layout} layout): "
                          f"q {q.shape}, k {k.shape}")
-    if np.may_share_memory(q, k) and np.shares_memory(q, k):
+    if _checks.share_memory(q, k, "q", "k"):
         raise ValueError("q and k overlap in memory; rotating one would corrupt the other")
     return q4, k4
 
@@ -361,6 +368,12 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
                     f"freqs ({given.inv_freq.size} frequencies)")
     else:
         _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
+    if positions is not None:
+        positions = _checks.as_array(positions, "positions")  # converted once
+        if positions.dtype.kind == "f":
+            return _real_positions_plan(q4, k4, positions, offset, neox, spec, given if spec
+                                        is None else None, axes, pair_axis, pair_freq,
+                                        pair_axis2, inverse, num_threads)
     multi = False
     if pair_axis is None:
         pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
@@ -369,8 +382,7 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
     _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
-    rope_disjoint(q4, k4, (positions, "positions"),
-                   (getattr(freqs, "inv_freq", freqs), "freqs"))
+    rope_disjoint(q4, k4, (pos.source, "positions"), (given.inv_freq, "freqs"))
     att = given.attention_scaling
     inverse = _checks.flag(inverse, "inverse")
     if inverse and multi and pair_axis2 is not None:
@@ -382,6 +394,63 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
     return RopePlan(q4, k4, pos, neox, inv_freq, cos_scale, sin_scale, None, None,
                     False, _threads.check(num_threads), pair_axis if multi else None,
                     pair_axis2 if multi else None)
+
+
+def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.ndarray,
+                         offset: object, neox: bool, spec: _rope_scaling.RopeSpec | None,
+                         given: _rope_scaling.RopeFrequencies | None, axes: int,
+                         pair_axis: np.ndarray | None, pair_freq: np.ndarray | None,
+                         pair_axis2: np.ndarray | None, inverse: object,
+                         num_threads: object) -> RopePlan:
+    """The plan of a rotation by real-valued positions (DINOv3's patch centres, SAM's
+    grids): each token's cos and sin formed here in float64 from the float64 angle
+    position * inv_freq, then applied as a cache with one row per token."""
+    batch, seq = q4.shape[0], q4.shape[1]
+    if _checks.count(offset, "offset"):
+        raise ValueError(f"give either positions or offset, not both (offset={offset})")
+    shape = positions.shape
+    if pair_axis is not None:
+        _refuse_ambiguous_axes(shape, axes, batch, seq)
+    per_axis = pair_axis is not None and (
+        (len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
+        or (len(shape) == 2 and shape == (axes, seq) and batch != axes))
+    text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
+    if not (per_axis or text):
+        want = f"({seq},) or ({batch}, {seq})"
+        if pair_axis is not None:
+            want = f"({axes}, {seq}), ({axes}, {batch}, {seq}) (one row per axis), or " + want
+        raise ValueError(f"positions must have shape {want}, got {shape}")
+    pos = positions.astype(np.float64)  # the call's own copy
+    if pos.size and not (np.isfinite(pos).all()
+                         and np.abs(pos).max() < _checks.MAX_ANGLE_POSITION):
+        raise ValueError("real-valued positions must be finite and of magnitude below 2**32 "
+                         "(the float64 angle position * frequency keeps float32 precision)")
+    if spec is not None:
+        if spec.depends_on_seq_len:
+            raise ValueError(f"rope type {spec.rope_type!r} picks its frequencies by the "
+                             f"sequence length max(positions) + 1, which real-valued "
+                             f"positions do not have; pass integer positions")
+        given = spec.frequencies()
+    assert given is not None
+    if per_axis and pair_axis2 is not None:
+        raise ValueError("real-valued positions: this embedding turns the two features of a "
+                         "pair by different angles, which fastpe applies to integer "
+                         "positions only")
+    rope_disjoint(q4, k4, (positions, "positions"), (given.inv_freq, "freqs"))
+    inv_freq = given.inv_freq if pair_freq is None else given.inv_freq[pair_freq]
+    if per_axis:
+        assert pair_axis is not None
+        rows = pos.reshape(axes, -1, seq)
+        angles = np.moveaxis(rows[pair_axis.astype(np.intp)], 0, -1) * inv_freq
+    else:
+        angles = pos.reshape(-1, seq)[..., None] * inv_freq
+    att = given.attention_scaling
+    n = angles.shape[0] * seq
+    cos = (np.cos(angles) * att).reshape(n, -1)
+    sin = (np.sin(angles) * att).reshape(n, -1)
+    rows_pos = np.arange(n, dtype=np.int64).reshape(-1, seq)
+    return RopePlan(q4, k4, _checks.Positions(rows_pos, 0, n - 1), neox, None, 1.0, 1.0,
+                    cos, sin, _checks.flag(inverse, "inverse"), _threads.check(num_threads))
 
 
 def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: object,
@@ -400,13 +469,48 @@ def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: ob
                          f"shape {cos.shape}")
     _rotary_dim(None, q4.shape[3], 2 * cos.shape[1], f"cos (width {cos.shape[1]})")
     pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
-    rope_disjoint(q4, k4, (positions, "positions"), (cos, "cos"), (sin, "sin"))
+    rope_disjoint(q4, k4, (pos.source, "positions"), (cos, "cos"), (sin, "sin"))
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
                          f"({cos.shape[0]} rows)")
     return RopePlan(q4, k4, pos, neox, None, 1.0, 1.0, cos, sin,
                     _checks.flag(inverse, "inverse"),
                     _threads.check(num_threads))
+
+
+def token_cos_sin(cos: object, sin: object, positions: object, offset: object,
+                  style: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """transformers' cos and sin, one row per token with each frequency's value twice,
+    as a (rows, rotary_dim // 2) cache and the positions of q's tokens in it."""
+    if positions is not None or _checks.count(offset, "offset"):
+        raise ValueError("cos and sin lined up with the tokens (one row per token, as "
+                         "transformers' rotary modules return them) take no positions or "
+                         "offset")
+    neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
+    halves = []
+    for x, name in ((cos, "cos"), (sin, "sin")):
+        a = _checks.as_array(x, name)
+        _checks.dtype_code(a.dtype, name)
+        if a.ndim not in (2, 3) or a.shape[-1] % 2 or not a.shape[-1]:
+            raise ValueError(f"{name} lined up with the tokens must be (batch, seq, "
+                             f"rotary_dim) or (seq, rotary_dim) with an even rotary_dim, "
+                             f"got shape {a.shape}")
+        half = a.shape[-1] // 2
+        first, second = (a[..., :half], a[..., half:]) if neox else (a[..., 0::2], a[..., 1::2])
+        if not np.array_equal(first, second):
+            raise ValueError(f"{name} does not hold each frequency's value twice as "
+                             f"style={style!r} pairs features ("
+                             + ("both halves equal, transformers' cat((freqs, freqs))"
+                                if neox else "adjacent features equal") +
+                             "): pass rows of rope_cos_sin with positions instead")
+        halves.append(first[None] if a.ndim == 2 else first)
+    c, s = halves
+    if c.shape != s.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {c.shape[:-1]} rows "
+                         f"of {c.shape[-1]} and {s.shape[:-1]} of {s.shape[-1]} frequencies")
+    rows, seq = c.shape[0], c.shape[1]
+    pos = np.arange(rows * seq, dtype=np.int64).reshape(rows, seq)
+    return c.reshape(rows * seq, -1), s.reshape(rows * seq, -1), pos
 
 
 def rope_cos_sin(positions: object, freqs: object,
@@ -449,7 +553,7 @@ def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> NDArray[n
     if s.ndim != 1 or s.shape[0] != heads:
         raise ValueError(f"slopes must have shape ({heads},), one per head of the scores "
                          f"(axis -3), got shape {s.shape}")
-    s = np.ascontiguousarray(s, dtype=np.float64)
+    s = np.array(s, dtype=np.float64)  # the call's own: read without the GIL
     if not np.isfinite(s).all():
         raise ValueError(f"slopes must be finite, got {s[~np.isfinite(s)][0]!r} "
                          f"at head {int(np.argmin(np.isfinite(s)))}")
@@ -492,14 +596,14 @@ def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
     rows = _per_sequence(m, "key_mask", lead, batch, length,
                             f"one flag per key, {length} keys")
     if m.dtype.kind == "b":
-        return np.ascontiguousarray(m).view(np.uint8).reshape(rows, length)
+        return m.astype(np.uint8).reshape(rows, length)  # the call's own copy
     if m.dtype.kind not in "iu":
         raise TypeError(f"key_mask must be booleans (or integers 0/1; True = attend), got "
                         f"dtype {m.dtype}")
     if m.size and not ((m == 0) | (m == 1)).all():
         raise ValueError("key_mask must hold only 0 and 1 (1 = a real key to attend to, "
                          "0 = padding)")
-    return np.ascontiguousarray(m, dtype=np.uint8).reshape(rows, length)
+    return np.array(m, dtype=np.uint8).reshape(rows, length)
 
 
 def _alibi_target(scores: object, name: str) -> np.ndarray:

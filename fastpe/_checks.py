@@ -15,19 +15,26 @@ import numbers
 import operator
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _constants
+
+try:  # NumPy >= 2.0 (before: the top-level names)
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # pragma: no cover - NumPy 1.x
+    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]  # noqa: NPY201
+_TooHardError = getattr(np, "exceptions", np).TooHardError
 
 try:  # bfloat16 is an optional dtype
     import ml_dtypes as _ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
     _ml_dtypes = None  # type: ignore[assignment]
 
-# Storage codes the compiled kernels switch on (kernels.pyx: CODE_*).
-F32, F64, F16, BF16 = 0, 1, 2, 3
+# Storage codes the compiled kernels switch on (defined in fastpe._constants).
+F32, F64, F16, BF16 = (_constants.STORAGE_CODES[n]
+                       for n in ("float32", "float64", "float16", "bfloat16"))
 DTYPE_CODES: dict[np.dtype, int] = {
     np.dtype(np.float32): F32,
     np.dtype(np.float64): F64,
@@ -45,7 +52,7 @@ INT64_MAX = np.iinfo(np.int64).max
 # it carries a rounding error of about position * frequency * 2**-53 radians: 5e-7
 # at 2**32 (positions past every model's context). Larger positions are refused
 # rather than given with errors that grow to whole radians (2**52 and up).
-MAX_ANGLE_POSITION = 2**32
+MAX_ANGLE_POSITION = _constants.MAX_ANGLE_POSITION
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -82,7 +89,81 @@ def float_dtype(dtype: Any, name: str) -> np.dtype:
     return dt
 
 
-def _torch_tensor(x: object) -> TypeGuard[Any]:
+def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
+    """The arguments (value, name, written), each torch tensor among them as its
+    NumPy view (tensor_view), so that a call on a model's own tensors takes the
+    path of NumPy arrays, converted once here; the tensors to be written have
+    their version counters bumped together."""
+    torch, bfloat16, bump, _ = _torch()
+    tensor = torch.Tensor
+    out: list[Any] = []
+    written = []
+    for x, name, w in args:
+        if not isinstance(x, tensor):
+            out.append(x)
+            continue
+        if x.dtype is not bfloat16 and not (w and x.is_inference()):
+            try:
+                out.append(x.numpy())  # the common case, in one call
+                if w:
+                    written.append(x)
+                continue
+            except (RuntimeError, TypeError):
+                pass
+        out.append(tensor_view(x, name, writable=w))
+        if w:
+            written.append(x)
+    if written:
+        bump(tuple(written))
+    return out
+
+
+def rope_tensors(q: Any, k: Any, positions: Any) -> list[Any]:
+    """torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False)),
+    its common case (float32/float16 tensors outside inference mode, small int64
+    positions) in the fewest torch calls: a decode step's conversion is most of what a
+    call on tensors costs beyond the same call on NumPy arrays."""
+    torch, bfloat16, bump, _ = _TORCH if _TORCH is not None else _torch()
+    tensor = torch.Tensor
+    if (type(k) is tensor and q.dtype is not bfloat16 and k.dtype is not bfloat16
+            and not q.is_inference() and not k.is_inference()):
+        try:
+            qv, kv = q.numpy(), k.numpy()
+        except (RuntimeError, TypeError):
+            pass  # named below
+        else:
+            if type(positions) is tensor:
+                if (positions.dtype is torch.int64 and positions.is_cpu
+                        and positions.numel() <= _SMALL_POSITIONS):
+                    # ints are cheaper to make than a view, and the kernels read a list
+                    positions = positions.tolist()
+                else:
+                    positions = tensor_view(positions, "positions", writable=False)
+            bump((q, k))
+            return [qv, kv, positions]
+    return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
+
+
+# positions of a torch tensor read as a list of ints up to this many (a decode step's)
+_SMALL_POSITIONS = 64
+
+_TORCH: tuple[Any, ...] | None = None
+
+
+def _torch() -> tuple[Any, ...]:
+    """(torch, torch.bfloat16, the version-counter bump of a tuple of tensors, whether
+    inference mode is on), looked up once: the torch of a process that made a tensor."""
+    global _TORCH
+    if _TORCH is None:
+        torch = sys.modules["torch"]
+        # torch._C._increment_version takes a tuple (a bare tensor it iterates, slowly);
+        # torch.autograd.graph.increment_version wraps it since torch 2.1
+        _TORCH = (torch, torch.bfloat16, torch._C._increment_version,
+                  torch.is_inference_mode_enabled)
+    return _TORCH
+
+
+def is_tensor(x: object) -> bool:
     """Whether x is a torch tensor (without importing torch: a process that made
     one has imported it)."""
     torch = sys.modules.get("torch")
@@ -98,6 +179,45 @@ def _torch_usable(x: Any, name: str) -> None:
     if x.device.type != "cpu":
         raise TypeError(f"{name} is a torch tensor on device {x.device.type!r}; fastpe works "
                         f"on CPU memory: pass {name}.cpu()")
+
+
+def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
+    """The memory of the torch CPU tensor x as an ndarray view, never a copy.
+
+    bfloat16 tensors, which NumPy cannot view, are viewed as ml_dtypes' bfloat16.
+    A tensor to be written (writable) follows torch's own rule for in-place
+    operations: an inference tensor only inside inference mode. The caller bumps
+    a written tensor's version counter (before the write), so that autograd
+    refuses a backward pass that saved its old values. A tensor only read with
+    its negative or conjugate bit set is read as its values (a copy)."""
+    torch, bfloat16, _, inference_mode = _torch()
+    try:
+        if x.dtype is bfloat16:
+            if _ml_dtypes is None:
+                raise TypeError(f"{name} is a bfloat16 tensor, which needs the ml_dtypes "
+                                f"package (pip install 'fastpe[bfloat16]')")
+            view: np.ndarray = x.view(torch.int16).numpy().view(_ml_dtypes.bfloat16)
+        else:
+            view = x.numpy()
+    except (RuntimeError, TypeError) as exc:
+        if str(exc).startswith(name):
+            raise
+        _torch_usable(x, name)
+        if x.is_neg() or x.is_conj():
+            if not writable:
+                return tensor_view(x.resolve_conj().resolve_neg(), name, writable=False)
+            raise TypeError(f"{name} is a torch view with its negative or conjugate bit set: "
+                            f"its memory holds other values than it shows; writing it in "
+                            f"place would store the wrong sign (pass a tensor without lazy "
+                            f"negation, e.g. {name}.resolve_neg() kept as a new tensor)"
+                            ) from None
+        raise TypeError(f"{name} ({x.dtype}) cannot be viewed as a NumPy array: {exc}"
+                        ) from None
+    if writable and x.is_inference() and not inference_mode():
+        raise TypeError(f"{name} is an inference tensor, which torch writes in place only "
+                        f"inside torch.inference_mode(); call fastpe there, or pass "
+                        f"{name}.clone()")
+    return view
 
 
 def plain_array(x: np.ndarray, name: str) -> np.ndarray:
@@ -124,25 +244,15 @@ def in_place_view(x: object, name: str) -> np.ndarray:
     if isinstance(x, (np.generic, numbers.Number)):
         raise TypeError(f"{name} must be an array (it is written in place), got a "
                         f"{type(x).__name__} scalar")
-    if _torch_tensor(x):
-        _torch_usable(x, name)
-        if x.is_neg() or x.is_conj():
-            raise TypeError(f"{name} is a torch view with its negative or conjugate bit set: "
-                            f"its memory holds other values than it shows; writing it in place "
-                            f"would store the wrong sign (pass a tensor without lazy "
-                            f"negation, e.g. {name}.resolve_neg() kept as a new tensor)")
+    if is_tensor(x):
+        view: np.ndarray = torch_tensors((x, name, True))[0]
+        return view
     if hasattr(x, "__dlpack__"):
         try:
-            view = np.from_dlpack(x)
+            return np.from_dlpack(x)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise TypeError(f"{name} ({type(x).__name__}) cannot be viewed in place through "
                             f"DLPack: {exc}") from None
-        if _torch_tensor(x):
-            torch = sys.modules["torch"]
-            # public since torch 2.1; the private call it wraps before that
-            bump = getattr(torch.autograd.graph, "increment_version", None)
-            (bump or torch._C._increment_version)(x)
-        return view
     try:
         return np.asarray(memoryview(x))  # type: ignore[arg-type]
     except TypeError:
@@ -159,14 +269,8 @@ def as_array(x: object, name: str) -> np.ndarray:
         return x
     if isinstance(x, np.ndarray):
         return plain_array(x, name)
-    if _torch_tensor(x):
-        _torch_usable(x, name)
-        try:
-            values: np.ndarray = x.resolve_conj().resolve_neg().numpy()
-        except (RuntimeError, TypeError) as exc:
-            raise TypeError(f"{name} ({x.dtype}) cannot be read as a NumPy array: "
-                            f"{exc}") from None
-        return values
+    if is_tensor(x):
+        return tensor_view(x, name, writable=False)
     try:
         return np.asarray(x)
     except ValueError as exc:
@@ -214,6 +318,48 @@ def writable_array(x: np.ndarray, name: str) -> None:
                          f"would be ill-defined")
 
 
+def lattice_apart(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether no element of a shares a byte with one of b, proven on a period:
+    when the strides of both arrays at or above some threshold are multiples of
+    R and the shorter strides of each span less than R, the bytes of each fall,
+    modulo R, in one interval; disjoint intervals prove the arrays apart (q and
+    k sliced from one fused QKV row). False when no threshold proves it, which
+    does not mean they overlap. The compiled kernels' lattice_apart in NumPy."""
+    if a.size == 0 or b.size == 0:
+        return True
+    axes = [[(abs(s), n) for s, n in zip(x.strides, x.shape) if n > 1] for x in (a, b)]
+    lows = [_byte_bounds(x)[0] for x in (a, b)]
+    for threshold in {s for side in axes for s, _ in side}:
+        period = math.gcd(*(s for side in axes for s, _ in side if s >= threshold))
+        spans = [x.itemsize + sum((n - 1) * s for s, n in side if s < threshold)
+                 for x, side in zip((a, b), axes)]
+        if period == 0 or spans[0] + spans[1] > period:
+            continue
+        d = (lows[1] - lows[0]) % period
+        if d >= spans[0] and period - d >= spans[1]:
+            return True
+    return False
+
+
+# candidate solutions np.shares_memory may try before a proof counts as too costly
+# (about a millisecond); views that interleave past it are refused, not searched
+SHARES_MEMORY_WORK = 100_000
+
+
+def share_memory(a: np.ndarray, b: np.ndarray, a_name: str, b_name: str) -> bool:
+    """Whether a and b share memory, decided exactly and in bounded time: a
+    ValueError naming both when neither the byte ranges, the lattice proof nor a
+    bounded search decides it."""
+    if not np.may_share_memory(a, b) or lattice_apart(a, b):
+        return False
+    try:
+        # NumPy's stubs allow only -1 and 0, its function any bound
+        return bool(np.shares_memory(a, b, max_work=SHARES_MEMORY_WORK))  # type: ignore[arg-type]
+    except _TooHardError:
+        raise ValueError(f"{a_name} and {b_name} interleave in memory in a way fastpe cannot "
+                         f"prove disjoint quickly; pass a copy of one of them") from None
+
+
 def memory_of(a: object) -> np.ndarray | None:
     """A zero-copy ndarray view of the memory `a` exposes (ndarray, torch
     tensor, DLPack or buffer-protocol object), or None when it has none (a list,
@@ -222,11 +368,13 @@ def memory_of(a: object) -> np.ndarray | None:
         return a
     if a is None or isinstance(a, (list, tuple, int, float, str)):
         return None
-    if _torch_tensor(a):
-        a = a.detach()
     try:
+        if is_tensor(a):
+            return tensor_view(a.detach(), "", writable=False)  # type: ignore[attr-defined]
         if hasattr(a, "__dlpack__"):
             return np.from_dlpack(a)
+        if hasattr(a, "__array_interface__") or hasattr(a, "__array__"):
+            return np.asarray(a)  # a view of the memory it exposes, or a fresh array
         return np.asarray(memoryview(a))  # type: ignore[arg-type]
     except (BufferError, RuntimeError, TypeError, ValueError):
         return None
@@ -240,7 +388,7 @@ def disjoint(out: np.ndarray, out_name: str, *inputs: tuple[object, str]) -> Non
     their layout or on whether a conversion happened to copy."""
     for a, name in inputs:
         m = memory_of(a)
-        if m is not None and np.may_share_memory(out, m) and np.shares_memory(out, m):
+        if m is not None and share_memory(out, m, out_name, name):
             raise ValueError(f"{name} overlaps {out_name} in memory: it is read while "
                              f"{out_name} is written; pass a copy")
 
@@ -296,12 +444,16 @@ class Positions:
     """Normalised token positions: either `offset + t` (array None) or an
     int64 C-contiguous (rows, seq) array with rows 1 (shared) or batch."""
 
-    __slots__ = ("array", "max", "offset")
+    __slots__ = ("array", "max", "offset", "source")
 
-    def __init__(self, array: np.ndarray | None, offset: int, maximum: int):
+    def __init__(self, array: np.ndarray | None, offset: int, maximum: int,
+                 source: np.ndarray | None = None):
         self.array = array
         self.offset = offset
         self.max = maximum  # largest position, -1 when there are none
+        # the caller's positions as converted (array is the call's own copy of them):
+        # what an overlap check with the output looks at
+        self.source = source
 
     def as_array(self, seq: int) -> np.ndarray:
         """The positions as a (rows, seq) int64 array, whichever form they came in."""
@@ -323,7 +475,12 @@ def position_array(positions: object, name: str,
                    converted: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Integer positions of any shape as a C-contiguous int64 array, all >= 0,
     and the largest (-1 when empty). `converted` is as_array(positions) when
-    the caller has it."""
+    the caller has it.
+
+    The array is always the call's own copy: the kernels read it without the GIL,
+    and a table or cache row looked up by a position that another thread (or an
+    in-place write through an alias of the caller's array) rewrote after this
+    check would be read past its end."""
     pos = as_array(positions, name) if converted is None else converted
     if pos.size == 0 and not isinstance(positions, np.ndarray):
         pos = pos.astype(np.int64)  # [] is float64 to NumPy, but holds no non-integer
@@ -331,7 +488,7 @@ def position_array(positions: object, name: str,
         raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
     if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:
         raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
-    pos = np.require(pos, np.int64, "C")  # keeps 0-d arrays 0-d
+    pos = np.array(pos, np.int64, order="C")  # a copy; keeps 0-d arrays 0-d
     if pos.size == 0:
         return pos, -1
     lo, hi = int64_range(pos)
@@ -341,8 +498,9 @@ def position_array(positions: object, name: str,
 
 
 def positions(positions: Any, offset: object, batch: int, seq: int,
-              name: str = "positions") -> Positions:
-    """Validate `positions` for a (batch, seq, ...) input, or `offset` when None."""
+              name: str = "positions", converted: np.ndarray | None = None) -> Positions:
+    """Validate `positions` for a (batch, seq, ...) input, or `offset` when None;
+    `converted` is as_array(positions) when the caller has it."""
     offset = count(offset, "offset")
     if positions is None:
         if offset + max(seq - 1, 0) > INT64_MAX:
@@ -350,12 +508,13 @@ def positions(positions: Any, offset: object, batch: int, seq: int,
         return Positions(None, offset, offset + seq - 1 if seq else -1)
     if offset:
         raise ValueError(f"give either {name} or offset, not both (offset={offset})")
-    converted = as_array(positions, name)
+    if converted is None:
+        converted = as_array(positions, name)
     shape = converted.shape
     if not (shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)):
         raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {shape}")
     pos, hi = position_array(positions, name, converted)
-    return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi)
+    return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi, converted)
 
 
 def angle_positions(maximum: int, name: str) -> None:

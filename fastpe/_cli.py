@@ -219,6 +219,15 @@ def _peer_names(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(n for r in rows for n in r.get("peers", {})))
 
 
+def floor_cell(row: Mapping[str, Any]) -> str:
+    """The % floor cell: "-" without a floor, "noise" past NOISE_FRACTION."""
+    if row["fraction_of_floor"] is None:
+        return "-"
+    if row["floor_noise"]:
+        return "noise"
+    return f"{100 * row['fraction_of_floor']:.0f}%"
+
+
 def bench_table(report: dict[str, Any]) -> str:
     rows = report["results"]
     info = report["fastpe"]
@@ -231,10 +240,13 @@ def bench_table(report: dict[str, Any]) -> str:
         + f"; {report['machine']['cpu']}, {report['machine']['logical_cpus']} CPUs",
         f"Medians of up to {report['rounds']} rounds, every contender in each round in a "
         f"random order, each sample after one untimed call ({report['mode']} mode).",
-        "floor: the fastest of several in-place streaming passes over the same bytes "
-        "(NumPy's, a C loop), a fill for tables;",
-        "% floor = floor time / fastpe time, fastpe's fraction of memory bandwidth; GB/s: "
-        "the floor's bytes moved / fastpe time.",
+        "floor: the fastest way to move the same bytes, round by round (in-place passes: "
+        "NumPy's, C loops with plain or streaming stores; a fill with streaming stores for "
+        "tables);",
+        "% floor = floor time / fastpe time in the same round (median), fastpe's fraction of "
+        "memory bandwidth; GB/s: the floor's bytes moved / fastpe time.",
+        f"noise: fastpe measured faster than {100 * _bench.NOISE_FRACTION:.0f}% of its floor, "
+        "which no pass over those bytes can be: the machine was busy; run again.",
     ]
     if peers:
         head.append("Peers (" + ", ".join(peers) + "): their time / fastpe's, one thread, "
@@ -249,9 +261,10 @@ def bench_table(report: dict[str, Any]) -> str:
     lines = head + ["", f"{'workload':<{title_w}}  " + "  ".join(f"{c:>{width}}" for c in cols)]
     for r in rows:
         t = r["seconds"]
-        cells = [format_time(t["fastpe"]), format_time(t["numpy"]), format_time(t["floor"]),
-                 f"{r['speedup_vs_numpy']:.1f}x", f"{100 * r['fraction_of_floor']:.0f}%",
-                 f"{r['fastpe_gb_per_s']:.1f}"]
+        cells = [format_time(t["fastpe"]), format_time(t["numpy"]),
+                 "-" if t["floor"] is None else format_time(t["floor"]),
+                 f"{r['speedup_vs_numpy']:.1f}x", floor_cell(r),
+                 "-" if r["fastpe_gb_per_s"] is None else f"{r['fastpe_gb_per_s']:.1f}"]
         cells += [f"{r['peers'][n]:.2f}x" if n in r.get("peers", {}) else "-" for n in peers]
         mark = "" if r["check"] == "ok" else "  MISMATCH"
         lines.append(f"{r['title']:<{title_w}}  " + "  ".join(f"{c:>{width}}" for c in cells)
@@ -261,6 +274,14 @@ def bench_table(report: dict[str, Any]) -> str:
                  "temporaries preallocated:")
     for r in rows:
         lines.append(f"  {r['name']:<20} {r['numpy_baseline']}")
+    for r in rows:
+        if "inner" in r:
+            inner = r["inner"]
+            sec = inner["seconds"]
+            lines.append(f"{r['name']}: {inner['part']} timed inside the step: fastpe "
+                         f"{format_time(sec['fastpe'])}, numpy {format_time(sec['numpy'])} "
+                         f"({inner['speedup_vs_numpy']:.1f}x); the rest of the step is the "
+                         "same code")
     for s in report["skipped"]:
         lines.append(f"skipped {s['name']}: {s['reason']}")
     for r in rows:
@@ -278,7 +299,11 @@ def bench_plot(report: dict[str, Any], path: str) -> None:
     rows = report["results"]
     names = [r["name"] for r in rows][::-1]
     against = ["numpy"] + _peer_names(rows)
-    frac = [100 * r["fraction_of_floor"] for r in rows][::-1]
+    # only rows whose fraction is a measure of bandwidth: not a program, not noise
+    frac = [None if r["fraction_of_floor"] is None or r["floor_noise"]
+            else 100 * r["fraction_of_floor"] for r in rows][::-1]
+    notes = ["no floor (a program)" if r["fraction_of_floor"] is None else "noise"
+             for r in rows][::-1]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) * len(against) ** 0.5 + 2),
                                  sharey=True)
     # Ratio bars start at 1.0 (no difference), so a loss (below 1x) points left.
@@ -305,13 +330,14 @@ def bench_plot(report: dict[str, Any], path: str) -> None:
     a1.axvline(1.0, color="k", lw=0.8)
     a1.set_xlabel("their time / fastpe's (log scale; right of 1: fastpe faster)")
     a1.legend(fontsize=7, loc="lower right")
-    a2.barh(names, frac, color="tab:green")
+    a2.barh(names, [0.0 if v is None else v for v in frac], color="tab:green")
     a2.axvline(100.0, color="k", lw=0.8, ls="--")
     a2.set_xlabel("% of memory bandwidth (floor time / fastpe time)")
-    for y, v in enumerate(frac):
-        a2.annotate(f"{v:.0f}%", (v, y), xytext=(3, 0), textcoords="offset points",
-                    va="center", fontsize=8)
-    a2.set_xlim(0, max(110.0, max(frac, default=0) * 1.15))
+    for y, (v, note) in enumerate(zip(frac, notes)):
+        a2.annotate(note if v is None else f"{v:.0f}%", (0.0 if v is None else v, y),
+                    xytext=(3, 0), textcoords="offset points", va="center", fontsize=8,
+                    color="tab:gray" if v is None else "k")
+    a2.set_xlim(0, 110.0)
     info = report["fastpe"]
     fig.suptitle(f"fastpe {info['version']} bench, {report['dtype']}, "
                  f"{report['threads']} thread(s), {report['machine']['cpu']}", fontsize=10)
@@ -320,13 +346,31 @@ def bench_plot(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def peers_wanted(args: argparse.Namespace) -> tuple[str, ...]:
+    """--peers, or its default: every peer for the full run, none for --quick (the peers'
+    set-up, torch.compile's above all, takes longer than the quick run itself)."""
+    if args.peers is not None:
+        return tuple(args.peers)
+    return () if args.quick else _bench.PEERS
+
+
+def size_wanted(args: argparse.Namespace) -> str:
+    """--size, or its default: the canonical shapes, their quick variant with --quick."""
+    if args.size is not None:
+        return str(args.size)
+    return "quick" if args.quick else "full"
+
+
 def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     # before the peers load: torch sets the OpenMP runtime it shares with fastpe to
     # one thread
     info = fastpe.info()
-    wls = _bench.select(_bench.workloads(args.size), args.only)
-    skipped = []
-    for name, reason in _bench.attach_peers(wls, args.peers).items():
+    wls = _bench.select(_bench.workloads(size_wanted(args)), args.only)
+    skipped = [{"name": wl.name, "reason": f"runs in {', '.join(wl.dtypes)} only"}
+               for wl in wls if args.dtype not in wl.dtypes]
+    wls = [wl for wl in wls if args.dtype in wl.dtypes]
+    peers = peers_wanted(args)
+    for name, reason in _bench.attach_peers(wls, peers).items():
         skipped.append({"name": name, "reason": f"{reason} (pip install 'fastpe[peers]')"})
     mode_name = "quick" if args.quick else "default"
     mode = _bench.MODES[mode_name].copy()
@@ -338,18 +382,21 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     for i, wl in enumerate(wls):
         progress.workload(f"fastpe bench: [{i + 1}/{len(wls)}] {wl.name}")
         results.append(_bench.run_workload(wl, args.dtype, args.threads, mode=mode,
-                                           progress=progress.step))
+                                           progress=progress.step,
+                                           own_threads=_bench.peers.FASTPE_PEERS))
     progress.done()
     return {
-        "schema": "fastpe-bench/1",
+        # 2: the floor per round and its noise flag, rows without a floor (None), the
+        # program's inner part
+        "schema": "fastpe-bench/2",
         "fastpe": info,
         "machine": machine_info(),
         "dtype": args.dtype,
         "threads": args.threads,
         "mode": mode_name,
-        "size": args.size,
+        "size": size_wanted(args),
         "rounds": mode["rounds"],
-        "peers": list(args.peers),
+        "peers": list(peers),
         "elapsed_s": time.perf_counter() - start,
         "results": results,
         "skipped": skipped,
@@ -358,14 +405,14 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
 
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.list:
-        for wl in _bench.select(_bench.workloads(args.size), args.only):
+        for wl in _bench.select(_bench.workloads(size_wanted(args)), args.only):
             print(f"{wl.name:<22} {wl.title}")
         return 0
     if args.plot:
         _need_matplotlib()
     _check_output_path(parser, "--json", args.json)
     _check_output_path(parser, "--plot", args.plot)
-    if not _bench.select(_bench.workloads(args.size), args.only):
+    if not _bench.select(_bench.workloads(size_wanted(args)), args.only):
         parser.error(f"--only {args.only!r} matches no workload (see --list)")
     limits = _limit_blas_threads()
     try:
@@ -437,16 +484,22 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="the canonical workloads: fastpe vs NumPy, other libraries and memory "
                       "bandwidth",
         description="Time the canonical workloads (LLaMA-7B-like RoPE prefill and decode, "
-                    "batched decode, Llama-3-scaled RoPE, a sinusoidal table, sinusoidal "
-                    "and learned adds, BLOOM-like ALiBi prefill, bias table and decode): "
-                    "fastpe, the best single-threaded NumPy, other libraries where "
-                    "installed (numba, ONNX Runtime, torch, torch.compile) and the "
-                    "streaming floor (the fastest in-place pass over the same bytes, or a "
-                    "fill), measured side by side in shuffled rounds; prints medians, the "
-                    "speedups and fastpe's fraction of the floor (of memory bandwidth). "
-                    "A few minutes with the peers; --quick --peers none about 20 seconds on two cores.")
+                    "batched decode, Llama-3-scaled RoPE, Qwen2-VL-like M-RoPE, a "
+                    "sinusoidal table, sinusoidal and learned adds, BLOOM-like ALiBi "
+                    "prefill, bias table and decode, and a decode step of a small NumPy "
+                    "Llama with RoPE timed inside it): fastpe, the best single-threaded "
+                    "NumPy, other libraries where installed (numba, ONNX Runtime, torch, "
+                    "torch.compile, fastpe on torch tensors, jax) and the floor (the "
+                    "fastest way to move the same bytes: in-place passes, or a fill with "
+                    "streaming stores for tables), all measured side by side in the same "
+                    "shuffled rounds; prints medians, the speedups and fastpe's fraction "
+                    "of the floor (of memory bandwidth), flagging as noise a row measured "
+                    "past 105% of its floor. A few minutes with every peer; --quick (no "
+                    "peers unless --peers asks) under 20 seconds on two cores.")
     p.add_argument("--quick", action="store_true",
-                   help="fewer, shorter rounds (same shapes): about 20 seconds without the peers")
+                   help="fewer, shorter rounds, ALiBi prefill and bias over 1024 tokens "
+                        "instead of 2048, no peers unless --peers names them: under 20 "
+                        "seconds")
     # Default 1: NumPy's ufuncs are single-threaded, so speedups compare like with like;
     # the speed targets are single-threaded; and on a small shared machine an
     # OpenMP team stalls whenever another process holds one of its cores (measured here:
@@ -461,17 +514,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
-    p.add_argument("--peers", type=_peers_arg, default=_bench.PEERS, metavar="NAMES",
-                   help="other libraries timed beside fastpe on the RoPE workloads, where "
-                        f"installed: comma-separated from {', '.join(_bench.PEERS)}, 'all' "
-                        "(the default) or 'none'")
+    p.add_argument("--peers", type=_peers_arg, default=None, metavar="NAMES",
+                   help="other libraries timed beside fastpe where installed: "
+                        f"comma-separated from {', '.join(_bench.PEERS)}, 'all' or 'none' "
+                        "(default: all, or none with --quick)")
     p.add_argument("--json", metavar="FILE",
                    help="also write every number (all samples, shapes, fastpe.info()) as "
                         "JSON to FILE; '-' prints JSON on stdout and the table on stderr")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw speedups and %% of floor to FILE.png (needs matplotlib)")
     # For the tests: tiny arrays and a fixed number of rounds.
-    p.add_argument("--size", choices=tuple(_bench.SIZES), default="full", help=argparse.SUPPRESS)
+    p.add_argument("--size", choices=tuple(_bench.SIZES), default=None, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
 
     p = sub.add_parser("demo", help="RoPE's relative positions, sinusoidal frequencies, "

@@ -149,10 +149,8 @@ MODELS: dict[str, Convention] = {
 }
 
 REFUSED: dict[str, str] = {
-    "efficientloftr": "2-D vision RoPE of a feature matcher",
-    "eomt_dinov3": "2-D vision RoPE of a DINOv3 backbone",
     **dict.fromkeys((
-        "dinov3_vit", "sapiens2", "vjepa2", "sam2_video_mask_decoder", "sam3_detr_decoder",
+        "vjepa2", "sam2_video_mask_decoder", "sam3_detr_decoder",
         "sam3_detr_encoder", "sam3_geometry_encoder", "sam3_mask_decoder",
         "sam3_tracker_video_mask_decoder", "edgetam_video_mask_decoder",
     ), "a 2-D or 3-D vision RoPE over patch coordinates"),

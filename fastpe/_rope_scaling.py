@@ -12,6 +12,7 @@ why the returned arrays are read-only.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _checks, _hf_models
+from . import _checks, _constants, _hf_models
 from ._typing import Style
 
 __all__ = [
@@ -47,16 +48,17 @@ _NEEDS_ORIGINAL_LENGTH = frozenset({"dynamic", "yarn", "longrope", "llama3"})
 _MAX_CACHED_LENGTHS = 64
 # and forms each from exp(-SPLIT * (i // SPLIT) * step) * exp(-(i % SPLIT) * step) for
 # pair i (rope.pxi DYNAMIC_SPLIT)
-_DYNAMIC_SPLIT = 8
+_DYNAMIC_SPLIT = _constants.DYNAMIC_SPLIT
 
 # An inverse frequency above this overflows position * inv_freq for some int64 position.
-MAX_INV_FREQ = np.finfo(np.float64).max / 2.0**63
-# The largest inverse frequency a base and scaling may give: positions below 2**32
-# (fastpe._checks.MAX_ANGLE_POSITION) then keep their float64 angles below 2**32
-# radians, within the 5e-7 rad of rounding that limit is set for. Every base > 1 with
-# factors >= 1 stays below it (pair 0 turns by 1 rad per position); a base below 1 or
-# a factor below 1 would give angles whose rounding grows past that at long context.
-MAX_SPEC_INV_FREQ = 1.0
+MAX_INV_FREQ = _constants.MAX_INV_FREQ
+# The largest inverse frequency a base and scaling may give. A base > 1 with factors
+# >= 1 turns pair 0 by at most 1 rad per position; DINOv3 folds its 2 pi into the
+# frequencies (a linear factor of 1 / (2 pi)). Up to 8 rad per position, the float64
+# angles of positions below 2**32 (fastpe._checks.MAX_ANGLE_POSITION) keep their
+# rounding under 4e-6 rad; a base or factor far below 1 (base=1e-320 gives 1e280) is
+# refused rather than rotated by angles whose rounding is whole radians.
+MAX_SPEC_INV_FREQ = 8.0
 # Normal float32 numbers: the attention scaling multiplies cos and sin in float32.
 ATTENTION_SCALING_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
 
@@ -89,6 +91,21 @@ class RopeFrequencies(NamedTuple):
     attention_scaling: float
 
 
+
+# One lock for every spec's frequency cache (held only to insert): a child forked while
+# another thread holds it gets a fresh one, or its first new length would wait forever.
+_cache_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 @dataclass(frozen=True)
 class RopeSpec:
     """A validated RoPE configuration, cheap to reuse; build it with :func:`parse_rope_spec`.
@@ -107,8 +124,6 @@ class RopeSpec:
     depends_on_seq_len: bool = field(init=False, repr=False, compare=False)
     _cache: dict[Regime, RopeFrequencies] = field(default_factory=dict, init=False, repr=False,
                                                   compare=False)
-    _cache_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
-                                        compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
@@ -122,7 +137,6 @@ class RopeSpec:
         for name, value in state.items():
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_cache", {})
-        object.__setattr__(self, "_cache_lock", threading.Lock())
         self.__post_init__()
 
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
@@ -163,7 +177,7 @@ class RopeSpec:
                                 attention)
         # the eviction iterates the dict: without the lock another thread's insert
         # makes it raise "dictionary changed size during iteration"
-        with self._cache_lock:
+        with _cache_lock:
             if regime not in self._cache and len(self._cache) >= _MAX_CACHED_LENGTHS:
                 self._cache.pop(next(iter(self._cache)))
             # if two threads raced, both callers get the object that was stored first
@@ -172,7 +186,7 @@ class RopeSpec:
     def _check_frequencies(self, inv_freq: np.ndarray) -> None:
         """Every angle position * inv_freq must be as accurate in float64 as the position
         limit promises (see MAX_SPEC_INV_FREQ): finite, tiny or huge inputs can still
-        make base**(-2i/d) / factor overflow, or exceed 1."""
+        make base**(-2i/d) / factor overflow, or exceed that limit."""
         ok = np.isfinite(inv_freq) & (inv_freq >= 0.0) & (inv_freq <= MAX_SPEC_INV_FREQ)
         if ok.all():
             return
@@ -183,7 +197,7 @@ class RopeSpec:
         raise ValueError(
             f"base={self.base!r} with rope_type {self.rope_type!r} gives inverse frequency "
             f"{float(inv_freq[i])!r} for pair {i}, outside [0, {MAX_SPEC_INV_FREQ}]: past "
-            f"1 the float64 angles of positions up to 2**32 carry more rounding than "
+            f"it the float64 angles of positions up to 2**32 carry more rounding than "
             f"float32 precision; check {', '.join(dict.fromkeys(names))} (a base above 1, "
             f"factors of at least 1)"
         )

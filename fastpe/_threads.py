@@ -35,15 +35,15 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 _user_threads: int | None = None
 _cgroup_budget: int | None = None  # CPUs the cgroup quota allows; 0: no quota
-# set once a call ran a team, so that a forked child knows its OpenMP pool is gone
-_threaded = False
-_forked_after_threads = False
+_forked = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_threads
-    if _threaded:
-        _forked_after_threads = True
+    # Whatever ran a team before the fork (fastpe, or torch and NumPy's BLAS on the same
+    # libgomp), the child's OpenMP pool may be a dead copy: a parallel region there can
+    # hang, so every forked child runs fastpe serially.
+    global _forked
+    _forked = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -124,9 +124,8 @@ def set_num_threads(n: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    """Threads a call with num_threads=None may use (1 in a process forked after
-    a threaded call)."""
-    if _forked_after_threads:
+    """Threads a call with num_threads=None may use (1 in a forked child)."""
+    if _forked:
         return 1
     return _user_threads if _user_threads is not None else _openmp_max()
 
@@ -140,12 +139,8 @@ def resolve(num_threads: int | None, nbytes: int) -> int:
     """Threads for one call touching `nbytes` bytes (num_threads from check()):
     small work stays serial. The compiled fast paths pass num_threads here
     unchecked, so the cap is enforced here too."""
-    global _threaded
     if num_threads is not None and num_threads > MAX_THREADS:
         check(num_threads)  # raises, naming num_threads
-    if nbytes < SERIAL_BYTES or _forked_after_threads:
+    if nbytes < SERIAL_BYTES or _forked:
         return 1
-    n = get_num_threads() if num_threads is None else num_threads
-    if n > 1:
-        _threaded = True
-    return n
+    return get_num_threads() if num_threads is None else num_threads

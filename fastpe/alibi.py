@@ -144,6 +144,16 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
     >>> scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)   # (b, h, q, k)
     >>> fastpe.add_alibi(scores, causal=True, key_mask=attention_mask)
     """
+    if type(scores) is not np.ndarray and _checks.is_tensor(scores):
+        # a model's own torch tensors: viewed once, then the path of NumPy arrays
+        sv, slopes, q_positions, k_positions, key_mask = _checks.torch_tensors(
+            (scores, "scores", True), (slopes, "slopes", False),
+            (q_positions, "q_positions", False), (k_positions, "k_positions", False),
+            (key_mask, "key_mask", False))
+        add_alibi(sv, slopes=slopes, q_offset=q_offset, causal=causal, symmetric=symmetric,
+                  num_threads=num_threads, q_positions=q_positions, k_positions=k_positions,
+                  key_mask=key_mask, max_bias=max_bias)
+        return scores
     kern = _backend.kernels()
     if (kern is not None and type(scores) is np.ndarray
             and slopes is max_bias is q_positions is k_positions is key_mask is None

@@ -24,6 +24,12 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
     >>> np.array_equal(fastpe.add_learned(x, table)[0], table[:10])
     True
     """
+    if type(x) is not np.ndarray and _checks.is_tensor(x):
+        # a model's own torch tensors: viewed once, then the path of NumPy arrays
+        xv, tv, pv = _checks.torch_tensors((x, "x", True), (table, "table", False),
+                                           (positions, "positions", False))
+        add_learned(xv, tv, pv, offset=offset, num_threads=num_threads)
+        return x
     kern = _backend.kernels()
     if (kern is not None and positions is None and type(x) is np.ndarray
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):

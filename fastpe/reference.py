@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _checks, _math, _rope_scaling
+from . import _args, _checks, _math, _relative_args, _relative_math, _rope_scaling
 from ._rope_scaling import RopeFrequencies
 from ._typing import (
     ArrayLike,
@@ -30,12 +30,17 @@ from ._typing import (
 
 __all__ = [
     "add_alibi",
+    "add_disentangled_bias",
     "add_learned",
+    "add_relative_bias",
     "add_sinusoidal",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
     "apply_rope_cached",
+    "deberta_relative_positions",
+    "relative_bias",
+    "relative_position_bucket",
     "rope_cos_sin",
     "rope_frequencies",
     "sinusoidal_table",
@@ -197,8 +202,13 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
                       layout: RopeLayout = "bshd", inverse: bool = False,
-                      num_threads: int | None = None) -> tuple[InPlace, Any]:
+                      num_threads: int | None = None,
+                      per_token: bool | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
+    if per_token or (per_token is None and np.ndim(cos) == 3):
+        cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
+    elif per_token is not None:
+        _checks.flag(per_token, "per_token")
     run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=layout, inverse=inverse, num_threads=num_threads))
     return q, k
@@ -270,4 +280,116 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
     run_alibi(_args.add_alibi(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
                               causal=causal, symmetric=symmetric, q_positions=q_positions,
                               k_positions=k_positions, key_mask=key_mask, num_threads=num_threads))
+    return scores
+
+
+# ---- relative-position biases: T5's buckets, DeBERTa's disentangled attention --------
+
+def _leading_rows(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
+    """A (rows, ...) per-sequence array in the scores' leading dims (rows 1: broadcast)."""
+    return a[0] if a.shape[0] == 1 else a.reshape(lead + a.shape[1:])
+
+
+def run_relative_bias(plan: _relative_args.T5Plan) -> None:
+    """scores (+)= table[bucket(j - q_pos_i), h], -inf where masked: the buckets of the
+    (q, k) distances gathered from the table, converted once to the compute dtype."""
+    x = plan.scores
+    if x.size == 0:
+        return
+    q, k = x.shape[-2:]
+    work = _checks.compute_dtype(x.dtype)
+    qpos = plan.q_offset + np.arange(q, dtype=np.int64)
+    dist = np.arange(k, dtype=np.int64)[None, :] - qpos[:, None]
+    buckets = _relative_math.t5_buckets(plan.spec, dist)
+    # (heads, q, k): each table value, exact in float64, rounded once to the compute dtype
+    bias = np.moveaxis(plan.table.astype(np.float64)[buckets], -1, 0).astype(work)
+    value = x.astype(work) + bias if plan.accumulate else np.broadcast_to(bias, x.shape)
+    keep = None
+    if plan.causal:
+        keep = np.broadcast_to((dist <= 0)[None], (1,) + dist.shape)
+    if plan.key_mask is not None:
+        keys = _leading_rows(plan.key_mask.astype(bool), x.shape[:-3])[..., None, None, :]
+        keep = keys if keep is None else keep & keys
+    if keep is not None:
+        value = np.where(keep, value, work.type(-np.inf))
+    with np.errstate(over="ignore"):  # a sum past float16's range rounds to inf
+        x[...] = value
+
+
+def run_disentangled_bias(plan: _relative_args.DebertaPlan) -> None:
+    """scores += c2p[..., i, ci(i - j)] + p2c[..., j, pi(i - j)]: the gathers of
+    transformers' disentangled_attention_bias, the sum rounded once before the add."""
+    x = plan.scores
+    if x.size == 0:
+        return
+    q, k = x.shape[-2:]
+    work = _checks.compute_dtype(x.dtype)
+    spec = plan.spec
+    d = np.arange(q, dtype=np.int64)[:, None] - np.arange(k, dtype=np.int64)[None, :]
+    t = np.clip(d, -spec.reach, spec.reach) + spec.reach
+    total = None
+    if plan.c2p is not None:
+        ci = np.broadcast_to(spec.c2p_index[t], plan.c2p.shape[:-2] + (q, k))
+        total = np.take_along_axis(plan.c2p.astype(work), ci, axis=-1)
+    if plan.p2c is not None:
+        # p2c's rows are keys: element (j, i) of the (k, q) gather is the term of (i, j)
+        pi = np.broadcast_to(spec.p2c_index[t].T, plan.p2c.shape[:-2] + (k, q))
+        p = np.swapaxes(np.take_along_axis(plan.p2c.astype(work), pi, axis=-1), -1, -2)
+        total = p if total is None else total + p
+    assert total is not None
+    with np.errstate(over="ignore"):
+        x[...] = x.astype(work) + total
+
+
+def relative_position_bucket(relative_position: ArrayLike, *, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+    """NumPy twin of :func:`fastpe.relative_position_bucket`."""
+    d = _relative_args.distances(relative_position)
+    spec = _relative_args.t5_settings(num_buckets, bidirectional, max_distance)
+    return _relative_math.t5_buckets(spec, d)
+
+
+def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bool = True,
+                  max_distance: int = 128, q_offset: int | None = None, causal: bool = False,
+                  dtype: DTypeLike | None = None, out: np.ndarray | None = None,
+                  num_threads: int | None = None) -> np.ndarray:
+    """NumPy twin of :func:`fastpe.relative_bias`."""
+    plan = _relative_args.relative_bias(table, q_len, k_len, bidirectional=bidirectional,
+                                        max_distance=max_distance, q_offset=q_offset,
+                                        causal=causal, dtype=dtype, out=out,
+                                        num_threads=num_threads)
+    run_relative_bias(plan)
+    return plan.scores if out is None else out
+
+
+def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool = True,
+                      max_distance: int = 128, q_offset: int | None = None,
+                      causal: bool = False, key_mask: ArrayLike | None = None,
+                      num_threads: int | None = None) -> InPlace:
+    """NumPy twin of :func:`fastpe.add_relative_bias`."""
+    run_relative_bias(_relative_args.add_relative_bias(
+        scores, table, bidirectional=bidirectional, max_distance=max_distance,
+        q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
+    return scores
+
+
+def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int = -1,
+                               max_relative_positions: int = -1) -> np.ndarray:
+    """NumPy twin of :func:`fastpe.deberta_relative_positions`."""
+    q, k = _relative_args.deberta_lengths(q_len, k_len)
+    pb = _checks.count(position_buckets, "position_buckets", minimum=None)
+    mr = _checks.count(max_relative_positions, "max_relative_positions", minimum=None)
+    _relative_math.deberta_check(pb, mr)
+    d = np.arange(q, dtype=np.int64)[:, None] - np.arange(k, dtype=np.int64)[None, :]
+    return _relative_math.deberta_positions(d, pb, mr)
+
+
+def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
+                          p2c: ArrayLike | None = None, position_buckets: int = -1,
+                          max_relative_positions: int = -1,
+                          num_threads: int | None = None) -> InPlace:
+    """NumPy twin of :func:`fastpe.add_disentangled_bias`."""
+    run_disentangled_bias(_relative_args.add_disentangled_bias(
+        scores, c2p=c2p, p2c=p2c, position_buckets=position_buckets,
+        max_relative_positions=max_relative_positions, num_threads=num_threads))
     return scores

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _backend, _checks, _hf_multimodal, _rope_scaling, _threads, reference
+from . import _args, _backend, _checks, _constants, _hf_multimodal, _rope_scaling, _threads, reference
 from ._rope_scaling import RopeFrequencies, rope_frequencies
 from ._typing import (
     ArrayLike,
@@ -51,12 +51,12 @@ def _run(plan: _args.RopePlan) -> None:
                   pair_axis=plan.pair_axis, pair_axis2=plan.pair_axis2)
 
 
-_LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}  # kernels.pyx LAYOUT_*
+_LAYOUT_CODES = _constants.LAYOUT_CODES
 _SEQ_AXIS = {"bshd": (4, 1), "bhsd": (4, 2), "shd": (3, 0)}  # (q.ndim, axis of seq)
 _STYLE_NEOX = {"neox": True, "gptj": False}
 _INT64 = np.dtype(np.int64)
 _NOT_PLAIN = object()
-_POSITIONS_STACK = 512  # rope.pxi POSITIONS_STACK
+_POSITIONS_STACK = _constants.POSITIONS_STACK
 
 # (head_dim, rotary_dim, base, max_position_embeddings), each with its type (True and 1 are
 # equal keys but not equal arguments), and a dict scaling by its items and their types: the
@@ -314,6 +314,13 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
+    if type(q) is not np.ndarray and _checks.is_tensor(q):
+        # a model's own torch tensors: viewed once, then the path of NumPy arrays
+        qv, kv, pv = _checks.rope_tensors(q, k, positions)
+        apply_rope(qv, kv, pv, offset=offset, freqs=freqs, base=base, scaling=scaling,
+                   rotary_dim=rotary_dim, style=style, layout=layout, inverse=inverse,
+                   num_threads=num_threads, max_position_embeddings=max_position_embeddings)
+        return q, k
     kern = _backend.kernels()
     parsed = None
     if kern is not None and freqs is None:
@@ -331,7 +338,8 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
             # compiled call, which checks q's width and every other argument
             parsed = last[6]
             if parsed[1] is not None and kern.rope_decode(
-                    parsed[1], q, k, positions, offset, style, layout, inverse, num_threads):
+                    parsed[1], q, k, positions, offset, style, layout, inverse, num_threads,
+                    _threads.SERIAL_BYTES):
                 return q, k
             if not (isinstance(q, np.ndarray) and q.ndim >= 3 and q.shape[-1] == last[0]):
                 parsed = None
@@ -344,7 +352,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                 # a decode step: every argument checked in C
                 if parsed is not None and parsed[1] is not None and kern.rope_decode(
                         parsed[1], q, k, positions, offset, style, layout, inverse,
-                        num_threads):
+                        num_threads, _threads.SERIAL_BYTES):
                     return q, k
             if parsed is not None:
                 source = parsed[0]
@@ -353,7 +361,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
             source = freqs
             if type(freqs.attention_scaling) is float and kern.rope_small(
                     q, k, positions, offset, style, layout, inverse, num_threads, freqs.inv_freq,
-                    freqs.attention_scaling, None, None):
+                    freqs.attention_scaling, None, None, _threads.SERIAL_BYTES):
                 return q, k
         # else the Python fast path
         if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
@@ -368,18 +376,36 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
                       layout: RopeLayout = "bshd", inverse: bool = False,
-                      num_threads: int | None = None) -> tuple[InPlace, Any]:
+                      num_threads: int | None = None,
+                      per_token: bool | None = None) -> tuple[InPlace, Any]:
     """Rotate q and k in place with cos and sin rows looked up by position.
 
     cos and sin are (max_positions, rotary_dim // 2), as :func:`rope_cos_sin`
     returns them (already multiplied by the attention scaling). A position at
     or past max_positions is an IndexError. ``inverse=True`` applies the exact
     inverse of the cached rotation. Other arguments as :func:`apply_rope`.
+
+    They may also be what transformers' rotary modules return: one row per token,
+    (batch or 1, seq, rotary_dim) with each frequency's value twice (both halves
+    equal for ``style="neox"``, each adjacent pair for ``"gptj"``), lined up with
+    q's tokens, so that no positions are given. A 3-D cos is read that way;
+    ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
+    if type(q) is not np.ndarray and _checks.is_tensor(q):
+        qv, kv, cv, sv, pv = _checks.torch_tensors(
+            (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
+            (positions, "positions", False))
+        apply_rope_cached(qv, kv, cv, sv, pv, offset=offset, style=style, layout=layout,
+                          inverse=inverse, num_threads=num_threads, per_token=per_token)
+        return q, k
+    if per_token or (per_token is None and np.ndim(cos) == 3):
+        cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
+    elif per_token is not None:
+        _checks.flag(per_token, "per_token")
     kern = _backend.kernels()
     if kern is not None and isinstance(q, np.ndarray) and (
             kern.rope_small(q, k, positions, offset, style, layout, inverse, num_threads, None,
-                            1.0, cos, sin)
+                            1.0, cos, sin, _threads.SERIAL_BYTES)
             or _try_fast(kern, q, k, positions, offset, None, style, layout, inverse,
                          num_threads, cache=(cos, sin))):
         return q, k
@@ -452,7 +478,7 @@ class RotaryEmbedding:
             elif axes != len(mrope_section):
                 raise ValueError(f"axes={axes} but mrope_section has {len(mrope_section)} "
                                  f"entries, one per axis")
-        elif mrope_interleaved is not False:
+        elif _checks.flag(mrope_interleaved, "mrope_interleaved"):
             raise ValueError("mrope_interleaved needs mrope_section")
         self._set_layout(1 if axes is None else axes, pair_axis, None)
         self.feature_slice = slice(0, self.head_dim)
@@ -511,6 +537,12 @@ class RotaryEmbedding:
         config, _ = _rope_scaling.hf_config(config)
         if style is not None:
             _checks.choice(style, "style", _args.ROPE_STYLES)
+        from . import _hf_realrope  # DINOv3, SAM: rotations by real-valued coordinates
+        real = _hf_realrope.from_hf_config(cls, config, style, layer_type)
+        if real is not None:
+            if part is not None:
+                raise ValueError(f"part={part!r}: this model has one rotary embedding")
+            return real
         multi_axis = _hf_multimodal.from_hf_config(cls, config, style, layer_type, part)
         if multi_axis is not None:
             return multi_axis
@@ -563,15 +595,27 @@ class RotaryEmbedding:
                  *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
+        if type(q) is not np.ndarray and _checks.is_tensor(q):
+            qv, kv, pv = _checks.rope_tensors(q, k, positions)
+            self._rotate(qv, kv, pv, offset, layout, inverse, num_threads)
+            return q, k
+        return self._rotate(q, k, positions, offset, layout, inverse, num_threads)
+
+    def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
+                inverse: Any, num_threads: Any) -> tuple[Any, Any]:
+        """__call__ once torch tensors are NumPy views."""
+        if type(inverse) is not bool:
+            inverse = _checks.flag(inverse, "inverse")
         state = self._decode
         if state is None:
             state = self._decode = self._decode_state()
         kern = _backend.kernels()
         # a decode step: one compiled call, which checks every argument
         if state and kern is not None and kern.rope_decode(
-                state, q, k, positions, offset, self.style, layout, inverse, num_threads):
+                state, q, k, positions, offset, self.style, layout, inverse, num_threads,
+                _threads.SERIAL_BYTES):
             return q, k
-        if self.reverse and type(inverse) is bool:
+        if self.reverse:
             inverse = not inverse
         if self._halves is not None:
             for plan in self._half_plans(q, k, positions, offset, layout, inverse, num_threads):
@@ -597,6 +641,10 @@ class RotaryEmbedding:
     # pairing of one position per token), formed on the first call after any attribute
     # changes; never pickled (its cached arrays would come back writable)
     _decode: tuple[Any, ...] | bool | None = None
+
+    # leading tokens the model leaves unrotated (DINOv3's CLS and registers): the
+    # caller passes q[:, prefix_tokens:]
+    prefix_tokens: int = 0
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

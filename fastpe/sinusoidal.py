@@ -101,6 +101,9 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
     return plan.x[0] if out is None else out
 
 
+_FLOATS = (float, np.float64)
+
+
 def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int = 0,
                    base: float = 10000.0, layout: SinusoidalLayout = "interleaved",
                    scale: float = 1.0, num_threads: int | None = None,
@@ -118,10 +121,19 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     >>> fastpe.add_sinusoidal(x, scale=8.0) is x
     True
     """
+    if type(x) is not np.ndarray and _checks.is_tensor(x):
+        # a model's own torch tensors: viewed once, then the path of NumPy arrays
+        xv, pv = _checks.torch_tensors((x, "x", True), (positions, "positions", False))
+        add_sinusoidal(xv, pv, offset=offset, base=base, layout=layout, scale=scale,
+                       num_threads=num_threads, frequencies=frequencies,
+                       padding_idx=padding_idx)
+        return x
     kern = _backend.kernels()
+    # floats of known types only: the general path reads float(v), which a subclass's
+    # __float__ may answer differently from the value the compiled call would read
     if (kern is not None and positions is None and padding_idx is None
-            and type(x) is np.ndarray and isinstance(base, float) and 1.0 <= base < math.inf
-            and isinstance(scale, float) and type(layout) is str and layout == "interleaved"
+            and type(x) is np.ndarray and type(base) in _FLOATS and 1.0 <= base < math.inf
+            and type(scale) in _FLOATS and type(layout) is str and layout == "interleaved"
             and type(frequencies) is str and frequencies == "transformer"
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         # the plain common case, checked in C (False: nothing written, take the general

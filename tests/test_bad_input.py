@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_alibi as _alibi  # the ALiBi rows (BAD_ADD, BAD_BIAS) use its arrays
+import test_relative as _relative  # the T5 and DeBERTa rows (BAD_T5, BAD_DEBERTA, ...)
 import test_rope as _rope  # the RoPE rows (BAD) use its arrays and scalings
 from conftest import COMPILED, run_python, snapshot
 
@@ -318,9 +319,9 @@ ROWS += [
         ValueError, r"\bbase\b", lambda: {"q": q64()}),
     Row("apply_rope/base-str", lambda a: fastpe.apply_rope(a["q"], base="1e4"),
         TypeError, r"\bbase\b", lambda: {"q": q64()}),
-    Row("apply_rope/positions-list-of-floats",
-        lambda a: fastpe.apply_rope(a["q"], None, [0.5] * RS), TypeError, r"\bpositions\b",
-        lambda: {"q": q64()}),
+    Row("apply_rope/positions-list-of-floats-inf",
+        lambda a: fastpe.apply_rope(a["q"], None, [0.5] * (RS - 1) + [float("inf")]),
+        ValueError, r"\bpositions\b.*finite", lambda: {"q": q64()}),
     Row("apply_rope_cached/positions-huge",
         lambda a: fastpe.apply_rope_cached(a["q"], None, a["cos"], a["sin"],
                                            np.full(RS, 2**62)),
@@ -340,6 +341,22 @@ ROWS += [
         TypeError, r"\bcls\b"),
     Row("vision_positions/grid-four-sizes", lambda a: fastpe.vision_positions((1, 2, 2, 2)),
         ValueError, r"\bgrids\b"),
+    Row("dinov3_positions/height-float", lambda a: fastpe.dinov3_positions(3.0, 4),
+        TypeError, r"\bheight\b"),
+    Row("dinov3_positions/patch-size-zero", lambda a: fastpe.dinov3_positions(
+        32, 32, patch_size=0), ValueError, r"\bpatch_size\b"),
+    Row("sam2_memory_positions/frames-str", lambda a: fastpe.sam2_memory_positions(
+        2, 2, frames="2"), TypeError, r"\bframes\b"),
+    Row("sam2_memory_positions/width-zero", lambda a: fastpe.sam2_memory_positions(2, 0),
+        ValueError, r"\bwidth\b"),
+    Row("sam3_vit_positions/window-size-float", lambda a: fastpe.sam3_vit_positions(
+        4, 4, window_size=4.5), TypeError, r"\bwindow_size\b"),
+    Row("sam3_vit_positions/height-negative", lambda a: fastpe.sam3_vit_positions(
+        -1, 4, window_size=4), ValueError, r"\bheight\b"),
+    Row("efficientloftr_positions/width-none", lambda a: fastpe.efficientloftr_positions(
+        2, None), TypeError, r"\bwidth\b"),
+    Row("efficientloftr_positions/height-zero", lambda a: fastpe.efficientloftr_positions(
+        0, 2), ValueError, r"\bheight\b"),
     Row("rope_cos_sin/positions-uint64-2**63",
         lambda a: fastpe.rope_cos_sin(np.array([1, 2**63], np.uint64),
                                       fastpe.rope_frequencies(8)), ValueError, r"\bpositions\b"),
@@ -366,9 +383,9 @@ ROWS += [
         ValueError, r"\bq\b.*4 dimensions", lambda: {"q": q64((RS, RH, RD))}),
     Row("RotaryEmbedding/call-read-only-q", lambda a: fastpe.RotaryEmbedding(RD)(a["q"]),
         TypeError, r"\bq\b.*read-only", lambda: {"q": read_only(q64())}),
-    Row("RotaryEmbedding/call-positions-float",
-        lambda a: fastpe.RotaryEmbedding(RD)(a["q"], None, np.arange(RS) + 0.5), TypeError,
-        r"\bpositions\b", lambda: {"q": q64()}),
+    Row("RotaryEmbedding/call-positions-float-2**32",
+        lambda a: fastpe.RotaryEmbedding(RD)(a["q"], None, np.arange(RS) + 2.0**32),
+        ValueError, r"\bpositions\b.*below 2\*\*32", lambda: {"q": q64()}),
     Row("RotaryEmbedding/call-positions-uint64-2**63",
         lambda a: fastpe.RotaryEmbedding(RD)(a["q"], None, np.full(RS, 2**63, np.uint64)),
         ValueError, r"\bpositions\b", lambda: {"q": q64()}),
@@ -730,6 +747,109 @@ ROWS += [
 ]
 
 
+# ---- relative biases: tests/test_relative.py's tables, and the overlaps ----------------------
+
+
+def _relative_row(function, case, defaults=None) -> Row:
+    """A row of BAD_T5 / BAD_DEBERTA: (id, scores factory, kwargs, exception, words)."""
+    case_id, factory, kwargs, exc, words = case
+    defaults = defaults or {}
+
+    def arrays():
+        made = {"scores": factory() if factory else np.zeros(
+            _relative.DS if function == "add_disentangled_bias" else _relative.S, np.float32)}
+        made.update({k: _fresh(v) for k, v in kwargs.items() if isinstance(v, (np.ndarray,
+                                                                               list))})
+        return made
+
+    def call(a):
+        kw = {**defaults, **{k: a.get(k, v) for k, v in kwargs.items()}}
+        f = getattr(fastpe, function)
+        if function == "add_relative_bias":
+            return f(a["scores"], kw.pop("table", _relative.T), **kw)
+        return f(a["scores"], **kw)
+
+    return Row(f"{function}/{case_id}", call, exc, _words(words), arrays)
+
+
+def _args_row(function, case) -> Row:
+    """A row of BAD_T5_TABLE / BAD_BUCKET / BAD_DEBERTA_POSITIONS: positional arguments."""
+    case_id, args, kwargs, exc, words = case
+    args = args if isinstance(args, tuple) else (args,)
+
+    def arrays():
+        made = {f"arg{i}": _fresh(v) for i, v in enumerate(args)
+                if isinstance(v, (np.ndarray, list))}
+        made.update({k: _fresh(v) for k, v in kwargs.items() if isinstance(v, np.ndarray)})
+        if case_id == "out-read-only":
+            made["out"].flags.writeable = False
+        return made
+
+    def call(a):
+        pos = [a.get(f"arg{i}", v) for i, v in enumerate(args)]
+        return getattr(fastpe, function)(*pos, **{k: a.get(k, v) for k, v in kwargs.items()})
+
+    return Row(f"{function}/{case_id}", call, exc, _words(words), arrays)
+
+
+def _shared(nbytes=4096):
+    return {"buf": np.zeros(nbytes, np.uint8)}
+
+
+def _f32(buf, start, shape):
+    n = int(np.prod(shape))
+    return buf[4 * start:4 * (start + n)].view(np.float32).reshape(shape)
+
+
+ROWS += [_relative_row("add_relative_bias", c) for c in _relative.BAD_T5]
+ROWS += [_args_row("relative_bias", c) for c in _relative.BAD_T5_TABLE]
+ROWS += [_args_row("relative_position_bucket", c) for c in _relative.BAD_BUCKET]
+ROWS += [_relative_row("add_disentangled_bias", c, _relative.DEBERTA_DEFAULTS)
+         for c in _relative.BAD_DEBERTA]
+ROWS += [_args_row("deberta_relative_positions", c) for c in _relative.BAD_DEBERTA_POSITIONS]
+ROWS += [
+    Row("relative_bias/out-read-only",
+        lambda a: fastpe.relative_bias(_relative.T, 4, 6, out=a["out"]), TypeError,
+        _words(["out", "read-only"]), lambda: {"out": read_only(np.zeros((3, 4, 6), np.float32))}),
+    Row("add_relative_bias/table-overlaps-scores",
+        lambda a: fastpe.add_relative_bias(_f32(a["buf"], 0, _relative.S),
+                                           _f32(a["buf"], 40, (32, 3))),
+        ValueError, _overlap("table", "scores"), _shared),
+    Row("add_relative_bias/key_mask-overlaps-scores",
+        lambda a: fastpe.add_relative_bias(_f32(a["buf"], 0, _relative.S), _relative.T,
+                                           key_mask=a["buf"][:6].view(bool)),
+        ValueError, _overlap("key_mask", "scores"), _shared),
+    Row("relative_bias/out-overlaps-table",
+        lambda a: fastpe.relative_bias(_f32(a["buf"], 10, (32, 3)), 4, 6,
+                                       out=_f32(a["buf"], 0, (3, 4, 6))),
+        ValueError, _overlap("table", "out"), _shared),
+    Row("add_disentangled_bias/c2p-overlaps-scores",
+        lambda a: fastpe.add_disentangled_bias(_f32(a["buf"], 0, _relative.DS),
+                                               c2p=_f32(a["buf"], 0, (2, 3, 5, 16)),
+                                               position_buckets=8, max_relative_positions=24),
+        ValueError, _overlap("c2p", "scores"), lambda: _shared(8192)),
+    Row("RelativeBias/num_buckets-str", lambda a: fastpe.RelativeBias("32"), TypeError,
+        r"\bnum_buckets\b"),
+    Row("RelativeBias/num_buckets-too-few", lambda a: fastpe.RelativeBias(3), ValueError,
+        r"\bnum_buckets\b"),
+    Row("RelativeBias/config-list", lambda a: fastpe.RelativeBias.from_hf_config([1]),
+        TypeError, r"\bconfig\b"),
+    Row("RelativeBias/model_type-unknown",
+        lambda a: fastpe.RelativeBias.from_hf_config({"model_type": "gpt2"}), ValueError,
+        r"\bmodel_type\b"),
+    Row("RelativeBias/decoder-str",
+        lambda a: fastpe.RelativeBias.from_hf_config({"model_type": "t5"}, decoder="yes"),
+        TypeError, r"\bdecoder\b"),
+    Row("DisentangledBias/c2p-text", lambda a: fastpe.DisentangledBias(
+        max_relative_positions=8, c2p="yes"), TypeError, r"\bc2p\b"),
+    Row("DisentangledBias/config-list", lambda a: fastpe.DisentangledBias.from_hf_config([1]),
+        TypeError, r"\bconfig\b"),
+    Row("DisentangledBias/model_type-unknown",
+        lambda a: fastpe.DisentangledBias.from_hf_config({"model_type": "bert"}), ValueError,
+        r"\bmodel_type\b"),
+]
+
+
 # ---- the test --------------------------------------------------------------------------------
 
 ROWS_BY_ID = {r.id: r for r in ROWS}
@@ -885,8 +1005,19 @@ REQUIRED = {
     "alibi_slopes": {"type", "non-finite", "value"},
     "mrope_positions": {"type", "value"},
     "vision_positions": {"type", "value"},
+    "dinov3_positions": {"type", "value"},
+    "sam2_memory_positions": {"type", "value"},
+    "sam3_vit_positions": {"type", "value"},
+    "efficientloftr_positions": {"type", "value"},
     "set_num_threads": {"type", "value"},
     "use_backend": {"value"},
+    "add_relative_bias": ALL,
+    "relative_bias": ALL,
+    "relative_position_bucket": {"type", "value", "positions"},
+    "add_disentangled_bias": ALL - {"non-finite"},    # integer settings, logits are data
+    "deberta_relative_positions": {"type", "value"},
+    "RelativeBias": {"type", "value"},
+    "DisentangledBias": {"type", "value"},
 }
 
 

@@ -25,6 +25,9 @@ from fastpe import _bench, _cli
 
 # (Not imported from conftest: a run that also collects bench/ would find bench's.)
 PACKAGE_ROOT = Path(fastpe.__file__).resolve().parent.parent
+# The folder holding tests/: the checkout, or where a wheel's test run copied tests/,
+# bench/ and README.md (pyproject.toml's test-sources)
+TESTS_ROOT = Path(__file__).resolve().parent.parent
 
 try:
     import matplotlib  # noqa: F401
@@ -138,14 +141,17 @@ def test_threads_argument():
 RESULT_KEYS = {
     "name": str, "family": str, "title": str, "dtype": str, "shapes": dict, "bytes": int,
     "floor": str, "numpy_baseline": str, "per_call": bool, "threads": dict, "seconds": dict,
-    "seconds_min": dict, "samples": dict, "calls_per_sample": dict, "rounds": int, "speedup_vs_numpy": float,
-    "fraction_of_floor": float, "fastpe_gb_per_s": float, "floor_gb_per_s": float,
-    "check": str, "peers": dict, "skipped": dict, "floor_form": str,
+    "seconds_min": dict, "samples": dict, "calls_per_sample": dict, "rounds": int,
+    "speedup_vs_numpy": float, "check": str, "peers": dict, "skipped": dict,
+    "floor_form": str, "floor_noise": bool,
 }
+# without a floor (a whole program) these are None
+FLOOR_KEYS = ("fraction_of_floor", "fastpe_gb_per_s", "floor_gb_per_s")
+FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-nt"}
 
 
 def check_report(report: dict, *, dtype="float32", threads=1) -> None:
-    assert report["schema"] == "fastpe-bench/1"
+    assert report["schema"] == "fastpe-bench/2"
     assert report["fastpe"]["version"] == fastpe.__version__
     assert report["dtype"] == dtype and report["threads"] == threads
     assert report["mode"] == "quick" and report["size"] == "tiny"
@@ -157,23 +163,39 @@ def check_report(report: dict, *, dtype="float32", threads=1) -> None:
             assert isinstance(r[key], typ), f"{r['name']}: {key} = {r[key]!r}"
         assert r["check"] == "ok", r
         assert r["dtype"] == dtype
-        assert r["floor"] in ("stream", "fill")
         t = r["seconds"]
         floors = {n for n in t if n.startswith("floor:")}
-        assert "floor:numpy" in floors and floors <= {"floor:numpy", "floor:c"}
         assert set(t) == {"fastpe", "numpy", "floor", *floors, *r["peers"]}
         assert set(r["peers"]) <= set(_bench.PEERS)
-        assert all(v > 0 for v in t.values())
-        # the floor is the fastest of its forms, timed like the others
-        assert t["floor"] == min(t[n] for n in floors) == t[f"floor:{r['floor_form']}"]
-        assert set(r["samples"]) == set(t) - {"floor"}
-        assert all(len(s) == r["rounds"] for s in r["samples"].values())
         assert r["speedup_vs_numpy"] == pytest.approx(t["numpy"] / t["fastpe"])
-        assert r["fraction_of_floor"] == pytest.approx(t["floor"] / t["fastpe"])
         for name, ratio in r["peers"].items():
             assert ratio == pytest.approx(t[name] / t["fastpe"])
-        assert r["threads"] == {n: threads if n == "fastpe" or n in floors else 1
-                                for n in r["samples"]}
+        own = {"fastpe", *floors, *_bench.peers.FASTPE_PEERS}
+        assert r["threads"] == {n: threads if n in own else 1 for n in r["samples"]
+                                if n != "floor"}
+        if r["floor"] == "none":
+            assert r["name"] == "llama-decode" and not floors and t["floor"] is None
+            assert all(r[k] is None for k in FLOOR_KEYS) and not r["floor_noise"]
+            inner = r["inner"]
+            assert inner["part"] == "RoPE" and set(inner["seconds"]) == {"fastpe", "numpy"}
+            # a part of the step, timed inside it
+            assert all(0 < inner["seconds"][n] < t[n] for n in ("fastpe", "numpy"))
+            continue
+        assert r["floor"] in ("stream", "fill")
+        assert all(isinstance(r[k], float) for k in FLOOR_KEYS)
+        assert "floor:numpy" in floors and floors <= FLOOR_FORMS
+        assert all(v > 0 for v in t.values())
+        # the floor of a round is its fastest form in that round; fastpe's fraction of it
+        # pairs the two round by round
+        per_round = [min(r["samples"][n][i] for n in floors) for i in range(r["rounds"])]
+        assert r["samples"]["floor"] == per_round
+        assert t["floor"] == pytest.approx(np.median(per_round))
+        ratios = [f / x for f, x in zip(per_round, r["samples"]["fastpe"])]
+        assert r["fraction_of_floor"] == pytest.approx(np.median(ratios))
+        assert r["floor_noise"] == (r["fraction_of_floor"] > _bench.NOISE_FRACTION)
+        assert f"floor:{r['floor_form']}" in floors
+        assert set(r["samples"]) == set(t)
+        assert all(len(s) == r["rounds"] for s in r["samples"].values())
 
 
 def test_bench_quick_table_and_json(tmp_path):
@@ -210,7 +232,9 @@ def test_bench_json_on_stdout_threads_dtype_only():
 
 PEER_WORKLOADS = {"numba": ("rope-decode", "rope-batched-decode", "alibi-prefill", "alibi-decode"),
                   "onnxruntime": ("rope-decode", "rope-batched-decode"),
-                  "jax": ("alibi-prefill", "alibi-decode")}
+                  "jax": ("alibi-prefill", "alibi-decode"),
+                  "fastpe-torch": ("rope-decode", "rope-batched-decode", "alibi-prefill",
+                                   "alibi-decode", "sinusoidal-add")}
 
 
 @pytest.mark.parametrize("peers", list(PEER_WORKLOADS))
@@ -253,7 +277,7 @@ def test_bench_list():
         assert wl.name in proc.stdout
     expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-batched-decode",
                 "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add",
-                "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode"}
+                "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode", "llama-decode"}
     assert {w.name for w in _bench.workloads()} == expected
 
 
@@ -279,8 +303,8 @@ def test_plot_without_matplotlib(tmp_path, command):
 
 def test_bench_suite_skips_without_pytest_benchmark():
     """bench/ skips each file, cleanly, where pytest-benchmark is not installed."""
-    if not (PACKAGE_ROOT / "bench").is_dir():
-        pytest.skip("bench/ ships in the source tree and sdist, not in the wheel")
+    if not (TESTS_ROOT / "bench").is_dir():
+        pytest.skip("bench/ is not beside the tests")
     code = textwrap.dedent("""
         import importlib.abc, sys
         class Missing(importlib.abc.MetaPathFinder):
@@ -294,24 +318,26 @@ def test_bench_suite_skips_without_pytest_benchmark():
     env = _env()
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=str(PACKAGE_ROOT))
+                          text=True, timeout=120, cwd=str(TESTS_ROOT))
     # 5: pytest's "no tests collected", as every module skipped itself at import
     assert proc.returncode in (0, 5), proc.stdout + proc.stderr
     assert "error" not in proc.stdout.lower(), proc.stdout
-    assert re.search(r"\b4 skipped\b", proc.stdout), proc.stdout
+    files = len(list((TESTS_ROOT / "bench").glob("bench_*.py")))
+    bench_hf = 1  # bench_hf.py is a script with no tests, not collected
+    assert re.search(rf"\b{files - bench_hf} skipped\b", proc.stdout), proc.stdout
     assert "could not import 'pytest_benchmark'" in proc.stdout
 
 
 def test_bench_file_named_alone_is_collected_once():
     """A bench file given by path collects the same benchmarks as within bench/."""
-    if not (PACKAGE_ROOT / "bench").is_dir():
-        pytest.skip("bench/ ships in the source tree and sdist, not in the wheel")
+    if not (TESTS_ROOT / "bench").is_dir():
+        pytest.skip("bench/ is not beside the tests")
     pytest.importorskip("pytest_benchmark")
 
     def collected(*args: str) -> list[str]:
         proc = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
                                "-p", "no:cacheprovider"], env=_env(), capture_output=True,
-                              text=True, timeout=120, cwd=str(PACKAGE_ROOT))
+                              text=True, timeout=120, cwd=str(TESTS_ROOT))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return [line for line in proc.stdout.splitlines() if "::" in line]
 
@@ -357,8 +383,10 @@ TINY_WORKLOADS = _bench.workloads("tiny")
 @pytest.mark.parametrize("dtype", _bench.DTYPES)
 @pytest.mark.parametrize("wl", TINY_WORKLOADS, ids=lambda w: w.name)
 def test_every_implementation_matches_the_reference(wl, dtype):
-    """The NumPy baselines (and the textbook table) compute what fastpe computes; the floor
-    leaves the values unchanged; fastpe is checked on 1 and 2 threads."""
+    """The NumPy baselines (and the textbook table) compute what fastpe computes; every
+    form of the floor leaves the values unchanged; fastpe is checked on 1 and 2 threads."""
+    if dtype not in wl.dtypes:
+        pytest.skip(f"{wl.name} runs in {wl.dtypes} only")
     base = wl.make(np.dtype(dtype))
     expected = wl.expected(base)
     for impl, prepare in wl.impls.items():
@@ -366,35 +394,76 @@ def test_every_implementation_matches_the_reference(wl, dtype):
             arrays = _bench.copy_arrays(base, wl.written)
             got = prepare(arrays, threads)(arrays)
             for name, mine, ref in zip(wl.result, got, expected):
-                msg = _bench.compare(mine, ref, dtype, atol=wl.atol.get(impl, 0.0))
+                msg = _bench.compare(wl.part(name, mine), ref, dtype,
+                                     atol=wl.atol.get(impl, 0.0))
                 assert msg is None, f"{wl.name} {dtype} {impl} t{threads}: {name} {msg}"
     if wl.floor == "stream":
-        arrays = _bench.copy_arrays(base, wl.written)
-        wl.prepare_floor()(arrays, 2)(arrays)
-        for name in wl.result:
-            assert np.array_equal(arrays[name], base[name], equal_nan=True)
+        for form, prepare in _bench.floors.forms("stream", wl.result).items():
+            arrays = _bench.copy_arrays(base, wl.written)
+            run = prepare(arrays, 2)
+            assert run is not None, form     # every workload's arrays suit every form
+            run(arrays)
+            for name in wl.result:
+                assert np.array_equal(arrays[name], base[name], equal_nan=True), form
 
 
+@pytest.mark.parametrize("dtype", _bench.DTYPES)
+@pytest.mark.parametrize("wl", [w for w in TINY_WORKLOADS if w.check_index],
+                         ids=lambda w: w.name)
+def test_the_checked_part_is_the_references_part(wl, dtype):
+    """A check compares every 4th head, computed by the reference on those heads alone:
+    exactly the reference's result over all heads, restricted to them."""
+    base = wl.make(np.dtype(dtype))
+    arrays = _bench.copy_arrays(base, wl.written)
+    whole = wl.impls["reference"](arrays, 1)(arrays)
+    for name, full, part in zip(wl.result, whole, wl.expected(base)):
+        assert 0 < part.size < np.asarray(full).size
+        assert np.array_equal(np.asarray(full)[wl.check_index[name]], part, equal_nan=True)
+
+
+def _floor_arrays(dtype, offset_words: int) -> np.ndarray:
+    """Rows of 8-byte multiples starting `offset_words` words past a 64-byte line: the
+    streaming forms' plain prologue and epilogue run too."""
+    raw = np.zeros(5 * 300_000 * np.dtype(dtype).itemsize // 8 + 16, np.uint64)
+    start = (-raw.ctypes.data % 64) // 8 + offset_words
+    words = raw[start:start + raw.size - 16].view(dtype).reshape(5, -1)
+    words[...] = _bench.random_array(words.shape, dtype)
+    return words
+
+
+@pytest.mark.parametrize("offset_words", [0, 1, 3])
 @pytest.mark.parametrize("kind", ["stream", "fill"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_every_floor_form_streams_the_same_bytes(kind, dtype):
-    """Every form of the floor (NumPy's, the C loop) leaves a stream's values unchanged,
-    and fills a table with ones, on 1 and 2 threads."""
-    forms = _bench.floors.forms(kind, ("a",))
+def test_every_floor_form_streams_the_same_bytes(kind, dtype, offset_words):
+    """Every form of the floor (NumPy's, the C loops with plain and streaming stores)
+    leaves a stream's values unchanged, and fills a table with ones, on 1 and 2 threads,
+    one call over several arrays, touching nothing beside them."""
+    forms = _bench.floors.forms(kind, ("a", "b"))
     if fastpe.info()["compiled"]:
-        assert set(forms) == {"numpy", "c"}
+        streaming = _backend_kernels().STREAM_STORES
+        assert set(forms) == {"numpy", "c"} | ({"c-nt"} if streaming else set())
     for form, prepare in forms.items():
         for threads in (1, 2):
-            a = _bench.random_array((5, 300_001), dtype)[:, :-1]  # 8-byte multiple rows
-            a = np.ascontiguousarray(a)
-            before = a.copy()
-            run = prepare({"a": a}, threads)
+            a, b = _floor_arrays(dtype, offset_words), _floor_arrays(dtype, 0)[:2]
+            before_a, before_b = a.copy(), b.copy()
+            base = a.base
+            outside = (base[:a.ctypes.data // 8 - base.ctypes.data // 8].copy(),
+                       base[(a.ctypes.data + a.nbytes - base.ctypes.data) // 8:].copy())
+            run = prepare({"a": a, "b": b}, threads)
             assert run is not None, form
-            run({"a": a})
+            run({"a": a, "b": b})
             if kind == "stream":
-                assert np.array_equal(a.view(np.uint8), before.view(np.uint8)), form
+                assert np.array_equal(a.view(np.uint8), before_a.view(np.uint8)), form
+                assert np.array_equal(b.view(np.uint8), before_b.view(np.uint8)), form
             else:
-                assert (a == 1).all(), form
+                assert (a == 1).all() and (b == 1).all(), form
+            assert np.array_equal(base[:outside[0].size], outside[0]), form
+            assert np.array_equal(base[base.size - outside[1].size:], outside[1]), form
+
+
+def _backend_kernels():
+    from fastpe import _backend
+    return _backend.compiled
 
 
 def test_threaded_floor_leaves_values_unchanged():
@@ -437,3 +506,152 @@ def test_measure_interleaves_and_takes_medians():
     assert len(rounds) == 4 and all(sorted(r) == sorted("aabbcc") for r in rounds)
     assert all(r[0] == r[1] and r[2] == r[3] and r[4] == r[5] for r in rounds)
     assert len(set(rounds)) > 1
+
+
+def test_floor_is_paired_with_fastpe_round_by_round():
+    """The floor of each round is its fastest form in that round, and fastpe's fraction of
+    it is the median of the rounds' own ratios: a busy round slows both, not one."""
+    T = _bench.Timing
+    timings = {"fastpe": T(2.0, [1.0, 2.0, 9.0], 1), "numpy": T(5.0, [5.0, 5.0, 5.0], 1),
+               "floor:numpy": T(1.0, [0.9, 1.0, 8.0], 1), "floor:c": T(2.0, [0.8, 2.1, 9.9], 1)}
+    rec = _bench.timing._floor_record(timings)
+    assert rec["samples"] == [0.8, 1.0, 8.0]
+    assert rec["seconds"] == 1.0
+    assert rec["fraction"] == pytest.approx(np.median([0.8, 0.5, 8.0 / 9.0]))
+    assert rec["form"] == "numpy" and rec["noise"] is False
+    fast = {**timings, "floor:c": T(0.5, [0.5, 0.5, 0.5], 1)}
+    assert _bench.timing._floor_record(fast)["noise"] is False
+    faster = {"fastpe": T(1.0, [1.0, 1.0, 1.0], 1), "floor:c": T(1.2, [1.2, 1.06, 1.1], 1)}
+    rec = _bench.timing._floor_record(faster)
+    assert rec["fraction"] == pytest.approx(1.1) and rec["noise"] is True
+    assert _bench.timing._floor_record({"fastpe": T(1.0, [1.0], 1)})["fraction"] is None
+
+
+def test_table_flags_noise_and_rows_without_a_floor():
+    row = {"fraction_of_floor": 0.87, "floor_noise": False}
+    assert _cli.floor_cell(row) == "87%"
+    assert _cli.floor_cell({"fraction_of_floor": 1.2, "floor_noise": True}) == "noise"
+    assert _cli.floor_cell({"fraction_of_floor": None, "floor_noise": False}) == "-"
+
+
+@needs_mpl
+def test_plot_draws_no_bandwidth_for_noise(tmp_path, monkeypatch):
+    """A row faster than its floor is annotated as noise on the bandwidth axis, with no
+    bar; a program row has no floor; the peers have bars of their own."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def row(name, fraction, noise, peers):
+        return {"name": name, "fraction_of_floor": fraction, "floor_noise": noise,
+                "speedup_vs_numpy": 2.0, "peers": peers}
+    report = {"results": [row("a", 0.9, False, {"torch": 3.0, "fastpe-torch": 1.1}),
+                          row("b", 1.3, True, {}), row("c", None, False, {})],
+              "fastpe": {"version": fastpe.__version__}, "dtype": "float32", "threads": 1,
+              "machine": {"cpu": "x"}}
+    saved = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    _cli.bench_plot(report, str(tmp_path / "p.png"))
+    ratios, bandwidth = saved[0].axes
+    widths = {t.get_text(): p.get_width() for t, p in
+              zip(ratios.get_yticklabels(), bandwidth.patches)}
+    assert widths["a"] == pytest.approx(90.0) and widths["b"] == 0 and widths["c"] == 0
+    notes = {t.get_text() for t in bandwidth.texts}
+    assert {"90%", "noise", "no floor (a program)"} <= notes
+    assert {"vs numpy", "vs torch", "vs fastpe-torch"} <= {
+        t.get_text() for t in ratios.get_legend().get_texts()}
+
+
+def test_quick_runs_no_peers_unless_asked():
+    parser = _cli.build_parser()
+    assert _cli.peers_wanted(parser.parse_args(["bench", "--quick"])) == ()
+    assert _cli.peers_wanted(parser.parse_args(["bench"])) == _bench.PEERS
+    assert _cli.peers_wanted(parser.parse_args(["bench", "--quick", "--peers", "all"])) \
+        == _bench.PEERS
+    assert _cli.peers_wanted(parser.parse_args(["bench", "--peers", "numba"])) == ("numba",)
+    assert _cli.size_wanted(parser.parse_args(["bench", "--quick"])) == "quick"
+    assert _cli.size_wanted(parser.parse_args(["bench"])) == "full"
+    # the quick shapes are the canonical ones but for ALiBi's prefill and table
+    assert {k for k in _bench.FULL if _bench.FULL[k] != _bench.SIZES["quick"][k]} \
+        == {"alibi_seq"}
+
+
+def test_llama_decode_step_is_repeatable_and_times_its_rope():
+    wl = next(w for w in TINY_WORKLOADS if w.name == "llama-decode")
+    base = wl.make(np.dtype("float32"))
+    for impl in ("fastpe", "numpy"):
+        arrays = _bench.copy_arrays(base, wl.written)
+        step = wl.impls[impl](arrays, 1)
+        first = step(arrays)[0].copy()
+        assert step.inner_seconds > 0
+        # the step rewrites the cache slots it wrote with the same values
+        assert np.array_equal(step(arrays)[0], first)
+        cfg = _bench.program.llama_config(_bench.TINY)
+        rows, pos = np.arange(cfg.batch), np.asarray(cfg.lengths)
+        changed = np.nonzero((arrays["k_cache"] != base["k_cache"]).any(axis=(3, 4)))
+        assert set(zip(changed[1], changed[2])) == set(zip(rows, pos))
+
+
+def test_program_rope_is_the_formula():
+    """The program's own NumPy RoPE rotates (x_j, x_{j+d/2}) by p * base^(-2j/d), as the
+    float64 formula does, on q and k views of one fused buffer."""
+    cfg = _bench.program.llama_config(_bench.TINY)
+    rope = _bench.program.NumpyLlamaRope(cfg)
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((cfg.batch, 1, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim))
+    qkv = qkv.astype(np.float32)
+    q, k = qkv[:, :, :cfg.heads], qkv[:, :, cfg.heads:cfg.heads + cfg.kv_heads]
+    pos = np.asarray(cfg.lengths)[:, None]
+    qr, kr = rope(q, k, pos)
+    half = cfg.head_dim // 2
+    angle = pos[:, :, None, None] * cfg.base ** (-np.arange(half) / half)
+    for x, got in ((q, qr), (k, kr)):
+        x1, x2 = x[..., :half].astype(np.float64), x[..., half:].astype(np.float64)
+        want = np.concatenate((x1 * np.cos(angle) - x2 * np.sin(angle),
+                               x2 * np.cos(angle) + x1 * np.sin(angle)), axis=-1)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+
+
+def test_fastpe_on_torch_tensors_is_fastpes_call():
+    pytest.importorskip("torch")
+    for wl in _bench.workloads("tiny"):
+        peer = _bench.peers._peer_for("fastpe-torch", wl)
+        if wl.family == "program":
+            assert peer is None
+            continue
+        base = wl.make(np.dtype("float32"))
+        arrays = _bench.copy_arrays(base, wl.written)
+        got = peer(arrays, 1)(arrays)
+        import torch
+        assert all(isinstance(g, torch.Tensor) for g in got), wl.name
+        mine = _bench.copy_arrays(base, wl.written)
+        ref = wl.impls["fastpe"](mine, 1)(mine)
+        for g, r in zip(got, ref):
+            assert np.array_equal(g.numpy(), np.asarray(r), equal_nan=True), wl.name
+        # in place on the arrays' own memory, as fastpe on NumPy
+        for name in wl.written:
+            assert np.array_equal(arrays[name], mine[name], equal_nan=True), wl.name
+
+
+def test_a_clone_named_fastpe_run_from_its_parent_folder(tmp_path):
+    """Python started in the folder holding a checkout named `fastpe` takes the checkout
+    for an empty namespace package, as the README's Quick start says. -S: no
+    site-packages, where an installed fastpe could come first."""
+    if not (TESTS_ROOT / "setup.py").is_file():
+        pytest.skip("not a checkout (an installed-wheel run)")
+    clone = tmp_path / "fastpe"
+    clone.symlink_to(TESTS_ROOT, target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def python(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-S", *args], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=str(tmp_path))
+
+    proc = python("-c", "import fastpe; print(fastpe.__file__, list(fastpe.__path__)); "
+                        "fastpe.RotaryEmbedding")
+    assert proc.stdout.split() == ["None", f"[{str(clone)!r}]"], proc.stdout
+    assert "AttributeError: module 'fastpe' has no attribute 'RotaryEmbedding'" in proc.stderr
+    proc = python("-m", "fastpe")
+    assert proc.returncode == 1
+    assert "No module named fastpe.__main__" in proc.stderr, proc.stderr

@@ -54,14 +54,9 @@ def test_torch_out_buffer_is_filled_and_returned(torch):
     np.testing.assert_allclose(out.numpy(), fastpe.reference.sinusoidal_table(10, 6, dtype="float64"))
 
 
-@pytest.mark.parametrize("kind, why", [("requires_grad", r"\bq\b.*requires grad"),
-                                       ("bfloat16", "Unsupported dtype")])
-def test_torch_tensors_that_cannot_be_shared_are_refused(torch, kind, why):
-    if kind == "requires_grad":
-        q = torch.zeros(1, 4, 2, 8, requires_grad=True)
-    else:
-        q = torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match=why):
+def test_torch_tensors_that_cannot_be_shared_are_refused(torch):
+    q = torch.zeros(1, 4, 2, 8, requires_grad=True)
+    with pytest.raises(TypeError, match=r"\bq\b.*requires grad"):
         fastpe.apply_rope(q)
 
 

@@ -267,7 +267,7 @@ BAD_POSITIONS = [
     ("wrong-batch", lambda p: p[:, :2], "positions must have shape"),
     ("four-d", lambda p: p[None], "positions must have shape"),
     ("negative", lambda p: p - 10, "positions must be >= 0"),
-    ("float", lambda p: p.astype(np.float64), "positions must be integers"),
+    ("float-nan", lambda p: np.where(p == p.max(), np.nan, p), "must be finite"),
     ("ambiguous-2d", lambda p: np.zeros((3, S), np.int64), "read both as"),
 ]
 

@@ -520,7 +520,7 @@ def _v_byteswapped(q, k, pos):
 
 def _v_fused_qkv(q, k, pos):
     """q and k sliced out of one (batch, seq, 3, heads, dim) buffer: their byte ranges
-    interleave (the fast path declines), but no element is shared."""
+    interleave, but no element is shared."""
     b, s, h, d = q.shape
     qkv = np.full((b, s, 3, h, d), 7, q.dtype)
     qkv[:, :, 0], qkv[:, :, 1, :k.shape[2]] = q, k
@@ -571,8 +571,6 @@ GENERAL_VARIANTS = {
     "positions-strided-int64": _v_positions(lambda p: np.repeat(p, 2, axis=1)[:, ::2]),
     "positions-big-endian": _v_positions(lambda p: p.astype(">i8")),
     "q-k-byteswapped": _v_byteswapped,
-    "q-k-fused-qkv-slices": _v_fused_qkv,
-    "q-k-interleaved-features": _v_interleaved_features,
     "q-k-unaligned": _v_unaligned,
     "freqs-bare-array": _v_kwargs(freqs=np.array(fastpe.rope_frequencies(D).inv_freq)),
     "num_threads-negative": _v_kwargs(num_threads=-1),
@@ -596,6 +594,9 @@ FAST_VARIANTS = {
     "base-numpy-float": _v_kwargs(base=np.float64(10000)),
     "base-numpy-int": _v_kwargs(base=np.int32(10000)),
     "max_position_embeddings": _v_kwargs(max_position_embeddings=4096),
+    # q and k of one buffer, their byte ranges interleaved: proven apart in C
+    "q-k-fused-qkv-slices": _v_fused_qkv,
+    "q-k-interleaved-features": _v_interleaved_features,
 }
 
 
@@ -1718,8 +1719,8 @@ BAD: list[Bad] = [
     Bad("positions-uint64-past-int64",
         lambda a: AR(a["q"], a["k"], np.full(40, 2**63, np.uint64)), ValueError,
         r"\bpositions\b"),
-    Bad("positions-float", lambda a: AR(a["q"], a["k"], np.arange(40.0)), TypeError,
-        r"\bpositions\b.*integers"),
+    Bad("positions-float-nan", lambda a: AR(a["q"], a["k"], np.full(40, np.nan)),
+        ValueError, r"\bpositions\b.*finite"),
     Bad("positions-bool", lambda a: AR(a["q"], a["k"], np.ones(40, bool)), TypeError,
         r"\bpositions\b.*integers"),
     Bad("positions-and-offset", lambda a: AR(a["q"], a["k"], np.arange(40), offset=3),
@@ -1918,3 +1919,172 @@ def test_rotary_embedding_pickles(make):
     assert repr(clone) == repr(rope)
     np.testing.assert_array_equal(clone(q.copy())[0], want)
     assert not clone.frequencies(40).inv_freq.flags.writeable
+
+
+# ---- cos/sin as transformers' rotary modules return them -----------------------------------
+
+
+def _hf_cos_sin(positions, freqs, style="neox"):
+    """(batch, seq, rotary_dim) cos and sin, each frequency's value twice, as transformers'
+    rotary modules give them: cat((freqs, freqs)) for rotate_half, repeat_interleave for
+    adjacent pairs; built from the float64 formula."""
+    angles = np.asarray(positions, np.float64)[..., None] * freqs.inv_freq
+    if style == "neox":
+        angles = np.concatenate([angles, angles], axis=-1)
+    else:
+        angles = np.repeat(angles, 2, axis=-1)
+    att = freqs.attention_scaling
+    return np.cos(angles) * att, np.sin(angles) * att
+
+
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_cached_takes_transformers_cos_sin_lined_up_with_the_tokens(style, layout):
+    """Per-sequence positions (left padding): row b of cos is sequence b's."""
+    freqs = fastpe.rope_frequencies(32, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 64})
+    positions = np.array([[5, 6, 7, 8, 9, 10], [0, 0, 0, 1, 2, 3]])
+    cos, sin = _hf_cos_sin(positions, freqs, style)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 6, 4, 32))
+    k = rng.standard_normal((2, 6, 2, 32))
+    if layout == "bhsd":
+        q, k = q.transpose(0, 2, 1, 3).copy(), k.transpose(0, 2, 1, 3).copy()
+    want_q, want_k = q.copy(), k.copy()
+    fastpe.reference.apply_rope(want_q, want_k, positions, freqs=freqs, style=style,
+                                layout=layout)
+    fastpe.apply_rope_cached(q, k, cos, sin, style=style, layout=layout)
+    np.testing.assert_allclose(q, want_q, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(k, want_k, rtol=0, atol=1e-12)
+    fastpe.apply_rope_cached(q, k, cos, sin, style=style, layout=layout, inverse=True)
+    fastpe.reference.apply_rope(want_q, want_k, positions, freqs=freqs, style=style,
+                                layout=layout, inverse=True)
+    np.testing.assert_allclose(q, want_q, rtol=0, atol=1e-12)
+
+
+def test_cached_per_token_reads_a_two_dimensional_cos_as_rows_of_tokens():
+    freqs = fastpe.rope_frequencies(16)
+    cos, sin = _hf_cos_sin(np.arange(3, 8), freqs)
+    q = np.ones((2, 5, 1, 16))
+    want = q.copy()
+    fastpe.reference.apply_rope(want, positions=np.arange(3, 8), freqs=freqs)
+    fastpe.apply_rope_cached(q, None, cos, sin, per_token=True)
+    np.testing.assert_allclose(q, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("halves-differ", r"\bcos\b does not hold each frequency's value twice"),
+    ("gptj-of-neox-cos", r"\bcos\b does not hold each frequency's value twice"),
+    ("with-positions", r"take no positions"),
+    ("odd-width", r"\bcos\b lined up with the tokens must be"),
+])
+def test_cached_refuses_token_cos_sin_it_cannot_read(case, match):
+    freqs = fastpe.rope_frequencies(16)
+    cos, sin = _hf_cos_sin(np.arange(4)[None], freqs)
+    kwargs = {}
+    if case == "halves-differ":
+        cos = cos.copy()
+        cos[..., 0] += 0.5
+    elif case == "gptj-of-neox-cos":
+        kwargs["style"] = "gptj"
+    elif case == "with-positions":
+        kwargs["positions"] = np.arange(4)
+    else:
+        cos, sin = cos[..., :15], sin[..., :15]
+    q = np.ones((1, 4, 1, 16))
+    with pytest.raises(ValueError, match=match):
+        fastpe.apply_rope_cached(q, None, cos, sin, **kwargs)
+    assert (q == 1).all()
+
+
+# ---- real-valued positions -----------------------------------------------------------------
+
+
+def _rotate_formula(x, angles, neox=True):
+    """x (..., d) rotated by angles (..., d // 2) in float64, from the definition."""
+    half = angles.shape[-1]
+    if neox:
+        a, b = x[..., :half], x[..., half:2 * half]
+    else:
+        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+    c, s = np.cos(angles), np.sin(angles)
+    out = x.copy()
+    ra, rb = a * c - b * s, b * c + a * s
+    if neox:
+        out[..., :half], out[..., half:2 * half] = ra, rb
+    else:
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = ra, rb
+    return out
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_real_valued_positions_rotate_by_position_times_frequency(backend, style):
+    """Patch centres in [-1, 1] (negative positions are fine when real-valued)."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    rng = np.random.default_rng(11)
+    pos = rng.uniform(-1, 1, (2, 7))
+    freqs = fastpe.rope_frequencies(16, base=100.0)
+    q = rng.standard_normal((2, 7, 3, 16))
+    original = q.copy()
+    want = _rotate_formula(q.transpose(0, 2, 1, 3), pos[:, None, :, None] * freqs.inv_freq,
+                           style == "neox").transpose(0, 2, 1, 3)
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope(q, None, pos, freqs=freqs, style=style)
+    np.testing.assert_allclose(q, want, rtol=0, atol=1e-13)
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope(q, None, pos, freqs=freqs, style=style, inverse=True)
+    np.testing.assert_allclose(q, original, rtol=0, atol=1e-13)
+
+
+def test_real_valued_multi_axis_positions():
+    """Two axes (row, column) of real coordinates: each pair takes its axis's position."""
+    rope = fastpe.RotaryEmbedding(16, base=100.0, mrope_section=[4, 4])
+    rng = np.random.default_rng(12)
+    pos = rng.uniform(-1, 1, (2, 9))
+    q = rng.standard_normal((9, 2, 16))
+    inv = rope.frequencies().inv_freq
+    axis = np.repeat([0, 1], 4)
+    want = _rotate_formula(q.transpose(1, 0, 2), (pos[axis].T * inv)[None])
+    rope(q, None, pos, layout="shd")
+    np.testing.assert_allclose(q.transpose(1, 0, 2), want, rtol=0, atol=1e-13)
+
+
+def test_integer_valued_floats_agree_with_integer_positions():
+    q = np.random.default_rng(13).standard_normal((1, 50, 2, 32)).astype(np.float32)
+    a, b = q.copy(), q.copy()
+    fastpe.apply_rope(a, positions=np.arange(1000, 1050))
+    fastpe.apply_rope(b, positions=np.arange(1000, 1050, dtype=np.float64))
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.array([0.5, np.nan, 1.0]), r"finite"),
+    (np.array([0.5, 2.0**33, 1.0]), r"below 2\*\*32"),
+])
+def test_real_valued_positions_must_be_finite_and_in_range(bad, match):
+    q = np.ones((1, 3, 1, 8))
+    with pytest.raises(ValueError, match=match):
+        fastpe.apply_rope(q, positions=bad)
+    assert (q == 1).all()
+
+
+def test_real_valued_positions_refused_where_frequencies_follow_the_length():
+    q = np.ones((1, 3, 1, 8))
+    with pytest.raises(ValueError, match=r"rope type 'dynamic'.*integer positions"):
+        fastpe.apply_rope(q, positions=np.array([0.5, 1.5, 2.5]),
+                          scaling={"rope_type": "dynamic", "factor": 2.0},
+                          max_position_embeddings=2)
+    assert (q == 1).all()
+
+
+def test_real_valued_positions_that_read_both_as_axes_and_batch_are_refused():
+    """(2, seq) with two axes and a batch of 2: per-axis or per-sequence? Refused, as for
+    integer positions, never guessed."""
+    rope = fastpe.RotaryEmbedding(16, mrope_section=[4, 4])
+    q = np.ones((2, 5, 1, 16))
+    for pos in (np.zeros((2, 5)), np.zeros((2, 5), np.int64)):
+        with pytest.raises(ValueError, match=r"read both as \(axes, seq\)"):
+            rope(q, None, pos)
+    assert (q == 1).all()

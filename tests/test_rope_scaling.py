@@ -719,21 +719,22 @@ def test_hf_rope_config_dynamic_grows_past_max_position_embeddings():
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
 @pytest.mark.parametrize("kwargs, names", [
     (dict(base=1e-320), r"check base \("),
-    (dict(base=0.5), r"check base \("),
-    (dict(scaling={"rope_type": "linear", "factor": 0.5}), r"check base, scaling\['factor'\]"),
-    (dict(scaling={"rope_type": "longrope", "short_factor": [0.5] * 4, "long_factor": [1.0] * 4,
+    (dict(base=1e-3), r"check base \("),
+    (dict(scaling={"rope_type": "linear", "factor": 0.1}), r"check base, scaling\['factor'\]"),
+    (dict(scaling={"rope_type": "longrope", "short_factor": [0.1] * 4, "long_factor": [1.0] * 4,
                    "original_max_position_embeddings": 16}), r"short_factor"),
-], ids=["base-denormal", "base-below-1", "linear-below-1", "longrope-below-1"])
-def test_frequencies_above_one_are_refused(kwargs, names, backend):
-    """Past 1 the angle of a position below the 2**32 limit is not accurate to float32
-    precision in float64 (base=1e-320 gives inverse frequencies up to 1e280)."""
+], ids=["base-denormal", "base-far-below-1", "linear-far-below-1", "longrope-far-below-1"])
+def test_frequencies_above_the_limit_are_refused(kwargs, names, backend):
+    """Past 8 rad per position the angle of a position below the 2**32 limit is not
+    accurate to float32 precision in float64 (base=1e-320 gives inverse frequencies up
+    to 1e280); DINOv3's 2 pi per unit stays within it."""
     if backend == "cython" and fastpe.info()["backend"] != "cython":
         pytest.skip("compiled backend not built")
     q = np.ones((1, 4, 1, 8))
     with fastpe.use_backend(backend), pytest.raises(ValueError, match=names):
         fastpe.apply_rope(q, max_position_embeddings=64, **kwargs)
     assert (q == 1).all()
-    with pytest.raises(ValueError, match=r"outside \[0, 1\.0\]"):
+    with pytest.raises(ValueError, match=r"outside \[0, 8\.0\]"):
         rope_frequencies(8, max_position_embeddings=64, **kwargs)
     # the edge: a base just above 1 keeps every frequency at most 1
     assert rope_frequencies(8, base=1.0 + 2**-40).inv_freq.max() == 1.0

@@ -10,11 +10,13 @@ implementations of the same call side by side:
 - ``numpy``: the best NumPy a skilled user would write for the same result
   (``baselines``);
 - peers: other libraries' implementations, where installed (``peers``: numba,
-  ONNX Runtime, torch eager, ``torch.compile``);
-- ``floor``: the fastest of several streaming passes over the same bytes, in
-  place (or a fill, for workloads that write a table): the machine's memory
-  bandwidth for those bytes, so ``floor / fastpe`` is the fraction of it
-  fastpe reaches (``floors``).
+  ONNX Runtime, torch eager, ``torch.compile``, jax, and fastpe itself on torch
+  tensors);
+- ``floor``: the fastest way to move the same bytes, round by round: in-place
+  streaming passes, or a fill with streaming stores for workloads that write a
+  table: the machine's memory bandwidth for those bytes, so ``floor / fastpe``
+  is the fraction of it fastpe reaches (``floors``). A whole program (the NumPy
+  Llama decode step, ``program``) has none.
 
 A workload builds its input arrays once (``make``); an implementation is
 *prepared* for those arrays and a thread count (temporaries, cached tables,
@@ -25,7 +27,8 @@ fastpe bench`` lets them work on the same arrays round after round (every
 workload keeps its values finite and bounded that way), as the floor does.
 
 The modules: ``common`` (sizes, data, the Workload record, comparing results),
-``workloads`` (one function per workload), ``baselines`` (NumPy), ``peers``,
+``workloads`` (one function per workload), ``baselines`` (NumPy), ``program``
+(the NumPy Llama), ``peers``,
 ``floors``, ``timing`` (the interleaved timing of the command line). ``FULL``
 are the canonical shapes, ``TINY`` the same workloads in a few kilobytes, for
 the tests.
@@ -52,7 +55,7 @@ from .common import (
 from .floors import prepare_floor
 from .peers import PEERS
 from .peers import attach as attach_peers
-from .timing import MODES, Timing, measure, run_workload
+from .timing import MODES, NOISE_FRACTION, Timing, measure, run_workload
 from .workloads import alibi_workloads, rope_workloads, select, workloads
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "LLAMA3_BASE",
     "LLAMA3_SCALING",
     "MODES",
+    "NOISE_FRACTION",
     "PEERS",
     "SIZES",
     "TINY",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,12 +29,20 @@ DTYPES = ("float32", "float16")
 Size = dict[str, Any]
 FULL: Size = dict(batch=1, seq=2048, heads=32, kv_heads=8, head_dim=128, decode_pos=4095,
             decode_batch=32, table=(8192, 1024), embed=(8, 2048, 1024), max_len=4096,
-            alibi_heads=32, alibi_seq=2048, alibi_keys=4096)
+            alibi_heads=32, alibi_seq=2048, alibi_keys=4096,
+            llama=dict(vocab=8192, hidden=512, layers=4, heads=8, kv_heads=2, head_dim=64,
+                       intermediate=1408, max_len=1024, batch=4, lengths=(1000, 733, 517, 301)))
 # A few kilobytes each: for the tests of the command line and of the baselines.
 TINY: Size = dict(batch=1, seq=48, heads=4, kv_heads=2, head_dim=32, decode_pos=4095,
             decode_batch=3, table=(40, 33), embed=(2, 24, 20), max_len=64,
-            alibi_heads=3, alibi_seq=24, alibi_keys=40)
-SIZES: dict[str, Size] = {"full": FULL, "tiny": TINY}
+            alibi_heads=3, alibi_seq=24, alibi_keys=40,
+            llama=dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
+                       intermediate=48, max_len=16, batch=4, lengths=(15, 11, 7, 3)))
+# --quick: the canonical shapes, but ALiBi prefill and bias over 1024 tokens (128 MiB of
+# scores, still four times a large L3): at 2048 tokens (512 MiB) their set-up and check
+# alone (page faults of each copy, the reference's pass) take longer than the quick run.
+QUICK: Size = {**FULL, "alibi_seq": 1024}
+SIZES: dict[str, Size] = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -127,12 +135,13 @@ class Workload:
     """One canonical call and its implementations (see the module docstring)."""
 
     name: str            # "rope-prefill-neox": pytest ids, --only, JSON
-    family: str          # "sinusoidal" | "learned" | "rope" | "alibi"
+    family: str          # "sinusoidal" | "learned" | "rope" | "alibi" | "program"
     title: str           # human-readable, with the shapes
     make: Callable[[np.dtype], Arrays]
     inplace: tuple[str, ...]          # arrays read and written in place
     result: tuple[str, ...]           # arrays holding the result: the floor's bytes
-    floor: str                        # "stream" (in-place pass) or "fill" (a table)
+    floor: str                        # "stream" (in-place pass), "fill" (a table) or
+    #                                   "none" (a whole program: no single pass to compare)
     impls: dict[str, Prepare]         # fastpe, reference, numpy (and textbook)
     numpy_note: str                   # what the NumPy baseline does, in one line
     peers: dict[str, MaybePrepare] = dataclasses.field(default_factory=dict)  # other libraries
@@ -143,6 +152,15 @@ class Workload:
     #                                             constant (BLOOM's ALiBi form)
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # the call's arguments, for
     #                                             implementations added elsewhere (bench/)
+    # A part of each written array that the reference computes on its own (every 4th
+    # head: RoPE rotates each head alike, ALiBi biases each head by its own slope; every
+    # 4th sequence of a batch of embeddings), for a check that costs a fraction of the
+    # reference's pass; empty: all of it.
+    check_index: Mapping[str, tuple[slice, ...]] = dataclasses.field(default_factory=dict)
+    check_reference: Prepare | None = None  # that part's reference, if not impls["reference"]
+    dtypes: tuple[str, ...] = ("float16", "float32", "float64")  # those it runs in
+    inner: str | None = None          # a part its runners time inside each call (their
+    #                                   `inner_seconds`, accumulated): "RoPE" in a program
 
     @property
     def written(self) -> tuple[str, ...]:
@@ -154,17 +172,20 @@ class Workload:
 
     def traffic_bytes(self, arrays: Arrays) -> int:
         """Bytes the floor moves: read + write for a stream, write for a fill."""
-        return self.floor_bytes(arrays) * (2 if self.floor == "stream" else 1)
+        return self.floor_bytes(arrays) * {"stream": 2, "fill": 1, "none": 0}[self.floor]
 
-    def prepare_floor(self) -> Prepare:
-        """The NumPy form of the floor over this workload's result arrays."""
-        from .floors import prepare_floor
-        return prepare_floor(self.floor, self.result)
+    def part(self, name: str, result: object) -> np.ndarray:
+        """The part of result array `name` that the check compares."""
+        a = np.asarray(result)
+        return a[self.check_index[name]] if name in self.check_index else a
 
     def expected(self, arrays: Arrays) -> tuple[np.ndarray, ...]:
-        """The reference result, on copies of `arrays`."""
+        """The reference result's checked part, computed on that part of copies of
+        `arrays`."""
         fresh = copy_arrays(arrays, self.written)
-        return tuple(np.array(r) for r in self.impls["reference"](fresh, 1)(fresh))
+        view = {n: self.part(n, v) if n in self.written else v for n, v in fresh.items()}
+        reference = self.check_reference or self.impls["reference"]
+        return tuple(np.array(r) for r in reference(view, 1)(view))
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:

@@ -1,15 +1,22 @@
 """The floor: the machine's streaming speed over a workload's bytes.
 
 A floor runs over the very arrays the workload writes (the same bytes, in the same cache
-state) and leaves their values unchanged. Several forms of the same pass are timed side by
-side and the fastest counts, so "% of floor" means the machine's limit rather than one
-form's overheads:
+state) and leaves their values unchanged. Several forms of the same pass are timed in the
+same shuffled rounds as the contenders (timing.measure) and, round by round, the fastest
+counts, so "% of floor" means the machine's limit at that moment rather than one form's
+overheads or another moment's load:
 
 - ``numpy``: ``np.multiply(a, 1.0, out=a)`` for float32/float64 (half floats: the bytes
   as unsigned integers, ``np.bitwise_or(u, 0, out=u)``: NumPy's float16 multiply converts
   one element at a time, ~40x slower than memory); ``a.fill(1)`` for a table;
 - ``c``: a plain C loop over 8-byte words from the compiled module (``stream``: XOR with
-  0, or a fill), threaded with OpenMP like fastpe's kernels.
+  0, or a fill), threaded with OpenMP like fastpe's kernels, one call for all the arrays
+  (as one fastpe call takes q and k together);
+- ``c-nt``: the same loop with streaming (non-temporal) stores, where the CPU has them.
+  For a table this is the honest floor: a fill with ordinary stores reads each cache
+  line before writing it (write-allocate), twice the bytes a table needs, and fastpe's
+  table kernels stream past the caches. For a read-modify-write pass it skips the
+  write-back of the line just read, which pays for buffers past the caches.
 
 A Python thread pool splits a multi-threaded NumPy floor into contiguous pieces (NumPy
 releases the GIL in ufunc loops); only worth it for big buffers, as a dispatch costs tens
@@ -84,12 +91,15 @@ def prepare_floor(kind: str, names: tuple[str, ...]) -> Prepare:
 def forms(kind: str, names: tuple[str, ...]) -> dict[str, MaybePrepare]:
     """The forms of the floor over arrays `names`: "stream" (read + write each byte,
     in place) or "fill" (write each byte; what producing a table must at least do).
-    The C form is there when the compiled kernels are."""
+    The C forms are there when the compiled kernels are; "c-nt" where they have
+    streaming stores."""
     out: dict[str, MaybePrepare] = {"numpy": prepare_floor(kind, names)}
     kern = _backend.compiled
-    if kern is not None:
-        fill = kind == "fill"
+    if kern is None:
+        return out
+    fill = kind == "fill"
 
+    def c_form(nontemporal: bool) -> MaybePrepare:
         def c(arrays: Arrays, threads: int) -> Runner | None:
             if not all(_c_ready(arrays[n]) for n in names):
                 return None
@@ -99,10 +109,17 @@ def forms(kind: str, names: tuple[str, ...]) -> dict[str, MaybePrepare]:
                 one = np.ones(8 // arrays[names[0]].itemsize, arrays[names[0]].dtype)
                 word = int(one.view(np.uint64)[0])
 
+            # a decode call's floor is a microsecond: no tuple made per call
+            mine = tuple(arrays[n] for n in names)
+
             def run(a: Arrays) -> Result:
-                for n in names:
-                    kern.stream(a[n], fill, word, threads)
+                targets = mine if a is arrays else tuple(a[n] for n in names)
+                kern.stream(targets, fill, word, threads, nontemporal)
                 return ()
             return run
-        out["c"] = c
+        return c
+
+    out["c"] = c_form(False)
+    if kern.STREAM_STORES:
+        out["c-nt"] = c_form(True)
     return out

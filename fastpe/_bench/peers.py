@@ -17,10 +17,14 @@ exact in the same sense as fastpe (angles formed in float64; ALiBi biases rounde
   cos/sin cache made from float64 angles; it writes new arrays;
 - ``torch``: PyTorch eager in Hugging Face's form (``q * cos + rotate_half(q) * sin``,
   GPT-J's ``rotate_every_two`` for gptj), cos/sin per call from float64 angles;
-- ``torch.compile``: the same function through ``torch.compile``.
+- ``torch.compile``: the same function through ``torch.compile``;
+- ``fastpe-torch``: fastpe itself, the very call of the ``fastpe`` column, on torch CPU
+  tensors sharing the arrays' memory (``torch.from_numpy``, made once): what a torch
+  user gets, beside the torch columns, on every workload but the NumPy program. It runs
+  on fastpe's thread count.
 
 Each is skipped when its packages are not installed (``pip install 'fastpe[peers]'``).
-Every peer runs on one thread (ONNX Runtime and torch are told so; XLA's CPU client is
+Every other peer runs on one thread (ONNX Runtime and torch are told so; XLA's CPU client is
 made with one CPU in view when fastpe is the first to import jax), like the NumPy
 baseline and the default ``--threads 1``.
 """
@@ -44,12 +48,15 @@ from .common import Arrays, MaybePrepare, Result, Runner, Workload
 if TYPE_CHECKING:  # an optional peer
     import torch
 
-PEERS = ("numba", "onnxruntime", "torch", "torch.compile", "jax")
+PEERS = ("numba", "onnxruntime", "torch", "torch.compile", "fastpe-torch", "jax")
+# peers that are fastpe called another way: timed on fastpe's thread count
+FASTPE_PEERS = ("fastpe-torch",)
 _NEEDS = {"numba": ("numba",), "onnxruntime": ("onnxruntime", "onnx"), "torch": ("torch",),
-          "torch.compile": ("torch",), "jax": ("jax",)}
+          "torch.compile": ("torch",), "fastpe-torch": ("torch",), "jax": ("jax",)}
 # the workload families each peer has an implementation for
 _FAMILIES = {"numba": ("rope", "alibi"), "onnxruntime": ("rope",), "torch": ("rope",),
-             "torch.compile": ("rope",), "jax": ("alibi",)}
+             "torch.compile": ("rope",),
+             "fastpe-torch": ("rope", "sinusoidal", "learned", "alibi"), "jax": ("alibi",)}
 
 
 def missing(name: str) -> str | None:
@@ -331,10 +338,28 @@ def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
     return prepare
 
 
+# ---- fastpe on torch tensors ---------------------------------------------------------------
+
+def _fastpe_torch(wl: Workload) -> MaybePrepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        import torch
+        tensors = {n: torch.from_numpy(v) for n, v in arrays.items()}
+        run_tensors = wl.impls["fastpe"](cast(Arrays, tensors), threads)
+
+        def run(a: Arrays) -> Result:
+            if a is not arrays:  # pragma: no cover - the bench runs it on its own arrays
+                raise ValueError("fastpe-torch runs on the arrays it was prepared for")
+            return run_tensors(cast(Arrays, tensors))
+        return run
+    return prepare
+
+
 def _peer_for(name: str, wl: Workload) -> MaybePrepare | None:
     """Peer `name`'s implementation of `wl`, or None when it has none."""
     if wl.family not in _FAMILIES[name]:
         return None
+    if name == "fastpe-torch":
+        return _fastpe_torch(wl)
     if wl.family == "rope":
         if "style" not in wl.params:
             return None

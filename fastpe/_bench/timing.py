@@ -3,6 +3,7 @@ side, round after round, in a fresh random order each round."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import gc
@@ -24,6 +25,13 @@ class Timing:
     median: float          # seconds per call
     samples: list[float]   # seconds per call, one per round
     number: int            # calls per sample
+    inner: list[float] | None = None   # seconds per call of the part its clock times
+
+
+# A contender measured faster than this fraction of its floor beat the machine's
+# streaming speed for its bytes: that is noise (a neighbour slowed the floor's samples,
+# or frequency changed), not bandwidth.
+NOISE_FRACTION = 1.05
 
 
 def _time_calls(fn: Callable[[], object], number: int) -> float:
@@ -35,7 +43,8 @@ def _time_calls(fn: Callable[[], object], number: int) -> float:
 
 def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rounds: int = 3,
             sample_s: float = 0.01, budget_s: float = 5.0,
-            progress: Callable[[str], None] | None = None) -> dict[str, Timing]:
+            progress: Callable[[str], None] | None = None,
+            clocks: Mapping[str, Callable[[], float]] | None = None) -> dict[str, Timing]:
     """Median seconds per call of each runner, measured side by side.
 
     Each round runs every runner once, in a fresh random order (seeded: so no runner
@@ -47,7 +56,10 @@ def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rou
     that allocates its outputs evicts everything), and a sample of a few calls of a
     64 MiB workload measures that instead of the runner. Stops after `rounds` rounds,
     or after `min_rounds` once `budget_s` is spent. The garbage collector is off while
-    timing. The runners must already have run once (warm-up)."""
+    timing. The runners must already have run once (warm-up). `clocks` gives, for some
+    runners, a clock of seconds spent in a part of each call (accumulated by the runner
+    itself): each sample then also records that part's seconds per call."""
+    clocks = clocks or {}
     names = list(runners)
     shuffle = random.Random(20240601).shuffle
     number = {}
@@ -55,6 +67,7 @@ def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rou
         once = _time_calls(runners[name], 1)
         number[name] = max(1, min(100_000, int(sample_s / max(once, 1e-9))))
     samples: dict[str, list[float]] = {n: [] for n in names}
+    inner: dict[str, list[float]] = {n: [] for n in clocks}
     start = time.perf_counter()
     gc_was = gc.isenabled()
     gc.disable()
@@ -66,13 +79,17 @@ def measure(runners: Mapping[str, Callable[[], object]], *, rounds: int, min_rou
             shuffle(order)
             for name in order:
                 runners[name]()
+                before = clocks[name]() if name in clocks else 0.0
                 samples[name].append(_time_calls(runners[name], number[name]))
+                if name in clocks:
+                    inner[name].append((clocks[name]() - before) / number[name])
             if r + 1 >= min_rounds and time.perf_counter() - start > budget_s:
                 break
     finally:
         if gc_was:
             gc.enable()
-    return {n: Timing(statistics.median(samples[n]), samples[n], number[n]) for n in names}
+    return {n: Timing(statistics.median(samples[n]), samples[n], number[n], inner.get(n))
+            for n in names}
 
 
 # Rounds, seconds per sample and seconds per workload for each mode of the command line.
@@ -87,18 +104,38 @@ class Mode(TypedDict):
 
 MODES: dict[str, Mode] = {
     "default": dict(rounds=21, min_rounds=7, sample_s=0.03, budget_s=5.0),
-    "quick": dict(rounds=9, min_rounds=5, sample_s=0.004, budget_s=0.8),
+    "quick": dict(rounds=9, min_rounds=5, sample_s=0.004, budget_s=0.5),
 }
+
+
+def _floor_record(timings: Mapping[str, Timing]) -> dict[str, Any]:
+    """The floor of each round (the fastest form in that round), its median, the form
+    fastest in most rounds, and fastpe's fraction of it: the median over rounds of the
+    floor's time over fastpe's in the same round."""
+    forms = [n for n in timings if n.startswith("floor:")]
+    if not forms:
+        return {"seconds": None, "samples": None, "form": "", "fraction": None, "noise": False}
+    fastpe_samples = timings["fastpe"].samples
+    rounds = range(len(fastpe_samples))
+    per_round = [min(timings[n].samples[r] for n in forms) for r in rounds]
+    wins = collections.Counter(min(forms, key=lambda n: timings[n].samples[r]) for r in rounds)
+    fraction = statistics.median(f / t for f, t in zip(per_round, fastpe_samples))
+    return {"seconds": statistics.median(per_round), "samples": per_round,
+            "form": wins.most_common(1)[0][0].partition(":")[2], "fraction": fraction,
+            "noise": fraction > NOISE_FRACTION}
 
 
 def run_workload(wl: Workload, dtype: DTypeLike, threads: int, *, mode: Mode,
                  progress: Callable[[str], None] | None = None,
-                 check_elements: int = 1 << 22) -> dict[str, Any]:
+                 check_elements: int = 1 << 22,
+                 own_threads: tuple[str, ...] = ()) -> dict[str, Any]:
     """Time fastpe, numpy, the workload's peers and every form of the floor side by side
     on one workload. fastpe works on the arrays `make` built, every other contender on
     its own copy, the floor on fastpe's arrays (the same bytes). Each contender's first
     call, on pristine inputs, warms it up and is checked against fastpe.reference (about
-    `check_elements` of each result). Returns one JSON-ready record."""
+    `check_elements` of the workload's checked part of each result). Contenders run on
+    one thread, but fastpe, the floor and those in `own_threads` (fastpe itself, called
+    another way) on `threads`. Returns one JSON-ready record."""
     dt = np.dtype(dtype)
     if progress is not None:
         progress("preparing")
@@ -111,7 +148,7 @@ def run_workload(wl: Workload, dtype: DTypeLike, threads: int, *, mode: Mode,
         arrays[name] = copy_arrays(base, wl.written)
         if progress is not None:
             progress(f"preparing {name}")
-        run = prepare(arrays[name], 1)
+        run = prepare(arrays[name], threads if name in own_threads else 1)
         if run is None:
             skipped[name] = f"not for {dt.name}"
             del arrays[name]
@@ -124,27 +161,34 @@ def run_workload(wl: Workload, dtype: DTypeLike, threads: int, *, mode: Mode,
     for name, run in prepared.items():
         got = run(arrays[name])
         for res, mine, ref in zip(wl.result, got, expected):
-            msg = compare(mine, ref, dt, atol=wl.atol.get(name, 0.0),
+            msg = compare(wl.part(res, mine), ref, dt, atol=wl.atol.get(name, 0.0),
                           max_elements=check_elements)
             if msg is not None:
                 problems.append(f"{res}: {name} and the reference {msg}")
         del got
     del expected
     floors = {}
-    for form, prepare in floor_forms(wl.floor, wl.result).items():
-        run = prepare(base, threads)
-        if run is not None:
-            floors[f"floor:{form}"] = run
-            arrays[f"floor:{form}"] = base
-            run(base)
+    if wl.floor != "none":
+        for form, prepare in floor_forms(wl.floor, wl.result).items():
+            run = prepare(base, threads)
+            if run is not None:
+                floors[f"floor:{form}"] = run
+                arrays[f"floor:{form}"] = base
+                run(base)
     runners = {n: functools.partial(r, arrays[n]) for n, r in {**prepared, **floors}.items()}
-    timings = measure(runners, progress=progress, **mode)
-    t = {n: timings[n].median for n in timings}
-    floor_name = min(floors, key=lambda n: t[n])
-    t["floor"] = t[floor_name]
+    clocks = ({n: functools.partial(getattr, r, "inner_seconds") for n, r in prepared.items()}
+              if wl.inner else None)
+    timings = measure(runners, progress=progress, clocks=clocks, **mode)
+    t: dict[str, float | None] = {n: timings[n].median for n in timings}
+    floor = _floor_record(timings)
+    t["floor"] = floor["seconds"]
+    fastpe_s = timings["fastpe"].median
     traffic = wl.traffic_bytes(base)
-    peers = {n: t[n] / t["fastpe"] for n in wl.peers if n in t}
-    return {
+    peers = {n: timings[n].median / fastpe_s for n in wl.peers if n in timings}
+    samples: dict[str, list[float] | None] = {n: timings[n].samples for n in timings}
+    if floor["samples"] is not None:
+        samples["floor"] = floor["samples"]
+    record = {
         "name": wl.name,
         "family": wl.family,
         "title": wl.title,
@@ -152,21 +196,27 @@ def run_workload(wl: Workload, dtype: DTypeLike, threads: int, *, mode: Mode,
         "shapes": {n: list(a.shape) for n, a in base.items()},
         "bytes": wl.floor_bytes(base),
         "floor": wl.floor,
-        "floor_form": floor_name.partition(":")[2],
+        "floor_form": floor["form"],
+        "floor_noise": floor["noise"],
         "numpy_baseline": wl.numpy_note,
         "per_call": wl.per_call,
-        "threads": {n: (threads if n == "fastpe" or n.startswith("floor") else 1)
-                    for n in timings},
+        "threads": {n: (threads if n == "fastpe" or n in own_threads or n.startswith("floor")
+                        else 1) for n in timings},
         "seconds": t,
         "seconds_min": {n: min(timings[n].samples) for n in timings},
-        "samples": {n: timings[n].samples for n in timings},
+        "samples": samples,
         "calls_per_sample": {n: timings[n].number for n in timings},
         "rounds": len(timings["fastpe"].samples),
-        "speedup_vs_numpy": t["numpy"] / t["fastpe"],
+        "speedup_vs_numpy": timings["numpy"].median / fastpe_s,
         "peers": peers,
         "skipped": skipped,
-        "fraction_of_floor": t["floor"] / t["fastpe"],
-        "fastpe_gb_per_s": traffic / t["fastpe"] / 1e9,
-        "floor_gb_per_s": traffic / t["floor"] / 1e9,
+        "fraction_of_floor": floor["fraction"],
+        "fastpe_gb_per_s": traffic / fastpe_s / 1e9 if traffic else None,
+        "floor_gb_per_s": traffic / floor["seconds"] / 1e9 if traffic else None,
         "check": "ok" if not problems else "; ".join(problems),
     }
+    if wl.inner:
+        inner = {n: statistics.median(timings[n].inner or [0.0]) for n in prepared}
+        record["inner"] = {"part": wl.inner, "seconds": inner,
+                           "speedup_vs_numpy": inner["numpy"] / inner["fastpe"]}
+    return record

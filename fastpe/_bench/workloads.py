@@ -36,6 +36,16 @@ from .common import (
     Workload,
     random_array,
 )
+from .program import llama_config, make_model, prepare_step
+
+# The checked part of q and k (batch, seq, heads, head_dim): RoPE turns every head alike.
+EVERY_4TH_HEAD = {"q": (slice(None), slice(None), slice(None, None, 4)),
+                  "k": (slice(None), slice(None), slice(None, None, 4))}
+
+
+# The checked part of x (batch, seq, dim): every sequence of the batch gets the same rows.
+EVERY_4TH_SEQUENCE = {"x": (slice(None, None, 4),)}
+
 
 # ---- sinusoidal ---------------------------------------------------------------------------
 
@@ -89,7 +99,8 @@ def _add_sinusoidal_workload(size: Size) -> Workload:
         title=f"add_sinusoidal(x {shape})",
         make=make, inplace=("x",), result=("x",), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_sinusoidal},
-        numpy_note="x += a cached table (built once, untimed): one in-place broadcast add")
+        numpy_note="x += a cached table (built once, untimed): one in-place broadcast add",
+        check_index=EVERY_4TH_SEQUENCE)
 
 
 # ---- learned ------------------------------------------------------------------------------
@@ -116,7 +127,8 @@ def _learned_workload(size: Size) -> Workload:
         title=f"add_learned(x {shape}, table ({max_len}, {shape[-1]}))",
         make=make, inplace=("x",), result=("x",), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_learned},
-        numpy_note="x += table[:seq]: one in-place broadcast add of a table slice")
+        numpy_note="x += table[:seq]: one in-place broadcast add of a table slice",
+        check_index=EVERY_4TH_SEQUENCE)
 
 
 def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...],
@@ -135,13 +147,14 @@ def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tup
         if scaling is None:
             def run(a: Arrays) -> Result:
                 return fastpe.apply_rope(a["q"], a["k"], positions, offset=offset, base=base,
-                                         style=style, num_threads=threads)
+                                         style=style, layout="bshd", num_threads=threads)
         else:
             # The way a model applies scaled RoPE: the embedding parsed once (at init).
             rope = fastpe.RotaryEmbedding(head_dim, base=base, scaling=scaling, style=style)
 
             def run(a: Arrays) -> Result:
-                return rope(a["q"], a["k"], positions, offset=offset, num_threads=threads)
+                return rope(a["q"], a["k"], positions, offset=offset, layout="bshd",
+                            num_threads=threads)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
@@ -164,7 +177,7 @@ def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tup
         name=name, family="rope", title=title, make=make, inplace=("q", "k"),
         result=("q", "k"), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
-        numpy_note=note, per_call=per_call,
+        numpy_note=note, per_call=per_call, check_index=EVERY_4TH_HEAD,
         params=dict(style=style, positions=positions, offset=offset, base=base,
                     scaling=scaling, head_dim=head_dim,
                     max_position=int(offset + q_shape[1] - 1 if positions is None
@@ -216,7 +229,7 @@ def mrope_prefill_workload(size: Size) -> Workload:
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
         def run(a: Arrays) -> Result:
-            return rope(a["q"], a["k"], positions, num_threads=threads)
+            return rope(a["q"], a["k"], positions, layout="bshd", num_threads=threads)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
@@ -239,6 +252,7 @@ def mrope_prefill_workload(size: Size) -> Workload:
         make=make, inplace=("q", "k"), result=("q", "k"), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
         numpy_note="the plain baseline on (seq, half) per-pair positions",
+        check_index=EVERY_4TH_HEAD,
         params=dict(positions=positions, mrope_section=sections, head_dim=d))
 
 
@@ -258,12 +272,20 @@ def _fastpe_add_alibi(causal: bool) -> Prepare:
     return prepare
 
 
-def _reference_add_alibi(causal: bool) -> Prepare:
+def _reference_add_alibi(causal: bool, heads: int | None = None) -> Prepare:
+    """The reference; with `heads`, of every 4th of those heads (scores holding only
+    them): each head's bias depends on its own slope alone."""
     def prepare(arrays: Arrays, threads: int) -> Runner:
+        slopes = None if heads is None else fastpe.alibi_slopes(heads)[::4]
+
         def run(a: Arrays) -> Result:
-            return (fastpe.reference.add_alibi(a["scores"], causal=causal),)
+            return (fastpe.reference.add_alibi(a["scores"], slopes=slopes, causal=causal),)
         return run
     return prepare
+
+
+# the checked part of ALiBi's scores (..., heads, q_len, k_len) and tables
+EVERY_4TH_SCORES_HEAD = {"scores": (slice(None), slice(None, None, 4))}
 
 
 def alibi_prefill_workload(size: Size) -> Workload:
@@ -274,7 +296,8 @@ def alibi_prefill_workload(size: Size) -> Workload:
         impls={"fastpe": _fastpe_add_alibi(True), "reference": _reference_add_alibi(True),
                "numpy": numpy_alibi_prefill},
         numpy_note="scores += a cached masked (heads, q, k) bias: one in-place add",
-        params=dict(causal=True))
+        params=dict(causal=True), check_index=EVERY_4TH_SCORES_HEAD,
+        check_reference=_reference_add_alibi(True, shape[1]))
 
 
 def alibi_bias_workload(size: Size) -> Workload:
@@ -290,12 +313,20 @@ def alibi_bias_workload(size: Size) -> Workload:
             return (fastpe.reference.alibi_bias(h, s, s, out=a["out"]),)
         return run
 
+    def reference_part(arrays: Arrays, threads: int) -> Runner:
+        slopes = fastpe.alibi_slopes(h)[::4]
+
+        def run(a: Arrays) -> Result:
+            return (fastpe.reference.alibi_bias(slopes.size, s, s, slopes=slopes, out=a["out"]),)
+        return run
+
     return Workload(
         name="alibi-bias", family="alibi", title=f"alibi_bias({h}, {s}, {s}, out=buf)",
         make=lambda dtype: {"out": np.zeros((h, s, s), dtype)}, inplace=(), result=("out",),
         floor="fill", impls={"fastpe": fastpe_, "reference": reference,
                              "numpy": numpy_alibi_bias},
-        numpy_note="(q, k) distances, then one broadcast multiply by the slopes into out")
+        numpy_note="(q, k) distances, then one broadcast multiply by the slopes into out",
+        check_index={"out": (slice(None, None, 4),)}, check_reference=reference_part)
 
 
 def alibi_decode_workload(size: Size) -> Workload:
@@ -315,13 +346,32 @@ def alibi_workloads(size: Size) -> list[Workload]:
             alibi_decode_workload(size)]
 
 
+# ---- a real program ------------------------------------------------------------------------
+
+def llama_decode_workload(size: Size) -> Workload:
+    """One decode step of a small NumPy Llama (program.py): the step with the program's
+    own NumPy RoPE against the same step with fastpe's, and RoPE's part timed inside."""
+    cfg = llama_config(size)
+    return Workload(
+        name="llama-decode", family="program",
+        title=f"NumPy Llama decode step (batch {cfg.batch}, {cfg.layers} layers, "
+              f"{cfg.heads}x{cfg.head_dim} heads, fused QKV, KV cache)",
+        make=lambda dtype: make_model(cfg), inplace=("k_cache", "v_cache"),
+        result=("logits",), floor="none",
+        impls={"fastpe": prepare_step("fastpe", size),
+               "reference": prepare_step("reference", size),
+               "numpy": prepare_step("numpy", size)},
+        numpy_note="the program's own RoPE: a float32 cos/sin table made at start-up, its "
+                   "rows gathered per step, the halves rotated into new arrays",
+        per_call=True, dtypes=("float32",), inner="RoPE")
+
+
 def workloads(size: str = "full") -> list[Workload]:
-    """Every workload, in the order the command line prints them. ALiBi appears when
-    this fastpe has it."""
+    """Every workload, in the order the command line prints them."""
     sz = SIZES[size]
     rope = [*rope_workloads(sz), mrope_prefill_workload(sz)]
     return [*rope, _table_workload(sz), _add_sinusoidal_workload(sz), _learned_workload(sz),
-            *alibi_workloads(sz)]
+            *alibi_workloads(sz), llama_decode_workload(sz)]
 
 
 def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:

@@ -74,13 +74,6 @@ def register_bfloat16(int typenum):
     bfloat16_typenum = typenum
 
 
-# Storage dtypes, as the codes fastpe._checks hands over.
-cdef enum:
-    CODE_F32 = 0
-    CODE_F64 = 1
-    CODE_F16 = 2
-    CODE_BF16 = 3
-
 # Rows of consecutive positions share one seed of sin/cos every BLOCK_TOKENS
 # tokens (an angle-addition step between). Blocks start at fixed token indices,
 # and a thread always takes whole blocks, so every thread count gives
@@ -291,6 +284,70 @@ cdef bint extents_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
     byte_extent(a, &alo, &ahi)
     byte_extent(b, &blo, &bhi)
     return alo < bhi and blo < ahi
+
+
+cdef inline Py_ssize_t gcd(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+cdef bint lattice_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Whether no byte of an element of a is a byte of an element of b, proven on
+    a period R that every stride of both arrays longer than some threshold is a
+    multiple of, when the shorter strides of each array span less than R: the
+    bytes of each array then fall, modulo R, in one interval, and two disjoint
+    intervals prove the arrays apart. This is what q and k sliced from one fused
+    QKV row (each token's row holding both) are; False when no threshold proves it
+    (which does not mean they overlap). fastpe._checks.lattice_apart in Python."""
+    cdef cnp.ndarray x
+    cdef Py_ssize_t st[2][32]
+    cdef Py_ssize_t sz[2][32]
+    cdef int m[2]
+    cdef size_t lo[2]
+    cdef size_t hi
+    cdef int side, i, c, nd
+    cdef Py_ssize_t s, n, threshold, period, span[2], d
+    for side in range(2):
+        x = a if side == 0 else b
+        nd = cnp.PyArray_NDIM(x)
+        m[side] = 0
+        if nd > 32:
+            return False
+        byte_extent(x, &lo[side], &hi)
+        for i in range(nd):
+            n = cnp.PyArray_DIMS(x)[i]
+            if n == 0:
+                return True  # no elements: nothing to share
+            if n > 1:
+                s = magnitude(cnp.PyArray_STRIDES(x)[i])
+                st[side][m[side]], sz[side][m[side]] = s, n
+                m[side] += 1
+    # each stride in turn is the threshold between the outer and inner axes
+    for c in range(m[0] + m[1]):
+        threshold = st[0][c] if c < m[0] else st[1][c - m[0]]
+        period = 0
+        for side in range(2):
+            span[side] = cnp.PyArray_ITEMSIZE(a if side == 0 else b)
+            for i in range(m[side]):
+                if st[side][i] >= threshold:
+                    period = gcd(period, st[side][i])
+                else:
+                    span[side] += (sz[side][i] - 1) * st[side][i]
+        if period == 0 or span[0] + span[1] > period:
+            continue
+        d = (<Py_ssize_t>(lo[1] - lo[0])) % period
+        if d < 0:
+            d += period
+        if d >= span[0] and period - d >= span[1]:
+            return True
+    return False
+
+
+cdef bint views_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Whether a and b provably share no memory: byte ranges apart, or the
+    lattice proof (lattice_apart)."""
+    return not extents_overlap(a, b) or lattice_apart(a, b)
 
 
 cdef bint elements_disjoint(cnp.ndarray x) noexcept:

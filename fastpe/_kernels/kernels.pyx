@@ -1,10 +1,15 @@
 # cython: language_level=3
 """Compiled loops of fastpe.
 
-Every function here takes arguments that fastpe's Python layer has already
-validated and normalised (shapes, dtypes as storage codes, element-aligned
-strides, int64 positions in range, float64 frequencies); none of them raises
-on data, and each writes only inside the views it is given.
+Two kinds of entry. The loops (rope, sinusoidal, learned, alibi) take arguments
+that fastpe's Python layer has validated and normalised (shapes, dtypes as storage
+codes, element-aligned strides, the call's own int64 positions in range, float64
+frequencies). The fast entries (rope_decode, rope_small, rope_fast,
+rope_cached_fast, learned_fast, sinusoidal_fast, alibi_fast) take the caller's
+objects and check them here, in C: each either runs the plain case it documents
+and returns True, or returns False having written nothing, and the Python layer
+then validates the call in full (and names what is wrong). None of them raises on
+data, and each writes only inside the views it is given.
 
 This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.
@@ -18,17 +23,21 @@ from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.float cimport DBL_MAX, FLT_MAX, FLT_MIN
+from libc.float cimport FLT_MAX, FLT_MIN
 from libc.math cimport exp, fabs, log
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cnp.import_array()
 
+include "_constants.pxi"
 include "common.pxi"
 include "sinusoidal.pxi"
 include "learned.pxi"
 include "rope.pxi"
 include "alibi.pxi"
+include "floor.pxi"
+include "relative.pxi"
 
 
 ISA = FASTPE_ISA.decode()
@@ -82,47 +91,3 @@ def same_items(dict d, tuple items):
                 break
             i += 1
     return same
-
-
-# ---- streaming loops: the bench's floor -------------------------------------------------------
-
-cdef enum:
-    STREAM_WORDS = 8192   # 64 KiB per unit of work
-
-
-cdef void xor_words(uint64_t *p, Py_ssize_t n, uint64_t mask) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        p[i] = p[i] ^ mask
-
-
-cdef void fill_words(uint64_t *p, Py_ssize_t n, uint64_t value) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        p[i] = value
-
-
-def stream(cnp.ndarray a, bint fill, uint64_t word, int num_threads):
-    """One pass over the bytes of a, in place: each 8-byte word XORed with `word`
-    (read and written once; word 0 leaves the values as they were), or, with
-    fill, set to `word` (written once). The simplest loop at the machine's
-    streaming speed: ``python -m fastpe bench`` measures its floor with it.
-
-    a: C-contiguous, 8-byte aligned, nbytes a multiple of 8 (the caller checks).
-    """
-    cdef uint64_t *p = <uint64_t *>cnp.PyArray_DATA(a)
-    cdef Py_ssize_t n = cnp.PyArray_NBYTES(a) // 8
-    cdef Py_ssize_t u, units = ceil_div(n, STREAM_WORDS), w0
-    cdef int nthreads = units_threads(units, num_threads)
-    with nogil:
-        if nthreads > 1:
-            for u in prange(units, schedule="static", num_threads=nthreads):
-                w0 = u * STREAM_WORDS
-                if fill:
-                    fill_words(p + w0, min(<Py_ssize_t>STREAM_WORDS, n - w0), word)
-                else:
-                    xor_words(p + w0, min(<Py_ssize_t>STREAM_WORDS, n - w0), word)
-        elif fill:
-            fill_words(p, n, word)
-        else:
-            xor_words(p, n, word)

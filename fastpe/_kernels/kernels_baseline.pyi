@@ -5,8 +5,11 @@ The same Cython source is built once per instruction-set level, so every variant
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-The functions trust their arguments: fastpe's Python layer has validated and
-normalised them (fastpe._checks), and none of them raises on data.
+The loops (rope, sinusoidal, learned, alibi) trust their arguments: fastpe's Python
+layer has validated and normalised them (fastpe._checks). The *_fast, rope_small and
+rope_decode entries take the caller's objects, check them in C and return False,
+having written nothing, for anything but the plain case they document. None of them
+raises on data.
 """
 
 from typing import Any, Final, final
@@ -22,6 +25,8 @@ OPENMP: Final[bool]
 """Whether this build has OpenMP threads."""
 HALF_CONVERSION: Final[str]
 """float16 conversion: "hardware" (F16C / NEON) or "software"."""
+STREAM_STORES: Final[bool]
+"""Whether stream(nontemporal=True) has streaming (non-temporal) stores here."""
 
 def cpu_supports(isa: str) -> bool: ...
 def openmp_max_threads() -> int: ...
@@ -39,6 +44,7 @@ def rope_small(
     att: float,
     cos: object,
     sin: object,
+    serial_bytes: int,
 ) -> bool: ...
 def rope_decode(
     state: tuple[Any, ...],
@@ -50,13 +56,20 @@ def rope_decode(
     layout: object,
     inverse: object,
     num_threads: object,
+    serial_bytes: int,
 ) -> bool: ...
 def dynamic_ntk_frequencies(
     plain: object, factor: float, original: int, length: int, out: NDArray[np.float64]
 ) -> bool: ...
 def same_items(d: dict[Any, Any], items: tuple[tuple[Any, Any], ...]) -> bool: ...
 def register_bfloat16(typenum: int) -> None: ...
-def stream(a: NDArray[Any], fill: bool, word: int, num_threads: int) -> None: ...
+def stream(
+    arrays: tuple[NDArray[Any], ...],
+    fill: bool,
+    word: int,
+    num_threads: int,
+    nontemporal: bool = ...,
+) -> None: ...
 def sinusoidal(
     x: NDArray[Any],
     code: int,
@@ -145,6 +158,30 @@ def alibi_fast(
     symmetric: bool,
     num_threads: int,
 ) -> bool: ...
+def t5_relative(
+    scores: NDArray[Any],
+    code: int,
+    table: NDArray[Any],
+    lut: NDArray[np.int32],
+    reach: int,
+    q_offset: int,
+    causal: bool,
+    key_mask: NDArray[np.uint8] | None,
+    accumulate: bool,
+    num_threads: int,
+) -> None: ...
+def deberta_disentangled(
+    scores: NDArray[Any],
+    code: int,
+    c2p: NDArray[Any] | None,
+    p2c: NDArray[Any] | None,
+    c2p_index: NDArray[np.int32],
+    p2c_index: NDArray[np.int32],
+    reach: int,
+    linear: int,
+    span: int,
+    num_threads: int,
+) -> None: ...
 
 @final
 class Scratch:

@@ -358,13 +358,8 @@ cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
 
 
 cdef enum:
-    LAYOUT_BSHD = 0
-    LAYOUT_BHSD = 1
-    LAYOUT_SHD = 2
     # decode-sized calls run on a stack buffer: no allocation at all
     STACK_WORK_BYTES = 16384
-    # position axes of multi-axis RoPE (HunYuan-VL has 4)
-    MAX_AXES = 16
 
 
 cdef bint head_view(cnp.ndarray x, int layout, Py_ssize_t *shape, Py_ssize_t *strides) noexcept:
@@ -568,12 +563,6 @@ cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
     return True
 
 
-cdef enum:
-    # positions of another integer dtype, or in a list, are converted on the stack up to
-    # this many
-    POSITIONS_STACK = 512
-
-
 cdef bint read_ints(object seq_, Py_ssize_t n, int64_t *out) noexcept:
     """A list or tuple of n Python ints >= 0 into out; False for anything else."""
     cdef Py_ssize_t i
@@ -608,17 +597,23 @@ cdef Py_ssize_t read_position_list(object positions, Py_ssize_t batch, Py_ssize_
 
 
 cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t offset,
-                     int layout, int64_t *max_position, int64_t *buf) noexcept:
+                     int layout, int64_t *max_position, int64_t *buf,
+                     int64_t **heap=NULL) noexcept:
     """The storage code of q when q, k and positions are the plain common case
     (below), with their shapes, strides and positions filled into `a` and the
     largest position into max_position; -1, having touched nothing, otherwise.
 
     Common case: q and k exact, writable, aligned, native float arrays of one
     dtype in `layout` with whole-element strides and disjoint elements, whose
-    byte ranges are apart from each other's and from positions', matching in
+    memory is provably apart from each other's (views_apart) and whose byte
+    ranges are apart from positions', matching in
     batch, seq and head_dim; positions None with offset >= 0, or a C-contiguous
     integer array (seq,) or (1 or batch, seq) of values >= 0: int64, or another
     integer dtype of at most POSITIONS_STACK values, converted into buf.
+    Positions are read from the caller's memory only when heap is NULL and
+    there are more than POSITIONS_STACK of them (a rewrite by another thread then
+    changes angles, never an address); else they are copied into buf, or into a
+    malloc'd *heap the caller frees, before they are checked.
     """
     cdef Py_ssize_t qshape[4]
     cdef Py_ssize_t qstr[4]
@@ -641,7 +636,7 @@ cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t 
             return -1
         if kshape[0] != qshape[0] or kshape[1] != qshape[1] or kshape[3] != qshape[3]:
             return -1
-        if extents_overlap(qa, ka):
+        if not views_apart(qa, ka):
             return -1  # maybe overlapping: the general path decides exactly
     if positions is None:
         if offset < 0 or offset > INT64_MAX_VALUE - qshape[1]:
@@ -674,12 +669,20 @@ cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t 
         if extents_overlap(qa, pa) or (k is not None and extents_overlap(ka, pa)):
             return -1
         n = cnp.PyArray_SIZE(pa)
-        if cnp.PyArray_TYPE(pa) == cnp.NPY_INT64:
-            pos = <const int64_t *>cnp.PyArray_DATA(pa)
-        elif n <= POSITIONS_STACK and read_positions(pa, buf):
+        if n <= POSITIONS_STACK:
+            if not read_positions(pa, buf):
+                return -1
             pos = buf
-        else:
+        elif cnp.PyArray_TYPE(pa) != cnp.NPY_INT64:
             return -1
+        elif heap == NULL:
+            pos = <const int64_t *>cnp.PyArray_DATA(pa)
+        else:
+            heap[0] = <int64_t *>malloc(n * sizeof(int64_t))
+            if heap[0] == NULL:
+                return -1
+            memcpy(heap[0], cnp.PyArray_DATA(pa), n * sizeof(int64_t))
+            pos = heap[0]
         for i in range(n):
             if pos[i] < 0:
                 return -1
@@ -714,13 +717,7 @@ cdef inline char *data_or_null(object x) noexcept:
 
 cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
     """Whether x's bytes are apart from q's and (when there is one) k's."""
-    return not (extents_overlap(<cnp.ndarray>q, x)
-                or (k is not None and extents_overlap(<cnp.ndarray>k, x)))
-
-
-# fastpe._checks.MAX_ANGLE_POSITION and fastpe._rope_scaling.MAX_INV_FREQ
-cdef int64_t MAX_ANGLE_POSITION = <int64_t>1 << 32
-cdef double MAX_INV_FREQ = DBL_MAX / 9223372036854775808.0
+    return views_apart(<cnp.ndarray>q, x) and (k is None or views_apart(<cnp.ndarray>k, x))
 
 
 cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, int layout,
@@ -837,13 +834,14 @@ cdef int rope_cached_fast_impl(object q, object k, object cos, object sin, objec
     if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2 or cc.shape[1] == 0
             or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]):
         return 0
-    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
-    if code < 0:
-        return 0
-    if (2 * cc.shape[1] > cnp.PyArray_DIMS(<cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
-            or hi >= cc.shape[0]):
-        return 0
-    if not apart(cc, q, k) or not apart(sc, q, k):
+    # the cache's rows are looked up by position: positions the call owns, so that a
+    # rewrite by another thread cannot move a lookup past the cache
+    cdef int64_t *heap = NULL
+    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf, &heap)
+    if (code < 0 or 2 * cc.shape[1] > cnp.PyArray_DIMS(
+            <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
+            or hi >= cc.shape[0] or not apart(cc, q, k) or not apart(sc, q, k)):
+        free(heap)
         return 0
     a.half = cc.shape[1]
     a.neox = neox
@@ -853,8 +851,11 @@ cdef int rope_cached_fast_impl(object q, object k, object cos, object sin, objec
     a.invert_cache = inverse
     a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
     a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
-    rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
-                 num_threads)
+    try:
+        rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
+                     num_threads)
+    finally:
+        free(heap)
     return 1
 
 
@@ -866,8 +867,6 @@ def rope_cached_fast(object q, object k, object cos, object sin, object position
 
 
 cdef enum:
-    # calls touching fewer bytes take the decode-sized path (serial, no allocation)
-    SERIAL_BYTES_C = 256 * 1024
     # at most this many threads asked for is always a valid count (_threads.MAX_THREADS)
     PLAIN_MAX_THREADS = 256
 
@@ -885,11 +884,13 @@ cdef int layout_code_of(object layout) noexcept:
 
 
 cdef int small_checks(object q, object k, object offset, object style, object layout,
-                      object inverse, object num_threads, int *lay, bint *neox,
-                      int64_t *off) noexcept:
+                      object inverse, object num_threads, Py_ssize_t serial_bytes, int *lay,
+                      bint *neox, int64_t *off) noexcept:
     """The caller-argument checks rope_small and rope_decode share: 1 with the
     layout code, pairing and offset filled in when the call is the plain case
-    and small enough to run serially; 0, having touched nothing, otherwise."""
+    and touches fewer than serial_bytes (fastpe._threads.SERIAL_BYTES, the one
+    threshold below which calls run serially); 0, having touched nothing,
+    otherwise."""
     cdef int overflow = 0
     cdef long long o
     cdef Py_ssize_t nbytes
@@ -916,7 +917,7 @@ cdef int small_checks(object q, object k, object offset, object style, object la
     nbytes = cnp.PyArray_NBYTES(<cnp.ndarray>q)
     if k is not None:
         nbytes += cnp.PyArray_NBYTES(<cnp.ndarray>k)
-    return 2 * nbytes < SERIAL_BYTES_C
+    return 2 * nbytes < serial_bytes
 
 
 cdef bint small_rotate(RopeCall *a, int code, int64_t hi, object q, object k, bint neox,
@@ -938,7 +939,7 @@ cdef bint small_rotate(RopeCall *a, int code, int64_t hi, object q, object k, bi
 
 def rope_small(object q, object k, object positions, object offset, object style,
                object layout, object inverse, object num_threads, object inv_freq,
-               double att, object cos, object sin):
+               double att, object cos, object sin, Py_ssize_t serial_bytes):
     """apply_rope's (cos is None) and apply_rope_cached's entry for calls small
     enough to run serially, a decode step above all: the caller's arguments as
     given, checked here in C. True when it rotated; False having touched
@@ -948,7 +949,7 @@ def rope_small(object q, object k, object positions, object offset, object style
     Plain case: style "neox" or "gptj", layout "bshd", "bhsd" or "shd", offset
     an int >= 0, inverse a bool, num_threads None or an int in 1..256; q, k
     and positions as fast_arrays() takes them, q and k together under
-    SERIAL_BYTES_C / 2 bytes; then inv_freq and att (a finite number > 0) as
+    serial_bytes / 2 bytes; then inv_freq and att (a finite number > 0) as
     rope_fast takes them, or cos and sin as rope_cached_fast does.
     """
     cdef int lay, code
@@ -956,21 +957,14 @@ def rope_small(object q, object k, object positions, object offset, object style
     cdef int64_t off, hi
     cdef RopeCall a
     cdef int64_t posbuf[POSITIONS_STACK]
-    if not small_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off):
+    if not small_checks(q, k, offset, style, layout, inverse, num_threads, serial_bytes, &lay,
+                        &neox, &off):
         return False
     if cos is not None:
         return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
                                      inverse is True, 1) == 1
     code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
     return small_rotate(&a, code, hi, q, k, neox, inverse is True, inv_freq, NULL, 0, att)
-
-
-cdef enum:
-    # the most rotary pairs whose dynamic NTK frequencies rope_decode forms on its stack
-    DYNAMIC_PAIRS_STACK = 512
-    # fastpe._rope_scaling._DYNAMIC_SPLIT, and DYNAMIC_PAIRS_STACK / DYNAMIC_SPLIT
-    DYNAMIC_SPLIT = 8
-    DYNAMIC_BLOCKS = 64
 
 
 cdef bint dynamic_ntk_inv_freq(const double *plain, Py_ssize_t half, double factor,
@@ -1033,7 +1027,8 @@ def dynamic_ntk_frequencies(object plain, double factor, int64_t original, int64
 
 
 def rope_decode(tuple state, object q, object k, object positions, object offset,
-                object style, object layout, object inverse, object num_threads):
+                object style, object layout, object inverse, object num_threads,
+                Py_ssize_t serial_bytes):
     """rope_small for a parsed RoPE configuration, its per-call choices made
     here: True when it rotated, False having touched nothing otherwise.
 
@@ -1059,7 +1054,7 @@ def rope_decode(tuple state, object q, object k, object positions, object offset
     cdef double grown[DYNAMIC_PAIRS_STACK]
     cdef Py_ssize_t half
     if len(state) != 7 or not small_checks(q, k, offset, style, layout, inverse, num_threads,
-                                           &lay, &neox, &off):
+                                           serial_bytes, &lay, &neox, &off):
         return False
     qa = <cnp.ndarray>q
     if (cnp.PyArray_NDIM(qa) < 1

@@ -1,0 +1,78 @@
+"""One decode step of a small random-weight transformers Llama, stock against
+fastpe.hf.patch, on one thread: ``python bench/bench_hf.py [--rounds N] [--hidden H]``.
+
+Both models hold the same weights and a KV cache of the same prompt; a step feeds one
+token at the next position and is timed alone, then the cache is cropped back, so every
+step sees the same state. Each round times the two in a shuffled order (so drift in the
+machine's speed hits both alike); the medians and their ratio are printed. Before
+timing, the two must give the same greedy tokens.
+
+Needs torch and transformers (the "hf" extra). Not collected by ``pytest bench/``:
+it has no test functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size (head_dim 16)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=64, help="tokens in the cache")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+
+    import fastpe
+    import fastpe.hf
+
+    torch.set_num_threads(1)
+    fastpe.set_num_threads(1)
+    heads = args.hidden // 16
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2), pad_token_id=0)
+    torch.manual_seed(0)
+    stock = transformers.LlamaForCausalLM(config).eval()
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
+    prompt = torch.randint(1, 256, (1, args.prompt))
+
+    with torch.no_grad():
+        tokens = [m.generate(prompt, max_new_tokens=16, do_sample=False) for m in (stock, patched)]
+        if not torch.equal(*tokens):
+            raise SystemExit("fastpe.hf: the patched model's greedy tokens differ from stock")
+        caches = {}
+        for name, model in (("stock", stock), ("fastpe.hf", patched)):
+            caches[name] = (model, model(prompt, use_cache=True).past_key_values)
+        token = prompt[:, -1:]
+        position = torch.tensor([[args.prompt]])
+        times: dict[str, list[float]] = {name: [] for name in caches}
+        order = list(caches)
+        for _ in range(args.rounds):
+            random.shuffle(order)
+            for name in order:
+                model, cache = caches[name]
+                start = time.perf_counter()
+                model(token, cache=cache, position_ids=position, use_cache=True)
+                times[name].append(time.perf_counter() - start)
+                cache.crop(-1)  # the step's own token: the next step sees the same cache
+
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    print(f"decode step, Llama hidden {args.hidden}, {args.layers} layers, {heads} heads of 16, "
+          f"{args.prompt} cached tokens, 1 thread, median of {args.rounds} shuffled rounds")
+    for name, median in medians.items():
+        print(f"  {name:10s} {median * 1e6:8.1f} us")
+    print(f"  stock / fastpe.hf = {medians['stock'] / medians['fastpe.hf']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+# The bench's floor: the simplest loops that move a buffer's bytes at the machine's
+# streaming speed, for `python -m fastpe bench` to measure fastpe against.
+#
+# A fill with ordinary stores reads every cache line before writing it (the core must
+# own the line first: write-allocate), so it moves twice the bytes a table needs;
+# non-temporal (streaming) stores write whole lines without reading them. For a
+# read-modify-write pass, streaming stores skip the write-back of the line the load
+# brought in, which pays past the caches and costs inside them: both forms are
+# offered, and the bench keeps the fastest.
+
+cdef extern from *:
+    """
+    #if defined(__AVX2__)
+    #include <immintrin.h>
+    #define FPE_FLOOR_STREAM_STORES 1
+    #define FPE_FLOOR_VEC 4
+    typedef __m256i fpe_floor_vec;
+    #define fpe_floor_splat(v) _mm256_set1_epi64x((long long)(v))
+    #define fpe_floor_load(p) _mm256_load_si256((const __m256i *)(p))
+    #define fpe_floor_xor(a, b) _mm256_xor_si256((a), (b))
+    #define fpe_floor_stream(p, v) _mm256_stream_si256((__m256i *)(p), (v))
+    #elif defined(__SSE2__) || defined(_M_X64) || defined(_M_AMD64)
+    #include <emmintrin.h>
+    #define FPE_FLOOR_STREAM_STORES 1
+    #define FPE_FLOOR_VEC 2
+    typedef __m128i fpe_floor_vec;
+    #define fpe_floor_splat(v) _mm_set1_epi64x((long long)(v))
+    #define fpe_floor_load(p) _mm_load_si128((const __m128i *)(p))
+    #define fpe_floor_xor(a, b) _mm_xor_si128((a), (b))
+    #define fpe_floor_stream(p, v) _mm_stream_si128((__m128i *)(p), (v))
+    #else
+    #define FPE_FLOOR_STREAM_STORES 0
+    #endif
+
+    /* p[i] = v (fill) or p[i] ^= v, for n words, with streaming stores where the
+     * CPU has them: plain words up to a vector boundary, whole vectors streamed,
+     * plain words after; the fence orders the streamed lines before the call
+     * returns, as fastpe's own streaming kernels do. */
+    static void fpe_floor_words_nt(uint64_t *p, Py_ssize_t n, uint64_t v, int fill)
+    {
+        Py_ssize_t i = 0;
+    #if FPE_FLOOR_STREAM_STORES
+        fpe_floor_vec w = fpe_floor_splat(v);
+        for (; i < n && ((uintptr_t)(p + i) % (8 * FPE_FLOOR_VEC)); i++)
+            p[i] = fill ? v : p[i] ^ v;
+        if (fill)
+            for (; i + FPE_FLOOR_VEC <= n; i += FPE_FLOOR_VEC)
+                fpe_floor_stream(p + i, w);
+        else
+            for (; i + FPE_FLOOR_VEC <= n; i += FPE_FLOOR_VEC)
+                fpe_floor_stream(p + i, fpe_floor_xor(fpe_floor_load(p + i), w));
+        _mm_sfence();
+    #endif
+        for (; i < n; i++)
+            p[i] = fill ? v : p[i] ^ v;
+    }
+    """
+    int FPE_FLOOR_STREAM_STORES
+    void words_nt "fpe_floor_words_nt" (uint64_t *p, Py_ssize_t n, uint64_t v,
+                                        int fill) noexcept nogil
+
+
+STREAM_STORES = bool(FPE_FLOOR_STREAM_STORES)
+
+
+cdef enum:
+    STREAM_WORDS = 8192   # 64 KiB per unit of work
+
+
+cdef void xor_words(uint64_t *p, Py_ssize_t n, uint64_t mask) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        p[i] = p[i] ^ mask
+
+
+cdef void fill_words(uint64_t *p, Py_ssize_t n, uint64_t value) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        p[i] = value
+
+
+cdef void stream_words(uint64_t *p, Py_ssize_t n, uint64_t word, bint fill,
+                       bint nontemporal) noexcept nogil:
+    if nontemporal:
+        words_nt(p, n, word, fill)
+    elif fill:
+        fill_words(p, n, word)
+    else:
+        xor_words(p, n, word)
+
+
+def stream(tuple arrays, bint fill, uint64_t word, int num_threads, bint nontemporal=False):
+    """One pass over the bytes of each array, in place: each 8-byte word XORed
+    with `word` (read and written once; word 0 leaves the values as they were),
+    or, with fill, set to `word` (written once). nontemporal: with streaming
+    stores where the CPU has them (STREAM_STORES), else the same plain loop.
+    One call for all the arrays, as a fastpe call takes q and k together: a
+    small call's floor is then one call's overhead, not one per array.
+
+    arrays: C-contiguous, 8-byte aligned, nbytes multiples of 8 (the caller checks).
+    """
+    cdef cnp.ndarray a
+    cdef uint64_t *p
+    cdef Py_ssize_t n, u, units, w0
+    cdef int nthreads
+    for a in arrays:
+        p = <uint64_t *>cnp.PyArray_DATA(a)
+        n = cnp.PyArray_NBYTES(a) // 8
+        units = ceil_div(n, STREAM_WORDS)
+        nthreads = units_threads(units, num_threads)
+        with nogil:
+            if nthreads > 1:
+                for u in prange(units, schedule="static", num_threads=nthreads):
+                    w0 = u * STREAM_WORDS
+                    stream_words(p + w0, min(<Py_ssize_t>STREAM_WORDS, n - w0), word, fill,
+                                 nontemporal)
+            else:
+                stream_words(p, n, word, fill, nontemporal)

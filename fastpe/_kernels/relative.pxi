@@ -1,0 +1,610 @@
+# Relative-position biases of encoders, added to attention scores in place.
+#
+# T5 (Raffel et al., 2020): scores[b, h, i, j] (+)= table[bucket(j - qpos_i), h], -inf where
+# masked (causal: j > qpos_i; key_mask[b, j] == 0). The bucket depends on the distance only
+# and is constant past `reach`, so each head's bias is tabulated once per call by distance
+# (bias_by_distance[h, d + reach], in the compute type), and a row of scores adds a
+# contiguous slice of it: one read of the scores, a vector add, one write.
+#
+# DeBERTa-v2/v3 (He et al., 2021): scores[b, h, i, j] += c2p[b, h, i, ci(i - j)] +
+# p2c[b, h, j, pi(i - j)], the gather indices a function of the distance too (the spec's
+# tables, clamped past `reach`): content-to-position along the query's row of c2p,
+# position-to-content down the keys' rows of p2c. The sum of the two logits rounds once
+# before it is added, as transformers adds its `score` to the attention scores.
+#
+# float16/bfloat16 (and views whose keys are not adjacent) work through a float32 row
+# chunk on the stack: converted in, the same arithmetic, converted out.
+
+cdef enum:
+    REL_CHUNK = 256
+    # query rows of a DeBERTa unit: p2c's term of a key is a run of adjacent elements
+    # of its row for adjacent queries, so a block of 16 float32 rows reads each line of
+    # p2c once (64 rows measured no faster, with a tile four times larger)
+    DEBERTA_ROWS = 16
+    # keys per pass over the block: whole rows up to this many (rows of 256 keys, the
+    # block's scores revisited once per chunk, measured 4x slower at 12 x 512 x 512)
+    DEBERTA_CHUNK = 4096
+
+
+cdef struct T5Call:
+    Py_ssize_t batch, heads, q, k
+    Py_ssize_t sh, sq, sk               # element strides of the scores
+    const Py_ssize_t *boff              # element offset of each leading-dims row
+    int64_t q_offset
+    Py_ssize_t reach                    # distances clamp to [-reach, reach]
+    Py_ssize_t width                    # 2 * reach + 1
+    char *bias                          # (heads, width) real_t: bias by distance
+    const unsigned char *mask           # (mrows, k) 0/1, or NULL
+    Py_ssize_t mrows
+    bint causal, accumulate
+
+
+cdef inline void t5_chunk(const T5Call *a, real_t *x, Py_ssize_t j0, Py_ssize_t n,
+                          int64_t qp, const real_t *bias) noexcept nogil:
+    """x[t] (+)= bias of key j0 + t for the query at qp: below the reach a constant,
+    within it a contiguous slice of the head's distances, beyond it a constant."""
+    cdef Py_ssize_t j, j1 = j0 + n
+    # keys before qp - reach and after qp + reach (clamped to the chunk)
+    cdef int64_t lo64 = qp - a.reach, hi64 = qp + a.reach + 1
+    cdef Py_ssize_t lo = <Py_ssize_t>min(max(lo64, <int64_t>j0), <int64_t>j1)
+    cdef Py_ssize_t hi = <Py_ssize_t>min(max(hi64, <int64_t>lo), <int64_t>j1)
+    cdef real_t first = bias[0], last = bias[a.width - 1]
+    # element t of the middle reads bias[j0 + t - qp + reach]
+    cdef const real_t *mid = bias + (<int64_t>a.reach - qp)
+    if a.accumulate:
+        for j in range(j0, lo):
+            x[j - j0] = x[j - j0] + first
+        for j in range(lo, hi):
+            x[j - j0] = x[j - j0] + mid[j]
+        for j in range(hi, j1):
+            x[j - j0] = x[j - j0] + last
+    else:
+        for j in range(j0, lo):
+            x[j - j0] = first
+        for j in range(lo, hi):
+            x[j - j0] = mid[j]
+        for j in range(hi, j1):
+            x[j - j0] = last
+
+
+cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, int64_t qp, bint causal,
+                            const unsigned char *m) noexcept nogil:
+    """-inf on the masked keys of x[0 .. n) (keys j0 ..): after qp (causal), or m[j] == 0."""
+    cdef Py_ssize_t j, start
+    if m != NULL:
+        for j in range(n):
+            if m[j0 + j] == 0:
+                x[j] = <real_t>-INFINITY
+    if causal and qp + 1 < j0 + n:
+        start = <Py_ssize_t>max(qp + 1 - j0, <int64_t>0)
+        for j in range(start, n):
+            x[j] = <real_t>-INFINITY
+
+
+cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
+    """Unit u of (batch, heads, q): one row of scores."""
+    cdef Py_ssize_t b = u // (a.heads * a.q)
+    cdef Py_ssize_t h = (u // a.q) % a.heads
+    cdef Py_ssize_t i = u % a.q
+    cdef int64_t qp = a.q_offset + i
+    cdef store_t *row = x + a.boff[b] + h * a.sh + i * a.sq
+    cdef const real_t *bias = (<const real_t *>a.bias) + h * a.width
+    cdef const unsigned char *m = NULL
+    cdef real_t buf[REL_CHUNK]
+    cdef Py_ssize_t j0, n
+    if a.mask != NULL:
+        m = a.mask + (b if a.mrows > 1 else 0) * a.k
+    if (store_t is float or store_t is double) and a.sk == 1 and sizeof(store_t) == sizeof(real_t):
+        t5_chunk(a, <real_t *>row, 0, a.k, qp, bias)
+        mask_chunk(<real_t *>row, 0, a.k, qp, a.causal, m)
+        return
+    j0 = 0
+    while j0 < a.k:
+        n = min(<Py_ssize_t>REL_CHUNK, a.k - j0)
+        if a.accumulate:
+            gather(row + j0 * a.sk, a.sk, buf, n)
+        t5_chunk(a, buf, j0, n, qp, bias)
+        mask_chunk(buf, j0, n, qp, a.causal, m)
+        scatter(buf, row + j0 * a.sk, a.sk, n)
+        j0 += n
+
+
+cdef void t5_run(const T5Call *a, store_t *x, int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, units = a.batch * a.heads * a.q
+    cdef double kind_d = 0
+    cdef float kind_f = 0
+    if nthreads > 1:
+        for u in prange(units, schedule="static", num_threads=nthreads):
+            if store_t is double:
+                t5_unit(a, x, u, kind_d)
+            else:
+                t5_unit(a, x, u, kind_f)
+    else:
+        for u in range(units):
+            if store_t is double:
+                t5_unit(a, x, u, kind_d)
+            else:
+                t5_unit(a, x, u, kind_f)
+
+
+cdef Py_ssize_t *leading_offsets(cnp.ndarray x, int inner, Py_ssize_t batch,
+                                 Py_ssize_t *out) noexcept:
+    """Element offset of each row of the leading dims of x (all but its last `inner`
+    axes), C order, into out[batch]."""
+    cdef int nd = cnp.PyArray_NDIM(x), ax
+    cdef Py_ssize_t b, rest, off, d, itemsize = cnp.PyArray_ITEMSIZE(x)
+    for b in range(batch):
+        rest = b
+        off = 0
+        for ax in range(nd - inner - 1, -1, -1):
+            d = cnp.PyArray_DIMS(x)[ax]
+            off += (rest % d) * (cnp.PyArray_STRIDES(x)[ax] // itemsize)
+            rest //= d
+        out[b] = off
+    return out
+
+
+cdef void t5_bias_by_distance(cnp.ndarray table, const int32_t *lut, Py_ssize_t width,
+                              Py_ssize_t heads, int code, char *out) noexcept:
+    """out[h, t] = table[lut[t], h] in the compute type (float64 for float64 scores)."""
+    cdef Py_ssize_t h, t
+    cdef int tcode = dtype_storage(table)
+    cdef const char *tp = <const char *>cnp.PyArray_DATA(table)
+    cdef Py_ssize_t sr = cnp.PyArray_STRIDES(table)[0], sc = cnp.PyArray_STRIDES(table)[1]
+    cdef double v
+    for h in range(heads):
+        for t in range(width):
+            v = element_as_double(tp + lut[t] * sr + h * sc, tcode)
+            if code == CODE_F64:
+                (<double *>out)[h * width + t] = v
+            else:
+                (<float *>out)[h * width + t] = <float>v
+
+
+cdef inline int dtype_storage(cnp.ndarray a) noexcept:
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return CODE_F32
+    if t == cnp.NPY_DOUBLE:
+        return CODE_F64
+    if t == NPY_HALF:
+        return CODE_F16
+    return CODE_BF16
+
+
+cdef inline double element_as_double(const char *p, int code) noexcept nogil:
+    """The element at p (aligned, native) of storage `code`, exactly, as a double."""
+    if code == CODE_F32:
+        return (<const float *>p)[0]
+    if code == CODE_F64:
+        return (<const double *>p)[0]
+    if code == CODE_F16:
+        return fpe_f16_load((<const fpe_f16 *>p)[0])
+    return fpe_bf16_load((<const fpe_bf16 *>p)[0])
+
+
+def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut,
+                Py_ssize_t reach, int64_t q_offset, bint causal, object key_mask,
+                bint accumulate, int num_threads):
+    """scores[..., h, i, j] (+)= table[lut[clip(j - q_offset - i, -reach, reach) + reach], h],
+    -inf where masked, in place.
+
+    scores: writable (..., heads, q, k) array of storage `code`, whole-element strides,
+    elements disjoint, aligned and native; table: aligned native (num_buckets, heads)
+    float array (any strides); lut: C-contiguous int32 (2 reach + 1,) of rows of table;
+    key_mask: None or C-contiguous uint8 (1 or batch, k) of 0/1; q_offset + q - 1 fits
+    int64. Arguments are validated by the caller (fastpe._relative_args).
+    """
+    cdef int nd = cnp.PyArray_NDIM(scores), ax
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(scores)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(scores)
+    cdef T5Call a
+    a.batch = 1
+    for ax in range(nd - 3):
+        a.batch *= dims[ax]
+    a.heads, a.q, a.k = dims[nd - 3], dims[nd - 2], dims[nd - 1]
+    if a.batch == 0 or a.heads == 0 or a.q == 0 or a.k == 0:
+        return
+    if (cnp.PyArray_NDIM(table) != 2 or table.shape[1] != a.heads
+            or lut.shape[0] != 2 * reach + 1):
+        raise ValueError("t5_relative: table or lut does not match the scores")
+    a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
+    a.q_offset = q_offset
+    a.reach = reach
+    a.width = 2 * reach + 1
+    a.causal, a.accumulate = causal, accumulate
+    a.mask = NULL
+    a.mrows = 1
+    if key_mask is not None:
+        a.mask = <const unsigned char *>cnp.PyArray_DATA(<cnp.ndarray>key_mask)
+        a.mrows = (<cnp.ndarray>key_mask).shape[0]
+    cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
+    cdef Py_ssize_t bias_bytes = round_up(a.heads * a.width * real_size, 64)
+    cdef Scratch work = Scratch(0, 1, bias_bytes + a.batch * sizeof(Py_ssize_t))
+    a.bias = work.shared
+    t5_bias_by_distance(table, <const int32_t *>cnp.PyArray_DATA(lut), a.width, a.heads,
+                        code, a.bias)
+    a.boff = leading_offsets(scores, 3, a.batch, <Py_ssize_t *>(work.shared + bias_bytes))
+    cdef char *xp = <char *>cnp.PyArray_DATA(scores)
+    cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
+    with nogil:
+        if code == CODE_F32:
+            t5_run(&a, <float *>xp, nthreads)
+        elif code == CODE_F64:
+            t5_run(&a, <double *>xp, nthreads)
+        elif code == CODE_F16:
+            t5_run(&a, <fpe_f16 *>xp, nthreads)
+        else:
+            t5_run(&a, <fpe_bf16 *>xp, nthreads)
+
+
+# ---- DeBERTa ---------------------------------------------------------------------------------
+
+cdef extern from *:
+    """
+    /* DeBERTa rows of unit stride (scores, and c2p / p2c along the span), float32 and
+     * float64. The keys of a chunk fall in three zones of the distance d = i - j: past
+     * the reach (d > reach: c2p's clamped end), within it (the index table read
+     * backwards), before it (d < -reach: the other end); restrict lets the compiler keep
+     * the tables in registers and vectorise the adds. pt: the p2c tile row or NULL. */
+    #define FPE_DEB_ZONES(n, d0, reach, ta, tc)                                           \
+        Py_ssize_t ta = (d0) - (reach) < 0 ? 0 : ((d0) - (reach) > (n) ? (n) : (d0) - (reach)); \
+        Py_ssize_t tc = (d0) + (reach) + 1 < ta ? ta                                       \
+                        : ((d0) + (reach) + 1 > (n) ? (n) : (d0) + (reach) + 1);
+    #define FPE_DEB_ROW(NAME, T)                                                          \
+    static void NAME(T *restrict x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,       \
+                     Py_ssize_t lin, Py_ssize_t span, const T *restrict crow,            \
+                     const int32_t *restrict ci, const T *restrict pt)                   \
+    {                                                                                     \
+        FPE_DEB_ZONES(n, d0, reach, ta, tc)                                               \
+        /* within |d| <= lin the index is span + d: c2p's row read backwards */           \
+        FPE_DEB_ZONES(n, d0, lin, la, lc)                                                 \
+        if (la < ta) la = ta;                                                             \
+        if (lc > tc) lc = tc;                                                             \
+        if (lc < la) lc = la;                                                             \
+        Py_ssize_t t;                                                                     \
+        if (crow == NULL) {                                                               \
+            for (t = 0; t < n; t++) x[t] = x[t] + pt[t];                                  \
+            return;                                                                       \
+        }                                                                                 \
+        const T far = crow[ci[reach]], ahead = crow[ci[-reach]];                          \
+        const int32_t *cd = ci + d0;                                                      \
+        const T *cl = crow + span + d0;                                                   \
+        if (pt == NULL) {                                                                 \
+            for (t = 0; t < ta; t++) x[t] = x[t] + far;                                   \
+            for (t = ta; t < la; t++) x[t] = x[t] + crow[cd[-t]];                         \
+            for (t = la; t < lc; t++) x[t] = x[t] + cl[-t];                               \
+            for (t = lc; t < tc; t++) x[t] = x[t] + crow[cd[-t]];                         \
+            for (t = tc; t < n; t++) x[t] = x[t] + ahead;                                 \
+            return;                                                                       \
+        }                                                                                 \
+        for (t = 0; t < ta; t++) x[t] = x[t] + (far + pt[t]);                             \
+        for (t = ta; t < la; t++) x[t] = x[t] + (crow[cd[-t]] + pt[t]);                   \
+        for (t = la; t < lc; t++) x[t] = x[t] + (cl[-t] + pt[t]);                         \
+        for (t = lc; t < tc; t++) x[t] = x[t] + (crow[cd[-t]] + pt[t]);                   \
+        for (t = tc; t < n; t++) x[t] = x[t] + (ahead + pt[t]);                           \
+    }
+    FPE_DEB_ROW(fpe_deberta_row_f32, float)
+    FPE_DEB_ROW(fpe_deberta_row_f64, double)
+    /* tile[r * ld + t] = p2c[j0 + t, pi(i0 + r - j0 - t)] for r < rows, t < n: for each key
+     * the few adjacent entries of its row the block's queries read. */
+    #if defined(__GNUC__)
+    #define FPE_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+    #else
+    #define FPE_PREFETCH(p) ((void)(p))
+    #endif
+    #define FPE_DEB_AHEAD 8
+    /* the entries of key j0 + t for the block's rows: see FPE_DEB_TILE */
+    #define FPE_DEB_TILE_KEY(T)                                                           \
+        {                                                                                 \
+            const T *restrict prow = p2c + (j0 + t) * pk;                                 \
+            const Py_ssize_t d = i0 - j0 - t;                                             \
+            /* the keys' rows are pk apart and read a few lines each, diagonally: no      \
+             * hardware prefetcher follows that, so fetch a few keys ahead */              \
+            if (t + FPE_DEB_AHEAD < n && d - FPE_DEB_AHEAD >= -lin) {                     \
+                const char *next = (const char *)(prow + FPE_DEB_AHEAD * pk + span + d    \
+                                                  - FPE_DEB_AHEAD);                        \
+                for (Py_ssize_t b = 0; b < rows * (Py_ssize_t)sizeof(T); b += 64)          \
+                    FPE_PREFETCH(next + b);                                               \
+            }                                                                             \
+            if (d >= -lin && d + rows - 1 <= lin) {                                       \
+                const T *restrict src = prow + span + d;                                  \
+                for (Py_ssize_t r = 0; r < rows; r++) tile[r * ld + t] = src[r];          \
+            } else if (d >= -reach && d + rows - 1 <= reach) {                            \
+                const int32_t *restrict pd = pi + d;                                      \
+                for (Py_ssize_t r = 0; r < rows; r++) tile[r * ld + t] = prow[pd[r]];     \
+            } else {                                                                      \
+                for (Py_ssize_t r = 0; r < rows; r++) {                                   \
+                    Py_ssize_t e = d + r;                                                 \
+                    e = e < -reach ? -reach : (e > reach ? reach : e);                    \
+                    tile[r * ld + t] = prow[pi[e]];                                       \
+                }                                                                         \
+            }                                                                             \
+        }
+    #define FPE_DEB_TILE_ARGS(T)                                                          \
+        T *restrict tile, Py_ssize_t ld, const T *restrict p2c, Py_ssize_t pk,            \
+        const int32_t *restrict pi, Py_ssize_t reach, Py_ssize_t lin, Py_ssize_t span,    \
+        Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0, Py_ssize_t n
+    /* tile[r * ld + t] = p2c[j0 + t, pi(i0 + r - j0 - t)] for r < rows, t < n: for each key
+     * the few adjacent entries of its row the block's queries read. */
+    #define FPE_DEB_TILE(NAME, T)                                                         \
+    static void NAME(FPE_DEB_TILE_ARGS(T))                                                \
+    {                                                                                     \
+        for (Py_ssize_t t = 0; t < n; t++) FPE_DEB_TILE_KEY(T)                            \
+    }
+    #if defined(__SSE2__) || defined(_M_X64)
+    /* float32: where four keys' runs all lie within the exact distances, 4 x 4 blocks
+     * (four keys, four rows) are transposed in registers rather than stored one entry
+     * at a time down the tile's columns. */
+    static void fpe_deberta_tile_f32(FPE_DEB_TILE_ARGS(float))
+    {
+        Py_ssize_t t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const Py_ssize_t d = i0 - j0 - t;
+            if ((rows & 3) || d - 3 < -lin || d + rows - 1 > lin) {
+                const Py_ssize_t t4 = t + 4;
+                for (; t < t4; t++) FPE_DEB_TILE_KEY(float)
+                t -= 4;
+                continue;
+            }
+            if (t + FPE_DEB_AHEAD + 4 <= n && d - FPE_DEB_AHEAD - 3 >= -lin) {
+                for (Py_ssize_t q = 0; q < 4; q++) {
+                    const char *next = (const char *)(p2c + (j0 + t + FPE_DEB_AHEAD + q) * pk
+                                                      + span + d - FPE_DEB_AHEAD - q);
+                    for (Py_ssize_t b = 0; b < rows * (Py_ssize_t)sizeof(float); b += 64)
+                        FPE_PREFETCH(next + b);
+                }
+            }
+            const float *s0 = p2c + (j0 + t) * pk + span + d;
+            const float *s1 = s0 + pk - 1, *s2 = s1 + pk - 1, *s3 = s2 + pk - 1;
+            for (Py_ssize_t r = 0; r < rows; r += 4) {
+                __m128 a0 = _mm_loadu_ps(s0 + r), a1 = _mm_loadu_ps(s1 + r);
+                __m128 a2 = _mm_loadu_ps(s2 + r), a3 = _mm_loadu_ps(s3 + r);
+                _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+                _mm_storeu_ps(tile + r * ld + t, a0);
+                _mm_storeu_ps(tile + (r + 1) * ld + t, a1);
+                _mm_storeu_ps(tile + (r + 2) * ld + t, a2);
+                _mm_storeu_ps(tile + (r + 3) * ld + t, a3);
+            }
+        }
+        for (; t < n; t++) FPE_DEB_TILE_KEY(float)
+    }
+    #else
+    FPE_DEB_TILE(fpe_deberta_tile_f32, float)
+    #endif
+    FPE_DEB_TILE(fpe_deberta_tile_f64, double)
+    """
+    void fpe_deberta_row_f32(float *x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,
+                             Py_ssize_t lin, Py_ssize_t span, const float *crow,
+                             const int32_t *ci, const float *pt) nogil
+    void fpe_deberta_row_f64(double *x, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t reach,
+                             Py_ssize_t lin, Py_ssize_t span, const double *crow,
+                             const int32_t *ci, const double *pt) nogil
+    void fpe_deberta_tile_f32(float *tile, Py_ssize_t ld, const float *p2c, Py_ssize_t pk,
+                              const int32_t *pi, Py_ssize_t reach, Py_ssize_t lin,
+                              Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,
+                              Py_ssize_t n) nogil
+    void fpe_deberta_tile_f64(double *tile, Py_ssize_t ld, const double *p2c, Py_ssize_t pk,
+                              const int32_t *pi, Py_ssize_t reach, Py_ssize_t lin,
+                              Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,
+                              Py_ssize_t n) nogil
+
+
+cdef struct DebertaCall:
+    Py_ssize_t batch, heads, q, k
+    Py_ssize_t sh, sq, sk               # element strides of the scores
+    const Py_ssize_t *boff
+    const char *c2p                     # (..., heads, q, 2 span) or NULL
+    Py_ssize_t ch, cq, cs               # its element strides
+    const Py_ssize_t *coff
+    const char *p2c                     # (..., heads, k, 2 span) or NULL
+    Py_ssize_t ph, pk, ps
+    const Py_ssize_t *poff
+    const int32_t *ci                   # gather index by distance i - j, from -reach
+    const int32_t *pi
+    Py_ssize_t reach
+    Py_ssize_t linear                   # ci(d) = pi(d) = span + d for |d| <= linear
+    Py_ssize_t span
+    Py_ssize_t chunk                    # keys per pass over a block of rows
+    Py_ssize_t ld                       # elements between the p2c tile's rows
+
+
+cdef inline Py_ssize_t clamp_distance(Py_ssize_t d, Py_ssize_t reach) noexcept nogil:
+    return -reach if d < -reach else (reach if d > reach else d)
+
+
+cdef inline void deberta_p2c_tile(const DebertaCall *a, real_t *tile, Py_ssize_t i0,
+                                  Py_ssize_t rows, Py_ssize_t j0, Py_ssize_t n,
+                                  const store_t *pbase) noexcept nogil:
+    """tile[r, t] = p2c[j, pi(i0 + r - j)] for keys j = j0 + t: the term of a block of
+    query rows, read key row by key row (a few adjacent elements of each), so that each
+    line of p2c comes from memory once per block instead of once per query row."""
+    cdef Py_ssize_t t, r, j
+    cdef real_t kind = 0
+    cdef const store_t *prow
+    for t in range(n):
+        j = j0 + t
+        prow = pbase + j * a.pk
+        for r in range(rows):
+            tile[r * a.ld + t] = load(prow, a.pi[clamp_distance(i0 + r - j, a.reach)] * a.ps,
+                                      kind)
+
+
+cdef inline void deberta_c2p_add(const DebertaCall *a, real_t *x, Py_ssize_t i, Py_ssize_t j0,
+                                 Py_ssize_t n, const store_t *crow,
+                                 const real_t *ptile) noexcept nogil:
+    """x[t] += c2p[i, ci(i - j)] + ptile[t] for keys j = j0 + t (either term absent: NULL)."""
+    cdef Py_ssize_t t
+    cdef real_t kind = 0
+    cdef const int32_t *ci = a.ci
+    if crow != NULL and ptile != NULL:
+        if (store_t is float or store_t is double) and a.cs == 1:
+            for t in range(n):
+                x[t] = x[t] + (<real_t>crow[ci[clamp_distance(i - j0 - t, a.reach)]] + ptile[t])
+        else:
+            for t in range(n):
+                x[t] = x[t] + (load(crow, ci[clamp_distance(i - j0 - t, a.reach)] * a.cs, kind)
+                               + ptile[t])
+    elif crow != NULL:
+        for t in range(n):
+            x[t] = x[t] + load(crow, ci[clamp_distance(i - j0 - t, a.reach)] * a.cs, kind)
+    else:
+        for t in range(n):
+            x[t] = x[t] + ptile[t]
+
+
+cdef void deberta_unit(const DebertaCall *a, store_t *x, Py_ssize_t u, real_t *work,
+                       real_t kind) noexcept nogil:
+    """Unit u of (batch, heads, blocks of DEBERTA_ROWS queries), keys in chunks of
+    a.chunk; work: DEBERTA_ROWS rows of a.ld real_t (the p2c tile) and a row buffer."""
+    cdef Py_ssize_t nblocks = ceil_div(a.q, DEBERTA_ROWS)
+    cdef Py_ssize_t b = u // (a.heads * nblocks)
+    cdef Py_ssize_t h = (u // nblocks) % a.heads
+    cdef Py_ssize_t i0 = (u % nblocks) * DEBERTA_ROWS
+    cdef Py_ssize_t rows = min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0)
+    cdef store_t *row
+    cdef const store_t *crow = NULL
+    cdef const store_t *pbase = NULL
+    cdef real_t *tile = work
+    cdef real_t *buf = work + DEBERTA_ROWS * a.ld
+    cdef real_t *ptile = NULL
+    cdef real_t *xr
+    cdef Py_ssize_t j0, n, r, i
+    cdef bint direct = ((store_t is float or store_t is double) and a.sk == 1
+                        and sizeof(store_t) == sizeof(real_t))
+    # float32 / float64 logits of unit stride along the span: the C loops above
+    cdef bint unit = ((store_t is float or store_t is double) and sizeof(store_t) == sizeof(real_t)
+                      and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
+    if a.p2c != NULL:
+        pbase = (<const store_t *>a.p2c) + a.poff[b] + h * a.ph
+    j0 = 0
+    while j0 < a.k:
+        n = min(a.chunk, a.k - j0)
+        if pbase != NULL:
+            if unit and store_t is float:
+                fpe_deberta_tile_f32(<float *>tile, a.ld, <const float *>pbase, a.pk, a.pi,
+                                     a.reach, a.linear, a.span, i0, rows, j0, n)
+            elif unit and store_t is double:
+                fpe_deberta_tile_f64(<double *>tile, a.ld, <const double *>pbase, a.pk,
+                                     a.pi, a.reach, a.linear, a.span, i0, rows, j0, n)
+            else:
+                deberta_p2c_tile(a, tile, i0, rows, j0, n, pbase)
+        for r in range(rows):
+            i = i0 + r
+            row = x + a.boff[b] + h * a.sh + i * a.sq + j0 * a.sk
+            if a.c2p != NULL:
+                crow = (<const store_t *>a.c2p) + a.coff[b] + h * a.ch + i * a.cq
+            if pbase != NULL:
+                ptile = tile + r * a.ld
+            if direct:
+                xr = <real_t *>row
+            else:
+                gather(row, a.sk, buf, n)
+                xr = buf
+            if unit and store_t is float:
+                fpe_deberta_row_f32(<float *>xr, n, i - j0, a.reach, a.linear, a.span,
+                                    <const float *>crow, a.ci, <const float *>ptile)
+            elif unit and store_t is double:
+                fpe_deberta_row_f64(<double *>xr, n, i - j0, a.reach, a.linear, a.span,
+                                    <const double *>crow, a.ci, <const double *>ptile)
+            else:
+                deberta_c2p_add(a, xr, i, j0, n, crow, ptile)
+            if not direct:
+                scatter(buf, row, a.sk, n)
+        j0 += n
+
+
+cdef void deberta_run(const DebertaCall *a, store_t *x, Work work, int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
+    cdef double kind_d = 0
+    cdef float kind_f = 0
+    if nthreads > 1:
+        for u in prange(units, schedule="static", num_threads=nthreads):
+            if store_t is double:
+                deberta_unit(a, x, u, <double *>work_for(work, omp_get_thread_num()), kind_d)
+            else:
+                deberta_unit(a, x, u, <float *>work_for(work, omp_get_thread_num()), kind_f)
+    else:
+        for u in range(units):
+            if store_t is double:
+                deberta_unit(a, x, u, <double *>work_for(work, 0), kind_d)
+            else:
+                deberta_unit(a, x, u, <float *>work_for(work, 0), kind_f)
+
+
+def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
+                         cnp.ndarray c2p_index, cnp.ndarray p2c_index, Py_ssize_t reach,
+                         Py_ssize_t linear, Py_ssize_t span, int num_threads):
+    """scores[..., h, i, j] += c2p[..., h, i, ci] + p2c[..., h, j, pi], in place, with ci
+    and pi the entries of c2p_index / p2c_index at clip(i - j, -reach, reach) + reach.
+
+    scores: writable (..., heads, q, k) array of storage `code`; c2p (..., heads, q, 2 span)
+    and p2c (..., heads, k, 2 span): None or arrays of the same storage and leading dims,
+    disjoint from scores; all aligned and native with whole-element strides; the index
+    tables C-contiguous int32 (2 reach + 1,) with entries in [0, 2 span), both span + d
+    for |d| <= linear (-1: nowhere). Arguments are validated by the caller
+    (fastpe._relative_args).
+    """
+    cdef int nd = cnp.PyArray_NDIM(scores), ax
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(scores)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(scores)
+    cdef DebertaCall a
+    cdef cnp.ndarray c, p
+    a.batch = 1
+    for ax in range(nd - 3):
+        a.batch *= dims[ax]
+    a.heads, a.q, a.k = dims[nd - 3], dims[nd - 2], dims[nd - 1]
+    if a.batch == 0 or a.heads == 0 or a.q == 0 or a.k == 0:
+        return
+    if c2p_index.shape[0] != 2 * reach + 1 or p2c_index.shape[0] != 2 * reach + 1:
+        raise ValueError("deberta_disentangled: index tables do not match the reach")
+    a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
+    if linear > reach or linear < -1:
+        raise ValueError("deberta_disentangled: linear is outside the reach")
+    a.reach = reach
+    a.linear = linear
+    a.span = span
+    a.ci = (<const int32_t *>cnp.PyArray_DATA(c2p_index)) + reach
+    a.pi = (<const int32_t *>cnp.PyArray_DATA(p2c_index)) + reach
+    cdef Scratch work = Scratch(0, 1, 3 * a.batch * sizeof(Py_ssize_t))
+    cdef Py_ssize_t *offs = <Py_ssize_t *>work.shared
+    a.boff = leading_offsets(scores, 3, a.batch, offs)
+    a.c2p = a.p2c = NULL
+    if c2p is not None:
+        c = <cnp.ndarray>c2p
+        if cnp.PyArray_NDIM(c) != nd or c.shape[nd - 2] != a.q:
+            raise ValueError("deberta_disentangled: c2p does not match the scores")
+        a.c2p = <const char *>cnp.PyArray_DATA(c)
+        a.ch, a.cq, a.cs = (c.strides[nd - 3] // itemsize, c.strides[nd - 2] // itemsize,
+                            c.strides[nd - 1] // itemsize)
+        a.coff = leading_offsets(c, 3, a.batch, offs + a.batch)
+    if p2c is not None:
+        p = <cnp.ndarray>p2c
+        if cnp.PyArray_NDIM(p) != nd or p.shape[nd - 2] != a.k:
+            raise ValueError("deberta_disentangled: p2c does not match the scores")
+        a.p2c = <const char *>cnp.PyArray_DATA(p)
+        a.ph, a.pk, a.ps = (p.strides[nd - 3] // itemsize, p.strides[nd - 2] // itemsize,
+                            p.strides[nd - 1] // itemsize)
+        a.poff = leading_offsets(p, 3, a.batch, offs + 2 * a.batch)
+    if a.c2p == NULL and a.p2c == NULL:
+        return
+    cdef char *xp = <char *>cnp.PyArray_DATA(scores)
+    cdef Py_ssize_t units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
+    cdef int nthreads = units_threads(units, num_threads)
+    a.chunk = min(a.k, <Py_ssize_t>DEBERTA_CHUNK)
+    # rows of the tile a power of two apart would share a few cache sets (the key loop
+    # stores down a column of it): one cache line more than the chunk spreads them
+    cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
+    a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
+    cdef Scratch space = Scratch((DEBERTA_ROWS * a.ld + a.chunk) * real_size, nthreads)
+    with nogil:
+        if code == CODE_F32:
+            deberta_run(&a, <float *>xp, space.work, nthreads)
+        elif code == CODE_F64:
+            deberta_run(&a, <double *>xp, space.work, nthreads)
+        elif code == CODE_F16:
+            deberta_run(&a, <fpe_f16 *>xp, space.work, nthreads)
+        else:
+            deberta_run(&a, <fpe_bf16 *>xp, space.work, nthreads)

@@ -1,0 +1,368 @@
+"""transformers models whose rotary position embedding (Su et al., 2021) runs through fastpe.
+
+``patch(model)`` changes one loaded model *instance*, nothing else in the process:
+
+- each of its rotary modules (the ``*RotaryEmbedding`` modules of transformers 5,
+  ``forward(x, position_ids[, layer_type])``) returns, in place of float32 cos/sin
+  tables, the model's own ``position_ids`` together with the
+  :class:`fastpe.RotaryEmbedding` that ``from_hf_config`` reads from that module's
+  config (one per layer type where the module takes ``layer_type``: Gemma 3, 3n, 4);
+- each module beside it (in the same text model or vision tower) whose ``forward``
+  calls the modeling file's ``apply_*rotary*`` / ``apply_*rope*`` function runs its
+  class's own ``forward`` code with that one global name bound to fastpe's rotation,
+  in place on q and k (or on each, for the ``(x, cos, sin)`` form of Gemma 3n and 4):
+  (batch, heads, seq, dim) for ``unsqueeze_dim=1``, (batch, seq, heads, dim) for
+  ``unsqueeze_dim=2``, (tokens, heads, dim) for the vision towers' 3-D q.
+
+The angles are ``position * inv_freq`` in float64, so at 2**20 positions the patched
+model rotates exactly where the stock float32 angles are off by up to about 6e-2
+radians (a float32 near 1e6 is a multiple of 1/16, and inv_freq is itself rounded).
+``unpatch(model)`` deletes the instance attributes again: the class code runs, bit for
+bit the stock model.
+
+transformers' kernel hub (``use_kernel_forward_from_hub("rotary_pos_emb")``,
+``use_kernelized_func``, ``kernelize``) does not serve here: it needs the separate
+``kernels`` package, turns each modeling file's apply function into one module object
+shared by every model of that family (so ``kernelize`` swaps it for all of them), and
+hands the kernel float32 cos/sin rather than positions. The attention-function
+registry runs after the rotation. Hence the instance patch.
+
+A model fastpe cannot reproduce is refused with a ValueError that says what is
+missing: no rotary module, a rotary module with another signature or without a config,
+a config that ``from_hf_config`` refuses, no module that applies the rotation, a
+module whose ``forward`` something else already replaced. The rotation is in place and
+has no autograd: run the patched model under ``torch.no_grad()`` or
+``torch.inference_mode()`` (a tensor that requires grad is a TypeError).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import re
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ._typing import RopeLayout
+from .rope import RotaryEmbedding
+
+__all__ = ["patch", "unpatch"]
+
+# where patch() keeps what it replaced, on the model instance
+_STATE = "_fastpe_hf_patched"
+_APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a name
+
+
+class _Positions:
+    """What a patched rotary module returns twice, as (cos, sin): the call's
+    position_ids and the embedding that rotates by them (`narrow`: the same
+    embedding for a model that passes only the rotated features, q[..., :rotary_dim])."""
+
+    __slots__ = ("narrow", "positions", "rope")
+
+    def __init__(self, rope: RotaryEmbedding, narrow: RotaryEmbedding | None,
+                 positions: Any) -> None:
+        self.rope = rope
+        self.narrow = narrow
+        self.positions = positions
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"fastpe.hf: this model's code reads {name!r} of its rotary cos/sin outside the "
+            f"apply function fastpe replaces; fastpe.hf cannot reproduce it (call "
+            f"fastpe.hf.unpatch(model) to run it stock)")
+
+
+def _narrow(rope: RotaryEmbedding) -> RotaryEmbedding | None:
+    """rope for heads of its rotary_dim features alone (Phi and StableLM slice them
+    off before their apply function), or None when it rotates the whole head."""
+    if rope.rotary_dim == rope.head_dim:
+        return None
+    narrow = copy.copy(rope)
+    narrow.head_dim = rope.rotary_dim
+    narrow.feature_slice = slice(0, rope.rotary_dim)
+    return narrow
+
+
+def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., Any]:
+    pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
+
+    def forward(x: Any, position_ids: Any, layer_type: str | None = None) -> tuple[Any, Any]:
+        pair = pairs.get(layer_type)
+        if pair is None:
+            raise ValueError(f"fastpe.hf: layer_type={layer_type!r} is not one of this rotary "
+                             f"module's layer types {sorted(map(str, ropes))}")
+        out = _Positions(pair[0], pair[1], position_ids)
+        return out, out
+
+    return forward
+
+
+# model types whose attention does more with cos and sin than pass them to the apply
+# function, which fastpe.hf cannot see from outside: what they do
+_NOT_REPRODUCED = {
+    "deepseek_v4": "its attention also rotates its output back (cos, -sin) and its "
+                   "compressed keys at positions of their own",
+}
+
+# parameters an apply function may have after (q, k, cos, sin) or (x, cos, sin)
+_EXTRA_PARAMS = {"unsqueeze_dim", "position_ids"}
+
+
+def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """fastpe's stand-in for the modeling file's apply function `original`, called as
+    the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x,
+    rotating in place."""
+    try:
+        params = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params]
+    tensors = names.index("cos") if "cos" in names else -1
+    extra = {p.name for p in params[tensors + 2:] if p.kind is not p.VAR_KEYWORD}
+    if tensors not in (1, 2) or names[tensors + 1:tensors + 2] != ["sin"] or extra - _EXTRA_PARAMS:
+        raise ValueError(f"fastpe.hf: the apply function {name}({', '.join(names)}) of "
+                         f"{getattr(original, '__module__', '?')} does not take (q, k, cos, sin"
+                         f"[, unsqueeze_dim]): fastpe.hf does not know what it does")
+    where = {p.name: (i - tensors - 2, p.default) for i, p in enumerate(params)
+             if p.name in _EXTRA_PARAMS}
+    layouts: dict[object, RopeLayout] = {1: "bhsd", 2: "bshd"}
+
+    def argument(key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        i, default = where[key]
+        return args[i] if len(args) > i else kwargs.get(key, default)
+
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        q, k = args[0], args[1] if tensors == 2 else None
+        cos, sin, rest = args[tensors], args[tensors + 1], args[tensors + 2:]
+        if type(cos) is not _Positions or sin is not cos:
+            raise TypeError(f"fastpe.hf: {name} was given cos/sin tensors, not the positions "
+                            f"of a patched rotary module: this module's rotary embedding does "
+                            f"not come from a module fastpe.hf patched")
+        if "position_ids" in where and argument("position_ids", rest, kwargs) is not None:
+            raise ValueError(f"fastpe.hf: {name} was given position_ids of its own, which "
+                             f"fastpe.hf does not reproduce")
+        layout: RopeLayout | None
+        if "unsqueeze_dim" in where:
+            dim = argument("unsqueeze_dim", rest, kwargs)
+            layout = layouts.get(dim)
+            if layout is None:
+                raise ValueError(f"fastpe.hf: {name} with unsqueeze_dim={dim!r}: q must be "
+                                 f"(batch, heads, seq, dim) (1) or (batch, seq, heads, dim) (2)")
+        elif getattr(q, "ndim", None) == 3:
+            layout = "shd"
+        else:
+            raise ValueError(f"fastpe.hf: {name} takes no unsqueeze_dim and q has shape "
+                             f"{tuple(getattr(q, 'shape', ()))}: fastpe.hf reads only 3-D "
+                             f"(tokens, heads, dim) q without it")
+        rope, positions = cos.rope, cos.positions
+        if cos.narrow is not None and getattr(q, "shape", (0,))[-1] == cos.narrow.head_dim:
+            rope = cos.narrow
+        if layout == "shd" and rope.axes > 1:
+            positions = _axis_first(positions, rope.axes, name)
+        rope(q, k, positions, layout=layout)
+        return (q, k) if tensors == 2 else q
+
+    return apply
+
+
+def _axis_first(positions: Any, axes: int, name: str) -> Any:
+    """A vision tower's (tokens, axes) position_ids (transformers' get_vision_position_ids)
+    as fastpe's (axes, tokens)."""
+    shape = tuple(getattr(positions, "shape", ()))
+    if len(shape) != 2 or shape[1] != axes:
+        return positions
+    if shape[0] == axes:
+        raise ValueError(f"fastpe.hf: {name} got position_ids of shape {shape}: {axes} tokens "
+                         f"of {axes} axes, or the other way round; fastpe.hf cannot tell which")
+    return positions.T
+
+
+def _wrapped_chain(fn: Callable[..., Any]) -> list[Any]:
+    """fn and the functions its functools.wraps decorators wrap, outermost first."""
+    chain = [fn]
+    while hasattr(chain[-1], "__wrapped__"):
+        chain.append(chain[-1].__wrapped__)
+    return chain
+
+
+def _copy_function(fn: Any, globals_: dict[str, Any], closure: Any) -> types.FunctionType:
+    new = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, closure)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    new.__doc__ = fn.__doc__
+    return new
+
+
+def _rebound_forward(cls: Any, names: dict[str, Any]) -> types.FunctionType:
+    """cls.forward with the global `names` rebound, its decorators rebuilt around
+    it: the class's own code, run with fastpe's apply function, and no module's
+    globals changed."""
+    chain = _wrapped_chain(cls.forward)
+    inner = chain[-1]
+    if not isinstance(inner, types.FunctionType):
+        raise ValueError(f"fastpe.hf: {cls.__name__}.forward is not a Python function")
+    new = _copy_function(inner, {**inner.__globals__, **names}, inner.__closure__)
+    for wrapper, old in zip(reversed(chain[:-1]), reversed(chain[1:])):
+        cells = wrapper.__closure__ or ()
+        hits = [i for i, c in enumerate(cells) if _cell_holds(c, old)]
+        if not isinstance(wrapper, types.FunctionType) or len(hits) != 1:
+            raise ValueError(f"fastpe.hf: cannot rebuild the decorator "
+                             f"{getattr(wrapper, '__qualname__', wrapper)!r} of "
+                             f"{cls.__name__}.forward around fastpe's rotation")
+        cells = tuple(types.CellType(new) if i == hits[0] else c for i, c in enumerate(cells))
+        wrapped = new
+        new = _copy_function(wrapper, wrapper.__globals__, cells)
+        new.__wrapped__ = wrapped  # type: ignore[attr-defined]
+    return new
+
+
+def _cell_holds(cell: Any, value: object) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
+
+
+def _apply_names(cls: Any) -> dict[str, Any]:
+    """The global apply functions that cls.forward's own code calls, by name."""
+    inner = _wrapped_chain(cls.forward)[-1]
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return {}
+    found = {}
+    for name in code.co_names:
+        value = inner.__globals__.get(name)
+        if _APPLY_NAME.match(name) and callable(value):
+            found[name] = value
+    return found
+
+
+def _is_rotary_module(module: object) -> bool:
+    cls = type(module)
+    return cls.__name__.endswith("RotaryEmbedding") and cls.__module__.startswith(
+        "transformers.models.")
+
+
+def _config(modules: dict[str, Any], name: str) -> Any:
+    """The config of the rotary module `name`: its own, else its nearest owner's
+    (GPT-J's keeps none)."""
+    while True:
+        config = getattr(modules[name], "config", None)
+        if config is not None or not name:
+            return config
+        name = name.rpartition(".")[0]
+
+
+def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
+    """The fastpe embeddings of one rotary module, by the layer_type its forward takes."""
+    cls = type(module)
+    where = f"{cls.__name__} ({cls.__module__})"
+    params = list(inspect.signature(cls.forward).parameters)[1:]
+    if params[:2] != ["x", "position_ids"] or params[2:] not in ([], ["layer_type"]):
+        raise ValueError(f"fastpe.hf: the rotary module {where} takes ({', '.join(params)}), "
+                         f"not (x, position_ids[, layer_type]): fastpe.hf cannot give it "
+                         f"positions")
+    if config is None:
+        raise ValueError(f"fastpe.hf: neither the rotary module {where} nor its model keeps a "
+                         f"config to read its RoPE from")
+    model_type = getattr(config, "model_type", None)
+    if model_type in _NOT_REPRODUCED:
+        raise ValueError(f"fastpe.hf: model type {model_type!r} is not reproduced: "
+                         f"{_NOT_REPRODUCED[model_type]}")
+    try:
+        if params[2:]:
+            layer_types = sorted(set(getattr(module, "layer_types", None)
+                                     or getattr(config, "layer_types", None) or ()))
+            if not layer_types:
+                raise ValueError("it takes layer_type but its config lists no layer_types")
+            return {t: RotaryEmbedding.from_hf_config(config, layer_type=t) for t in layer_types}
+        return {None: RotaryEmbedding.from_hf_config(config)}
+    except ValueError as err:
+        raise ValueError(f"fastpe.hf: cannot reproduce the rotary module {where} of model type "
+                         f"{model_type!r}: {err}") from err
+
+
+def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """Of `applying` (module name -> the apply functions its forward calls), those that
+    apply the rotary module `name`'s embedding: in the nearest module around it that
+    has any (the text model or vision tower it belongs to; Moshi's attention holds its
+    own rotary module)."""
+    scope = name
+    while scope:
+        scope = scope.rpartition(".")[0]
+        prefix = scope + "." if scope else ""
+        found = {n: f for n, f in applying.items() if n == scope or n.startswith(prefix)}
+        if found:
+            return found
+    raise ValueError(f"fastpe.hf: no module around the rotary module {name!r} calls an "
+                     f"apply_*rotary* function that fastpe.hf can replace")
+
+
+def _named_modules(model: Any) -> Iterator[tuple[str, Any]]:
+    named = getattr(model, "named_modules", None)
+    if named is None:
+        raise TypeError(f"model must be a torch.nn.Module (a transformers model), got "
+                        f"{type(model).__name__}")
+    yield from named()
+
+
+def patch(model: Any) -> Any:
+    """Make a transformers model apply its rotary position embedding through fastpe,
+    in place on its own q and k tensors, with float64 angles from its position_ids;
+    returns the model. Only this instance changes; :func:`unpatch` undoes it.
+    Patching a patched model does nothing.
+
+    Raises ValueError naming what is missing when fastpe cannot reproduce the model
+    (see the module's docstring); the model is then unchanged.
+
+    >>> model = fastpe.hf.patch(LlamaForCausalLM(config).eval())
+    >>> with torch.no_grad():
+    ...     tokens = model.generate(input_ids, max_new_tokens=20)
+    """
+    if getattr(model, _STATE, None) is not None:
+        return model
+    modules = dict(_named_modules(model))
+    rotary = {name: m for name, m in modules.items() if _is_rotary_module(m)}
+    if not rotary:
+        raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
+                         f"embedding module (*RotaryEmbedding): fastpe.hf reproduces only "
+                         f"models that rotate q and k by RoPE")
+    applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
+    plan: list[tuple[Any, Callable[..., Any]]] = []
+    appliers: set[str] = set()
+    stand_ins: dict[int, Callable[..., Any]] = {}  # one per apply function
+    for name, module in rotary.items():
+        plan.append((module, _rotary_forward(_ropes(module, _config(modules, name)))))
+        for sub_name, functions in _appliers(applying, name).items():
+            if sub_name in appliers:
+                continue
+            appliers.add(sub_name)
+            for fname, f in functions.items():
+                if id(f) not in stand_ins:
+                    stand_ins[id(f)] = _apply_function(fname, f)
+            rebound = {fname: stand_ins[id(f)] for fname, f in functions.items()}
+            sub = modules[sub_name]
+            plan.append((sub, types.MethodType(_rebound_forward(type(sub), rebound), sub)))
+    for module, _ in plan:
+        if "forward" in vars(module):
+            raise ValueError(f"fastpe.hf: the forward of {type(module).__name__} was already "
+                             f"replaced on this instance (by accelerate's hooks, kernelize, ...): "
+                             f"fastpe.hf cannot tell what it runs")
+    for module, forward in plan:
+        module.forward = forward
+    object.__setattr__(model, _STATE, [module for module, _ in plan])
+    return model
+
+
+def unpatch(model: Any) -> Any:
+    """Undo :func:`patch`: the model runs its stock code again, bit for bit; returns
+    the model. Unpatching a model that is not patched does nothing."""
+    patched = getattr(model, _STATE, None)
+    if patched is None:
+        return model
+    for module in patched:
+        del module.forward
+    object.__delattr__(model, _STATE)
+    return model

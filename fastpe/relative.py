@@ -1,0 +1,442 @@
+"""Relative-position biases of encoders: T5's buckets and DeBERTa's disentangled attention.
+
+T5 (Raffel et al., 2020; also mT5, UMT5, LongT5's decoder, Switch Transformers,
+Pop2Piano, Pix2Struct's text decoder, MPNet) learns one bias per head for each of
+``num_buckets`` buckets of the distance ``key_pos - query_pos``: exact for short
+distances, logarithmic up to ``max_distance``. :func:`add_relative_bias` adds
+``table[bucket(j - q_pos_i), h]`` to attention scores in one pass, the causal and
+padding masks fused.
+
+DeBERTa (He et al., 2021; DeBERTa-v2/v3, mDeBERTa, SEW-D) adds to each score the
+content-to-position logit of the query at the key's relative position and the
+position-to-content logit of the key at the query's: two gathers from matrix products
+the caller makes (``query @ pos_key^T``, ``key @ pos_query^T``).
+:func:`add_disentangled_bias` does both gathers and the add in one pass.
+
+The bucket functions are transformers' own, float32 steps included (see
+fastpe._relative_math); their tables are built once per setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _backend, _checks, _relative_args, _relative_math, _threads, reference
+from ._typing import ArrayLike, DTypeLike, InPlace
+
+__all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_relative_bias",
+           "deberta_relative_positions", "relative_bias", "relative_position_bucket"]
+
+TRANSFORMERS_CHECKED = "5.24"
+
+
+def _run_t5(plan: _relative_args.T5Plan) -> None:
+    kern = _backend.kernels()
+    if kern is None:
+        reference.run_relative_bias(plan)
+        return
+    nbytes = plan.scores.nbytes * (2 if plan.accumulate else 1)
+    with _checks.kernel_views(plan.scores) as (work,):
+        kern.t5_relative(work, _checks.dtype_code(work.dtype, "scores"),
+                         _checks.kernel_view(plan.table), plan.spec.lut, plan.spec.reach,
+                         plan.q_offset, plan.causal, plan.key_mask, plan.accumulate,
+                         _threads.resolve(plan.num_threads, nbytes))
+
+
+def _run_deberta(plan: _relative_args.DebertaPlan) -> None:
+    kern = _backend.kernels()
+    if kern is None:
+        reference.run_disentangled_bias(plan)
+        return
+    nbytes = 2 * plan.scores.nbytes + sum(a.nbytes for a in (plan.c2p, plan.p2c)
+                                          if a is not None)
+    c2p = None if plan.c2p is None else _checks.kernel_view(plan.c2p)
+    p2c = None if plan.p2c is None else _checks.kernel_view(plan.p2c)
+    with _checks.kernel_views(plan.scores) as (work,):
+        kern.deberta_disentangled(work, _checks.dtype_code(work.dtype, "scores"), c2p, p2c,
+                                  plan.spec.c2p_index, plan.spec.p2c_index, plan.spec.reach,
+                                  plan.spec.linear, plan.spec.span,
+                                  _threads.resolve(plan.num_threads, nbytes))
+
+
+# ---- T5 ----------------------------------------------------------------------------------
+
+def relative_position_bucket(relative_position: ArrayLike, *, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+    """T5's bucket of each distance ``key_pos - query_pos``, as int64 of the same shape.
+
+    Exactly transformers' ``T5Attention._relative_position_bucket`` (float32 log
+    included). bidirectional (encoders): half the buckets for keys after the query;
+    unidirectional (decoders): keys after the query share bucket 0. Within a direction,
+    distances below half its buckets are exact; the rest grow logarithmically and all
+    distances from about ``max_distance`` on share the last bucket.
+
+    >>> fastpe.relative_position_bucket(np.array([-200, -20, -3, 0, 3, 20, 200]))
+    array([15, 10,  3,  0, 19, 26, 31])
+    """
+    return reference.relative_position_bucket(relative_position, bidirectional=bidirectional,
+                                              num_buckets=num_buckets,
+                                              max_distance=max_distance)
+
+
+def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bool = True,
+                  max_distance: int = 128, q_offset: int | None = None, causal: bool = False,
+                  dtype: DTypeLike | None = None, out: np.ndarray | None = None,
+                  num_threads: int | None = None) -> np.ndarray:
+    """The (heads, q_len, k_len) T5 bias: ``bias[h, i, j] = table[bucket(j - (q_offset + i)), h]``.
+
+    Parameters
+    ----------
+    table : array (num_buckets, heads)
+        transformers' ``relative_attention_bias.weight``; num_buckets is its row count.
+    q_len, k_len : int
+        Queries (rows) and keys (columns); key j is at position j.
+    bidirectional, max_distance : as in :func:`relative_position_bucket`.
+    q_offset : int, optional
+        Position of query 0; default k_len - q_len (decode with a cache: the queries
+        are the newest keys). transformers' ``past_seen_tokens``.
+    causal : bool
+        -inf where the key comes after the query.
+    dtype : dtype, optional
+        Default: out's dtype, else the table's.
+    out : ndarray, optional
+        A writable (heads, q_len, k_len) array to fill and return.
+    num_threads : int, optional
+        Threads; default ``fastpe.get_num_threads()``.
+
+    The values are the table's, rounded to the output dtype (exact when it is the
+    table's): transformers' ``compute_bias(q_len, k_len)[0]``.
+    """
+    plan = _relative_args.relative_bias(table, q_len, k_len, bidirectional=bidirectional,
+                                        max_distance=max_distance, q_offset=q_offset,
+                                        causal=causal, dtype=dtype, out=out,
+                                        num_threads=num_threads)
+    _run_t5(plan)
+    return plan.scores if out is None else out
+
+
+def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool = True,
+                      max_distance: int = 128, q_offset: int | None = None,
+                      causal: bool = False, key_mask: ArrayLike | None = None,
+                      num_threads: int | None = None) -> InPlace:
+    """``scores[..., h, i, j] += table[bucket(j - (q_offset + i)), h]`` in place, in one pass.
+
+    Parameters
+    ----------
+    scores : array (..., heads, q_len, k_len)
+        Attention scores, written in place (and returned): an ndarray, or a torch CPU
+        tensor or other array viewed in place through DLPack or the buffer protocol;
+        float16/32/64 or bfloat16 (with ml_dtypes), any strides. Arithmetic is float32
+        (float64 for float64 scores), each table value rounded once to it.
+    table : array (num_buckets, heads)
+        transformers' ``relative_attention_bias.weight``, any float dtype.
+    bidirectional, max_distance : as in :func:`relative_position_bucket`.
+    q_offset : int, optional
+        Position of query 0; default k_len - q_len (decode with a cache).
+    causal : bool
+        -inf where the key comes after the query (a decoder's self-attention).
+    key_mask : array of bool or 0/1, optional
+        transformers' ``attention_mask`` (1 = attend): (k_len,), (1, k_len), (batch,
+        k_len) with batch the leading dims flattened, or the leading dims followed by
+        k_len. Masked keys get -inf.
+    num_threads : int, optional
+        Threads; default ``fastpe.get_num_threads()``; small calls run serially.
+
+    >>> scores = q @ k.transpose(0, 1, 3, 2)                 # T5 does not scale
+    >>> fastpe.add_relative_bias(scores, table, key_mask=attention_mask)
+    """
+    _run_t5(_relative_args.add_relative_bias(
+        scores, table, bidirectional=bidirectional, max_distance=max_distance,
+        q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
+    return scores
+
+
+# ---- DeBERTa ------------------------------------------------------------------------------
+
+def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int = -1,
+                               max_relative_positions: int = -1) -> np.ndarray:
+    """DeBERTa's (q_len, k_len) relative positions of query i to key j, int64.
+
+    Exactly transformers' DebertaV2 ``build_relative_position`` (without its leading
+    axis): ``i - j``, log-bucketed (``make_log_bucket_position``, float32 steps
+    included) when position_buckets and max_relative_positions are both > 0.
+    """
+    return reference.deberta_relative_positions(q_len, k_len, position_buckets=position_buckets,
+                                                max_relative_positions=max_relative_positions)
+
+
+def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
+                          p2c: ArrayLike | None = None, position_buckets: int = -1,
+                          max_relative_positions: int = -1,
+                          num_threads: int | None = None) -> InPlace:
+    """DeBERTa's relative attention added to scores in place, in one pass.
+
+    ``scores[..., h, i, j] += c2p[..., h, i, ci] + p2c[..., h, j, pi]`` with
+    ``ci = clamp(r(i, j) + span, 0, 2 span - 1)`` and ``pi = clamp(-r(j, i) + span, 0,
+    2 span - 1)``, r the relative positions of :func:`deberta_relative_positions` and
+    span transformers' ``pos_ebd_size`` (position_buckets when > 0, else
+    max_relative_positions): what DebertaV2's ``disentangled_attention_bias`` returns,
+    added to the scores.
+
+    Parameters
+    ----------
+    scores : array (..., heads, q_len, k_len)
+        ``query @ key^T / scale``, written in place; any float dtype, any strides.
+    c2p : array (..., heads, q_len, 2 span), optional
+        Content-to-position logits ``query @ pos_key^T / scale`` (pos_att_type "c2p").
+    p2c : array (..., heads, k_len, 2 span), optional
+        Position-to-content logits ``key @ pos_query^T / scale`` ("p2c"); needs q_len ==
+        k_len (transformers' own p2c term has no other shape that adds to the scores).
+    position_buckets, max_relative_positions : int
+        The model's settings, as its attention module resolves them (DebertaV2 replaces a
+        max_relative_positions < 1 by max_position_embeddings); see
+        :meth:`DisentangledBias.from_hf_config`.
+    num_threads : int, optional
+        Threads; default ``fastpe.get_num_threads()``.
+
+    The two logits are summed in the compute type (float32, float64 for float64 scores)
+    and the sum added, as transformers adds its ``score`` to the attention scores.
+    """
+    _run_deberta(_relative_args.add_disentangled_bias(
+        scores, c2p=c2p, p2c=p2c, position_buckets=position_buckets,
+        max_relative_positions=max_relative_positions, num_threads=num_threads))
+    return scores
+
+
+# ---- loaders from transformers configs -------------------------------------------------------
+
+def _config_dict(config: object) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        d = to_dict()
+        if isinstance(d, dict):
+            return d
+    raise TypeError(f"config must be a transformers config or its dict, got "
+                    f"{type(config).__name__}")
+
+
+def _setting(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    value = cfg.get(key, default)
+    if value is None:
+        raise ValueError(f"config[{key!r}] is missing: it is needed to reproduce "
+                         f"{cfg.get('model_type')!r}'s relative positions")
+    return value
+
+
+# The T5-bucket families whose attention is T5Attention's (a bucket per distance, one
+# table per layer or per stack): model_type -> (encoder has it, decoder has it)
+T5_FAMILIES = {
+    "t5": (True, True), "mt5": (True, True), "umt5": (True, True),
+    "switch_transformers": (True, True), "pop2piano": (True, True),
+    "longt5": (False, True), "pix2struct_text_model": (False, True),
+    "pix2struct": (False, True), "mpnet": (True, False),
+}
+# Families with T5's bucket function whose bias fastpe does not reproduce, and why.
+T5_REFUSED = {
+    "udop": "its encoder adds 2D layout biases of the token boxes to the 1D buckets",
+    "layoutlmv2": "it adds 2D biases of the token boxes and buckets per-sequence positions",
+    "layoutlmv3": "it adds 2D biases of the token boxes and buckets per-sequence positions",
+    "wavlm": "its gated relative bias depends on the hidden states",
+    "prophetnet": "its n-gram stream attends with its own main/predict relative buckets",
+    "cpmant": "it buckets segment-relative positions with its own function",
+    "pp_doclayout_v2": "its relative bias is over 2D detection queries",
+}
+
+
+class RelativeBias:
+    """T5-style bucketed relative bias settings, parsed once; the weight table is given
+    per call (UMT5 has one per layer).
+
+    >>> rb = fastpe.RelativeBias.from_hf_config(t5_config)               # encoder
+    >>> rb(scores, layer.relative_attention_bias.weight, key_mask=attention_mask)
+    >>> dec = fastpe.RelativeBias.from_hf_config(t5_config, decoder=True)  # causal
+    """
+
+    def __init__(self, num_buckets: int = 32, *, max_distance: int = 128,
+                 bidirectional: bool = True, causal: bool = False) -> None:
+        self._spec = _relative_args.t5_settings(num_buckets, bidirectional, max_distance)
+        self.causal = _checks.flag(causal, "causal")
+
+    @property
+    def num_buckets(self) -> int:
+        return self._spec.num_buckets
+
+    @property
+    def max_distance(self) -> int:
+        return self._spec.max_distance
+
+    @property
+    def bidirectional(self) -> bool:
+        return self._spec.bidirectional
+
+    def __repr__(self) -> str:
+        return (f"RelativeBias(num_buckets={self.num_buckets}, max_distance="
+                f"{self.max_distance}, bidirectional={self.bidirectional}, "
+                f"causal={self.causal})")
+
+    @classmethod
+    def from_hf_config(cls, config: object, *, decoder: bool = False) -> RelativeBias:
+        """The settings transformers' attention uses for this config: the encoder's
+        self-attention (bidirectional), or with ``decoder=True`` the decoder's (keys
+        after the query share bucket 0, and causal). A family whose relative bias is
+        not T5's per-distance bucket lookup is a ValueError naming what it adds."""
+        cfg = _config_dict(config)
+        decoder = _checks.flag(decoder, "decoder")
+        model_type = cfg.get("model_type")
+        if model_type == "pix2struct":
+            cfg = _config_dict(_setting(cfg, "text_config"))
+            model_type = "pix2struct_text_model"
+        if model_type in T5_REFUSED:
+            raise ValueError(f"model_type {model_type!r}: fastpe does not reproduce its "
+                             f"relative bias: {T5_REFUSED[model_type]}")
+        if model_type not in T5_FAMILIES:
+            raise ValueError(f"model_type {model_type!r} is not a T5-bucket family fastpe "
+                             f"checked against transformers {TRANSFORMERS_CHECKED} (known: "
+                             f"{', '.join(sorted(T5_FAMILIES))})")
+        encoder_ok, decoder_ok = T5_FAMILIES[model_type]
+        if decoder and not decoder_ok:
+            raise ValueError(f"model_type {model_type!r} has no decoder")
+        if not decoder and not encoder_ok:
+            why = ("its encoder uses local or transient-global attention over blocks "
+                   "(encoder_attention_type), not one bias per query and key"
+                   if model_type == "longt5" else "it is a decoder: pass decoder=True")
+            raise ValueError(f"model_type {model_type!r}: {why}")
+        num_buckets = _setting(cfg, "relative_attention_num_buckets", 32)
+        # MPNet's code always uses the default max_distance (128)
+        max_distance = 128 if model_type == "mpnet" else _setting(
+            cfg, "relative_attention_max_distance", 128)
+        return cls(num_buckets, max_distance=max_distance, bidirectional=not decoder,
+                   causal=decoder)
+
+    def buckets(self, relative_position: ArrayLike) -> np.ndarray:
+        """relative_position_bucket of these settings."""
+        return _relative_math.t5_buckets(self._spec,
+                                         _relative_args.distances(relative_position))
+
+    def bias(self, table: ArrayLike, q_len: int, k_len: int, *, q_offset: int | None = None,
+             dtype: DTypeLike | None = None, out: np.ndarray | None = None,
+             num_threads: int | None = None) -> np.ndarray:
+        """relative_bias of these settings (the causal mask included when causal)."""
+        return relative_bias(table, q_len, k_len, bidirectional=self.bidirectional,
+                             max_distance=self.max_distance, q_offset=q_offset,
+                             causal=self.causal, dtype=dtype, out=out,
+                             num_threads=num_threads)
+
+    def __call__(self, scores: InPlace, table: ArrayLike, *, q_offset: int | None = None,
+                 key_mask: ArrayLike | None = None,
+                 num_threads: int | None = None) -> InPlace:
+        """add_relative_bias of these settings."""
+        return add_relative_bias(scores, table, bidirectional=self.bidirectional,
+                                 max_distance=self.max_distance, q_offset=q_offset,
+                                 causal=self.causal, key_mask=key_mask,
+                                 num_threads=num_threads)
+
+
+# DeBERTa-v2's attention (DisentangledSelfAttention) and the families that copy it.
+DEBERTA_FAMILIES = ("deberta-v2", "sew-d")
+DEBERTA_REFUSED = {
+    "deberta": "DeBERTa (v1) sizes its span by the sequence (min(max(q_len, k_len), "
+               "max_relative_positions)) and slices the relative embeddings around the "
+               "middle; fastpe reproduces DebertaV2's fixed span only",
+}
+
+
+class DisentangledBias:
+    """DeBERTa-v2/v3 disentangled attention settings, parsed once.
+
+    ``span`` is transformers' ``pos_ebd_size`` (the relative embeddings used are
+    ``rel_embeddings[:2 * span]``), ``scale`` the divisor of the scores and of both
+    logits (``sqrt(head_dim * (1 + len(pos_att_type)))``), ``c2p`` / ``p2c`` whether
+    pos_att_type has them and ``share_att_key`` whether the positions are projected by
+    the query and key projections themselves.
+    """
+
+    def __init__(self, *, position_buckets: int = -1, max_relative_positions: int = -1,
+                 c2p: bool = True, p2c: bool = True, share_att_key: bool = False,
+                 head_dim: int | None = None) -> None:
+        self._spec = _relative_args.deberta_settings(position_buckets, max_relative_positions)
+        self.c2p = _checks.flag(c2p, "c2p")
+        self.p2c = _checks.flag(p2c, "p2c")
+        self.share_att_key = _checks.flag(share_att_key, "share_att_key")
+        self.head_dim = None if head_dim is None else _checks.count(head_dim, "head_dim",
+                                                                    minimum=1)
+
+    @property
+    def position_buckets(self) -> int:
+        return self._spec.position_buckets
+
+    @property
+    def max_relative_positions(self) -> int:
+        return self._spec.max_relative_positions
+
+    @property
+    def span(self) -> int:
+        return self._spec.span
+
+    @property
+    def scale(self) -> float:
+        """sqrt(head_dim * scale_factor), rounded to float32 as transformers computes it."""
+        if self.head_dim is None:
+            raise ValueError("scale needs head_dim (from_hf_config sets it)")
+        factor = 1 + int(self.c2p) + int(self.p2c)
+        return float(np.sqrt(np.float32(self.head_dim) * np.float32(factor)))
+
+    def __repr__(self) -> str:
+        return (f"DisentangledBias(position_buckets={self.position_buckets}, "
+                f"max_relative_positions={self.max_relative_positions}, c2p={self.c2p}, "
+                f"p2c={self.p2c}, share_att_key={self.share_att_key}, "
+                f"head_dim={self.head_dim})")
+
+    @classmethod
+    def from_hf_config(cls, config: object) -> DisentangledBias:
+        """The settings DebertaV2's attention module derives from this config (also
+        mDeBERTa and DeBERTa-v3, model_type "deberta-v2", and SEW-D). A config without
+        relative attention, or of a family fastpe does not reproduce, is a ValueError."""
+        cfg = _config_dict(config)
+        model_type = cfg.get("model_type")
+        if model_type in DEBERTA_REFUSED:
+            raise ValueError(f"model_type {model_type!r}: {DEBERTA_REFUSED[model_type]}")
+        if model_type not in DEBERTA_FAMILIES:
+            raise ValueError(f"model_type {model_type!r} is not a DeBERTa-v2 family fastpe "
+                             f"checked against transformers {TRANSFORMERS_CHECKED} (known: "
+                             f"{', '.join(DEBERTA_FAMILIES)})")
+        if not cfg.get("relative_attention", False):
+            raise ValueError(f"config['relative_attention'] is {cfg.get('relative_attention')!r}"
+                             f": this {model_type!r} model has no relative attention to add")
+        types = cfg.get("pos_att_type") or []
+        if isinstance(types, str):
+            types = [t.strip() for t in types.lower().split("|")]
+        types = list(types)
+        buckets = cfg.get("position_buckets", -1)
+        max_rel = cfg.get("max_relative_positions", -1)
+        if max_rel < 1:
+            max_rel = _setting(cfg, "max_position_embeddings")
+        heads = _setting(cfg, "num_attention_heads")
+        head_dim = cfg.get("attention_head_size") or _setting(cfg, "hidden_size") // heads
+        return cls(position_buckets=buckets, max_relative_positions=max_rel,
+                   c2p="c2p" in types, p2c="p2c" in types,
+                   share_att_key=bool(cfg.get("share_att_key", False)), head_dim=head_dim)
+
+    def relative_positions(self, q_len: int, k_len: int) -> np.ndarray:
+        """deberta_relative_positions of these settings."""
+        return deberta_relative_positions(q_len, k_len, position_buckets=self.position_buckets,
+                                          max_relative_positions=self.max_relative_positions)
+
+    def __call__(self, scores: InPlace, *, c2p: ArrayLike | None = None,
+                 p2c: ArrayLike | None = None, num_threads: int | None = None) -> InPlace:
+        """add_disentangled_bias of these settings; a logit pos_att_type lacks, or one it
+        has and the call lacks, is a ValueError."""
+        for name, given, wanted in (("c2p", c2p, self.c2p), ("p2c", p2c, self.p2c)):
+            if wanted != (given is not None):
+                raise ValueError(f"{name}: this model's pos_att_type "
+                                 f"{'has' if wanted else 'lacks'} it; "
+                                 f"{'pass it' if wanted else 'pass None'}")
+        return add_disentangled_bias(scores, c2p=c2p, p2c=p2c,
+                                     position_buckets=self.position_buckets,
+                                     max_relative_positions=self.max_relative_positions,
+                                     num_threads=num_threads)

@@ -1,0 +1,397 @@
+"""fastpe.hf.patch / unpatch on small random-weight transformers models.
+
+The truth is each model's own transformers code (the stock model in the same
+process) and, at 2**20 positions, the RoPE formula in float64 (Su et al., 2021):
+rotate pair (j, j + r/2) by position * base**(-2j/r). Nothing is downloaded: every
+model is built from a tiny config. Skipped without torch and transformers (the
+"hf" extra).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import fastpe  # noqa: E402
+import fastpe.hf  # noqa: E402
+
+SMALL = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+HEAD_DIM = 16
+IMAGE_TOKEN = 150
+
+
+def text_model(model_type, **extra):
+    config = transformers.AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def gemma3n():
+    """Gemma 3n's text model: apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=2) on q
+    and k one at a time, as (batch, seq, heads, dim); the last 2 layers reuse the
+    keys of earlier ones."""
+    config = transformers.Gemma3nTextConfig(
+        **{**SMALL, "num_hidden_layers": 4}, head_dim=HEAD_DIM, sliding_window=4,
+        vocab_size_per_layer_input=SMALL["vocab_size"], hidden_size_per_layer_input=8,
+        layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+        laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0] * 4)
+    torch.manual_seed(0)
+    return transformers.Gemma3nForCausalLM(config).eval()
+
+
+def qwen2_vl():
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                 "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+                           patch_size=4, temporal_patch_size=2, spatial_merge_size=2),
+        image_token_id=IMAGE_TOKEN, video_token_id=151, vision_start_token_id=152,
+        vision_end_token_id=153)
+    torch.manual_seed(0)
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
+# family -> (model builder, the config's RoPE for the float64 reference: base, rotated
+# features of the 16-wide head, M-RoPE sections in pairs or None)
+FAMILIES = {
+    "llama": (lambda: text_model("llama"), (10000.0, 16, None)),
+    "qwen2": (lambda: text_model("qwen2", rope_parameters={"rope_type": "default",
+                                                          "rope_theta": 1e6}), (1e6, 16, None)),
+    "gemma2": (lambda: text_model("gemma2", head_dim=HEAD_DIM, sliding_window=4),
+               (10000.0, 16, None)),
+    # sliding layers at rope_theta 1e4, full layers at 1e6: each layer its own
+    "gemma3": (lambda: text_model("gemma3_text", head_dim=HEAD_DIM, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"]), None),
+    # half the features rotate (partial_rotary_factor), inside the apply function
+    "phi3": (lambda: text_model("phi3", partial_rotary_factor=0.5), (10000.0, 8, None)),
+    # Phi slices the rotated features off before its apply function
+    "phi": (lambda: text_model("phi", partial_rotary_factor=0.5), None),
+    "qwen2_vl": (qwen2_vl, (1e6, 16, (2, 3, 3))),
+    "mistral": (lambda: text_model("mistral"), None),
+    "gpt_neox": (lambda: text_model("gpt_neox", rotary_pct=0.25), None),
+    "stablelm": (lambda: text_model("stablelm", partial_rotary_factor=0.25), None),
+    # adjacent pairs (from_hf_config's "gptj" style)
+    "cohere": (lambda: text_model("cohere"), None),
+    # scalings whose frequencies change past the original length, which the 16
+    # positions of prompt and decoding cross
+    "phi3_longrope": (lambda: text_model("phi3", max_position_embeddings=64, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [2.0 + 0.5 * i for i in range(8)],
+        "original_max_position_embeddings": 12}), None),
+    "llama_dynamic": (lambda: text_model("llama", max_position_embeddings=12, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}), None),
+    "llama3": (lambda: text_model("llama", rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8}), None),
+    # multi-head latent attention: the apply function gets q's rope part and the one
+    # shared k_pe head, and interleaves their features
+    "deepseek_v3": (lambda: text_model(
+        "deepseek_v3", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1), None),
+    # one rotary module per layer type, in a list beside the layers
+    "granite_swa": (lambda: text_model("granite_swa"), None),
+    "gemma3n": (gemma3n, None),
+    # full layers: 512-wide heads (Gemma 4's default), proportional RoPE on a quarter
+    "gemma4": (lambda: text_model("gemma4_text", head_dim=HEAD_DIM, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"]), None),
+    # an attention scaling (YaRN's mscale) on cos and sin
+    "qwen2_yarn": (lambda: text_model("qwen2", rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+        "original_max_position_embeddings": 8}), None),
+}
+
+
+# calls of fastpe per forward pass where it is not one per layer: Gemma 3n and 4 rotate
+# q and k in calls of their own, and Gemma 3n's 2 last layers reuse earlier layers' keys
+ROTATIONS_PER_PASS = {"gemma3n": 4 + 2, "gemma4": 2 * 2}
+
+
+def prompt(family):
+    """The model's inputs: 8 text tokens, and for Qwen2-VL an image of 4 x 6 patches
+    (6 tokens after the 2 x 2 merge) between its start and end tokens."""
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
+    if family != "qwen2_vl":
+        return {"input_ids": ids}
+    ids = torch.cat([ids[:, :3], torch.tensor([[152] + [IMAGE_TOKEN] * 6 + [153]]), ids[:, 3:]], 1)
+    gen = torch.Generator().manual_seed(1)
+    return {"input_ids": ids, "pixel_values": torch.randn(24, 3 * 2 * 4 * 4, generator=gen),
+            "image_grid_thw": torch.tensor([[1, 4, 6]]),
+            "mm_token_type_ids": (ids == IMAGE_TOKEN).int()}
+
+
+def run(model, inputs):
+    """The logits of the prompt, and greedy decoding of 8 tokens: the tokens, each
+    step's logits after them."""
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    return torch.cat([logits] + [step[:, None] for step in out.logits], 1), out.sequences
+
+
+def instance_attributes(model):
+    return {name: sorted(vars(m)) for name, m in model.named_modules()}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    return request.param
+
+
+def count_rotations(monkeypatch):
+    """Every call of a fastpe RotaryEmbedding from now on, as the shape of its q."""
+    calls = []
+    call = fastpe.RotaryEmbedding.__call__
+
+    def counted(self, q, *args, **kwargs):
+        calls.append(tuple(q.shape))
+        return call(self, q, *args, **kwargs)
+
+    monkeypatch.setattr(fastpe.RotaryEmbedding, "__call__", counted)
+    return calls
+
+
+def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family, monkeypatch):
+    model = FAMILIES[family][0]()
+    inputs = prompt(family)
+    stock_logits, stock_tokens = run(model, inputs)
+    before = instance_attributes(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    assert fastpe.hf.patch(model) is model
+    calls = count_rotations(monkeypatch)
+    logits, tokens = run(model, inputs)
+    torch.testing.assert_close(logits, stock_logits, rtol=0, atol=2e-5)  # float32 rounding
+    assert torch.equal(tokens, stock_tokens)
+    # fastpe rotated q and k in every layer of 9 passes (the logits', generate's prefill
+    # and its 7 decode steps), and in Qwen2-VL's 2 vision layers in the 2 with the image
+    assert len(calls) == ROTATIONS_PER_PASS.get(family, SMALL["num_hidden_layers"]) * 9 + (
+        2 * 2 if family == "qwen2_vl" else 0)
+    calls.clear()
+
+    assert fastpe.hf.unpatch(model) is model
+    assert instance_attributes(model) == before
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    logits, tokens = run(model, inputs)
+    assert torch.equal(logits, stock_logits) and torch.equal(tokens, stock_tokens)
+    assert not calls
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen2_vl"])
+def test_left_padded_batch(name):
+    """Two prompts, the shorter left-padded: generate's (batch, seq) position_ids from
+    the attention mask, each sequence at positions of its own (Qwen2-VL: (3, batch,
+    seq), its image in the first)."""
+    model = FAMILIES[name][0]()
+    inputs = prompt(name)
+    ids = inputs["input_ids"]
+    pad = 3
+    shorter = torch.cat([torch.zeros(1, pad, dtype=ids.dtype), ids[:, pad:].flip(1)], 1)
+    if name == "qwen2_vl":  # the second prompt: text only
+        shorter = torch.where(ids[:, pad:].flip(1) >= IMAGE_TOKEN, 8, ids[:, pad:].flip(1))
+        shorter = torch.cat([torch.zeros(1, pad, dtype=ids.dtype), shorter], 1)
+    mask = torch.ones(2, ids.shape[1], dtype=torch.long)
+    mask[1, :pad] = 0
+    batch = {**inputs, "input_ids": torch.cat([ids, shorter]), "attention_mask": mask}
+    if name == "qwen2_vl":
+        batch["mm_token_type_ids"] = (batch["input_ids"] == IMAGE_TOKEN).int()
+    stock_logits, stock_tokens = run(model, batch)
+    logits, tokens = run(fastpe.hf.patch(model), batch)
+    torch.testing.assert_close(logits, stock_logits, rtol=0, atol=2e-5)
+    assert torch.equal(tokens, stock_tokens)
+
+
+def reference_rotation(x, positions, base, rotated, sections):
+    """x (seq, heads, dim) rotated in float64 by the formula; positions (axes, seq)."""
+    x = x.astype(np.float64).copy()
+    half = rotated // 2
+    inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2 / rotated)
+    axis = np.zeros(half, int) if sections is None else np.repeat(np.arange(3), sections)
+    angle = positions[axis].T.astype(np.float64) * inv_freq             # (seq, half)
+    cos, sin = np.cos(angle)[:, None], np.sin(angle)[:, None]
+    a, b = x[..., :half].copy(), x[..., half:rotated].copy()
+    x[..., :half], x[..., half:rotated] = a * cos - b * sin, b * cos + a * sin
+    return x
+
+
+def language_model(model):
+    return getattr(model.model, "language_model", model.model)
+
+
+def capture_q_k(model):
+    """Hooks on layer 0's projections: each keeps its output (which the rotation then
+    writes in place) and a copy as projected. Returns a function giving [(rotated,
+    projected)] for q and k as (seq, heads, dim) arrays, and the hooks' handles."""
+    attn = language_model(model).layers[0].self_attn
+    fused = hasattr(attn, "qkv_proj")  # Phi-3: one projection, [q | k | v]
+    projections = [attn.qkv_proj] if fused else [attn.q_proj, attn.k_proj]
+    seen = {}
+
+    def keep(module, args, out):
+        seen[module] = (out, out.clone())
+
+    handles = [p.register_forward_hook(keep) for p in projections]
+    q_end = SMALL["num_attention_heads"] * HEAD_DIM
+    k_end = q_end + SMALL["num_key_value_heads"] * HEAD_DIM
+
+    def result():
+        outs = [seen[p] for p in projections]
+        if fused:
+            outs = [tuple(t[..., cols] for t in outs[0])
+                    for cols in (slice(0, q_end), slice(q_end, k_end))]
+        return [tuple(t[0].reshape(t.shape[1], -1, HEAD_DIM).numpy() for t in pair)
+                for pair in outs]
+
+    return result, handles
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma2", "phi3", "qwen2_vl"])
+def test_rotations_exact_at_2_20_positions(name):
+    build, (base, rotated, sections) = FAMILIES[name]
+    model = fastpe.hf.patch(build())
+    result, handles = capture_q_k(model)
+    seq = 8
+    start = 2 ** 20
+    positions = start + np.arange(seq)
+    if sections is None:
+        position_ids = torch.from_numpy(positions)[None]
+        axes = positions[None]
+    else:  # M-RoPE: each axis at its own position
+        axes = np.stack([positions, positions + 3, positions + 7])
+        position_ids = torch.from_numpy(axes)[:, None]
+    with torch.no_grad():
+        model(input_ids=torch.arange(1, seq + 1)[None], position_ids=position_ids)
+    for rotated_x, projected in result():
+        want = reference_rotation(projected, axes, base, rotated, sections)
+        # q and k are below 1: float32 rounding (about 3e-8 here), the angles exact
+        np.testing.assert_allclose(rotated_x, want, rtol=0, atol=2e-7)
+    # the stock float32 angles are off by up to ~6e-2 rad here: q, k off by 2e-3 to 5e-3
+    for handle in handles:
+        handle.remove()
+    fastpe.hf.unpatch(model)
+    stock_error = max(float(np.abs(reference_rotation(p, axes, base, rotated, sections)
+                                   - stock_rotate(model, p, position_ids)).max())
+                      for _, p in result())
+    assert stock_error > 1e-3
+
+
+def stock_rotate(model, x, position_ids):
+    """x (seq, heads, dim) rotated by the model's own rotary module and apply function."""
+    text = language_model(model)
+    module = __import__(type(text).__module__, fromlist=["apply_rotary_pos_emb"])
+    t = torch.from_numpy(x).transpose(0, 1)[None]
+    with torch.no_grad():
+        cos, sin = text.rotary_emb(t, position_ids)
+        out, _ = module.apply_rotary_pos_emb(t, t.clone(), cos, sin)
+    return out[0].transpose(0, 1).numpy()
+
+
+def test_one_model_patched_another_not():
+    from transformers.models.llama import modeling_llama
+
+    apply_before = modeling_llama.apply_rotary_pos_emb
+    forward_before = modeling_llama.LlamaAttention.forward
+    patched = text_model("llama")
+    stock = copy.deepcopy(patched)
+    inputs = prompt("llama")
+    want_logits, want_tokens = run(stock, inputs)
+    fastpe.hf.patch(patched)
+    logits, tokens = run(patched, inputs)
+    stock_logits, stock_tokens = run(stock, inputs)
+    assert torch.equal(tokens, want_tokens)
+    assert torch.equal(stock_logits, want_logits) and torch.equal(stock_tokens, want_tokens)
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=2e-5)
+    assert not torch.equal(logits, want_logits)
+    assert modeling_llama.apply_rotary_pos_emb is apply_before
+    assert modeling_llama.LlamaAttention.forward is forward_before
+    assert not any("forward" in vars(m) for m in stock.modules())
+    assert fastpe.hf.patch(patched) is patched  # again: nothing more changes
+    assert sum("forward" in vars(m) for m in patched.modules()) == 1 + SMALL["num_hidden_layers"]
+    fastpe.hf.unpatch(patched)
+    assert fastpe.hf.unpatch(patched) is patched
+    assert not any("forward" in vars(m) for m in patched.modules())
+
+
+def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="no transformers rotary embedding module"):
+        fastpe.hf.patch(gpt2)
+    # GPT-J rotates q and k one at a time, sin before cos: not the form fastpe.hf replaces
+    gptj = transformers.GPTJForCausalLM(transformers.GPTJConfig(
+        n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64, vocab_size=64))
+    with pytest.raises(ValueError, match=r"apply_rotary_pos_emb\(tensor, sin, cos\)"):
+        fastpe.hf.patch(gptj)
+    deepseek_v4 = text_model("deepseek_v4")
+    with pytest.raises(ValueError, match="'deepseek_v4' is not reproduced: its attention also"):
+        fastpe.hf.patch(deepseek_v4)
+    llama = text_model("llama")
+    hooked = llama.model.layers[1].self_attn
+    hooked.forward = hooked.forward  # as accelerate's hooks do
+    with pytest.raises(ValueError, match="already replaced on this instance"):
+        fastpe.hf.patch(llama)
+    for model in (gpt2, gptj, deepseek_v4, llama):
+        assert not hasattr(model, "_fastpe_hf_patched")
+    assert ["forward" in vars(m) for m in llama.modules()].count(True) == 1
+    with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
+        fastpe.hf.patch(object())
+
+
+def test_autograd_is_refused():
+    model = fastpe.hf.patch(text_model("llama"))
+    with pytest.raises(TypeError, match="requires grad"):
+        model(**prompt("llama"))
+
+
+def test_stock_code_given_fastpe_positions_says_so():
+    model = fastpe.hf.patch(text_model("llama"))
+    from transformers.models.llama import modeling_llama
+    x = torch.zeros(1, 3, SMALL["hidden_size"])
+    cos, sin = model.model.rotary_emb(x, torch.arange(3)[None])
+    q = torch.zeros(1, 4, 3, HEAD_DIM)
+    with pytest.raises(AttributeError, match=r"fastpe\.hf: this model's code reads 'unsqueeze'"):
+        modeling_llama.apply_rotary_pos_emb(q, q, cos, sin)
+
+
+def test_both_backends_rotate_the_same():
+    model = fastpe.hf.patch(text_model("llama"))
+    inputs = prompt("llama")
+    compiled, _ = run(model, inputs)
+    with fastpe.use_backend("numpy"):
+        reference, _ = run(model, inputs)
+    torch.testing.assert_close(compiled, reference, rtol=0, atol=1e-6)
+
+
+def test_a_copy_of_a_patched_model_is_patched_on_its_own(monkeypatch):
+    stock = text_model("llama")
+    inputs = prompt("llama")
+    want, _ = run(stock, inputs)
+    original = fastpe.hf.patch(copy.deepcopy(stock))
+    twin = copy.deepcopy(original)
+    calls = count_rotations(monkeypatch)
+    fastpe.hf.unpatch(original)
+    logits, _ = run(twin, inputs)
+    torch.testing.assert_close(logits, want, rtol=0, atol=2e-5)
+    assert calls  # the copy's own layers, still patched, rotated through fastpe
+    calls.clear()
+    assert torch.equal(run(original, inputs)[0], want) and not calls
+    assert torch.equal(run(fastpe.hf.unpatch(twin), inputs)[0], want)
+
+
+def test_inference_mode_and_float16():
+    model = text_model("llama")
+    half = copy.deepcopy(model).half()
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        want, want16 = model(ids).logits, half(ids).logits
+    with torch.inference_mode():
+        got = fastpe.hf.patch(model)(ids).logits
+        got16 = fastpe.hf.patch(half)(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    torch.testing.assert_close(got16, want16, rtol=0, atol=2e-3)  # float16's ulp at 1: 1e-3

@@ -1,0 +1,282 @@
+"""Hostile inputs: objects whose conversions lie or alias the output, other threads and
+forks at the wrong moment. Each gives an error or the right answer, never a crash, a
+hang or a wrong number."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import COMPILED, assert_bytes_equal, run_python
+
+import fastpe
+
+
+class Shifty:
+    """An array-like whose __array__ gives a longer array from its second call on."""
+
+    def __init__(self, first, later):
+        self.calls = 0
+        self.first, self.later = first, later
+
+    def __array__(self, dtype=None, copy=None):
+        self.calls += 1
+        return self.first if self.calls == 1 else self.later
+
+
+class Interface:
+    """Exposes another array's memory through __array_interface__ only."""
+
+    def __init__(self, a):
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+class Lying(float):
+    """A float whose __float__ says something else than its value."""
+
+    def __float__(self):
+        return 2.0
+
+
+@pytest.mark.parametrize("spelling", [False, 0, np.False_, True, 1, np.True_])
+def test_reverse_embedding_reads_every_spelling_of_inverse(spelling):
+    """An embedding that rotates by -angle: inverse=False-ish rotates by -angle, and the
+    True-ish spellings undo it, as for inverse=False and inverse=True."""
+    rope = fastpe.RotaryEmbedding(16)
+    rope.reverse = True
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4, 2, 16))
+    want = q.copy()
+    fastpe.reference.apply_rope(want, inverse=not bool(spelling))
+    got = q.copy()
+    rope(got, inverse=spelling)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("spelling", [0, np.False_, False])
+def test_mrope_interleaved_reads_every_spelling_of_false(spelling):
+    rope = fastpe.RotaryEmbedding(64, mrope_interleaved=spelling)
+    assert rope.axes == 1
+
+
+def test_positions_whose_array_changes_between_conversions():
+    """Multi-axis positions converted once: what is validated is what is read."""
+    rope = fastpe.RotaryEmbedding(16, mrope_section=[2, 3, 3])
+    q = np.zeros((1, 4, 2, 16), np.float32)
+    short = np.zeros((3, 4), np.int64)
+    evil = Shifty(short, np.full((3, 1000), 7, np.int64))
+    rope(q, None, evil)
+    assert evil.calls == 1
+    fine = np.zeros_like(q)
+    rope(fine, None, short)
+    assert_bytes_equal(q, fine)
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_positions_aliasing_q_through_array_interface(backend):
+    """Positions that are q's own memory, seen only through __array_interface__, with a
+    cache whose values would turn a rewritten position into a wild index: refused by
+    name, or (were it not seen) read before q is written: the call owns its positions."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    q = np.zeros((1, 4, 1, 8), np.float64)
+    q.reshape(-1)[:4] = [0, 1, 2, 3]  # the positions, as float64 bits of q...
+    flat = q.reshape(-1).view(np.int64)
+    flat[:4] = [0, 1, 2, 3]  # ...stored as int64 in q's first four elements
+    pos = Interface(flat[:4])
+    cos = np.full((4, 4), 1e300)
+    sin = np.full((4, 4), 1e300)
+    expect = q.copy()
+    fastpe.reference.apply_rope_cached(expect, None, cos, sin, np.arange(4))
+    before = q.copy()
+    with fastpe.use_backend(backend):
+        with pytest.raises(ValueError, match=r"positions overlaps q"):
+            fastpe.apply_rope_cached(q, None, cos, sin, pos)
+    assert_bytes_equal(q, before)
+    owned, _ = fastpe._checks.position_array(pos, "positions")
+    assert not np.shares_memory(owned, q)
+    assert expect.shape == q.shape
+
+
+def test_slopes_aliasing_scores_through_array_are_refused():
+    scores = np.full((3, 2, 4), 0.5)
+    slopes = Shifty(scores[0, 0, :3], scores[0, 0, :3])
+    with pytest.raises(ValueError, match=r"slopes overlaps scores"):
+        fastpe.add_alibi(scores, slopes=slopes)
+    assert (scores == 0.5).all()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_float_subclass_is_read_through_its_float(fast):
+    """Both paths take float(x): the compiled fast path may not read the raw value."""
+    x = np.zeros((4, 8), np.float32) + 1
+    want = x.copy()
+    fastpe.reference.add_sinusoidal(want, scale=2.0)
+    positions = None if fast else np.arange(4)
+    fastpe.add_sinusoidal(x, positions, scale=Lying(8.0))
+    np.testing.assert_allclose(x, want, rtol=2e-7, atol=2e-7)
+    q = np.ones((1, 4, 1, 8))
+    fastpe.apply_rope(q, base=Lying(8.0))
+    r = np.ones((1, 4, 1, 8))
+    fastpe.apply_rope(r, base=2.0)
+    assert_bytes_equal(q, r)
+
+
+def _interleaved_views():
+    """q and k of one buffer, disjoint, interleaved within each token's row (q's
+    elements at 0, 2, 3, 5, k's at 1, 4) so that neither their byte ranges nor the
+    lattice proof tells them apart."""
+    buf = np.zeros(700 * 8 + 8, np.float32)
+    s = buf.itemsize
+    q = np.lib.stride_tricks.as_strided(buf, (1, 700, 2, 2), (0, 8 * s, 3 * s, 2 * s))
+    k = np.lib.stride_tricks.as_strided(buf[1:], (1, 700, 1, 2), (0, 8 * s, 8 * s, 3 * s))
+    return q, k
+
+
+def test_interleaved_views_are_told_apart_by_a_bounded_search():
+    q, k = _interleaved_views()
+    assert not np.shares_memory(q, k)
+    assert not fastpe._checks.lattice_apart(q, k)
+    expect_q, expect_k = q.copy(), k.copy()
+    fastpe.reference.apply_rope(expect_q, expect_k)
+    fastpe.apply_rope(q, k)
+    assert_bytes_equal(q, expect_q)
+    assert_bytes_equal(k, expect_k)
+
+
+def test_views_that_cannot_be_proven_apart_within_the_bound_are_refused(monkeypatch):
+    """Past the bounded search the call refuses at once, naming both, rather than
+    searching for minutes; nothing is written."""
+    monkeypatch.setattr(fastpe._checks, "SHARES_MEMORY_WORK", 1)
+    q, k = _interleaved_views()
+    with pytest.raises(ValueError, match=r"\bq and k\b.*cannot prove disjoint"):
+        fastpe.apply_rope(q, k)
+    assert not q.any() and not k.any()
+
+
+def test_lattice_proof_against_exact_search():
+    """The lattice proof never calls overlapping views apart: random views of one buffer,
+    held to np.shares_memory's exact answer."""
+    rng = np.random.default_rng(1)
+    buf = np.zeros(4096, np.float32)
+    proven = 0
+    for _ in range(3000):
+        views = []
+        for _ in range(2):
+            nd = int(rng.integers(1, 4))
+            shape = tuple(int(n) for n in rng.integers(1, 6, nd))
+            strides = tuple(int(st) * 4 for st in rng.integers(-40, 41, nd))
+            span = sum(abs(st) * (n - 1) for st, n in zip(strides, shape)) + 4
+            start = int(rng.integers(0, buf.nbytes - span)) // 4 * 4
+            start += sum(-st * (n - 1) for st, n in zip(strides, shape) if st < 0)
+            views.append(np.lib.stride_tricks.as_strided(buf[start // 4:], shape, strides))
+        if fastpe._checks.lattice_apart(*views):
+            proven += 1
+            assert not np.shares_memory(*views), [(v.shape, v.strides) for v in views]
+    assert proven > 100
+
+
+def _assert_child_exits_cleanly(code, timeout):
+    """Run `code`, which forks a child (pid) that exits 0 when all is well; a child that
+    hangs fails the test at the timeout."""
+    proc = run_python(code + """
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+""", timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "child 0" in proc.stdout
+
+
+def test_fork_after_torch_ran_a_team_then_a_threaded_call_in_the_child():
+    """torch and fastpe share libgomp; its pool does not survive fork(): the child
+    runs fastpe serially instead of hanging in GOMP_parallel."""
+    pytest.importorskip("torch")
+    code = """
+import os, sys, numpy as np, torch, fastpe, fastpe._threads
+torch.set_num_threads(2)
+a = torch.randn(256, 256); (a @ a).sum()
+torch.randn(1 << 20).exp_()
+pid = os.fork()
+if pid == 0:
+    fastpe._threads.SERIAL_BYTES = 0
+    x = np.zeros((4, 1024, 256), np.float32)
+    fastpe.add_sinusoidal(x, num_threads=2)
+    ok = np.array_equal(x[0], fastpe.sinusoidal_table(1024, 256))
+    os._exit(0 if ok else 3)
+"""
+    _assert_child_exits_cleanly(code, timeout=120)
+
+
+def test_fork_while_another_thread_holds_the_frequency_lock():
+    """A child forked while another thread inserts into a frequency cache does not wait
+    forever on its first new dynamic NTK length."""
+    code = """
+import os, threading, numpy as np, fastpe
+from fastpe import _rope_scaling
+spec = fastpe.RotaryEmbedding(64, scaling={"rope_type": "dynamic", "factor": 2.0},
+                              max_position_embeddings=16)
+held = threading.Event(); release = threading.Event()
+def hold():
+    with _rope_scaling._cache_lock:
+        held.set(); release.wait()
+t = threading.Thread(target=hold); t.start(); held.wait()
+pid = os.fork()
+if pid == 0:
+    q = np.zeros((1, 40, 1, 64))
+    spec(q, positions=np.arange(40))
+    os._exit(0)
+release.set(); t.join()
+"""
+    _assert_child_exits_cleanly(code, timeout=60)
+
+
+def test_positions_rewritten_by_another_thread_never_crash():
+    """Another thread rewriting the positions of a cached rotation and of a learned add
+    while they run: odd numbers at worst, never a read past the cache or table."""
+    code = """
+import threading, numpy as np, fastpe
+n = 4096
+pos = np.zeros(n, np.int64)
+cos = np.ones((n, 32), np.float32); sin = np.zeros((n, 32), np.float32)
+table = np.ones((n, 64), np.float32)
+stop = threading.Event()
+def rewrite():
+    while not stop.is_set():
+        pos[:] = 1 << 40
+        pos[:] = 0
+t = threading.Thread(target=rewrite, daemon=True); t.start()
+q = np.zeros((1, n, 1, 64), np.float32); x = np.zeros((1, n, 64), np.float32)
+errors = 0
+try:
+    for _ in range(300):
+        for call in (lambda: fastpe.apply_rope_cached(q, None, cos, sin, pos),
+                     lambda: fastpe.add_learned(x, table, pos)):
+            try:
+                call()
+            except (IndexError, ValueError):
+                errors += 1
+finally:
+    stop.set()
+t.join()
+print("done", errors)
+"""
+    proc = run_python(code, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done" in proc.stdout
+
+
+def test_huge_inverse_frequencies_do_not_differ_between_backends():
+    """A base so small that inverse frequencies reach 1e280: refused, or equal on both
+    backends; never whole-radian differences."""
+    q = np.ones((1, 3, 1, 8))
+    try:
+        fastpe.apply_rope(q, base=1e-320)
+    except ValueError as exc:
+        assert "base" in str(exc)
+        return
+    r = np.ones((1, 3, 1, 8))
+    with fastpe.use_backend("numpy"):
+        fastpe.apply_rope(r, base=1e-320)
+    assert math.isclose(float(np.abs(q - r).max()), 0.0, abs_tol=1e-6)

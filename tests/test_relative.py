@@ -1,0 +1,598 @@
+"""T5's bucketed relative bias and DeBERTa's disentangled bias against transformers' own
+code (tests/data/hf_relative_reference.*, made by make_hf_relative_reference.py: no torch
+needed here), the compiled kernels against fastpe.reference on every dtype, layout and
+thread count, the config loaders, and the bad-input rows (run by tests/test_bad_input.py).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    DTYPE_IDS,
+    FLOAT_DTYPES,
+    as_f64,
+    assert_bytes_equal,
+    assert_close,
+    awkward_kinds,
+    make_awkward,
+    needs_compiled,
+)
+from test_alibi import BAD_ADD, S, _read_only, _strided_zero  # S: (2, 3, 4, 6) scores
+
+import fastpe
+
+DATA = Path(__file__).parent / "data"
+BACKENDS = ["cython", "numpy"]
+
+
+@cache
+def fixtures():
+    meta = json.loads((DATA / "hf_relative_reference.json").read_text())
+    with np.load(DATA / "hf_relative_reference.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    return meta, arrays
+
+
+def cases(kind):
+    return [c for c in fixtures()[0]["cases"] if c["kind"] == kind]
+
+
+def ids(kind):
+    return [c["name"] for c in cases(kind)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    if request.param == "cython" and fastpe._backend.compiled is None:
+        pytest.skip("the compiled extension is not built")
+    with fastpe.use_backend(request.param):
+        yield request.param
+
+
+# ---- T5 buckets: every distance, bit-exact ------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("buckets"), ids=ids("buckets"))
+def test_buckets_equal_transformers_for_every_distance(case):
+    reach = fixtures()[0]["reach"]
+    want = fixtures()[1][f"buckets/{case['name']}"]
+    d = np.arange(-reach, reach + 1)
+    got = fastpe.relative_position_bucket(d, bidirectional=case["bidirectional"],
+                                          num_buckets=case["num_buckets"],
+                                          max_distance=case["max_distance"])
+    assert got.dtype == np.int64 and got.shape == d.shape
+    bad = np.nonzero(got != want)[0]
+    assert not bad.size, f"{case['name']}: distance {d[bad[0]]}: {got[bad[0]]} != {want[bad[0]]}"
+
+
+def test_buckets_past_the_fixture_range_are_the_last():
+    far = np.array([-2**62, -2**40, -2**24 - 1, 2**24 + 1, 2**40, 2**62])
+    assert fastpe.relative_position_bucket(far).tolist() == [15, 15, 15, 31, 31, 31]
+    assert fastpe.relative_position_bucket(far, bidirectional=False).tolist() == [31] * 3 + [0] * 3
+
+
+def test_bucket_shapes_and_dtypes():
+    for d in (np.int8(-3), np.arange(5, dtype=np.uint8)[::2], [[1, -1], [0, 200]]):
+        got = fastpe.relative_position_bucket(d)
+        assert got.shape == np.shape(d) and got.dtype == np.int64
+
+
+# ---- T5: the families' compute_bias --------------------------------------------------------------
+
+
+def t5_settings(case):
+    cfg = case["config"]
+    return dict(bidirectional=not case["decoder"],
+                max_distance=128 if case["family"] == "mpnet"
+                else cfg["relative_attention_max_distance"])
+
+
+@pytest.mark.parametrize("case", cases("t5"), ids=ids("t5"))
+def test_relative_bias_equals_compute_bias(case, backend):
+    arrays = fixtures()[1]
+    name, q, k = case["name"], case["q_len"], case["k_len"]
+    table, want = arrays[f"t5/{name}/table"], arrays[f"t5/{name}/bias"]
+    got = fastpe.relative_bias(table, q, k, q_offset=case["past_seen_tokens"],
+                               **t5_settings(case))
+    assert got.dtype == table.dtype
+    assert_bytes_equal(got, want, name)
+    # the bucket of every (query, key): a table holding its own row numbers
+    coded = np.repeat(np.arange(table.shape[0], dtype=np.float64)[:, None], table.shape[1], 1)
+    got = fastpe.relative_bias(coded, q, k, q_offset=case["past_seen_tokens"],
+                               **t5_settings(case))
+    assert np.array_equal(got, arrays[f"t5/{name}"]), name
+
+
+@pytest.mark.parametrize("case", cases("t5"), ids=ids("t5"))
+def test_loader_reproduces_the_module(case, backend):
+    """from_hf_config of the config the module was built from: the same settings; the
+    decoder's bias is the module's with the causal mask the decoder adds."""
+    arrays = fixtures()[1]
+    name, q, k, past = case["name"], case["q_len"], case["k_len"], case["past_seen_tokens"]
+    rb = fastpe.RelativeBias.from_hf_config(case["config"], decoder=case["decoder"])
+    assert rb.bidirectional == (not case["decoder"]) and rb.causal == case["decoder"]
+    want = arrays[f"t5/{name}/bias"].astype(np.float64)
+    if case["decoder"]:
+        future = np.arange(k)[None, :] > past + np.arange(q)[:, None]
+        want = np.where(future, -np.inf, want)
+    table = arrays[f"t5/{name}/table"]
+    assert_bytes_equal(rb.bias(table, q, k, q_offset=past, dtype="float64"), want, name)
+    scores = np.zeros((2, table.shape[1], q, k))
+    rb(scores, table, q_offset=past)
+    assert_bytes_equal(scores[1], want, name)
+
+
+def test_default_q_offset_puts_the_queries_last():
+    table = np.random.default_rng(0).standard_normal((32, 3))
+    assert np.array_equal(fastpe.relative_bias(table, 4, 50),
+                          fastpe.relative_bias(table, 50, 50)[:, -4:])
+    with pytest.raises(ValueError, match="q_offset"):
+        fastpe.relative_bias(table, 5, 4)
+    assert fastpe.relative_bias(table, 5, 4, q_offset=0).shape == (3, 5, 4)
+
+
+# ---- T5: the kernels against the reference ----------------------------------------------------------
+
+
+def t5_inputs(shape, dtype, seed=0, num_buckets=32, mask_rows=None):
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((num_buckets, shape[-3])).astype(np.float32)
+    rows = int(np.prod(shape[:-3])) if mask_rows is None else mask_rows
+    mask = rng.random((rows, shape[-1])) > 0.3
+    return table, mask
+
+
+T5_OPTIONS = {
+    "plain": {},
+    "decoder": {"bidirectional": False, "causal": True},
+    "mask": {"key_mask": True},
+    "decode": {"q_offset": 700, "bidirectional": False, "causal": True, "key_mask": True},
+    "far": {"q_offset": 2**40, "max_distance": 20},
+    "ahead": {"q_offset": 0, "causal": True},
+}
+
+
+def t5_call(option, table, mask):
+    kw = dict(T5_OPTIONS[option])
+    if kw.pop("key_mask", False):
+        kw["key_mask"] = mask
+    return lambda f, s: f(s, table, **kw)
+
+
+SHAPES = [(2, 3, 9, 300), (1, 4, 1, 257), (3, 2, 40, 41), (2, 2, 3, 5, 70)]
+LAYOUTS = ["contiguous", "fortran", "strided-last", "strided-rows", "reversed", "byteswapped",
+           "unaligned", "odd-byte-stride"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("option", list(T5_OPTIONS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_add_relative_bias_matches_reference(shape, dtype, option, both_threads):
+    table, mask = t5_inputs(shape, dtype)
+    call = t5_call(option, table, mask)
+    base = make_awkward("contiguous", shape, dtype)
+    want = call(fastpe.reference.add_relative_bias, base.copy())
+    for layout in [k for k in awkward_kinds(shape, dtype) if k in LAYOUTS]:
+        got = make_awkward(layout, shape, dtype)
+        call(lambda s, t, **kw: fastpe.add_relative_bias(s, t, num_threads=both_threads, **kw),
+             got)
+        assert_bytes_equal(np.asarray(got, dtype=dtype), want, f"{option} {layout}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_relative_bias_matches_the_table_rounded_once(dtype):
+    table = np.random.default_rng(3).standard_normal((32, 4))      # float64: rounded once
+    got = fastpe.relative_bias(table, 20, 30, dtype=dtype)
+    d = np.arange(30)[None, :] - (10 + np.arange(20))[:, None]
+    want = np.moveaxis(table[fastpe.relative_position_bucket(d)], -1, 0).astype(dtype)
+    assert_bytes_equal(got, want)
+    out = np.zeros((4, 20, 30), dtype)
+    assert fastpe.relative_bias(table, 20, 30, out=out) is out
+    assert_bytes_equal(out, want)
+
+
+def test_tables_of_any_float_dtype_and_layout(backend):
+    table = np.random.default_rng(2).standard_normal((32, 12))[:, ::4]   # strided, float64
+    want = fastpe.relative_bias(np.ascontiguousarray(table), 6, 9, dtype="float64")
+    for t in (table, table.astype(">f8"), np.asfortranarray(table)):
+        assert_bytes_equal(fastpe.relative_bias(t, 6, 9, dtype="float64"), want)
+    s = np.zeros((1, 3, 6, 9), np.float32)
+    fastpe.add_relative_bias(s, table.astype(">f8"))
+    assert_bytes_equal(s[0], want.astype(np.float32))
+
+
+def test_masked_keys_are_minus_inf_whatever_the_score():
+    scores = np.full((1, 1, 2, 3), np.nan, np.float32)
+    scores[0, 0, 0] = [np.inf, -np.inf, 1.0]
+    table = np.zeros((32, 1), np.float32)
+    fastpe.add_relative_bias(scores, table, key_mask=[1, 0, 0], q_offset=0, causal=True)
+    assert scores[0, 0].tolist()[0] == [np.inf, -np.inf, -np.inf]
+    assert np.isnan(scores[0, 0, 1, 0]) and np.isneginf(scores[0, 0, 1, 1:]).all()
+
+
+def test_key_mask_forms():
+    table, _ = t5_inputs((2, 3, 4, 6), np.float32)
+    s = np.zeros((2, 3, 3, 4, 6), np.float32)
+    m = np.random.default_rng(1).random((2, 3, 6)) > 0.5
+    a = fastpe.add_relative_bias(s.copy(), table, key_mask=m)
+    b = fastpe.add_relative_bias(s.copy(), table, key_mask=m.reshape(6, 6).astype(np.int8))
+    assert_bytes_equal(a, b)
+    assert np.isneginf(a[~np.broadcast_to(m[:, :, None, None, :], a.shape)]).all()
+    shared = fastpe.add_relative_bias(s.copy(), table, key_mask=m[0, 0])
+    assert_bytes_equal(shared, fastpe.add_relative_bias(s.copy(), table, key_mask=[m[0, 0]]))
+
+
+# ---- threads, views, memory --------------------------------------------------------------------------
+
+
+@needs_compiled
+@pytest.mark.parametrize("op", ["t5", "deberta"])
+def test_bit_identical_across_threads_above_the_serial_threshold(op):
+    """(2, 8, 256, 512) float32 scores: 8 MiB, well above the serial threshold, so the
+    threaded loop really runs (units split between threads mid-batch and mid-head)."""
+    shape = (2, 8, 256, 512)
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal(shape).astype(np.float32)
+    assert base.nbytes > 2 * fastpe._threads.SERIAL_BYTES
+    if op == "t5":
+        table, mask = t5_inputs(shape, np.float32)
+
+        def run(s, n):
+            return fastpe.add_relative_bias(s, table, key_mask=mask, causal=True,
+                                            q_offset=300, num_threads=n)
+    else:
+        c2p = rng.standard_normal(shape[:-1] + (512,)).astype(np.float32)
+        p2c = rng.standard_normal(shape[:-2] + (512, 512)).astype(np.float32)
+
+        def run(s, n):
+            return fastpe.add_disentangled_bias(s[..., :256], c2p=c2p, p2c=p2c[..., :256, :],
+                                                position_buckets=256,
+                                                max_relative_positions=512, num_threads=n)
+    one = base.copy()
+    run(one, 1)
+    want = base.copy()
+    with fastpe.use_backend("numpy"):
+        run(want, 1)
+    assert_bytes_equal(one, want, "1 thread vs reference")
+    for n in (2, 3, 7):
+        got = base.copy()
+        run(got, n)
+        assert_bytes_equal(got, one, f"{n} threads")
+
+
+@pytest.mark.parametrize("op", ["t5", "deberta"])
+def test_no_writes_outside_the_view(op, backend):
+    big = np.random.default_rng(5).standard_normal((2, 4, 30, 50)).astype(np.float32)
+    before = big.copy()
+    view = big[1, 1:3, 2:25:2, 5:45]                      # (2, 12, 40)
+    if op == "t5":
+        fastpe.add_relative_bias(view, np.ones((32, 2), np.float32), causal=True, q_offset=3)
+    else:
+        fastpe.add_disentangled_bias(view, c2p=np.ones((2, 12, 16), np.float32),
+                                     max_relative_positions=8)
+    inside = np.zeros(big.shape, bool)
+    inside[1, 1:3, 2:25:2, 5:45] = True
+    assert np.array_equal(big[~inside], before[~inside])
+    assert not np.array_equal(big[inside], before[inside])
+
+
+def test_torch_scores_are_written_in_place():
+    torch = pytest.importorskip("torch")
+    s = torch.zeros(1, 2, 3, 5)
+    table = np.random.default_rng(0).standard_normal((32, 2)).astype(np.float32)
+    assert fastpe.add_relative_bias(s, table) is s
+    assert np.array_equal(s.numpy(), fastpe.relative_bias(table, 3, 5)[None])
+
+
+# ---- DeBERTa: positions --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("deberta_positions"), ids=ids("deberta_positions"))
+def test_deberta_log_positions_equal_transformers_for_every_distance(case):
+    """make_log_bucket_position of every distance below 2**18 (query - key); DeBERTa's
+    log positions do not saturate, and far past any context torch's float32 log (1 ulp
+    below the correctly rounded one at 403269 for 256/512) can move one: see
+    fastpe._relative_math."""
+    reach = fixtures()[0]["reach"]
+    want = fixtures()[1][f"deberta_positions/{case['name']}"]
+    kw = dict(position_buckets=case["position_buckets"],
+              max_relative_positions=case["max_relative_positions"])
+    before = fastpe.deberta_relative_positions(1, reach + 1, **kw)[0, ::-1]   # -reach .. 0
+    after = fastpe.deberta_relative_positions(reach + 1, 1, **kw)[1:, 0]      # 1 .. reach
+    got = np.concatenate([before, after])
+    bad = np.nonzero(got != want)[0]
+    assert not bad.size, (f"{kw}: distance {bad[0] - reach}: {got[bad[0]]} != "
+                          f"{want[bad[0]]}")
+
+
+@pytest.mark.parametrize("case", cases("deberta_build"), ids=ids("deberta_build"))
+def test_deberta_relative_positions_equal_build_relative_position(case):
+    got = fastpe.deberta_relative_positions(case["q_len"], case["k_len"],
+                                            position_buckets=case["position_buckets"],
+                                            max_relative_positions=case["max_relative_positions"])
+    assert got.dtype == np.int64
+    assert np.array_equal(got, fixtures()[1][f"deberta_positions/{case['name']}"])
+
+
+# ---- DeBERTa: the gathers -------------------------------------------------------------------------------
+
+
+def deberta_settings(case):
+    cfg = case["config"]
+    mr = cfg.get("max_relative_positions", -1)
+    return dict(position_buckets=cfg.get("position_buckets", -1),
+                max_relative_positions=mr if mr >= 1 else cfg["max_position_embeddings"])
+
+
+@pytest.mark.parametrize("case", cases("deberta_index"), ids=ids("deberta_index"))
+def test_disentangled_gathers_equal_transformers(case, backend):
+    """transformers' own gathers (the column each of its c2p and p2c reads decoded from a
+    run of its code) applied to random logits, against fastpe on both backends."""
+    index = fixtures()[1][f"deberta_index/{case['name']}"].astype(np.int64)
+    n, span = case["length"], case["span"]
+    rng = np.random.default_rng(6)
+    scores = rng.standard_normal((1, 2, n, n))
+    c2p = rng.standard_normal((1, 2, n, 2 * span)) if "c2p" in case["pos_att_type"] else None
+    p2c = rng.standard_normal((1, 2, n, 2 * span)) if "p2c" in case["pos_att_type"] else None
+    term = np.zeros_like(scores)
+    if c2p is not None:
+        term += np.take_along_axis(c2p, np.broadcast_to(index[0], scores.shape), axis=-1)
+    if p2c is not None:
+        # element (i, j) reads p2c[j, index[1][i, j]]
+        cols = np.broadcast_to(index[1].T, scores.shape)
+        term += np.swapaxes(np.take_along_axis(p2c, cols, axis=-1), -1, -2)
+    want = scores + term
+    got = fastpe.add_disentangled_bias(scores.copy(), c2p=c2p, p2c=p2c, **deberta_settings(case))
+    assert_close(got, want, np.float64, magnitude=4.0, context=case["name"])
+    loader = fastpe.DisentangledBias.from_hf_config(case["config"])
+    assert loader.span == span
+    assert (loader.c2p, loader.p2c) == ("c2p" in case["pos_att_type"],
+                                        "p2c" in case["pos_att_type"])
+    assert_bytes_equal(loader(scores.copy(), c2p=c2p, p2c=p2c), got)
+
+
+@pytest.mark.parametrize("case", cases("deberta_layer"), ids=ids("deberta_layer"))
+def test_disentangled_bias_equals_the_modules_score(case, backend):
+    """The module's own logits (random weights, float64): zeros plus fastpe's bias is
+    transformers' ``score`` to float64 rounding; float32 within its rounding."""
+    arrays = fixtures()[1]
+    name = case["name"]
+    want = arrays[f"deberta_layer/{name}/score"]
+    c2p = arrays.get(f"deberta_layer/{name}/c2p")
+    p2c = arrays.get(f"deberta_layer/{name}/p2c")
+    loader = fastpe.DisentangledBias.from_hf_config(case["config"])
+    got = loader(np.zeros(want.shape), c2p=c2p, p2c=p2c)
+    assert_close(got, want, np.float64, context=name)
+    f32 = [None if a is None else a.astype(np.float32) for a in (c2p, p2c)]
+    got32 = loader(np.zeros(want.shape, np.float32), c2p=f32[0], p2c=f32[1])
+    assert_close(got32, want, np.float32, magnitude=float(np.abs(want).max()), context=name)
+
+
+def test_transformers_cannot_add_p2c_when_q_len_differs_and_fastpe_refuses():
+    (case,) = cases("deberta_unequal")
+    assert all(v.startswith("RuntimeError") for v in case["outcome"].values()), case
+    with pytest.raises(ValueError, match=r"p2c.*q_len 5 != k_len 9"):
+        fastpe.add_disentangled_bias(np.zeros((2, 5, 9)), p2c=np.zeros((2, 9, 16)),
+                                     position_buckets=8, max_relative_positions=24)
+
+
+def test_c2p_alone_takes_q_len_different_from_k_len(backend):
+    rng = np.random.default_rng(8)
+    scores, c2p = rng.standard_normal((2, 5, 9)), rng.standard_normal((2, 5, 16))
+    r = fastpe.deberta_relative_positions(5, 9, position_buckets=8, max_relative_positions=24)
+    want = scores + np.take_along_axis(c2p, np.broadcast_to(np.clip(r + 8, 0, 15), (2, 5, 9)),
+                                       axis=-1)
+    got = fastpe.add_disentangled_bias(scores.copy(), c2p=c2p, position_buckets=8,
+                                       max_relative_positions=24)
+    assert_bytes_equal(got, want)
+
+
+DEBERTA_SHAPES = [(2, 3, 33, 33), (1, 2, 1, 1), (1, 1, 70, 70), (2, 1, 2, 17, 17)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("settings", [(256, 512), (-1, 20), (8, 24)], ids=str)
+@pytest.mark.parametrize("terms", ["both", "c2p", "p2c"])
+def test_disentangled_kernel_matches_reference(dtype, settings, terms, both_threads):
+    pb, mr = settings
+    span = pb if pb > 0 else mr
+    for shape in DEBERTA_SHAPES:
+        k = shape[-1]
+        rng = np.random.default_rng(9)
+        c2p = rng.standard_normal(shape[:-1] + (2 * span,)).astype(dtype)
+        p2c = rng.standard_normal(shape[:-2] + (k, 2 * span)).astype(dtype)
+        kw = {"c2p": c2p if terms != "p2c" else None, "p2c": p2c if terms != "c2p" else None,
+              "position_buckets": pb, "max_relative_positions": mr}
+        want = fastpe.reference.add_disentangled_bias(make_awkward("contiguous", shape, dtype),
+                                                      **kw)
+        for layout in ("contiguous", "fortran", "strided-last", "reversed", "unaligned"):
+            got = make_awkward(layout, shape, dtype)
+            fastpe.add_disentangled_bias(got, num_threads=both_threads, **kw)
+            assert_bytes_equal(np.asarray(got, dtype=dtype), want, f"{shape} {layout}")
+        # logits as strided views of bigger buffers, and Fortran order
+        kw2 = dict(kw)
+        for name in ("c2p", "p2c"):
+            if kw[name] is not None:
+                kw2[name] = make_awkward("strided-rows", kw[name].shape, dtype)
+                kw2[name][...] = kw[name]
+        got = fastpe.add_disentangled_bias(make_awkward("contiguous", shape, dtype), **kw2)
+        assert_bytes_equal(got, want, f"{shape} strided logits")
+        if "byteswapped" in awkward_kinds(shape, dtype):     # read through a native copy
+            swapped = {n: v if v is None or n not in ("c2p", "p2c")
+                       else v.astype(v.dtype.newbyteorder()) for n, v in kw.items()}
+            got = fastpe.add_disentangled_bias(make_awkward("contiguous", shape, dtype),
+                                               **swapped)
+            assert_bytes_equal(got, want, f"{shape} byte-swapped logits")
+
+
+def test_half_types_sum_the_logits_in_float32():
+    s = np.zeros((1, 1, 2, 2), np.float16)
+    c = np.full((1, 1, 2, 8), 2.0**-12, np.float16)      # below half an ulp of 1 in float16
+    p = np.full((1, 1, 2, 8), 1.0, np.float16)
+    got = fastpe.add_disentangled_bias(s, c2p=c, p2c=p, max_relative_positions=4)
+    assert as_f64(got[0, 0]).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    s = np.full((1, 1, 2, 2), 2048.0, np.float16)        # 2048 + (1 + 1) is exact, 2048 + 1 is not
+    got = fastpe.add_disentangled_bias(s, c2p=p, p2c=p, max_relative_positions=4)
+    assert as_f64(got[0, 0]).tolist() == [[2050.0, 2050.0], [2050.0, 2050.0]]
+
+
+# ---- loaders -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["udop", "layoutlmv2", "layoutlmv3", "wavlm",
+                                        "prophetnet", "cpmant", "deberta", "llama", None])
+def test_loaders_refuse_what_they_cannot_reproduce(model_type):
+    cfg = {"model_type": model_type, "relative_attention": True}
+    for loader in (fastpe.RelativeBias.from_hf_config, fastpe.DisentangledBias.from_hf_config):
+        with pytest.raises(ValueError, match=repr(model_type)):
+            loader(cfg)
+
+
+def test_t5_loader_directions():
+    cfg = {"model_type": "longt5", "relative_attention_num_buckets": 32,
+           "relative_attention_max_distance": 128, "encoder_attention_type": "local"}
+    with pytest.raises(ValueError, match="encoder_attention_type"):
+        fastpe.RelativeBias.from_hf_config(cfg)
+    assert fastpe.RelativeBias.from_hf_config(cfg, decoder=True).causal
+    with pytest.raises(ValueError, match="no decoder"):
+        fastpe.RelativeBias.from_hf_config({"model_type": "mpnet"}, decoder=True)
+    pix = {"model_type": "pix2struct", "text_config": {
+        "model_type": "pix2struct_text_model", "relative_attention_num_buckets": 64,
+        "relative_attention_max_distance": 256}}
+    rb = fastpe.RelativeBias.from_hf_config(pix, decoder=True)
+    assert (rb.num_buckets, rb.max_distance, rb.bidirectional) == (64, 256, False)
+    mp = fastpe.RelativeBias.from_hf_config({"model_type": "mpnet",
+                                             "relative_attention_num_buckets": 64})
+    assert (mp.num_buckets, mp.max_distance) == (64, 128)    # MPNet's code: always 128
+
+
+def test_deberta_loader_settings():
+    cfg = {"model_type": "deberta-v2", "relative_attention": True, "position_buckets": 256,
+           "max_relative_positions": -1, "max_position_embeddings": 512,
+           "pos_att_type": "p2c|c2p", "share_att_key": True, "hidden_size": 768,
+           "num_attention_heads": 12}
+    db = fastpe.DisentangledBias.from_hf_config(cfg)
+    assert (db.span, db.max_relative_positions, db.c2p, db.p2c) == (256, 512, True, True)
+    assert db.scale == pytest.approx(np.sqrt(64 * 3), rel=1e-7)
+    with pytest.raises(ValueError, match="relative_attention"):
+        fastpe.DisentangledBias.from_hf_config({**cfg, "relative_attention": False})
+    with pytest.raises(ValueError, match="c2p"):
+        db(np.zeros((1, 1, 2, 2)), p2c=np.zeros((1, 1, 2, 512)))
+
+
+# ---- bad input: rows for tests/test_bad_input.py -------------------------------------------------------
+
+T = np.zeros((32, 3), np.float32)   # a table for the scores of test_alibi.S: 3 heads
+
+
+BAD_T5 = [
+    # (id, scores factory or None for zeros(S), kwargs, exception, words the message names)
+    ("table-heads", None, {"table": np.zeros((32, 4))}, ValueError, ["table", "3"]),
+    ("table-1d", None, {"table": np.zeros(32)}, ValueError, ["table"]),
+    ("table-int", None, {"table": np.zeros((32, 3), int)}, TypeError, ["table"]),
+    ("table-list-of-str", None, {"table": [["a"] * 3] * 32}, TypeError, ["table"]),
+    ("table-no-rows", None, {"table": np.zeros((0, 3))}, ValueError, ["table"]),
+    ("num_buckets-too-few", None, {"table": np.zeros((3, 3))}, ValueError, ["num_buckets"]),
+    ("max_distance-zero", None, {"max_distance": 0}, ValueError, ["max_distance"]),
+    ("max_distance-within-exact", None, {"max_distance": 8}, ValueError, ["max_distance"]),
+    ("max_distance-float", None, {"max_distance": 128.0}, TypeError, ["max_distance"]),
+    ("max_distance-nan", None, {"max_distance": float("nan")}, TypeError, ["max_distance"]),
+    ("bidirectional-none", None, {"bidirectional": None}, TypeError, ["bidirectional"]),
+    ("q_offset-past-int64", None, {"q_offset": 2**63 - 2}, ValueError, ["q_offset"]),
+    ("key_mask-batch", None, {"key_mask": np.ones((3, 6), bool)}, ValueError, ["key_mask"]),
+    ("scores-list", lambda: np.zeros(S).tolist(), {}, TypeError, ["scores"]),
+    ("two-dims", lambda: np.zeros((4, 6), np.float32), {}, ValueError, ["scores", "3"]),
+]
+# the rows of add_alibi's scores and shared arguments, which add_relative_bias takes alike
+BAD_T5 += [c for c in BAD_ADD if c[0] in {
+    "q_offset-negative", "q_offset-float", "q-longer-than-k", "key_mask-shape", "key_mask-float",
+    "key_mask-values", "causal-text", "num_threads-zero", "num_threads-float", "read-only",
+    "zero-stride", "int-dtype", "complex-dtype"}]
+
+BAD_T5_TABLE = [
+    # (id, (table, q_len, k_len), kwargs, exception, words)
+    ("q_len-negative", (T, -1, 6), {}, ValueError, ["q_len"]),
+    ("k_len-float", (T, 4, 6.0), {}, TypeError, ["k_len"]),
+    ("table-int", (np.zeros((32, 3), int), 4, 6), {}, TypeError, ["table"]),
+    ("table-3d", (np.zeros((1, 32, 3)), 4, 6), {}, ValueError, ["table"]),
+    ("max_distance-nan", (T, 4, 6), {"max_distance": float("nan")}, TypeError,
+     ["max_distance"]),
+    ("dtype-int", (T, 4, 6), {"dtype": "int32"}, TypeError, ["dtype"]),
+    ("out-shape", (T, 4, 6), {"out": np.zeros((3, 4, 5))}, ValueError, ["out"]),
+    ("out-rank", (T, 4, 6), {"out": np.zeros((1, 3, 4, 6))}, ValueError, ["out"]),
+    ("out-dtype-contradiction", (T, 4, 6), {"out": np.zeros((3, 4, 6)), "dtype": "float16"},
+     TypeError, ["dtype", "out"]),
+    ("q_offset-negative", (T, 4, 6), {"q_offset": -2}, ValueError, ["q_offset"]),
+    ("q-longer-than-k", (T, 7, 6), {}, ValueError, ["q_offset"]),
+]
+
+BAD_BUCKET = [
+    # (id, relative_position, kwargs, exception, words)
+    ("relative_position-float", np.zeros(3), {}, TypeError, ["relative_position"]),
+    ("relative_position-text", ["a"], {}, TypeError, ["relative_position"]),
+    ("relative_position-uint64-2**63", np.full(2, 2**63, np.uint64), {}, ValueError,
+     ["relative_position"]),
+    ("num_buckets-bool", [1], {"num_buckets": True}, TypeError, ["num_buckets"]),
+    ("num_buckets-too-few", [1], {"num_buckets": 2}, ValueError, ["num_buckets"]),
+    ("max_distance-negative", [1], {"max_distance": -5}, ValueError, ["max_distance"]),
+    ("bidirectional-str", [1], {"bidirectional": "no"}, TypeError, ["bidirectional"]),
+]
+
+
+def _logits(rows, span=8, dtype=np.float32, lead=(2, 3)):
+    return np.zeros(lead + (rows, 2 * span), dtype)
+
+
+DS = (2, 3, 5, 5)         # square: p2c needs q_len == k_len
+BAD_DEBERTA = [
+    # (id, scores factory or None for zeros(DS), kwargs, exception, words)
+    ("no-logits", None, {}, ValueError, ["c2p", "p2c"]),
+    ("c2p-span", None, {"c2p": _logits(5, 9)}, ValueError, ["c2p", "16"]),
+    ("p2c-rows", None, {"p2c": _logits(4)}, ValueError, ["p2c", "k_len"]),
+    ("c2p-heads", None, {"c2p": _logits(5, lead=(2, 4))}, ValueError, ["c2p"]),
+    ("c2p-rank", None, {"c2p": np.zeros((5, 16), np.float32)}, ValueError, ["c2p"]),
+    ("c2p-dtype", None, {"c2p": _logits(5, dtype=np.float64)}, TypeError, ["c2p", "dtype"]),
+    ("p2c-int", None, {"p2c": np.zeros((2, 3, 5, 16), int)}, TypeError, ["p2c"]),
+    ("p2c-text", None, {"p2c": "abc"}, TypeError, ["p2c"]),
+    ("p2c-q-ne-k", lambda: np.zeros((2, 3, 4, 5), np.float32), {"p2c": _logits(5)},
+     ValueError, ["p2c", "q_len"]),
+    ("position_buckets-float", None, {"c2p": _logits(5), "position_buckets": 8.0}, TypeError,
+     ["position_buckets"]),
+    ("position_buckets-nan", None, {"c2p": _logits(5), "position_buckets": float("nan")},
+     TypeError, ["position_buckets"]),
+    ("max_relative_positions-missing", None, {"c2p": _logits(5), "position_buckets": -1,
+                                              "max_relative_positions": -1}, ValueError,
+     ["max_relative_positions"]),
+    ("max_relative_positions-below-buckets", None,
+     {"c2p": _logits(5), "max_relative_positions": 4}, ValueError, ["max_relative_positions"]),
+    ("position_buckets-one", None, {"c2p": _logits(5, 1), "position_buckets": 1}, ValueError,
+     ["position_buckets"]),
+    ("num_threads-zero", None, {"c2p": _logits(5), "num_threads": 0}, ValueError,
+     ["num_threads"]),
+    ("read-only", lambda: _read_only()[..., :5, :5], {"c2p": _logits(5)}, TypeError,
+     ["scores", "read-only"]),
+    ("zero-stride", lambda: _strided_zero()[..., :5, :5], {"c2p": _logits(5)}, ValueError,
+     ["scores"]),
+    ("int-dtype", lambda: np.zeros(DS, np.int32), {"c2p": _logits(5)}, TypeError, ["scores"]),
+    ("two-dims", lambda: np.zeros((5, 5), np.float32), {"c2p": _logits(5)}, ValueError,
+     ["scores"]),
+]
+DEBERTA_DEFAULTS = {"position_buckets": 8, "max_relative_positions": 24}
+
+BAD_DEBERTA_POSITIONS = [
+    ("q_len-negative", (-1, 4), {}, ValueError, ["q_len"]),
+    ("k_len-str", (4, "4"), {}, TypeError, ["k_len"]),
+    ("position_buckets-float", (4, 4), {"position_buckets": 2.5}, TypeError,
+     ["position_buckets"]),
+    ("max_relative_positions-nan", (4, 4), {"position_buckets": 8,
+                                            "max_relative_positions": float("nan")},
+     TypeError, ["max_relative_positions"]),
+    ("max_relative_positions-too-small", (4, 4), {"position_buckets": 8,
+                                                  "max_relative_positions": 5}, ValueError,
+     ["max_relative_positions"]),
+]

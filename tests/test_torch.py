@@ -1,0 +1,158 @@
+"""torch CPU tensors as first-class inputs: every operation takes a model's own tensors
+(float32, float16, bfloat16; contiguous or strided), converts each once, and writes them
+in place as torch's own in-place operations do (version counter bumped, inference
+tensors only inside inference mode, tensors that require grad refused)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import BF16
+
+import fastpe
+
+torch = pytest.importorskip("torch", reason="torch interop needs torch")
+
+DTYPES = ["float32", "float16"] + (["bfloat16"] if BF16 is not None else [])
+
+
+def _tensor(shape, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(getattr(torch, dtype))
+
+
+def _numpy_twin(t):
+    """A NumPy copy of t's values in t's dtype (bfloat16 through ml_dtypes)."""
+    if t.dtype is torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    return t.numpy().copy()
+
+
+def _same(t, a):
+    np.testing.assert_array_equal(_numpy_twin(t).astype(np.float64), a.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_rope_on_tensors_equals_the_call_on_arrays(dtype, layout):
+    """Bit for bit the NumPy call's result (itself held to fastpe.reference elsewhere),
+    for the plain call, a RotaryEmbedding, positions as a tensor and apply_rope_cached;
+    and within float32 rounding of the float64 reference."""
+    q = _tensor((2, 5, 4, 32), dtype, 0)
+    k = _tensor((2, 5, 2, 32), dtype, 1)
+    if layout == "bhsd":
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    pos = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 3, 4]])
+    qa, ka = _numpy_twin(q), _numpy_twin(k)
+    rope = fastpe.RotaryEmbedding(32, base=5e5, scaling={"rope_type": "linear", "factor": 2.0})
+    assert rope(q, k, pos, layout=layout) == (q, k)
+    rope(qa, ka, pos.numpy(), layout=layout)
+    _same(q, qa)
+    _same(k, ka)
+    expect = _numpy_twin(_tensor((2, 5, 4, 32), dtype, 0)).astype(np.float64)
+    if layout == "bhsd":
+        expect = expect.transpose(0, 2, 1, 3)
+    fastpe.reference.apply_rope(expect, None, pos.numpy(), base=5e5, layout=layout,
+                                scaling={"rope_type": "linear", "factor": 2.0})
+    tol = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
+    np.testing.assert_allclose(_numpy_twin(q).astype(np.float64), expect, atol=tol * 4)
+
+    freqs = fastpe.rope_frequencies(32)
+    cos, sin = fastpe.rope_cos_sin(np.arange(16), freqs)
+    q2 = _tensor((2, 5, 4, 32), dtype, 2)
+    q2a = _numpy_twin(q2)
+    fastpe.apply_rope_cached(q2, None, torch.from_numpy(cos), torch.from_numpy(sin), pos)
+    fastpe.apply_rope_cached(q2a, None, cos, sin, pos.numpy())
+    _same(q2, q2a)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adds_on_tensors_equal_the_calls_on_arrays(dtype):
+    x = _tensor((2, 6, 16), dtype, 3)
+    xa = _numpy_twin(x)
+    assert fastpe.add_sinusoidal(x, torch.arange(4, 10)) is x
+    fastpe.add_sinusoidal(xa, np.arange(4, 10))
+    _same(x, xa)
+    table = _tensor((12, 16), dtype, 4)
+    assert fastpe.add_learned(x, table, offset=2) is x
+    fastpe.add_learned(xa, _numpy_twin(table), offset=2)
+    _same(x, xa)
+    scores = _tensor((2, 4, 3, 6), dtype, 5)
+    sa = _numpy_twin(scores)
+    mask = torch.tensor([[True] * 6, [False, True, True, True, True, True]])
+    assert fastpe.add_alibi(scores, causal=True, key_mask=mask) is scores
+    fastpe.add_alibi(sa, causal=True, key_mask=mask.numpy())
+    _same(scores, sa)
+
+
+def test_q_and_k_views_of_one_fused_tensor():
+    """q and k sliced from one fused QKV projection, as a model makes them."""
+    qkv = _tensor((3, 4, (4 + 2 + 2) * 16), "float32", 6)
+    q = qkv[..., :64].view(3, 4, 4, 16)
+    k = qkv[..., 64:96].view(3, 4, 2, 16)
+    v_before = qkv[..., 96:].clone()
+    qa, ka = _numpy_twin(q), _numpy_twin(k)
+    fastpe.apply_rope(q, k, torch.arange(4))
+    fastpe.reference.apply_rope(qa, ka, np.arange(4))
+    np.testing.assert_allclose(q.numpy(), qa, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(k.numpy(), ka, rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv[..., 96:], v_before)  # v untouched
+
+
+def test_every_written_tensor_has_its_version_bumped():
+    q = _tensor((1, 3, 2, 8), "float32", 7)
+    k = _tensor((1, 3, 2, 8), "float32", 8)
+    pos = torch.arange(3)
+    before = q._version, k._version, pos._version
+    fastpe.apply_rope(q, k, pos)
+    assert q._version > before[0] and k._version > before[1]
+    assert pos._version == before[2]  # only read
+    x = _tensor((3, 8), "float32", 9)
+    v = x._version
+    fastpe.add_sinusoidal(x)
+    assert x._version > v
+
+
+def test_autograd_refuses_a_backward_through_a_rotated_tensor():
+    """As after torch's own in-place operations: a saved tensor rewritten by fastpe."""
+    w = torch.randn(8, requires_grad=True)
+    q = torch.randn(1, 2, 1, 8)
+    y = (q * w).sum()  # saves q for the backward pass
+    fastpe.apply_rope(q)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_inference_tensors_are_written_only_in_inference_mode():
+    """torch refuses in-place updates of inference tensors outside inference mode."""
+    with torch.inference_mode():
+        q = _tensor((1, 3, 2, 8), "float32", 10)
+    before = q.clone()
+    with pytest.raises(TypeError, match=r"\bq\b is an inference tensor"):
+        fastpe.apply_rope(q)
+    with pytest.raises(TypeError, match=r"\bx\b is an inference tensor"):
+        fastpe.add_sinusoidal(q[0, :, 0])
+    assert torch.equal(q, before)
+    with torch.inference_mode():
+        fastpe.apply_rope(q)
+    assert not torch.equal(q, before)
+
+
+@pytest.mark.parametrize("what", ["q", "table"])
+def test_tensors_that_require_grad_are_refused_by_name(what):
+    x = torch.zeros(1, 3, 8, requires_grad=(what == "q"))
+    table = torch.zeros(4, 8, requires_grad=(what == "table"))
+    name = "x" if what == "q" else "table"
+    with pytest.raises(TypeError, match=rf"\b{name}\b.*requires grad"):
+        fastpe.add_learned(x, table)
+
+
+def test_negated_views_are_refused_as_targets_and_read_as_values():
+    q = torch.zeros(1, 2, 1, 8)
+    with pytest.raises(TypeError, match=r"\bq\b.*negative or conjugate bit"):
+        fastpe.apply_rope(torch._neg_view(q))
+    x = torch.zeros(2, 8)
+    table = torch.ones(4, 8)
+    fastpe.add_learned(x, torch._neg_view(table))
+    assert (x == -1).all()
