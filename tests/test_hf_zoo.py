@@ -116,8 +116,20 @@ def test_multi_axis_tables_are_the_mrope_fixtures():
     assert tables - MULTI_AXIS_CHECKED == {"qwen2_vl", "qwen2_5_vl"}
 
 
+# the models that rotate by real-valued coordinates (tests/test_realrope.py's fixture)
+with open(DATA / "hf_realrope_reference.json") as _f:
+    REAL_CHECKED = {c["model_type"] for c in json.load(_f)["cases"]}
+
+
+def test_real_coordinate_loaders_are_the_realrope_fixtures():
+    from fastpe import _hf_realrope
+
+    assert set(_hf_realrope.LOADERS) == REAL_CHECKED
+    assert REAL_CHECKED <= fastpe._hf_models.KNOWN
+
+
 @pytest.mark.parametrize("model_type", sorted(set(FIXTURE["known"]) - TEXT_CHECKED
-                                              - MULTI_AXIS_CHECKED))
+                                              - MULTI_AXIS_CHECKED - REAL_CHECKED))
 def test_every_unchecked_model_type_is_refused(model_type):
     # No fixture stands behind it: whatever the config says, it raises, naming the type.
     config = {"model_type": model_type, "hidden_size": 128, "num_attention_heads": 4,
