@@ -486,7 +486,7 @@ def position_array(positions: object, name: str,
         pos = pos.astype(np.int64)  # [] is float64 to NumPy, but holds no non-integer
     if pos.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
-    if pos.dtype == np.uint64 and pos.size and pos.max() > INT64_MAX:
+    if pos.dtype == np.uint64 and pos.size and int(pos.max()) > INT64_MAX:
         raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
     pos = np.array(pos, np.int64, order="C")  # a copy; keeps 0-d arrays 0-d
     if pos.size == 0:
