@@ -15,7 +15,7 @@ import numbers
 import operator
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -116,6 +116,22 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     if written:
         bump(tuple(written))
     return out
+
+
+_Layout = TypeVar("_Layout")
+
+
+def tensor_layout(layout: _Layout | None) -> _Layout:
+    """The layout of a RoPE call on torch tensors, which must be given: a model's q
+    and k are (batch, heads, seq, head_dim) in transformers but (batch, seq, heads,
+    head_dim) in others, and a misread layout rotates by the wrong positions without
+    an error whenever q and k have the same head count."""
+    if layout is None:
+        raise ValueError("q is a torch tensor: pass layout= ('bhsd' for transformers' "
+                         "(batch, heads, seq, head_dim) q and k, 'bshd' for (batch, seq, "
+                         "heads, head_dim), 'shd' for (tokens, heads, head_dim)); fastpe "
+                         "does not guess a model tensor's layout")
+    return layout
 
 
 def rope_tensors(q: Any, k: Any, positions: Any) -> list[Any]:

@@ -280,20 +280,26 @@ def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, off
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
                base: float | None = None, scaling: ScalingDict | None = None,
-               rotary_dim: int | None = None, style: Style = "neox", layout: RopeLayout = "bshd",
+               rotary_dim: int | None = None, style: Style = "neox",
+               layout: RopeLayout | None = None,
                inverse: bool = False, num_threads: int | None = None,
                max_position_embeddings: int | None = None) -> tuple[InPlace, Any]:
     """Rotate q and k in place by their positions; returns (q, k).
 
     Parameters
     ----------
-    q, k : ndarray
+    q, k : ndarray or torch CPU tensor
         Queries and keys (k may be None), written in place: (batch, seq, heads,
         head_dim) for layout "bshd", (batch, heads, seq, head_dim) for "bhsd",
         (tokens, heads, head_dim) for "shd". Head counts may differ (GQA/MQA);
         any strides (slices of a fused QKV buffer work); float16/32/64 or bfloat16.
-    positions : array of int, optional
+    positions : array of int or float, optional
         (seq,) shared by the batch or (batch, seq); None means offset + arange(seq).
+        Real-valued positions (DINOv3's patch centres) may be negative.
+    layout : {"bshd", "bhsd", "shd"}, optional
+        How q and k hold their axes: "bshd" for NumPy arrays when not given; torch
+        tensors must say (transformers holds q and k as "bhsd", other code as
+        "bshd"), as a misread layout rotates by the wrong positions without an error.
     freqs : RopeFrequencies or ndarray, optional
         Precomputed frequencies (from :func:`rope_frequencies`); else computed
         from ``base`` and ``scaling`` (a Hugging Face rope_scaling dict).
@@ -316,11 +322,14 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     """
     if type(q) is not np.ndarray and _checks.is_tensor(q):
         # a model's own torch tensors: viewed once, then the path of NumPy arrays
+        layout = _checks.tensor_layout(layout)
         qv, kv, pv = _checks.rope_tensors(q, k, positions)
         apply_rope(qv, kv, pv, offset=offset, freqs=freqs, base=base, scaling=scaling,
                    rotary_dim=rotary_dim, style=style, layout=layout, inverse=inverse,
                    num_threads=num_threads, max_position_embeddings=max_position_embeddings)
         return q, k
+    if layout is None:
+        layout = "bshd"
     kern = _backend.kernels()
     parsed = None
     if kern is not None and freqs is None:
@@ -375,7 +384,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
 
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
-                      layout: RopeLayout = "bshd", inverse: bool = False,
+                      layout: RopeLayout | None = None, inverse: bool = False,
                       num_threads: int | None = None,
                       per_token: bool | None = None) -> tuple[InPlace, Any]:
     """Rotate q and k in place with cos and sin rows looked up by position.
@@ -392,12 +401,15 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
     if type(q) is not np.ndarray and _checks.is_tensor(q):
+        layout = _checks.tensor_layout(layout)
         qv, kv, cv, sv, pv = _checks.torch_tensors(
             (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
             (positions, "positions", False))
         apply_rope_cached(qv, kv, cv, sv, pv, offset=offset, style=style, layout=layout,
                           inverse=inverse, num_threads=num_threads, per_token=per_token)
         return q, k
+    if layout is None:
+        layout = "bshd"
     if per_token or (per_token is None and np.ndim(cos) == 3):
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     elif per_token is not None:
@@ -592,14 +604,17 @@ class RotaryEmbedding:
         return (np.cos(angles) * att).astype(dt), (np.sin(angles) * att).astype(dt)
 
     def __call__(self, q: InPlace, k: Any = None, positions: PositionsLike = None,
-                 *, offset: int = 0, layout: RopeLayout = "bshd", inverse: bool = False,
+                 *, offset: int = 0, layout: RopeLayout | None = None,
+                 inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         if type(q) is not np.ndarray and _checks.is_tensor(q):
+            layout = _checks.tensor_layout(layout)
             qv, kv, pv = _checks.rope_tensors(q, k, positions)
             self._rotate(qv, kv, pv, offset, layout, inverse, num_threads)
             return q, k
-        return self._rotate(q, k, positions, offset, layout, inverse, num_threads)
+        return self._rotate(q, k, positions, offset, "bshd" if layout is None else layout,
+                            inverse, num_threads)
 
     def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
                 inverse: Any, num_threads: Any) -> tuple[Any, Any]:

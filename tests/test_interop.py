@@ -57,7 +57,7 @@ def test_torch_out_buffer_is_filled_and_returned(torch):
 def test_torch_tensors_that_cannot_be_shared_are_refused(torch):
     q = torch.zeros(1, 4, 2, 8, requires_grad=True)
     with pytest.raises(TypeError, match=r"\bq\b.*requires grad"):
-        fastpe.apply_rope(q)
+        fastpe.apply_rope(q, layout="bshd")
 
 
 def test_two_openmp_runtimes_in_one_process(torch):
@@ -98,10 +98,11 @@ WRITERS = {
     "sinusoidal_table": (lambda t: t.zeros(6, 8), lambda x: fastpe.sinusoidal_table(6, 8, out=x)),
     "add_learned": (lambda t: t.zeros(3, 6, 8),
                     lambda x: fastpe.add_learned(x, np.ones((6, 8), np.float32))),
-    "apply_rope": (_rope_q, lambda x: fastpe.apply_rope(x)),
+    "apply_rope": (_rope_q, lambda x: fastpe.apply_rope(x, layout="bshd")),
     "apply_rope_cached": (_rope_q, lambda x: fastpe.apply_rope_cached(
-        x, None, *fastpe.rope_cos_sin(np.arange(6), fastpe.rope_frequencies(8)))),
-    "RotaryEmbedding": (_rope_q, lambda x: fastpe.RotaryEmbedding(8)(x)),
+        x, None, *fastpe.rope_cos_sin(np.arange(6), fastpe.rope_frequencies(8)),
+        layout="bshd")),
+    "RotaryEmbedding": (_rope_q, lambda x: fastpe.RotaryEmbedding(8)(x, layout="bshd")),
     "add_alibi": (lambda t: t.zeros(2, 3, 4, 6), lambda x: fastpe.add_alibi(x)),
     "alibi_bias": (lambda t: t.zeros(3, 4, 6), lambda x: fastpe.alibi_bias(3, 4, 6, out=x)),
 }

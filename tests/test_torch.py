@@ -62,7 +62,8 @@ def test_rope_on_tensors_equals_the_call_on_arrays(dtype, layout):
     cos, sin = fastpe.rope_cos_sin(np.arange(16), freqs)
     q2 = _tensor((2, 5, 4, 32), dtype, 2)
     q2a = _numpy_twin(q2)
-    fastpe.apply_rope_cached(q2, None, torch.from_numpy(cos), torch.from_numpy(sin), pos)
+    fastpe.apply_rope_cached(q2, None, torch.from_numpy(cos), torch.from_numpy(sin), pos,
+                             layout="bshd")
     fastpe.apply_rope_cached(q2a, None, cos, sin, pos.numpy())
     _same(q2, q2a)
 
@@ -93,7 +94,7 @@ def test_q_and_k_views_of_one_fused_tensor():
     k = qkv[..., 64:96].view(3, 4, 2, 16)
     v_before = qkv[..., 96:].clone()
     qa, ka = _numpy_twin(q), _numpy_twin(k)
-    fastpe.apply_rope(q, k, torch.arange(4))
+    fastpe.apply_rope(q, k, torch.arange(4), layout="bshd")
     fastpe.reference.apply_rope(qa, ka, np.arange(4))
     np.testing.assert_allclose(q.numpy(), qa, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(k.numpy(), ka, rtol=1e-6, atol=1e-6)
@@ -105,7 +106,7 @@ def test_every_written_tensor_has_its_version_bumped():
     k = _tensor((1, 3, 2, 8), "float32", 8)
     pos = torch.arange(3)
     before = q._version, k._version, pos._version
-    fastpe.apply_rope(q, k, pos)
+    fastpe.apply_rope(q, k, pos, layout="bshd")
     assert q._version > before[0] and k._version > before[1]
     assert pos._version == before[2]  # only read
     x = _tensor((3, 8), "float32", 9)
@@ -119,7 +120,7 @@ def test_autograd_refuses_a_backward_through_a_rotated_tensor():
     w = torch.randn(8, requires_grad=True)
     q = torch.randn(1, 2, 1, 8)
     y = (q * w).sum()  # saves q for the backward pass
-    fastpe.apply_rope(q)
+    fastpe.apply_rope(q, layout="bshd")
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
 
@@ -130,12 +131,12 @@ def test_inference_tensors_are_written_only_in_inference_mode():
         q = _tensor((1, 3, 2, 8), "float32", 10)
     before = q.clone()
     with pytest.raises(TypeError, match=r"\bq\b is an inference tensor"):
-        fastpe.apply_rope(q)
+        fastpe.apply_rope(q, layout="bshd")
     with pytest.raises(TypeError, match=r"\bx\b is an inference tensor"):
         fastpe.add_sinusoidal(q[0, :, 0])
     assert torch.equal(q, before)
     with torch.inference_mode():
-        fastpe.apply_rope(q)
+        fastpe.apply_rope(q, layout="bshd")
     assert not torch.equal(q, before)
 
 
@@ -151,8 +152,25 @@ def test_tensors_that_require_grad_are_refused_by_name(what):
 def test_negated_views_are_refused_as_targets_and_read_as_values():
     q = torch.zeros(1, 2, 1, 8)
     with pytest.raises(TypeError, match=r"\bq\b.*negative or conjugate bit"):
-        fastpe.apply_rope(torch._neg_view(q))
+        fastpe.apply_rope(torch._neg_view(q), layout="bshd")
     x = torch.zeros(2, 8)
     table = torch.ones(4, 8)
     fastpe.add_learned(x, torch._neg_view(table))
     assert (x == -1).all()
+
+
+@pytest.mark.parametrize("call", ["apply_rope", "RotaryEmbedding", "apply_rope_cached"])
+def test_tensors_must_say_their_layout(call):
+    """transformers holds q and k as (batch, heads, seq, head_dim), other code as (batch,
+    seq, heads, head_dim): with equal head counts a misread layout rotates by the wrong
+    positions without an error, so a call on tensors names its layout."""
+    q = _tensor((1, 4, 4, 16), "float32", 11)
+    k = _tensor((1, 4, 4, 16), "float32", 12)
+    before = q.clone(), k.clone()
+    cos, sin = fastpe.rope_cos_sin(np.arange(8), fastpe.rope_frequencies(16))
+    run = {"apply_rope": lambda: fastpe.apply_rope(q, k),
+           "RotaryEmbedding": lambda: fastpe.RotaryEmbedding(16)(q, k),
+           "apply_rope_cached": lambda: fastpe.apply_rope_cached(q, k, cos, sin)}[call]
+    with pytest.raises(ValueError, match=r"torch tensor: pass layout= \('bhsd' for transformers"):
+        run()
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
