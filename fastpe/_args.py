@@ -8,7 +8,7 @@ the loops expect, plus the float64 parameters. Nothing is written.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -242,6 +242,17 @@ def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
     if layout == "shd":
         return x[None]
     return x
+
+
+_L = TypeVar("_L")
+
+
+def rope_layout(q: object, layout: _L | None) -> _L | str:
+    """A call's layout: "bshd" when not given for arrays; torch tensors must give it
+    (_checks.tensor_layout)."""
+    if layout is not None:
+        return layout
+    return _checks.tensor_layout(layout) if _checks.is_tensor(q) else "bshd"
 
 
 def rope_views(q: object, k: object, layout: object) -> tuple[np.ndarray, np.ndarray | None]:

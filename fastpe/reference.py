@@ -188,29 +188,32 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
                base: float | None = None, scaling: ScalingDict | None = None,
-               rotary_dim: int | None = None, style: Style = "neox", layout: RopeLayout = "bshd",
-               inverse: bool = False, num_threads: int | None = None,
+               rotary_dim: int | None = None, style: Style = "neox",
+               layout: RopeLayout | None = None, inverse: bool = False,
+               num_threads: int | None = None,
                max_position_embeddings: int | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope`."""
     run_rope(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim,
                         freqs=freqs, base=base, scaling=scaling,
                         max_position_embeddings=max_position_embeddings, style=style,
-                        layout=layout, inverse=inverse, num_threads=num_threads))
+                        layout=_args.rope_layout(q, layout), inverse=inverse,
+                        num_threads=num_threads))
     return q, k
 
 
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
-                      layout: RopeLayout = "bshd", inverse: bool = False,
+                      layout: RopeLayout | None = None, inverse: bool = False,
                       num_threads: int | None = None,
                       per_token: bool | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
+    lay = _args.rope_layout(q, layout)
     if per_token or (per_token is None and np.ndim(cos) == 3):
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
     run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
-                               layout=layout, inverse=inverse, num_threads=num_threads))
+                               layout=lay, inverse=inverse, num_threads=num_threads))
     return q, k
 
 

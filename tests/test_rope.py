@@ -1740,7 +1740,6 @@ BAD: list[Bad] = [
     Bad("style-none", lambda a: AR(a["q"], a["k"], style=None), ValueError, r"\bstyle\b"),
     Bad("layout-unknown", lambda a: AR(a["q"], a["k"], layout="bsd"), ValueError,
         r"\blayout\b.*'bshd', 'bhsd', 'shd'"),
-    Bad("layout-none", lambda a: AR(a["q"], a["k"], layout=None), ValueError, r"\blayout\b"),
     Bad("num_threads-zero", lambda a: AR(a["q"], a["k"], num_threads=0), ValueError,
         r"\bnum_threads\b"),
     Bad("num_threads-str", lambda a: AR(a["q"], a["k"], num_threads="2"), TypeError,
