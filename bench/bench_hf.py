@@ -1,5 +1,6 @@
-"""One decode step of a small random-weight transformers Llama, stock against
-fastpe.hf.patch, on one thread: ``python bench/bench_hf.py [--rounds N] [--hidden H]``.
+"""One decode step of a small random-weight transformers model (Llama, Qwen2, Gemma 2 or
+Phi-3), stock against fastpe.hf.patch, on one thread:
+``python bench/bench_hf.py [--family F] [--rounds N] [--hidden H]``.
 
 Both models hold the same weights and a KV cache of the same prompt; a step feeds one
 token at the next position and is timed alone, then the cache is cropped back, so every
@@ -26,6 +27,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64, help="hidden size (head_dim 16)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=64, help="tokens in the cache")
+    parser.add_argument("--family", choices=("llama", "qwen2", "gemma2", "phi3"),
+                        default="llama")
     args = parser.parse_args()
 
     import torch
@@ -37,12 +40,15 @@ def main() -> None:
     torch.set_num_threads(1)
     fastpe.set_num_threads(1)
     heads = args.hidden // 16
-    config = transformers.LlamaConfig(
+    names = {"llama": "Llama", "qwen2": "Qwen2", "gemma2": "Gemma2", "phi3": "Phi3"}
+    family = names[args.family]
+    extra = {"head_dim": 16} if args.family == "gemma2" else {}
+    config = getattr(transformers, f"{family}Config")(
         vocab_size=256, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
         num_hidden_layers=args.layers, num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2), pad_token_id=0)
+        num_key_value_heads=max(1, heads // 2), pad_token_id=0, **extra)
     torch.manual_seed(0)
-    stock = transformers.LlamaForCausalLM(config).eval()
+    stock = getattr(transformers, f"{family}ForCausalLM")(config).eval()
     patched = fastpe.hf.patch(copy.deepcopy(stock))
     prompt = torch.randint(1, 256, (1, args.prompt))
 
@@ -67,7 +73,7 @@ def main() -> None:
                 cache.crop(-1)  # the step's own token: the next step sees the same cache
 
     medians = {name: statistics.median(t) for name, t in times.items()}
-    print(f"decode step, Llama hidden {args.hidden}, {args.layers} layers, {heads} heads of 16, "
+    print(f"decode step, {family} hidden {args.hidden}, {args.layers} layers, {heads} heads of 16, "
           f"{args.prompt} cached tokens, 1 thread, median of {args.rounds} shuffled rounds")
     for name, median in medians.items():
         print(f"  {name:10s} {median * 1e6:8.1f} us")
