@@ -134,35 +134,6 @@ def tensor_layout(layout: _Layout | None) -> _Layout:
     return layout
 
 
-def rope_tensors(q: Any, k: Any, positions: Any) -> list[Any]:
-    """torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False)),
-    its common case (float32/float16 tensors outside inference mode, small int64
-    positions) in the fewest torch calls: a decode step's conversion is most of what a
-    call on tensors costs beyond the same call on NumPy arrays."""
-    torch, bfloat16, bump, _ = _TORCH if _TORCH is not None else _torch()
-    tensor = torch.Tensor
-    if (type(k) is tensor and q.dtype is not bfloat16 and k.dtype is not bfloat16
-            and not q.is_inference() and not k.is_inference()):
-        try:
-            qv, kv = q.numpy(), k.numpy()
-        except (RuntimeError, TypeError):
-            pass  # named below
-        else:
-            if type(positions) is tensor:
-                if (positions.dtype is torch.int64 and positions.is_cpu
-                        and positions.numel() <= _SMALL_POSITIONS):
-                    # ints are cheaper to make than a view, and the kernels read a list
-                    positions = positions.tolist()
-                else:
-                    positions = tensor_view(positions, "positions", writable=False)
-            bump((q, k))
-            return [qv, kv, positions]
-    return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
-
-
-# positions of a torch tensor read as a list of ints up to this many (a decode step's)
-_SMALL_POSITIONS = 64
-
 _TORCH: tuple[Any, ...] | None = None
 
 

@@ -323,7 +323,8 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     if type(q) is not np.ndarray and _checks.is_tensor(q):
         # a model's own torch tensors: viewed once, then the path of NumPy arrays
         layout = _checks.tensor_layout(layout)
-        qv, kv, pv = _checks.rope_tensors(q, k, positions)
+        qv, kv, pv = _checks.torch_tensors((q, "q", True), (k, "k", True),
+                                           (positions, "positions", False))
         apply_rope(qv, kv, pv, offset=offset, freqs=freqs, base=base, scaling=scaling,
                    rotary_dim=rotary_dim, style=style, layout=layout, inverse=inverse,
                    num_threads=num_threads, max_position_embeddings=max_position_embeddings)
@@ -610,7 +611,8 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         if type(q) is not np.ndarray and _checks.is_tensor(q):
             layout = _checks.tensor_layout(layout)
-            qv, kv, pv = _checks.rope_tensors(q, k, positions)
+            qv, kv, pv = _checks.torch_tensors((q, "q", True), (k, "k", True),
+                                               (positions, "positions", False))
             self._rotate(qv, kv, pv, offset, layout, inverse, num_threads)
             return q, k
         return self._rotate(q, k, positions, offset, "bshd" if layout is None else layout,
