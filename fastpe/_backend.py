@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import Any, TypeVar
 
 BACKENDS = ("cython", "numpy")
 
@@ -79,3 +81,19 @@ def use_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def numpy_only(fn: _F) -> _F:
+    """Run fn with the NumPy backend active: fastpe.reference's functions, which share
+    the validating layer with the compiled backend, so never reach compiled code."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = _current.set("numpy")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _current.reset(token)
+    return run  # type: ignore[return-value]

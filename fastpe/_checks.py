@@ -450,8 +450,9 @@ class Positions:
 
 
 def int64_range(a: np.ndarray) -> tuple[int, int]:
-    """(min, max) of a non-empty C-contiguous int64 array."""
-    compiled = _backend.compiled
+    """(min, max) of a non-empty C-contiguous int64 array (one compiled pass, except
+    on the NumPy backend, which never calls compiled code)."""
+    compiled = _backend.kernels()
     if compiled is not None:
         lo_hi: tuple[int, int] = compiled.int64_range(a)
         return lo_hi

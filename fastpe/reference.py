@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _checks, _math, _relative_args, _relative_math, _rope_scaling
+from . import _args, _backend, _checks, _math, _relative_args, _relative_math, _rope_scaling
 from ._rope_scaling import RopeFrequencies
 from ._typing import (
     ArrayLike,
@@ -140,6 +140,7 @@ def run_rope(plan: _args.RopePlan) -> None:
 
 # ---- the public twins --------------------------------------------------------
 
+@_backend.numpy_only
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: int = 0,
                      layout: SinusoidalLayout = "interleaved", dtype: DTypeLike | None = None,
                      out: np.ndarray | None = None, num_threads: int | None = None,
@@ -153,6 +154,7 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
     return plan.x[0] if out is None else out
 
 
+@_backend.numpy_only
 def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int = 0,
                    base: float = 10000.0, layout: SinusoidalLayout = "interleaved",
                    scale: float = 1.0, num_threads: int | None = None,
@@ -165,6 +167,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     return x
 
 
+@_backend.numpy_only
 def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *,
                 offset: int = 0, num_threads: int | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_learned`."""
@@ -176,6 +179,7 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
 rope_frequencies = _rope_scaling.rope_frequencies
 
 
+@_backend.numpy_only
 def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
                  dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
     """NumPy twin of :func:`fastpe.rope_cos_sin`."""
@@ -185,6 +189,7 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     return (np.cos(angles) * att).astype(dt), (np.sin(angles) * att).astype(dt)
 
 
+@_backend.numpy_only
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
                base: float | None = None, scaling: ScalingDict | None = None,
@@ -201,6 +206,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     return q, k
 
 
+@_backend.numpy_only
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       positions: PositionsLike = None, *, offset: int = 0, style: Style = "neox",
                       layout: RopeLayout | None = None, inverse: bool = False,
@@ -260,6 +266,7 @@ def _alibi_rows(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
 alibi_slopes = _math.alibi_slopes
 
 
+@_backend.numpy_only
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,
                q_offset: int | None = None, causal: bool = False, symmetric: bool = False,
                dtype: DTypeLike | None = None, out: np.ndarray | None = None,
@@ -275,6 +282,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
     return plan.scores if out is None else out
 
 
+@_backend.numpy_only
 def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int | None = None,
               causal: bool = False, symmetric: bool = False, num_threads: int | None = None,
               q_positions: PositionsLike = None, k_positions: PositionsLike = None,
@@ -344,6 +352,7 @@ def run_disentangled_bias(plan: _relative_args.DebertaPlan) -> None:
         x[...] = x.astype(work) + total
 
 
+@_backend.numpy_only
 def relative_position_bucket(relative_position: ArrayLike, *, bidirectional: bool = True,
                              num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
     """NumPy twin of :func:`fastpe.relative_position_bucket`."""
@@ -352,6 +361,7 @@ def relative_position_bucket(relative_position: ArrayLike, *, bidirectional: boo
     return _relative_math.t5_buckets(spec, d)
 
 
+@_backend.numpy_only
 def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bool = True,
                   max_distance: int = 128, q_offset: int | None = None, causal: bool = False,
                   dtype: DTypeLike | None = None, out: np.ndarray | None = None,
@@ -365,6 +375,7 @@ def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bo
     return plan.scores if out is None else out
 
 
+@_backend.numpy_only
 def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool = True,
                       max_distance: int = 128, q_offset: int | None = None,
                       causal: bool = False, key_mask: ArrayLike | None = None,
@@ -376,6 +387,7 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
     return scores
 
 
+@_backend.numpy_only
 def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int = -1,
                                max_relative_positions: int = -1) -> np.ndarray:
     """NumPy twin of :func:`fastpe.deberta_relative_positions`."""
@@ -387,6 +399,7 @@ def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int 
     return _relative_math.deberta_positions(d, pb, mr)
 
 
+@_backend.numpy_only
 def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
                           p2c: ArrayLike | None = None, position_buckets: int = -1,
                           max_relative_positions: int = -1,

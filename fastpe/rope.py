@@ -8,14 +8,12 @@ float64; the rotation runs in place, in one pass over q and k.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from . import _args, _backend, _checks, _constants, _hf_multimodal, _rope_scaling, _threads, reference
+from . import _args, _backend, _checks, _hf_multimodal, _rope_scaling, _threads, reference
 from ._rope_scaling import RopeFrequencies, rope_frequencies
 from ._typing import (
     ArrayLike,
@@ -51,35 +49,11 @@ def _run(plan: _args.RopePlan) -> None:
                   pair_axis=plan.pair_axis, pair_axis2=plan.pair_axis2)
 
 
-_LAYOUT_CODES = _constants.LAYOUT_CODES
-_SEQ_AXIS = {"bshd": (4, 1), "bhsd": (4, 2), "shd": (3, 0)}  # (q.ndim, axis of seq)
-_STYLE_NEOX = {"neox": True, "gptj": False}
-_INT64 = np.dtype(np.int64)
-_NOT_PLAIN = object()
-_POSITIONS_STACK = _constants.POSITIONS_STACK
-
-# (head_dim, rotary_dim, base, max_position_embeddings), each with its type (True and 1 are
-# equal keys but not equal arguments), and a dict scaling by its items and their types: the
-# parsed RopeSpec and its decode state. A call with the same arguments costs a hash and a
-# lookup; one passing the same dict object, unchanged, costs less (_BY_DICT: id -> the dict,
-# the other arguments, the dict's items then, the parse).
-_Parsed = tuple[_rope_scaling.RopeSpec, "tuple[Any, ...] | None"]
-_SPECS: dict[tuple[Any, ...], _Parsed] = {}
-_BY_DICT: dict[int, tuple[dict[Any, Any], tuple[Any, ...], tuple[tuple[Any, Any], ...],
-                          _Parsed]] = {}
-_MAX_SPECS = 256
-# (head_dim, base, scaling, rotary_dim, max_position_embeddings, the dict's items, parsed)
-# of the last call: the same numbers again (a decode loop's constants) skip even the hash;
-# one tuple, so a thread never reads half of another's update
-_LAST: tuple[Any, ...] = (None, object(), None, None, None, (), None)
-
-
-def _decode_state(spec: _rope_scaling.RopeSpec, head_dim: int,
-                  flip: bool = False) -> tuple[Any, ...] | None:
-    """rope_decode's state for `spec` on heads of head_dim features (see there):
-    the frequencies up to the original length and, for dynamic NTK and LongRoPE,
-    how to find those past it; None when they cannot be formed (the general path
-    then names the problem) or their scaling is not a float."""
+def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> Any:
+    """The compiled entry's RopeState of `spec` on heads of head_dim features: the
+    frequencies up to the original length and, for dynamic NTK and LongRoPE, how to
+    find those past it; None when they cannot be formed (the validating path then
+    names the problem) or their scaling is not a float."""
     try:
         low = spec.frequencies()
     except Exception:
@@ -92,9 +66,9 @@ def _decode_state(spec: _rope_scaling.RopeSpec, head_dim: int,
         assert spec.original_max_position_embeddings is not None  # _parse sets it for both
         switch = spec.original_max_position_embeddings
         if spec.rope_type == "dynamic" and spec.dim > 2:
-            # each length past the original has frequencies of its own, which rope_decode
+            # each length past the original has frequencies of its own, which the entry
             # forms from the plain ones and the factor (a float, as _dynamic_inv_freq
-            # computes with it; else every such call asks spec.frequencies)
+            # computes with it; else each such call asks spec.frequencies)
             past = spec.factor if type(spec.factor) is float and type(switch) is int else None
         else:
             # LongRoPE's long factors; dynamic NTK's single pair at any length
@@ -102,179 +76,26 @@ def _decode_state(spec: _rope_scaling.RopeSpec, head_dim: int,
                 past = spec.frequencies(switch + 1)
             except Exception:
                 past = None  # raised, with its message, by a call that gets there
-    return (head_dim, flip, low.inv_freq, low.attention_scaling, switch, past,
-            spec.frequencies)
+    kern = _backend.compiled
+    assert kern is not None
+    return kern.RopeState(head_dim, flip, low.inv_freq, low.attention_scaling, switch, past,
+                          spec.frequencies)
 
 
-# scalar types whose == is a plain comparison (an array's == would be an array)
-_NUMBER_TYPES = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
-
-
-def _same_number(a: object, b: object) -> bool:
-    """a is b, or two numbers of one type and equal value: a base or a length made
-    afresh each call (config.rope_theta * 1.0) is still the last call's."""
-    return a is b or (type(a) is type(b) and type(a) in _NUMBER_TYPES and bool(a == b))
-
-
-def _cached_spec(kern: ModuleType, head_dim: int, rotary_dim: object, base: object,
-                 scaling: object, max_position_embeddings: object) -> _Parsed | None:
-    """The spec _args.rope_spec parses from these arguments, and its decode state,
-    memoised; None when the arguments are refused (the general path then raises,
-    in its own order)."""
-    # the types first: comparing with a memo stops at a type that differs, before the
-    # value's == runs (an array's == would return an array, whose truth is an error)
-    args = (type(rotary_dim), type(base), type(max_position_embeddings), head_dim, rotary_dim,
-            base, max_position_embeddings)
-    global _LAST
-    key: tuple[Any, ...] | None
-    items: tuple[tuple[Any, Any], ...] = ()
-    if scaling is None:
-        key = args
-    elif type(scaling) is dict:
-        seen = _BY_DICT.get(id(scaling))
-        if (seen is not None and seen[0] is scaling and seen[1] == args
-                and kern.same_items(scaling, seen[2])):
-            _LAST = (head_dim, base, scaling, rotary_dim, max_position_embeddings, seen[2],
-                     seen[3])
-            return seen[3]
-        items = tuple(scaling.items())
-        key = (args, items, tuple(map(type, scaling.values())))
-    else:
-        return None
-    parsed = None
+def _parse_state(head_dim: int, rotary_dim: object, base: object, scaling: object,
+                 max_position_embeddings: object) -> Any:
     try:
-        parsed = _SPECS.get(key)
-    except TypeError:
-        key = None  # an unhashable value (a list of longrope factors)
-    if parsed is None:
-        try:
-            spec = _args.rope_spec(head_dim, rotary_dim, base, scaling,
-                                   max_position_embeddings)[1]
-        except Exception:
-            return None
-        parsed = (spec, _decode_state(spec, head_dim))
-        if key is not None:
-            if len(_SPECS) >= _MAX_SPECS:
-                _SPECS.clear()
-            _SPECS[key] = parsed
-    if key is None:
-        return parsed  # a list may change in place, under the same dict items: not kept
-    _LAST = (head_dim, base, scaling, rotary_dim, max_position_embeddings, items, parsed)
-    if scaling is not None:
-        if len(_BY_DICT) >= _MAX_SPECS:
-            _BY_DICT.clear()
-        _BY_DICT[id(scaling)] = (scaling, args, items, parsed)
-    return parsed
+        spec = _args.rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)[1]
+    except Exception:
+        return None  # the validating path raises, in its own order
+    return _state(spec, head_dim)
 
 
-def _fast_positions(positions: object, q: np.ndarray, k: object) -> object:
-    """positions for the compiled fast path: None, lists and arrays as they are
-    (the kernel reads a few hundred integers of any dtype, or of a list, itself),
-    a larger array of another integer dtype as an int64 copy; _NOT_PLAIN for
-    anything else, and for such an array that may share memory with q or k (the
-    general path decides those and names every problem)."""
-    if type(positions) is np.ndarray:
-        if positions.dtype is _INT64 or positions.size <= _POSITIONS_STACK:
-            return positions
-        if positions.dtype.kind not in "iu" or np.may_share_memory(q, positions) or (
-                type(k) is np.ndarray and np.may_share_memory(k, positions)):
-            return _NOT_PLAIN
-        return positions.astype(_INT64)
-    if positions is None or type(positions) in (list, tuple):
-        return positions  # the kernel reads a few hundred plain ints of a list itself
-    return _NOT_PLAIN
-
-
-def _fast_seq_len(q: np.ndarray, positions: Any, offset: int,
-                  layout: str) -> int | None:
-    """max(positions) + 1 of a fast-path call (0 with no positions), as the general
-    path computes it for the frequencies of dynamic and longrope; None to leave the
-    call to the general path."""
-    if positions is None:
-        ndim, axis = _SEQ_AXIS[layout]
-        if q.ndim != ndim:
-            return None
-        return offset + q.shape[axis] if q.shape[axis] else 0
-    if type(positions) is not np.ndarray:
-        try:
-            positions = np.asarray(positions)
-        except (TypeError, ValueError):
-            return None
-    if not positions.size:
-        return 0
-    if positions.dtype is not _INT64:
-        if positions.dtype.kind not in "iu":
-            return None
-        positions = positions.astype(_INT64)  # a uint64 past int64 turns negative: refused
-    elif not positions.flags.c_contiguous:
-        return None
-    lo, hi = _checks.int64_range(positions)
-    return hi + 1 if lo >= 0 else None
-
-
-def _frequencies_at(kern: ModuleType, spec: _rope_scaling.RopeSpec,
-                    seq_len: int) -> RopeFrequencies:
-    """spec.frequencies(seq_len); dynamic NTK's past the original length formed by the
-    compiled kernel, the same bits without spec's Python per length (a batched decode
-    loop meets a new length every step)."""
-    original = spec.original_max_position_embeddings
-    if (spec.rope_type == "dynamic" and type(spec.factor) is float and type(original) is int
-            and original < seq_len <= _checks.MAX_ANGLE_POSITION):
-        low = spec.frequencies()
-        inv_freq = np.empty_like(low.inv_freq)
-        if kern.dynamic_ntk_frequencies(low.inv_freq, spec.factor, original, seq_len, inv_freq):
-            return RopeFrequencies(inv_freq, low.attention_scaling)
-    return spec.frequencies(seq_len)
-
-
-def _try_fast(kern: ModuleType, q: np.ndarray, k: object, positions: object, offset: int,
-              source: RopeFrequencies | _rope_scaling.RopeSpec | None, style: str,
-              layout: str, inverse: bool, num_threads: int | None,
-              cache: tuple[object, object] | None = None) -> bool:
-    """Rotate through the compiled fast path when the arguments are the plain
-    common case; False (nothing written) sends the call down the general,
-    fully validating path, which also produces every error message.
-
-    `source` is a RopeFrequencies, or a RopeSpec whose frequencies follow the
-    call's positions; with `cache` = (cos, sin) it is ignored and the rows come
-    from the cache. Only cheap type tests happen here; the arrays are checked in C."""
-    layout_code = _LAYOUT_CODES.get(layout) if type(layout) is str else None
-    neox = _STYLE_NEOX.get(style) if type(style) is str else None
-    if (layout_code is None or neox is None or type(offset) is not int
-            or not 0 <= offset < _checks.INT64_MAX or type(inverse) is not bool
-            or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
-        return False
-    positions = _fast_positions(positions, q, k)
-    if positions is _NOT_PLAIN:
-        return False
-    nbytes = q.nbytes + (k.nbytes if type(k) is np.ndarray else 0)
-    threads = _threads.resolve(num_threads, 2 * nbytes)
-    if cache is not None:
-        done: bool = kern.rope_cached_fast(q, k, cache[0], cache[1], positions, offset,
-                                           layout_code, neox, inverse, threads)
-        return done
-    if isinstance(source, _rope_scaling.RopeSpec):
-        if source.depends_on_seq_len:
-            seq_len = _fast_seq_len(q, positions, offset, layout)
-            if seq_len is None:
-                return False
-            source = _frequencies_at(kern, source, seq_len)
-        else:
-            source = source.frequencies()
-    elif source is None:
-        return False
-    att = source.attention_scaling
-    if att == 1.0:
-        cos_scale = 1.0
-    elif type(att) is float and 0.0 < att < math.inf:
-        cos_scale = att
-    else:
-        return False
-    if inverse:
-        cos_scale = 1.0 / cos_scale
-    done = kern.rope_fast(q, k, positions, offset, layout_code, neox, source.inv_freq,
-                          cos_scale, -cos_scale if inverse else cos_scale, threads)
-    return done
+# the states of apply_rope's arguments, by value: arguments of these immutable types,
+# whose == is a plain comparison (an array's would be an array), are compared and kept
+_STATES: Any = None if _backend.compiled is None else _backend.compiled.RopeStates(
+    _parse_state, frozenset({type(None), bool, int, float, str, np.float64, np.float32,
+                             np.int64, np.int32}))
 
 
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
@@ -332,50 +153,17 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     if layout is None:
         layout = "bshd"
     kern = _backend.kernels()
-    parsed = None
-    if kern is not None and freqs is None:
-        last = _LAST
-        if ((base is last[1] or _same_number(base, last[1]))
-                and (rotary_dim is last[3] or _same_number(rotary_dim, last[3]))
-                and (max_position_embeddings is last[4]
-                     or _same_number(max_position_embeddings, last[4]))
-                and ((scaling is None and last[2] is None)
-                     or (type(scaling) is dict and last[2] is not None
-                         and kern.same_items(scaling, last[5])))):
-            # the same argument objects as the last call, or a dict holding the very
-            # same keys and values (a decode loop's constants, a dict literal): its
-            # parse, for heads of its width, with no hashing; a decode step is then one
-            # compiled call, which checks q's width and every other argument
-            parsed = last[6]
-            if parsed[1] is not None and kern.rope_decode(
-                    parsed[1], q, k, positions, offset, style, layout, inverse, num_threads,
-                    _threads.SERIAL_BYTES):
-                return q, k
-            if not (isinstance(q, np.ndarray) and q.ndim >= 3 and q.shape[-1] == last[0]):
-                parsed = None
-    if kern is not None and isinstance(q, np.ndarray) and q.ndim >= 3:
-        source: Any = None
+    if kern is not None:
+        state = None
         if freqs is None:
-            if parsed is None:
-                parsed = _cached_spec(kern, q.shape[-1], rotary_dim, base, scaling,
-                                      max_position_embeddings)
-                # a decode step: every argument checked in C
-                if parsed is not None and parsed[1] is not None and kern.rope_decode(
-                        parsed[1], q, k, positions, offset, style, layout, inverse,
-                        num_threads, _threads.SERIAL_BYTES):
-                    return q, k
-            if parsed is not None:
-                source = parsed[0]
+            state = _STATES.get(q, rotary_dim, base, scaling, max_position_embeddings)
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
-              and rotary_dim is None and max_position_embeddings is None):
-            source = freqs
-            if type(freqs.attention_scaling) is float and kern.rope_small(
-                    q, k, positions, offset, style, layout, inverse, num_threads, freqs.inv_freq,
-                    freqs.attention_scaling, None, None, _threads.SERIAL_BYTES):
-                return q, k
-        # else the Python fast path
-        if source is not None and _try_fast(kern, q, k, positions, offset, source, style,
-                                            layout, inverse, num_threads):
+              and rotary_dim is None and max_position_embeddings is None
+              and type(freqs.attention_scaling) is float):
+            state = kern.RopeState(-1, False, freqs.inv_freq, freqs.attention_scaling)
+        if state is not None and kern.rope_call(
+                state, q, k, positions, offset, style, layout, inverse, num_threads, None,
+                None, _threads.SERIAL_BYTES, _threads.resolve):
             return q, k
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
@@ -416,11 +204,9 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
     kern = _backend.kernels()
-    if kern is not None and isinstance(q, np.ndarray) and (
-            kern.rope_small(q, k, positions, offset, style, layout, inverse, num_threads, None,
-                            1.0, cos, sin, _threads.SERIAL_BYTES)
-            or _try_fast(kern, q, k, positions, offset, None, style, layout, inverse,
-                         num_threads, cache=(cos, sin))):
+    if kern is not None and kern.rope_call(None, q, k, positions, offset, style, layout,
+                                           inverse, num_threads, cos, sin,
+                                           _threads.SERIAL_BYTES, _threads.resolve):
         return q, k
     _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                            layout=layout, inverse=inverse, num_threads=num_threads))
@@ -623,27 +409,21 @@ class RotaryEmbedding:
         """__call__ once torch tensors are NumPy views."""
         if type(inverse) is not bool:
             inverse = _checks.flag(inverse, "inverse")
-        state = self._decode
+        state = self._compiled_state
         if state is None:
-            state = self._decode = self._decode_state()
+            state = self._compiled_state = self._make_state()
         kern = _backend.kernels()
-        # a decode step: one compiled call, which checks every argument
-        if state and kern is not None and kern.rope_decode(
-                state, q, k, positions, offset, self.style, layout, inverse, num_threads,
-                _threads.SERIAL_BYTES):
+        # positions of one axis, or none: every axis of M-RoPE takes the same position
+        if state and (self.axes == 1 or positions is None) and kern is not None and (
+                kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
+                               num_threads, None, None, _threads.SERIAL_BYTES,
+                               _threads.resolve)):
             return q, k
         if self.reverse:
             inverse = not inverse
         if self._halves is not None:
             for plan in self._half_plans(q, k, positions, offset, layout, inverse, num_threads):
                 _run(plan)
-            return q, k
-        # the fast path reads 2-D positions as (batch, seq): text positions only
-        if (kern is not None and isinstance(q, np.ndarray)
-                and (self.axes == 1 or positions is None) and self._pair_freq is None
-                and q.ndim >= 3 and q.shape[-1] == self.head_dim
-                and _try_fast(kern, q, k, positions, offset, self._spec, self.style, layout,
-                              inverse, num_threads)):
             return q, k
         plan = _args.rope(q, k, positions=positions, offset=offset, rotary_dim=self.rotary_dim,
                           freqs=None, base=None, scaling=None, max_position_embeddings=None,
@@ -654,10 +434,10 @@ class RotaryEmbedding:
         _run(plan)
         return q, k
 
-    # rope_decode's state for this embedding's settings (False: none, the call is not one
-    # pairing of one position per token), formed on the first call after any attribute
-    # changes; never pickled (its cached arrays would come back writable)
-    _decode: tuple[Any, ...] | bool | None = None
+    # the compiled entry's RopeState for this embedding's settings (False: none, the call
+    # is not one pairing of one position per token), formed on the first call after any
+    # attribute changes; never pickled
+    _compiled_state: Any = None
 
     # leading tokens the model leaves unrotated (DINOv3's CLS and registers): the
     # caller passes q[:, prefix_tokens:]
@@ -665,19 +445,19 @@ class RotaryEmbedding:
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name != "_decode":
-            object.__setattr__(self, "_decode", None)
+        if name != "_compiled_state":
+            object.__setattr__(self, "_compiled_state", None)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_decode", None)
+        state.pop("_compiled_state", None)
         return state
 
-    def _decode_state(self) -> tuple[Any, ...] | bool:
-        if (self.axes != 1 or self._pair_freq is not None or self._halves is not None
-                or self._pair_axis2 is not None):
+    def _make_state(self) -> Any:
+        if (_backend.compiled is None or self._pair_freq is not None
+                or self._halves is not None or self._pair_axis2 is not None):
             return False
-        return _decode_state(self._spec, self.head_dim, bool(self.reverse)) or False
+        return _state(self._spec, self.head_dim, bool(self.reverse)) or False
 
     def _half_plans(self, q: object, k: object, positions: object, offset: object,
                     layout: object, inverse: object,

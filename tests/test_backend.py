@@ -3,6 +3,7 @@ FASTPE_BACKEND, info(), OpenMP in the build, and the FASTPE_ISA variants."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -105,6 +106,38 @@ def test_use_backend_selects_the_loops(monkeypatch):
         assert calls == ([] if name == "cython" else ["run_sinusoidal", "run_learned"]), name
         out[name] = y
     np.testing.assert_allclose(out["cython"], out["numpy"], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_numpy_backend_never_calls_compiled_code(monkeypatch):
+    """fastpe.reference, and every public function on the NumPy backend, validates and
+    computes in NumPy: each compiled function raises if called."""
+    kern = fastpe._backend.compiled
+    cos, sin = fastpe.rope_cos_sin(np.arange(700), fastpe.rope_frequencies(16))
+
+    def forbidden(name):
+        def call(*args, **kwargs):
+            raise AssertionError(f"the NumPy backend called kernels.{name}")
+        return call
+
+    for name in dir(kern):
+        if not name.startswith("_") and callable(getattr(kern, name)) and not isinstance(
+                getattr(kern, name), type):
+            monkeypatch.setattr(kern, name, forbidden(name))
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 9, 4, 16)), rng.standard_normal((2, 9, 2, 16))
+    pos = np.arange(9) + 600   # past 512: converted, ranged and checked in Python
+    x = rng.standard_normal((2, 700, 16))
+    scores = rng.standard_normal((2, 4, 9, 9))
+    for run in (fastpe.reference, fastpe):
+        ctx = fastpe.use_backend("numpy") if run is fastpe else contextlib.nullcontext()
+        with ctx:
+            run.apply_rope(q, k, pos, scaling={"rope_type": "dynamic", "factor": 2.0},
+                           max_position_embeddings=16)
+            run.apply_rope_cached(q, k, cos, sin, pos)
+            run.add_sinusoidal(x, positions=np.arange(700))
+            run.add_learned(x, np.ones((800, 16)), positions=np.arange(700))
+            run.add_alibi(scores)
 
 
 # ---- FASTPE_BACKEND (read at import: fresh interpreters) ------------------------------------

@@ -78,7 +78,7 @@ def serial_bytes(n: int):
 
 @contextlib.contextmanager
 def fast_path(name: str, enabled: bool, log: list | None = None):
-    """Leave the compiled C fast path `name` ("rope_fast", "alibi_fast", "learned_fast",
+    """Leave the compiled C fast path `name` ("rope_call", "alibi_fast", "learned_fast",
     "sinusoidal_fast") as it is, or make it decline every call (False: the general path
     runs). `log` records, per call, "fast" or "declined"."""
     kern = fastpe._backend.compiled
@@ -549,7 +549,7 @@ def test_apply_rope(case, dtype, seed, nt, data, style, inverse, base, embedding
         _, exc_r = outcome(lambda: call(qr, kr))
     # compiled, fast path as it comes, nt threads
     log: list[str] = []
-    with serial_bytes(0), fast_path("rope_fast", True, log):
+    with serial_bytes(0), fast_path("rope_call", True, log):
         ret, exc_c = outcome(lambda: call(q, k, num_threads=nt))
     assert_same_error(exc_c, exc_r, ctx)
     for p, b in zip(arrays.bases, before):
@@ -563,7 +563,7 @@ def test_apply_rope(case, dtype, seed, nt, data, style, inverse, base, embedding
     event(f"rope path: {log[-1] if log else 'general only'}")
     # compiled, general path forced, one thread: the same bits
     qg, kg = np.array(q0), None if k0 is None else np.array(k0)
-    with fast_path("rope_fast", False):
+    with fast_path("rope_call", False):
         call(qg, kg, num_threads=1)
     assert_bytes_equal(q, qg, ctx + ": q, fast path / nt threads vs general path / 1 thread")
     if k is not None:

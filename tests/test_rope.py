@@ -8,10 +8,10 @@ Truths, independent of the code under test:
 - the frequencies of every scaling type come from ``fastpe.rope_frequencies``, which
   tests/test_rope_scaling.py checks against the published formulas and transformers.
 
-The compiled ``apply_rope`` / ``RotaryEmbedding.__call__`` have C fast paths
-(``kernels.rope_decode`` and ``rope_small`` for decode-sized calls, ``rope_fast`` for
-larger plain ones) and a general, fully validating path for the rest; ``path_spy``
-records which one ran, and the tests check both give the same bits.
+The compiled ``apply_rope`` / ``apply_rope_cached`` / ``RotaryEmbedding.__call__`` go
+through one compiled front door (``kernels.rope_call``), which rotates the plain case
+and declines the rest to the general, fully validating path; ``path_spy`` records which
+one ran, and the tests check both give the same bits.
 
 Sizes: most sequences here are 37 or 40 tokens (more than one 32-token block of the
 kernel's angle recurrence, so blocks, reseeds and partial blocks all run). Every shorter
@@ -168,37 +168,17 @@ def twins(make_fn):
 
 @pytest.fixture
 def path_spy(monkeypatch):
-    """Records, per rotation call, which compiled path ran: 'fast' (rope_small,
-    rope_decode, rope_fast or rope_cached_fast rotated), 'declined' (rope_fast or rope_cached_fast
-    returned False) and 'general' (the validating path's _run)."""
+    """Records, per rotation call, which compiled path ran: 'fast' (the front door
+    kernels.rope_call rotated), 'declined' (it returned False) and 'general' (the
+    validating path's _run)."""
     events: list[str] = []
     if not ON_CYTHON:
         pytest.skip("the compiled backend is not the one under test")
-    real_fast = fastpe._backend.compiled.rope_fast
-    real_cached_fast = fastpe._backend.compiled.rope_cached_fast
-    real_small = fastpe._backend.compiled.rope_small
-    real_decode = fastpe._backend.compiled.rope_decode
+    real_call = fastpe._backend.compiled.rope_call
     real_run = fastpe.rope._run
 
-    def small(*args):
-        done = real_small(*args)
-        if done:
-            events.append("fast")
-        return done
-
-    def decode(*args):
-        done = real_decode(*args)
-        if done:
-            events.append("fast")
-        return done
-
-    def fast(*args):
-        done = real_fast(*args)
-        events.append("fast" if done else "declined")
-        return done
-
-    def cached_fast(*args):
-        done = real_cached_fast(*args)
+    def call(*args):
+        done = real_call(*args)
         events.append("fast" if done else "declined")
         return done
 
@@ -206,10 +186,7 @@ def path_spy(monkeypatch):
         events.append("general")
         return real_run(plan)
 
-    monkeypatch.setattr(fastpe._backend.compiled, "rope_fast", fast)
-    monkeypatch.setattr(fastpe._backend.compiled, "rope_cached_fast", cached_fast)
-    monkeypatch.setattr(fastpe._backend.compiled, "rope_small", small)
-    monkeypatch.setattr(fastpe._backend.compiled, "rope_decode", decode)
+    monkeypatch.setattr(fastpe._backend.compiled, "rope_call", call)
     monkeypatch.setattr(fastpe.rope, "_run", run)
     return events
 
@@ -738,7 +715,7 @@ def test_rotary_embedding_settings_changed_after_a_call_are_followed(path_spy):
 
 @pytest.mark.parametrize("name", ["dynamic-above-original", "longrope-long"])
 def test_sequence_dependent_fast_path_refuses_bad_arguments(name):
-    """rope_decode takes only the plain case: everything else reaches the general
+    """The front door takes only the plain case: everything else reaches the general
     path's errors, which name the argument, with nothing written."""
     rope = fastpe.RotaryEmbedding(D, scaling=SCALINGS[name])
     q, k, pos = _plain_inputs()
@@ -808,7 +785,7 @@ def test_dynamic_ntk_decode_loop_matches_the_general_path(head_dim):
 
 def test_dynamic_ntk_decode_steps_take_the_fast_path(path_spy):
     """Past the original length the decode step stays on the compiled path: for a
-    decode-sized call and for a batch too large for rope_decode (rope_fast)."""
+    decode-sized call and for a batch large enough to run on threads."""
     scaling = {"rope_type": "dynamic", "factor": 2.0}
     rope = fastpe.RotaryEmbedding(128, scaling=scaling, max_position_embeddings=16)
     for batch in (1, 16):
@@ -865,6 +842,56 @@ def test_a_list_in_a_scaling_dict_changed_in_place_is_read_again():
     check_rotation(q2, q3, F32, magnitude=magnitude_of(q0), max_position=40,
                    context="changed factor")
     assert not np.array_equal(q2, q)
+
+
+def test_configurations_are_kept_by_value_never_by_identity():
+    """apply_rope keeps what it parsed by the arguments' values: a dict changed in place,
+    an equal dict made afresh, an equal number of another type (True for 1) and an
+    array base (which may change in place) each give what fastpe.reference gives for the
+    arguments as they are at that call."""
+    q0, k0, _ = _plain_inputs()
+    q0, k0 = q0[:1, :1].copy(), k0[:1, :1].copy()
+    pos = np.array([[40]])
+
+    def same_as_reference(**kw):
+        q, k = q0.copy(), k0.copy()
+        got = outcome(lambda: fastpe.apply_rope(q, k, pos, **kw))
+        qr, kr = q0.copy(), k0.copy()
+        want = outcome(lambda: reference.apply_rope(qr, kr, pos, **kw))
+        assert (got[1] is None) == (want[1] is None), (kw, got[1], want[1])
+        if got[1] is None:
+            assert_bytes_equal(q, fastpe.apply_rope(q0.copy(), k0.copy(), pos, **kw)[0])
+            check_rotation(q, qr, F32, magnitude=magnitude_of(q0, att=4.0), max_position=40,
+                           context=str(kw))
+        else:
+            assert type(got[1]) is type(want[1]), (kw, got[1], want[1])
+        return q
+
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    first = same_as_reference(scaling=scaling)
+    scaling["factor"] = 4.0   # the same dict object, changed
+    assert not np.array_equal(same_as_reference(scaling=scaling), first)
+    scaling["factor"] = 2.0
+    assert_bytes_equal(same_as_reference(scaling=dict(scaling)), first)
+    scaling["factor"] = 2    # an int factor is a valid, equal factor
+    assert_bytes_equal(same_as_reference(scaling=scaling), first)
+    scaling["factor"] = True  # not a factor: refused as the reference refuses it
+    same_as_reference(scaling=scaling)
+    dyn = {"rope_type": "dynamic", "factor": 2.0}
+    same_as_reference(scaling=dyn, max_position_embeddings=16)
+    same_as_reference(scaling=dyn, max_position_embeddings=True)
+    base = np.array(10000.0)
+    same_as_reference(base=base)
+    base[...] = 500.0
+    same_as_reference(base=base)
+    same_as_reference(scaling={"rope_type": "linear", "factor": 2.0, "extra": {"a": 1}})
+
+
+def outcome(fn):
+    try:
+        return fn(), None
+    except (TypeError, ValueError) as exc:
+        return None, exc
 
 
 def test_cached_fast_path_matches_the_general_path(path_spy):
@@ -1017,13 +1044,24 @@ def test_a_scaling_dict_seen_before_with_an_array_argument_names_it(bad):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_num_threads_give_bit_identical_results(threaded, dtype):
+def test_num_threads_give_bit_identical_results(threaded, dtype, monkeypatch):
     """3 batch rows x 4 blocks of 32 tokens; 1, 2 and 3 threads, computed angles (fast and
-    general path), a cos/sin cache, and rope_cos_sin."""
+    general path), a cos/sin cache, and rope_cos_sin. Every call asks the thread policy
+    for a team (else this would compare one thread with one thread)."""
+    teams: list[int] = []
+    real_resolve = fastpe._threads.resolve
+
+    def resolve(num_threads, nbytes):
+        n = real_resolve(num_threads, nbytes)
+        teams.append(n)
+        return n
+
+    monkeypatch.setattr(fastpe._threads, "resolve", resolve)
     freqs = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])
     pos = np.concatenate([block_positions(3, 60), block_positions(3, 40, 1) + 9000], axis=1)
     cos, sin = fastpe.rope_cos_sin(np.arange(pos.max() + 1), freqs, dtype=F32)
     results = []
+    teams.clear()
     for nt in (1, 2, 3):
         q = rng_floats((3, 100, HQ, D), dtype, 1)
         k = rng_floats((3, 100, HK, D), dtype, 2)
@@ -1039,6 +1077,8 @@ def test_num_threads_give_bit_identical_results(threaded, dtype):
         fastpe.apply_rope(q4, positions=pos, freqs=freqs)
         fastpe.set_num_threads(None)
         results.append((q, k, q2, q3, c, s, q4))
+        assert teams and set(teams) == {nt}, (nt, teams)
+        teams.clear()
     for nt, res in zip((2, 3), results[1:]):
         for name, a, b in zip(("q", "k", "q-gptj-general", "q-cached", "cos", "sin",
                                "q-set_num_threads"), res, results[0]):

@@ -4,12 +4,12 @@
 Two kinds of entry. The loops (rope, sinusoidal, learned, alibi) take arguments
 that fastpe's Python layer has validated and normalised (shapes, dtypes as storage
 codes, element-aligned strides, the call's own int64 positions in range, float64
-frequencies). The fast entries (rope_decode, rope_small, rope_fast,
-rope_cached_fast, learned_fast, sinusoidal_fast, alibi_fast) take the caller's
-objects and check them here, in C: each either runs the plain case it documents
-and returns True, or returns False having written nothing, and the Python layer
-then validates the call in full (and names what is wrong). None of them raises on
-data, and each writes only inside the views it is given.
+frequencies). The front doors (rope_call, learned_fast, sinusoidal_fast,
+alibi_fast) take the caller's objects and check them here, in C: each either runs
+the plain case it documents and returns True, or returns False having written
+nothing, and the Python layer then validates the call in full (and names what is
+wrong). None of them raises on data, and each writes only inside the views it is
+given.
 
 This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.
@@ -69,25 +69,3 @@ def int64_range(cnp.ndarray a):
         lo = min(lo, p[i])
         hi = max(hi, p[i])
     return lo, hi
-
-
-def same_items(dict d, tuple items):
-    """Whether d holds exactly `items` now: the very key and value objects of each
-    ``(key, value)`` pair, in order (equal but different objects, such as True
-    for 1, do not count). Lets fastpe reuse what it parsed from a dict."""
-    cdef Py_ssize_t pos = 0, i = 0, n = len(items)
-    cdef PyObject *key
-    cdef PyObject *value
-    cdef PyObject *pair
-    cdef bint same = True
-    with cython.critical_section(d):
-        if len(d) != n:
-            return False
-        while PyDict_Next(d, &pos, &key, &value):
-            pair = PyTuple_GET_ITEM(items, i)
-            if (key != PyTuple_GET_ITEM(<tuple>pair, 0)
-                    or value != PyTuple_GET_ITEM(<tuple>pair, 1)):
-                same = False
-                break
-            i += 1
-    return same

@@ -6,12 +6,13 @@ tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
 The loops (rope, sinusoidal, learned, alibi) trust their arguments: fastpe's Python
-layer has validated and normalised them (fastpe._checks). The *_fast, rope_small and
-rope_decode entries take the caller's objects, check them in C and return False,
+layer has validated and normalised them (fastpe._checks). The front doors (rope_call
+and the *_fast entries) take the caller's objects, check them in C and return False,
 having written nothing, for anything but the plain case they document. None of them
 raises on data.
 """
 
+from collections.abc import Callable
 from typing import Any, Final, final
 
 import numpy as np
@@ -31,37 +32,67 @@ STREAM_STORES: Final[bool]
 def cpu_supports(isa: str) -> bool: ...
 def openmp_max_threads() -> int: ...
 def int64_range(a: NDArray[np.int64]) -> tuple[int, int]: ...
-def rope_small(
-    q: object,
-    k: object,
-    positions: object,
-    offset: object,
-    style: object,
-    layout: object,
-    inverse: object,
-    num_threads: object,
-    inv_freq: object,
-    att: float,
-    cos: object,
-    sin: object,
-    serial_bytes: int,
-) -> bool: ...
-def rope_decode(
-    state: tuple[Any, ...],
-    q: object,
-    k: object,
-    positions: object,
-    offset: object,
-    style: object,
-    layout: object,
-    inverse: object,
-    num_threads: object,
-    serial_bytes: int,
-) -> bool: ...
 def dynamic_ntk_frequencies(
     plain: object, factor: float, original: int, length: int, out: NDArray[np.float64]
 ) -> bool: ...
-def same_items(d: dict[Any, Any], items: tuple[tuple[Any, Any], ...]) -> bool: ...
+@final
+class RopeState:
+    """One RoPE configuration as rope_call reads it (see rope.pxi)."""
+
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def flip(self) -> bool: ...
+    @property
+    def inv_freq(self) -> object: ...
+    @property
+    def att(self) -> float: ...
+    @property
+    def switch(self) -> int: ...
+    @property
+    def past(self) -> object: ...
+    @property
+    def frequencies(self) -> object: ...
+    def __init__(
+        self,
+        head_dim: int,
+        flip: bool,
+        inv_freq: object,
+        att: float,
+        switch: int = -1,
+        past: object = None,
+        frequencies: object = None,
+    ) -> None: ...
+
+@final
+class RopeStates:
+    """RopeStates by the arguments that define them, compared by value."""
+
+    def __init__(self, parse: Callable[..., RopeState | None], plain: frozenset[type]) -> None: ...
+    def get(
+        self,
+        q: object,
+        rotary_dim: object,
+        base: object,
+        scaling: object,
+        max_position_embeddings: object,
+    ) -> RopeState | None: ...
+
+def rope_call(
+    state: RopeState | None,
+    q: object,
+    k: object,
+    positions: object,
+    offset: object,
+    style: object,
+    layout: object,
+    inverse: object,
+    num_threads: object,
+    cos: object,
+    sin: object,
+    serial_bytes: int,
+    threads_for: Callable[[int | None, int], int],
+) -> bool: ...
 def register_bfloat16(typenum: int) -> None: ...
 def stream(
     arrays: tuple[NDArray[Any], ...],
@@ -112,30 +143,6 @@ def rope(
     pair_axis: NDArray[np.int8] | None = None,
     pair_axis2: NDArray[np.int8] | None = None,
 ) -> None: ...
-def rope_fast(
-    q: object,
-    k: object,
-    positions: object,
-    offset: int,
-    layout: int,
-    neox: bool,
-    inv_freq: object,
-    cos_scale: float,
-    sin_scale: float,
-    num_threads: int,
-) -> bool: ...
-def rope_cached_fast(
-    q: object,
-    k: object,
-    cos: object,
-    sin: object,
-    positions: object,
-    offset: int,
-    layout: int,
-    neox: bool,
-    inverse: bool,
-    num_threads: int,
-) -> bool: ...
 def alibi(
     scores: NDArray[Any],
     code: int,

@@ -711,82 +711,6 @@ cdef int fast_finish(RopeCall *a, Py_ssize_t *qshape, Py_ssize_t *qstr, Py_ssize
     return code
 
 
-cdef inline char *data_or_null(object x) noexcept:
-    return NULL if x is None else <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
-
-
-cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
-    """Whether x's bytes are apart from q's and (when there is one) k's."""
-    return views_apart(<cnp.ndarray>q, x) and (k is None or views_apart(<cnp.ndarray>k, x))
-
-
-cdef int rope_fast_impl(object q, object k, object positions, int64_t offset, int layout,
-                        bint neox, object inv_freq, double cos_scale, double sin_scale,
-                        int num_threads) except -1:
-    """apply_rope's fast path: rotate and return 1 when every argument is the
-    plain common case (checked here in C, cheaply); return 0 having touched
-    nothing otherwise, and the caller takes the general, fully validating path.
-
-    Common case: q, k and positions as fast_arrays() takes them; inv_freq a
-    C-contiguous float64 vector of finite values, no longer than head_dim / 2,
-    apart from q and k.
-    """
-    cdef RopeCall a
-    cdef int64_t hi
-    cdef int64_t posbuf[POSITIONS_STACK]
-    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf)
-    return rope_fast_probed(&a, code, hi, q, k, neox, inv_freq, cos_scale, sin_scale,
-                            num_threads)
-
-
-cdef int rope_fast_probed(RopeCall *a, int code, int64_t hi, object q, object k, bint neox,
-                          object inv_freq, double cos_scale, double sin_scale,
-                          int num_threads) except -1:
-    """rope_fast_impl once fast_arrays() has filled `a` and returned `code` (-1:
-    declined) with the largest position `hi`."""
-    cdef cnp.ndarray wa
-    if code < 0 or not cnp.PyArray_CheckExact(inv_freq):
-        return 0  # q may not even be an array
-    wa = <cnp.ndarray>inv_freq
-    if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa)):
-        return 0
-    if not apart(wa, q, k):
-        return 0
-    return rope_with_frequencies(a, code, hi, q, k, neox, <const double *>cnp.PyArray_DATA(wa),
-                                 wa.shape[0], cos_scale, sin_scale, num_threads)
-
-
-cdef int rope_with_frequencies(RopeCall *a, int code, int64_t hi, object q, object k,
-                               bint neox, const double *w, Py_ssize_t half, double cos_scale,
-                               double sin_scale, int num_threads) except -1:
-    """rope_fast_probed with the frequencies w[:half] (not in q or k): 1 when it
-    rotated, 0 having touched nothing when they or the call are not the plain case."""
-    cdef Py_ssize_t i
-    # the general path refuses what the angles or the float32 scaling cannot hold
-    if (code < 0 or hi >= MAX_ANGLE_POSITION or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX
-            or half == 0 or 2 * half > cnp.PyArray_DIMS(
-                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
-        return 0
-    for i in range(half):
-        if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
-            return 0
-    a.half = half
-    a.w = w
-    a.neox = neox
-    a.cos_scale, a.sin_scale = cos_scale, sin_scale
-    rope_execute(a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
-                 num_threads)
-    return 1
-
-
-def rope_fast(object q, object k, object positions, int64_t offset, int layout, bint neox,
-              object inv_freq, double cos_scale, double sin_scale, int num_threads):
-    """rope_fast_impl(): True when it rotated."""
-    return rope_fast_impl(q, k, positions, offset, layout, neox, inv_freq, cos_scale,
-                          sin_scale, num_threads) == 1
-
-
 cdef int cache_code_of(object x) noexcept:
     """Storage code of an exact, aligned, native float array with whole-element
     strides (read-only is fine), else -1."""
@@ -809,162 +733,6 @@ cdef int cache_code_of(object x) noexcept:
     if t == bfloat16_typenum and t >= 0:
         return CODE_BF16
     return -1
-
-
-cdef int rope_cached_fast_impl(object q, object k, object cos, object sin, object positions,
-                               int64_t offset, int layout, bint neox, bint inverse,
-                               int num_threads) except -1:
-    """apply_rope_cached's fast path, as rope_fast: True when it rotated, False
-    having touched nothing when the call is not the plain common case.
-
-    Common case: q, k and positions as fast_arrays() takes them; cos and sin
-    exact 2-D arrays of one shape (rows, half) and one float dtype (any of
-    q's), aligned, native, whole-element strides, apart from q and k, with
-    2 * half <= head_dim and every position < rows.
-    """
-    cdef RopeCall a
-    cdef int64_t hi
-    cdef int64_t posbuf[POSITIONS_STACK]
-    cdef cnp.ndarray cc, sc
-    cdef int cache_code = cache_code_of(cos)
-    if cache_code < 0 or cache_code_of(sin) != cache_code:
-        return 0
-    cc = <cnp.ndarray>cos
-    sc = <cnp.ndarray>sin
-    if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2 or cc.shape[1] == 0
-            or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]):
-        return 0
-    # the cache's rows are looked up by position: positions the call owns, so that a
-    # rewrite by another thread cannot move a lookup past the cache
-    cdef int64_t *heap = NULL
-    cdef int code = fast_arrays(&a, q, k, positions, offset, layout, &hi, posbuf, &heap)
-    if (code < 0 or 2 * cc.shape[1] > cnp.PyArray_DIMS(
-            <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
-            or hi >= cc.shape[0] or not apart(cc, q, k) or not apart(sc, q, k)):
-        free(heap)
-        return 0
-    a.half = cc.shape[1]
-    a.neox = neox
-    a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
-    a.sin_cache = <const char *>cnp.PyArray_DATA(sc)
-    a.cache_code = cache_code
-    a.invert_cache = inverse
-    a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
-    a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
-    try:
-        rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
-                     num_threads)
-    finally:
-        free(heap)
-    return 1
-
-
-def rope_cached_fast(object q, object k, object cos, object sin, object positions,
-                     int64_t offset, int layout, bint neox, bint inverse, int num_threads):
-    """rope_cached_fast_impl(): True when it rotated."""
-    return rope_cached_fast_impl(q, k, cos, sin, positions, offset, layout, neox, inverse,
-                                 num_threads) == 1
-
-
-cdef enum:
-    # at most this many threads asked for is always a valid count (_threads.MAX_THREADS)
-    PLAIN_MAX_THREADS = 256
-
-
-cdef int layout_code_of(object layout) noexcept:
-    if type(layout) is not str:
-        return -1
-    if layout == "bshd":
-        return LAYOUT_BSHD
-    if layout == "bhsd":
-        return LAYOUT_BHSD
-    if layout == "shd":
-        return LAYOUT_SHD
-    return -1
-
-
-cdef int small_checks(object q, object k, object offset, object style, object layout,
-                      object inverse, object num_threads, Py_ssize_t serial_bytes, int *lay,
-                      bint *neox, int64_t *off) noexcept:
-    """The caller-argument checks rope_small and rope_decode share: 1 with the
-    layout code, pairing and offset filled in when the call is the plain case
-    and touches fewer than serial_bytes (fastpe._threads.SERIAL_BYTES, the one
-    threshold below which calls run serially); 0, having touched nothing,
-    otherwise."""
-    cdef int overflow = 0
-    cdef long long o
-    cdef Py_ssize_t nbytes
-    lay[0] = layout_code_of(layout)
-    if lay[0] < 0 or type(style) is not str:
-        return 0
-    if style == "neox":
-        neox[0] = True
-    elif style == "gptj":
-        neox[0] = False
-    else:
-        return 0
-    if type(offset) is not int or not (inverse is True or inverse is False):
-        return 0
-    o = PyLong_AsLongLongAndOverflow(offset, &overflow)
-    if overflow or o < 0:
-        return 0
-    off[0] = o
-    if num_threads is not None and not (type(num_threads) is int
-                                        and 1 <= num_threads <= PLAIN_MAX_THREADS):
-        return 0
-    if not cnp.PyArray_CheckExact(q) or (k is not None and not cnp.PyArray_CheckExact(k)):
-        return 0
-    nbytes = cnp.PyArray_NBYTES(<cnp.ndarray>q)
-    if k is not None:
-        nbytes += cnp.PyArray_NBYTES(<cnp.ndarray>k)
-    return 2 * nbytes < serial_bytes
-
-
-cdef bint small_rotate(RopeCall *a, int code, int64_t hi, object q, object k, bint neox,
-                       bint inverse, object inv_freq, const double *w, Py_ssize_t half,
-                       double att) except -1:
-    """rope_fast_probed with inv_freq (w NULL), or rope_with_frequencies with w[:half],
-    on one thread, cos and sin scaled by att (1 / att and the angle negated when
-    inverse); False when att is not a finite number > 0."""
-    if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
-        return False
-    if inverse:
-        att = 1.0 / att
-    if w != NULL:
-        return rope_with_frequencies(a, code, hi, q, k, neox, w, half, att,
-                                     -att if inverse else att, 1) == 1
-    return rope_fast_probed(a, code, hi, q, k, neox, inv_freq, att, -att if inverse else att,
-                            1) == 1
-
-
-def rope_small(object q, object k, object positions, object offset, object style,
-               object layout, object inverse, object num_threads, object inv_freq,
-               double att, object cos, object sin, Py_ssize_t serial_bytes):
-    """apply_rope's (cos is None) and apply_rope_cached's entry for calls small
-    enough to run serially, a decode step above all: the caller's arguments as
-    given, checked here in C. True when it rotated; False having touched
-    nothing otherwise (a larger call, or anything but the plain case), and the
-    caller goes on to the Python fast path and the general path.
-
-    Plain case: style "neox" or "gptj", layout "bshd", "bhsd" or "shd", offset
-    an int >= 0, inverse a bool, num_threads None or an int in 1..256; q, k
-    and positions as fast_arrays() takes them, q and k together under
-    serial_bytes / 2 bytes; then inv_freq and att (a finite number > 0) as
-    rope_fast takes them, or cos and sin as rope_cached_fast does.
-    """
-    cdef int lay, code
-    cdef bint neox
-    cdef int64_t off, hi
-    cdef RopeCall a
-    cdef int64_t posbuf[POSITIONS_STACK]
-    if not small_checks(q, k, offset, style, layout, inverse, num_threads, serial_bytes, &lay,
-                        &neox, &off):
-        return False
-    if cos is not None:
-        return rope_cached_fast_impl(q, k, cos, sin, positions, off, lay, neox,
-                                     inverse is True, 1) == 1
-    code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
-    return small_rotate(&a, code, hi, q, k, neox, inverse is True, inv_freq, NULL, 0, att)
 
 
 cdef bint dynamic_ntk_inv_freq(const double *plain, Py_ssize_t half, double factor,
@@ -1026,64 +794,359 @@ def dynamic_ntk_frequencies(object plain, double factor, int64_t original, int64
                              <double *>cnp.PyArray_DATA(out)) > 0
 
 
-def rope_decode(tuple state, object q, object k, object positions, object offset,
-                object style, object layout, object inverse, object num_threads,
-                Py_ssize_t serial_bytes):
-    """rope_small for a parsed RoPE configuration, its per-call choices made
-    here: True when it rotated, False having touched nothing otherwise.
+cdef inline char *data_or_null(object x) noexcept:
+    return NULL if x is None else <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
 
-    state: (head_dim, flip, inv_freq, att, switch, past, frequencies), built once
-    per configuration by fastpe.rope. q's last axis must be head_dim; flip (a
-    bool) reverses the direction (a model that rotates by -angle). With switch
-    < 0 the frequencies are (inv_freq, att). Otherwise they follow n =
-    max(positions) + 1 (0 for no positions), as Hugging Face's dynamic NTK and
-    LongRoPE do: (inv_freq, att) for n <= switch, the original length; past it
-    `past` when that is a RopeFrequencies (LongRoPE's long factors), dynamic NTK's
-    frequencies formed here from inv_freq when past is a float (its factor),
-    else frequencies(n).
+
+cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
+    """Whether x's bytes are apart from q's and (when there is one) k's."""
+    return views_apart(<cnp.ndarray>q, x) and (k is None or views_apart(<cnp.ndarray>k, x))
+
+
+cdef int rope_with_frequencies(RopeCall *a, int code, int64_t hi, object q, object k,
+                               bint neox, const double *w, Py_ssize_t half, double cos_scale,
+                               double sin_scale, int num_threads) except -1:
+    """Rotate with the frequencies w[:half] (not in q or k), once fast_arrays() has
+    filled `a` and returned `code` with the largest position `hi`: 1 when it rotated,
+    0 having touched nothing when they or the call are not the plain case."""
+    cdef Py_ssize_t i
+    # the validating path refuses what the angles or the float32 scaling cannot hold
+    if (code < 0 or hi >= MAX_ANGLE_POSITION or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX
+            or half == 0 or 2 * half > cnp.PyArray_DIMS(
+                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
+        return 0
+    for i in range(half):
+        if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
+            return 0
+    a.half = half
+    a.w = w
+    a.neox = neox
+    a.cos_scale, a.sin_scale = cos_scale, sin_scale
+    rope_execute(a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
+                 num_threads)
+    return 1
+
+
+cdef const double *frequency_data(object inv_freq, object q, object k,
+                                  Py_ssize_t *half) noexcept:
+    """inv_freq's values when it is an exact C-contiguous float64 vector apart from q
+    and k (its length into half), else NULL."""
+    cdef cnp.ndarray wa
+    if not cnp.PyArray_CheckExact(inv_freq):
+        return NULL
+    wa = <cnp.ndarray>inv_freq
+    if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or not apart(wa, q, k)):
+        return NULL
+    half[0] = wa.shape[0]
+    return <const double *>cnp.PyArray_DATA(wa)
+
+
+cdef bint cached_rows(RopeCall *a, object cos, object sin, object q, object k,
+                      int64_t hi) noexcept:
+    """Fill `a` with the cos/sin cache when cos and sin are exact 2-D arrays of one
+    shape (rows, half) and one float dtype (any of q's), aligned, native, with
+    whole-element strides, apart from q and k, 2 * half <= head_dim and every
+    position (the largest is hi) < rows; False otherwise."""
+    cdef cnp.ndarray cc, sc
+    cdef int cache_code = cache_code_of(cos)
+    if cache_code < 0 or cache_code_of(sin) != cache_code:
+        return False
+    cc = <cnp.ndarray>cos
+    sc = <cnp.ndarray>sin
+    if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2 or cc.shape[1] == 0
+            or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]
+            or 2 * cc.shape[1] > cnp.PyArray_DIMS(
+                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
+            or hi >= cc.shape[0] or not apart(cc, q, k) or not apart(sc, q, k)):
+        return False
+    a.half = cc.shape[1]
+    a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
+    a.sin_cache = <const char *>cnp.PyArray_DATA(sc)
+    a.cache_code = cache_code
+    a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
+    a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
+    return True
+
+
+@cython.auto_pickle(False)
+cdef class RopeState:
+    """One RoPE configuration as rope_call reads it: built once per configuration by
+    fastpe.rope (which caches it by value, RopeStates) and never changed.
+
+    head_dim: q's last axis (-1: any). flip: rotate by -angle (a model that does).
+    inv_freq, att: the frequencies (float64, C-contiguous) and the attention scaling of
+    cos and sin. switch: -1 when they do not depend on the call; else the original
+    length, past which n = max(positions) + 1 (as Hugging Face's dynamic NTK and
+    LongRoPE) selects `past`: dynamic NTK's factor (a float: the frequencies are formed
+    here from inv_freq, the same bits as fastpe._rope_scaling), a (inv_freq, att) pair
+    (LongRoPE's long factors), or None for frequencies(n).
     """
-    cdef int lay, code
+    cdef readonly Py_ssize_t head_dim
+    cdef readonly bint flip
+    cdef readonly object inv_freq
+    cdef readonly double att
+    cdef readonly int64_t switch
+    cdef readonly object past
+    cdef readonly object frequencies
+
+    def __init__(self, Py_ssize_t head_dim, bint flip, object inv_freq, double att,
+                 int64_t switch=-1, object past=None, object frequencies=None):
+        self.head_dim, self.flip, self.inv_freq, self.att = head_dim, flip, inv_freq, att
+        self.switch, self.past, self.frequencies = switch, past, frequencies
+
+
+cdef bint same_value(object a, object b, frozenset plain):
+    """a is b, or two values of one of the types `plain` (immutable, whose == is a plain
+    comparison: an array's == would be an array) and equal value; a tuple (a list
+    value kept by items_snapshot) equals a list of the same such values. A base made
+    afresh each call is the same base; True is not 1."""
+    cdef Py_ssize_t i
+    if a is b:
+        return True
+    if type(a) is tuple and type(b) is list:
+        if len(<tuple>a) != len(<list>b):
+            return False
+        for i in range(len(<tuple>a)):
+            if not same_value((<tuple>a)[i], (<list>b)[i], plain):
+                return False
+        return True
+    return type(a) is type(b) and type(a) in plain and a == b
+
+
+cdef object items_snapshot(dict d, frozenset plain):
+    """d's items as a tuple of (key, value), a list value as a tuple; None when a key or
+    value (or a list's element) is not of a type in `plain` (then never kept: a dict or
+    an array inside may change in place)."""
+    cdef list out = []
+    cdef object key, value
+    for key, value in list(d.items()):
+        if type(value) is list:
+            value = tuple(value)
+            if not all(type(v) in plain for v in value):
+                return None
+        elif type(value) not in plain:
+            return None
+        if type(key) not in plain:
+            return None
+        out.append((key, value))
+    return tuple(out)
+
+
+cdef bint same_items(dict d, tuple items, frozenset plain):
+    """Whether d holds `items` (items_snapshot) now, key by key and value by value
+    (same_value), in order."""
+    cdef Py_ssize_t pos = 0, i = 0, n = len(items)
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef tuple pair
+    with cython.critical_section(d):
+        if len(d) != n:
+            return False
+        while PyDict_Next(d, &pos, &key, &value):
+            pair = <tuple>PyTuple_GET_ITEM(items, i)
+            i += 1
+            if not (same_value(pair[0], <object>key, plain)
+                    and same_value(pair[1], <object>value, plain)):
+                return False
+    return True
+
+
+@cython.auto_pickle(False)
+cdef class RopeStates:
+    """RopeStates by the arguments that define them (q's head_dim, rotary_dim, base, a
+    scaling dict, max_position_embeddings), compared by value (same_value: values of
+    the immutable types `plain` only; a call with anything else parses afresh), the
+    most recent first: a decode loop's call finds its state in a few comparisons,
+    without hashing a dict. A miss parses through parse(head_dim, rotary_dim, base, scaling,
+    max_position_embeddings), which returns a RopeState or None (refused: not kept)."""
+    cdef list entries
+    cdef object parse
+    cdef frozenset plain
+
+    def __init__(self, parse, frozenset plain):
+        self.entries = []
+        self.parse = parse
+        self.plain = plain
+
+    def get(self, object q, object rotary_dim, object base, object scaling,
+            object max_position_embeddings):
+        """The state for heads as wide as q's last axis; None for a q that is not an
+        exact array of three or more axes."""
+        cdef tuple e
+        cdef frozenset plain = self.plain
+        cdef Py_ssize_t head_dim
+        if not cnp.PyArray_CheckExact(q) or cnp.PyArray_NDIM(<cnp.ndarray>q) < 3:
+            return None
+        head_dim = cnp.PyArray_DIMS(<cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
+        for e in self.entries:
+            if (<Py_ssize_t>e[0] == head_dim and same_value(e[1], rotary_dim, plain)
+                    and same_value(e[2], base, plain)
+                    and same_value(e[3], max_position_embeddings, plain)
+                    and ((scaling is None and e[4] is None) or (
+                        type(scaling) is dict and e[4] is not None
+                        and same_items(<dict>scaling, <tuple>e[4], plain)))):
+                return e[5]
+        return self.miss(head_dim, rotary_dim, base, scaling, max_position_embeddings)
+
+    cdef object miss(self, Py_ssize_t head_dim, object rotary_dim, object base,
+                     object scaling, object max_position_embeddings):
+        cdef object items = None
+        cdef bint keep = all(type(x) in self.plain
+                             for x in (rotary_dim, base, max_position_embeddings))
+        if type(scaling) is dict:
+            items = items_snapshot(<dict>scaling, self.plain)
+            if items is None:
+                keep = False
+            else:
+                # parsed from the snapshot, so that what is kept is what was parsed
+                scaling = {key: list(v) if type(v) is tuple else v for key, v in items}
+        elif scaling is not None:
+            keep = False
+        state = self.parse(head_dim, rotary_dim, base, scaling, max_position_embeddings)
+        if state is not None and keep:
+            # replaced whole: a thread walking the old list sees a consistent one
+            self.entries = [(head_dim, rotary_dim, base, max_position_embeddings, items,
+                             state)] + self.entries[:ROPE_STATES_KEPT - 1]
+        return state
+
+
+cdef enum:
+    # at most this many threads asked for is always a valid count (_threads.MAX_THREADS)
+    PLAIN_MAX_THREADS = 256
+    # configurations RopeStates keeps
+    ROPE_STATES_KEPT = 16
+
+
+cdef int layout_code_of(object layout) noexcept:
+    if type(layout) is not str:
+        return -1
+    if layout == "bshd":
+        return LAYOUT_BSHD
+    if layout == "bhsd":
+        return LAYOUT_BHSD
+    if layout == "shd":
+        return LAYOUT_SHD
+    return -1
+
+
+cdef bint call_checks(object q, object k, object offset, object style, object layout,
+                      object inverse, object num_threads, int *lay, bint *neox,
+                      int64_t *off, Py_ssize_t *nbytes) noexcept:
+    """rope_call's checks of the caller's scalar arguments and array types: True with
+    the layout code, pairing, offset and bytes touched filled in when they are the
+    plain case; False, having touched nothing, otherwise."""
+    cdef int overflow = 0
+    cdef long long o
+    lay[0] = layout_code_of(layout)
+    if lay[0] < 0 or type(style) is not str:
+        return False
+    if style == "neox":
+        neox[0] = True
+    elif style == "gptj":
+        neox[0] = False
+    else:
+        return False
+    if type(offset) is not int or not (inverse is True or inverse is False):
+        return False
+    o = PyLong_AsLongLongAndOverflow(offset, &overflow)
+    if overflow or o < 0:
+        return False
+    off[0] = o
+    if num_threads is not None and not (type(num_threads) is int
+                                        and 1 <= num_threads <= PLAIN_MAX_THREADS):
+        return False
+    if (not cnp.PyArray_CheckExact(q) or cnp.PyArray_NDIM(<cnp.ndarray>q) < 1
+            or (k is not None and not cnp.PyArray_CheckExact(k))):
+        return False
+    nbytes[0] = 2 * (cnp.PyArray_NBYTES(<cnp.ndarray>q)
+                     + (0 if k is None else cnp.PyArray_NBYTES(<cnp.ndarray>k)))
+    return True
+
+
+def rope_call(RopeState state, object q, object k, object positions, object offset,
+              object style, object layout, object inverse, object num_threads,
+              object cos, object sin, Py_ssize_t serial_bytes, object threads_for):
+    """The compiled entry of apply_rope, apply_rope_cached and RotaryEmbedding: the
+    caller's arguments as given, checked here. True when it rotated; False, having
+    touched nothing, when the call is not the plain case, and fastpe.rope's
+    validating path then handles it or names what is wrong. Raises only what
+    state.frequencies raises.
+
+    Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd"; offset an
+    int >= 0; inverse a bool; num_threads None or an int in 1..256; q, k and
+    positions as fast_arrays() takes them. The angles come from `state` (q's last
+    axis its head_dim unless that is -1; its frequencies apart from q and k, finite,
+    at most head_dim / 2 of them; the scaling a finite number > 0), or with state
+    None from cos and sin as cached_rows() takes them, looked up by positions this
+    call owns. A call touching fewer than serial_bytes bytes runs on one thread, a
+    larger one on threads_for(num_threads, bytes) (fastpe._threads.resolve).
+    """
+    cdef int lay, code, threads = 1
     cdef bint neox, inv
     cdef int64_t off, hi, n
+    cdef Py_ssize_t nbytes, half = 0
     cdef RopeCall a
     cdef int64_t posbuf[POSITIONS_STACK]
-    cdef cnp.ndarray qa
-    cdef object inv_freq, freqs, scaling
-    cdef int64_t switch
-    cdef double att
+    cdef int64_t *heap = NULL
     cdef double grown[DYNAMIC_PAIRS_STACK]
-    cdef Py_ssize_t half
-    if len(state) != 7 or not small_checks(q, k, offset, style, layout, inverse, num_threads,
-                                           serial_bytes, &lay, &neox, &off):
+    cdef const double *w = NULL
+    cdef object inv_freq, freqs, scaling
+    cdef double att
+    if (not call_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off,
+                        &nbytes) or (state is None and cos is None)):
         return False
-    qa = <cnp.ndarray>q
-    if (cnp.PyArray_NDIM(qa) < 1
-            or cnp.PyArray_DIMS(qa)[cnp.PyArray_NDIM(qa) - 1] != <Py_ssize_t>state[0]):
+    if nbytes >= serial_bytes:
+        threads = threads_for(num_threads, nbytes)
+    inv = inverse is True
+    if state is None:
+        # the cache's rows are looked up by position: positions the call owns, so that a
+        # rewrite by another thread cannot move a lookup past the cache
+        code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf, &heap)
+        try:
+            if code < 0 or not cached_rows(&a, cos, sin, q, k, hi):
+                return False
+            a.neox = neox
+            a.invert_cache = inv
+            rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
+                         threads)
+        finally:
+            free(heap)
+        return True
+    if (state.head_dim >= 0 and cnp.PyArray_DIMS(<cnp.ndarray>q)[
+            cnp.PyArray_NDIM(<cnp.ndarray>q) - 1] != state.head_dim):
         return False
-    inv = (inverse is True) != (state[1] is True)
-    inv_freq = state[2]
-    att = state[3]
-    switch = state[4]
     code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
     if code < 0 or hi >= MAX_ANGLE_POSITION:
         return False
-    if switch >= 0:
+    inv = inv != state.flip
+    inv_freq = state.inv_freq
+    att = state.att
+    if state.switch >= 0:
         n = hi + 1 if a.seq and a.batch else 0
-        if n > switch:
-            freqs = state[5]
+        if n > state.switch:
+            freqs = state.past
             if type(freqs) is float:
                 # a decode loop's every step has a length, and frequencies, of its own
-                half = dynamic_ntk_pairs(inv_freq, <double>freqs, switch, n, grown)
-                if half:
-                    return small_rotate(&a, code, hi, q, k, neox, inv, None, grown, half, att)
+                half = dynamic_ntk_pairs(inv_freq, <double>freqs, state.switch, n, grown)
+                w = grown if half else NULL
                 freqs = None
-            if freqs is None:
-                freqs = state[6](n)
-            if not isinstance(freqs, tuple) or len(<tuple>freqs) != 2:
-                return False
-            inv_freq = (<tuple>freqs)[0]
-            scaling = (<tuple>freqs)[1]
-            if type(scaling) is not float:
-                return False
-            att = scaling
-    return small_rotate(&a, code, hi, q, k, neox, inv, inv_freq, NULL, 0, att)
+            if w == NULL:
+                if freqs is None:
+                    freqs = state.frequencies(n)
+                if not isinstance(freqs, tuple) or len(<tuple>freqs) != 2:
+                    return False
+                inv_freq, scaling = freqs
+                if type(scaling) is not float:
+                    return False
+                att = scaling
+    if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
+        return False
+    if inv:
+        att = 1.0 / att
+    if w == NULL:
+        w = frequency_data(inv_freq, q, k, &half)
+        if w == NULL:
+            return False
+    return rope_with_frequencies(&a, code, hi, q, k, neox, w, half, att,
+                                 -att if inv else att, threads) == 1
