@@ -1077,7 +1077,8 @@ def test_num_threads_give_bit_identical_results(threaded, dtype, monkeypatch):
         fastpe.apply_rope(q4, positions=pos, freqs=freqs)
         fastpe.set_num_threads(None)
         results.append((q, k, q2, q3, c, s, q4))
-        assert teams and set(teams) == {nt}, (nt, teams)
+        if ON_CYTHON:
+            assert teams and set(teams) == {nt}, (nt, teams)
         teams.clear()
     for nt, res in zip((2, 3), results[1:]):
         for name, a, b in zip(("q", "k", "q-gptj-general", "q-cached", "cos", "sin",
