@@ -863,9 +863,9 @@ def _snap(obj):
     return snapshot(obj) if isinstance(obj, np.ndarray) else copy.deepcopy(obj)
 
 
-def check_row(row: Row, backend: str) -> None:
+def check_row(row: Row, backend: str) -> BaseException:
     """Run one row on one backend: the exception, its class and message, and nothing
-    changed (arrays, thread count, backend)."""
+    changed (arrays, thread count, backend); returns the exception."""
     arrays = row.arrays()
     before = {k: _snap(v) for k, v in arrays.items()}
     state = fastpe.get_num_threads()
@@ -878,6 +878,7 @@ def check_row(row: Row, backend: str) -> None:
     assert fastpe.get_num_threads() == state, f"{row.id}: the thread count changed"
     # one exception class per rule, not a subclass picked by accident (e.g. OverflowError)
     assert type(info.value) is row.exc, f"{row.id}: {type(info.value).__name__}: {info.value}"
+    return info.value
 
 
 ISOLATED = """
@@ -916,6 +917,17 @@ def test_bad_input(row, backend):
             f"signal), stderr: {proc.stderr[-2000:]}")
         return
     check_row(row, backend)
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS
+                                 if not r.isolate and not r.marks])
+def test_both_backends_give_the_same_error(row):
+    """One validator per backend, held equal: the compiled backend's error for each row is
+    the NumPy backend's, class and message."""
+    got = check_row(row, "cython")
+    want = check_row(row, "numpy")
+    assert (type(got), str(got)) == (type(want), str(want)), row.id
 
 
 # ---- fork: a child forked after a threaded call -------------------------------------------
