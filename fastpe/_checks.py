@@ -94,7 +94,7 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     NumPy view (tensor_view), so that a call on a model's own tensors takes the
     path of NumPy arrays, converted once here; the tensors to be written have
     their version counters bumped together."""
-    torch, bfloat16, bump, _ = _torch()
+    torch, _, bump, _ = _torch()
     tensor = torch.Tensor
     out: list[Any] = []
     written = []
@@ -102,9 +102,10 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
         if not isinstance(x, tensor):
             out.append(x)
             continue
-        if x.dtype is not bfloat16 and not (w and x.is_inference()):
+        if not (w and x.is_inference()):
             try:
-                out.append(x.numpy())  # the common case, in one call
+                # the common case, in one call (bfloat16, a grad or a device raise here)
+                out.append(x.numpy())
                 if w:
                     written.append(x)
                 continue
@@ -116,6 +117,30 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     if written:
         bump(tuple(written))
     return out
+
+
+def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
+    """torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False)),
+    in fewer steps for the common case: q and k (or None) float32/16/64 tensors outside
+    inference, positions None or a tensor (a decode step of a transformers model)."""
+    bump = _torch()[2]
+    try:
+        if k is None:
+            if q.is_inference():
+                raise TypeError
+            qv, kv = q.numpy(), None
+            written: tuple[Any, ...] = (q,)
+        else:
+            if q.is_inference() or k.is_inference():
+                raise TypeError
+            qv, kv = q.numpy(), k.numpy()
+            written = (q, k)
+        pv = positions if positions is None or type(positions) is np.ndarray else (
+            positions.numpy())
+    except (AttributeError, RuntimeError, TypeError):
+        return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
+    bump(written)
+    return [qv, kv, pv]
 
 
 _Layout = TypeVar("_Layout")

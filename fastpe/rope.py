@@ -141,16 +141,12 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
+    given = q, k
     if type(q) is not np.ndarray and _checks.is_tensor(q):
         # a model's own torch tensors: viewed once, then the path of NumPy arrays
         layout = _checks.tensor_layout(layout)
-        qv, kv, pv = _checks.torch_tensors((q, "q", True), (k, "k", True),
-                                           (positions, "positions", False))
-        apply_rope(qv, kv, pv, offset=offset, freqs=freqs, base=base, scaling=scaling,
-                   rotary_dim=rotary_dim, style=style, layout=layout, inverse=inverse,
-                   num_threads=num_threads, max_position_embeddings=max_position_embeddings)
-        return q, k
-    if layout is None:
+        q, k, positions = _checks.torch_rope(q, k, positions)
+    elif layout is None:
         layout = "bshd"
     kern = _backend.kernels()
     if kern is not None:
@@ -164,11 +160,11 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if state is not None and kern.rope_call(
                 state, q, k, positions, offset, style, layout, inverse, num_threads, None,
                 None, _threads.SERIAL_BYTES, _threads.resolve):
-            return q, k
+            return given
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
                     style=style, layout=layout, inverse=inverse, num_threads=num_threads))
-    return q, k
+    return given
 
 
 def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
@@ -189,15 +185,13 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     q's tokens, so that no positions are given. A 3-D cos is read that way;
     ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
+    given = q, k
     if type(q) is not np.ndarray and _checks.is_tensor(q):
         layout = _checks.tensor_layout(layout)
-        qv, kv, cv, sv, pv = _checks.torch_tensors(
+        q, k, cos, sin, positions = _checks.torch_tensors(
             (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
             (positions, "positions", False))
-        apply_rope_cached(qv, kv, cv, sv, pv, offset=offset, style=style, layout=layout,
-                          inverse=inverse, num_threads=num_threads, per_token=per_token)
-        return q, k
-    if layout is None:
+    elif layout is None:
         layout = "bshd"
     if per_token or (per_token is None and np.ndim(cos) == 3):
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
@@ -207,10 +201,10 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     if kern is not None and kern.rope_call(None, q, k, positions, offset, style, layout,
                                            inverse, num_threads, cos, sin,
                                            _threads.SERIAL_BYTES, _threads.resolve):
-        return q, k
+        return given
     _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                            layout=layout, inverse=inverse, num_threads=num_threads))
-    return q, k
+    return given
 
 
 def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
@@ -397,8 +391,7 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         if type(q) is not np.ndarray and _checks.is_tensor(q):
             layout = _checks.tensor_layout(layout)
-            qv, kv, pv = _checks.torch_tensors((q, "q", True), (k, "k", True),
-                                               (positions, "positions", False))
+            qv, kv, pv = _checks.torch_rope(q, k, positions)
             self._rotate(qv, kv, pv, offset, layout, inverse, num_threads)
             return q, k
         return self._rotate(q, k, positions, offset, "bshd" if layout is None else layout,
