@@ -389,17 +389,12 @@ class RotaryEmbedding:
                  inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
+        given = q, k
         if type(q) is not np.ndarray and _checks.is_tensor(q):
             layout = _checks.tensor_layout(layout)
-            qv, kv, pv = _checks.torch_rope(q, k, positions)
-            self._rotate(qv, kv, pv, offset, layout, inverse, num_threads)
-            return q, k
-        return self._rotate(q, k, positions, offset, "bshd" if layout is None else layout,
-                            inverse, num_threads)
-
-    def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
-                inverse: Any, num_threads: Any) -> tuple[Any, Any]:
-        """__call__ once torch tensors are NumPy views."""
+            q, k, positions = _checks.torch_rope(q, k, positions)
+        elif layout is None:
+            layout = "bshd"
         if type(inverse) is not bool:
             inverse = _checks.flag(inverse, "inverse")
         state = self._compiled_state
@@ -411,13 +406,19 @@ class RotaryEmbedding:
                 kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
                                num_threads, None, None, _threads.SERIAL_BYTES,
                                _threads.resolve)):
-            return q, k
+            return given
+        self._rotate(q, k, positions, offset, layout, inverse, num_threads)
+        return given
+
+    def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
+                inverse: bool, num_threads: Any) -> None:
+        """__call__'s validating path (arrays, inverse a bool)."""
         if self.reverse:
             inverse = not inverse
         if self._halves is not None:
             for plan in self._half_plans(q, k, positions, offset, layout, inverse, num_threads):
                 _run(plan)
-            return q, k
+            return
         plan = _args.rope(q, k, positions=positions, offset=offset, rotary_dim=self.rotary_dim,
                           freqs=None, base=None, scaling=None, max_position_embeddings=None,
                           style=self.style, layout=layout, inverse=inverse,
@@ -425,7 +426,6 @@ class RotaryEmbedding:
                           axes=self.axes, pair_axis=self._pair_axis, pair_freq=self._pair_freq,
                           pair_axis2=self._pair_axis2)
         _run(plan)
-        return q, k
 
     # the compiled entry's RopeState for this embedding's settings (False: none, the call
     # is not one pairing of one position per token), formed on the first call after any

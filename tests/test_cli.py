@@ -230,7 +230,9 @@ def test_bench_json_on_stdout_threads_dtype_only():
     assert "vs numpy" in proc.stderr          # the table went to stderr
 
 
-PEER_WORKLOADS = {"numba": ("rope-decode", "rope-batched-decode", "alibi-prefill", "alibi-decode"),
+PEER_WORKLOADS = {"numba": ("rope-decode", "rope-scaled-decode", "rope-embedding-decode",
+                            "rope-cached-decode", "rope-batched-decode", "alibi-prefill",
+                            "alibi-decode"),
                   "onnxruntime": ("rope-decode", "rope-batched-decode"),
                   "jax": ("alibi-prefill", "alibi-decode"),
                   "fastpe-torch": ("rope-decode", "rope-batched-decode", "alibi-prefill",
@@ -275,7 +277,8 @@ def test_bench_list():
     assert proc.returncode == 0, proc.stderr
     for wl in _bench.workloads():
         assert wl.name in proc.stdout
-    expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-batched-decode",
+    expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-scaled-decode",
+                "rope-embedding-decode", "rope-cached-decode", "rope-batched-decode",
                 "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add",
                 "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode", "llama-decode"}
     assert {w.name for w in _bench.workloads()} == expected

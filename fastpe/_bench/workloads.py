@@ -135,26 +135,43 @@ def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tup
                    *, style: Style = "neox", positions: np.ndarray | None = None,
                    offset: int = 0, base: float | None = None,
                    scaling: dict[str, Any] | None = None, per_call: bool = False,
+                   entry: str | None = None,
                    note: str = "64-token chunks in place, 2 preallocated temporaries, cos/sin "
                         "inside") -> Workload:
+    """A RoPE workload; `entry` is the public entry fastpe's contender calls:
+    "apply_rope" (the arguments every call), "embedding" (a RotaryEmbedding parsed once,
+    the way a model applies it) or "cached" (apply_rope_cached on a cos/sin cache made
+    once); default apply_rope without scaling, the embedding with it."""
     neox = style == "neox"
     head_dim = q_shape[-1]
+    entry = entry or ("apply_rope" if scaling is None else "embedding")
 
     def make(dtype: np.dtype) -> Arrays:
         return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        if scaling is None:
+        if entry == "apply_rope":
             def run(a: Arrays) -> Result:
                 return fastpe.apply_rope(a["q"], a["k"], positions, offset=offset, base=base,
-                                         style=style, layout="bshd", num_threads=threads)
-        else:
-            # The way a model applies scaled RoPE: the embedding parsed once (at init).
+                                         scaling=scaling, style=style, layout="bshd",
+                                         num_threads=threads)
+        elif entry == "embedding":
             rope = fastpe.RotaryEmbedding(head_dim, base=base, scaling=scaling, style=style)
 
             def run(a: Arrays) -> Result:
                 return rope(a["q"], a["k"], positions, offset=offset, layout="bshd",
                             num_threads=threads)
+        else:
+            freqs = fastpe.rope_frequencies(head_dim, base=base, scaling=scaling)
+            top = int(offset + q_shape[1] if positions is None else np.max(positions) + 1)
+            # q's dtype (of a NumPy array, or a torch tensor's name for it)
+            dtype = np.dtype(str(arrays["q"].dtype).removeprefix("torch."))
+            cos, sin = fastpe.rope_cos_sin(np.arange(top), freqs, dtype=dtype)
+
+            def run(a: Arrays) -> Result:
+                return fastpe.apply_rope_cached(a["q"], a["k"], cos, sin, positions,
+                                                offset=offset, style=style, layout="bshd",
+                                                num_threads=threads)
         return run
 
     def reference(arrays: Arrays, threads: int) -> Runner:
@@ -197,6 +214,21 @@ def rope_workloads(size: Size) -> list[Workload]:
                        shape, shape, style="gptj"),
         _rope_workload("rope-decode", f"RoPE decode q,k {(1, 1, h, d)} at {pos}",
                        (1, 1, h, d), (1, 1, h, d), offset=pos, per_call=True,
+                       note="the same code: cos/sin of the token, six in-place ufuncs per "
+                            "array"),
+        _rope_workload("rope-scaled-decode",
+                       f"RoPE decode q,k {(1, 1, h, d)} at {pos}, apply_rope(scaling=llama3)",
+                       (1, 1, h, d), (1, 1, h, d), offset=pos, per_call=True,
+                       base=LLAMA3_BASE, scaling=LLAMA3_SCALING, entry="apply_rope",
+                       note="the same code, llama3 frequencies computed once"),
+        _rope_workload("rope-embedding-decode",
+                       f"RoPE decode q,k {(1, 1, h, d)} at {pos}, RotaryEmbedding (llama3)",
+                       (1, 1, h, d), (1, 1, h, d), offset=pos, per_call=True,
+                       base=LLAMA3_BASE, scaling=LLAMA3_SCALING, entry="embedding",
+                       note="the same code, llama3 frequencies computed once"),
+        _rope_workload("rope-cached-decode",
+                       f"RoPE decode q,k {(1, 1, h, d)} at {pos}, apply_rope_cached",
+                       (1, 1, h, d), (1, 1, h, d), offset=pos, per_call=True, entry="cached",
                        note="the same code: cos/sin of the token, six in-place ufuncs per "
                             "array"),
         _rope_workload("rope-batched-decode",
