@@ -41,10 +41,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-# The instruction-set extensions that matter to fastpe's kernels (AVX2 + FMA + F16C for the
-# avx2 variant; AVX-512 for reference: there is no AVX-512 variant, see setup.py).
+# The instruction-set extensions that matter to fastpe's kernels (AVX2 + FMA + F16C + BMI2 for
+# the avx2 variant, AVX-512 F/BW/DQ/VL besides for the avx512 one; avx512_bf16 and
+# avx512_fp16 for reference: no variant uses them).
 CPU_FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw",
-                "avx512vl", "avx512_bf16", "avx512_fp16")
+                "avx512dq", "avx512vl", "avx512_bf16", "avx512_fp16")
 
 
 def cpu_features() -> list[str] | None:
@@ -81,7 +82,9 @@ def info_text(info: Mapping[str, Any]) -> str:
     rows.append(("threads", f"{info.get('num_threads')} (fastpe.get_num_threads(); "
                             "OMP_NUM_THREADS or fastpe.set_num_threads() change it)"))
     if info.get("compiled"):
-        rows.append(("ISA variant", f"{info.get('isa')} (this CPU runs: "
+        forced = os.environ.get("FASTPE_ISA", "").strip()
+        how = f"FASTPE_ISA={forced}" if forced else "chosen by default"
+        rows.append(("ISA variant", f"{info.get('isa')} ({how}; this CPU runs: "
                                     f"{', '.join(info.get('isa_available') or []) or '-'})"))
         rows.append(("compile flags", info.get("compile_flags")))
         rows.append(("float16", f"{info.get('half_conversion')} conversion"))

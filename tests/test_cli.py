@@ -48,9 +48,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def fastpe_cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """python -m fastpe ARGS in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "fastpe", *args], env=_env(),
+def fastpe_cli(*args: str, cwd=None, timeout: float = 120,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """python -m fastpe ARGS in a fresh interpreter (`env`: variables set besides)."""
+    return subprocess.run([sys.executable, "-m", "fastpe", *args], env={**_env(), **(env or {})},
                           capture_output=True, text=True, timeout=timeout,
                           cwd=str(cwd or PACKAGE_ROOT))
 
@@ -86,6 +87,21 @@ def test_info_is_the_default_command():
     if expected["compiled"]:
         assert "ISA variant" in out and expected["isa"] in out
         assert expected["compile_flags"] in out
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+def test_info_reports_the_variant_running(isa):
+    """`python -m fastpe info` names the variant running and whether FASTPE_ISA chose it."""
+    if isa not in fastpe.info()["isa_available"]:
+        pytest.skip(f"this CPU cannot run {isa} (or the kernels are not built)")
+    proc = fastpe_cli("info", env={"FASTPE_ISA": isa})
+    if proc.returncode != 0 and f"without kernels_{isa}" in proc.stderr:
+        pytest.skip(f"built without kernels_{isa}")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"^\s+ISA variant\s+{isa} \(FASTPE_ISA={isa}; this CPU runs: ",
+                     proc.stdout, re.M), proc.stdout
+    data = json.loads(fastpe_cli("info", "--json", env={"FASTPE_ISA": isa}).stdout)
+    assert data["isa"] == isa and isa in data["isa_available"]
 
 
 def test_info_json():

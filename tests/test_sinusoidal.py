@@ -360,8 +360,8 @@ def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
     """float16 / bfloat16 x * scale + PE, every bit pattern of x (NaN, inf, subnormals; row 0
     of PE is 0, 1, 0, 1, ..., so x + 1 falls on ties): the float32 value of the staged PE
     row, x widened, one multiply-add, rounded once to the storage type as NumPy / ml_dtypes
-    round. The multiply-add is fused where the compiled kernels fuse it (the avx2 variant,
-    and FMA machines that are not x86), two roundings elsewhere. One batch row (each PE row
+    round. The multiply-add is fused where the compiled kernels fuse it (the avx2 and avx512
+    variants, and FMA machines that are not x86), two roundings elsewhere. One batch row (each PE row
     added as it is made), two and three (rows staged, added to pairs of rows) alike; strided
     rows (converted in chunks) give the same bits, NaN payloads included."""
     xs, _ = half_edge_operands(dtype)
@@ -371,7 +371,7 @@ def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
     pe = fastpe.sinusoidal_table(seq, dim, dtype=np.float32)
     info = fastpe.info()
     fused = info["backend"] == "cython" and (
-        info["isa"] == "avx2" or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
+        info["isa"] in ("avx2", "avx512") or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
     x32 = x.astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         want32 = (f32_fused_multiply_add(x32, scale, pe) if fused
@@ -607,6 +607,19 @@ def test_isa_variants_bit_identical_across_threads(isa_runs):
         for key in res:
             if key.endswith("-t1"):
                 assert np.array_equal(res[key], res[key[:-1] + "2"]), f"{isa}: {key} vs t2"
+
+
+def test_avx512_gives_the_avx2_variants_bits(isa_runs):
+    """kernels_avx512 does avx2's arithmetic (fused multiply-adds, one rounding of each
+    half-precision result) in wider vectors, with masked row ends: the same bits, every
+    dtype, layout and thread count of the fixed set."""
+    ran = _isa_results(isa_runs)
+    if not {"avx2", "avx512"} <= set(ran):
+        pytest.skip(f"only {list(ran)} runs here ({isa_runs})")
+    avx2, avx512 = ran["avx2"][1], ran["avx512"][1]
+    assert avx2.keys() == avx512.keys()
+    for key in avx2:
+        assert np.array_equal(avx2[key], avx512[key]), f"avx512 vs avx2: {key}"
 
 
 def test_isa_variants_agree_within_tolerance(isa_runs):

@@ -40,6 +40,7 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
+    int fpe_cpu_has_avx512()
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE

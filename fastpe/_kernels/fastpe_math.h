@@ -3,7 +3,7 @@
  * conversions, and a vectorisable double-precision sin/cos of a row of angles.
  *
  * Everything here is static inline so that each ISA variant of the extension
- * (kernels_baseline, kernels_avx2) compiles it with its own
+ * (kernels_baseline, kernels_avx2, kernels_avx512) compiles it with its own
  * instruction set and the loops that call it vectorise.
  */
 #ifndef FASTPE_MATH_H
@@ -16,6 +16,7 @@
 #if defined(_MSC_VER)
 #include <intrin.h>
 #elif defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -765,6 +766,48 @@ static inline int fpe_cpu_has_avx2(void)
     if (!(osxsave && fma && f16c) || (_xgetbv(0) & 6) != 6) return 0;
     __cpuidex(r, 7, 0);
     return ((r[1] >> 5) & 1) && ((r[1] >> 8) & 1);  /* avx2, bmi2 */
+#else
+    return 0;
+#endif
+}
+
+/* AVX-512 F + BW + DQ + VL on top of the avx2 variant's features, and the OS saving
+ * the opmask and ZMM state (XCR0 bits 5-7, besides SSE and YMM: 0xe6). The CPUID bits
+ * alone do not say the OS switches those registers; __builtin_cpu_supports checks XCR0
+ * in the compilers' runtimes, and the check is done here too, so that it holds whatever
+ * runtime the extension links. (macOS enables the AVX-512 state lazily, on first use:
+ * XCR0 does not show it before, so there the variant reads as unsupported, never as
+ * wrongly supported.) */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+static inline unsigned long long fpe_xgetbv0(void)
+{
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+static inline int fpe_cpu_has_avx512(void)
+{
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    unsigned int a, b, c, d;
+    if (!fpe_cpu_has_avx2() || !__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1))
+        return 0;  /* no OSXSAVE: xgetbv itself would fault */
+    if ((fpe_xgetbv0() & 0xe6) != 0xe6 || __get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    /* avx512f (16), dq (17), bw (30), vl (31) */
+    if (!(((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1)))
+        return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+    int r[4];
+    if (!fpe_cpu_has_avx2() || (_xgetbv(0) & 0xe6) != 0xe6) return 0;
+    __cpuidex(r, 7, 0);
+    /* avx512f (16), dq (17), bw (30), vl (31) */
+    return ((r[1] >> 16) & 1) && ((r[1] >> 17) & 1) && ((r[1] >> 30) & 1) && ((r[1] >> 31) & 1);
 #else
     return 0;
 #endif
