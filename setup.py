@@ -45,7 +45,8 @@ KERNEL_SOURCE = "fastpe/_kernels/kernels.pyx"
 # Flags per variant and compiler family. x86-64 baselines are SSE2 (the ABI
 # minimum); the wider variants only run after a CPUID (and XGETBV) check at import.
 # GCC and clang vectorise the plain loops 512 bits wide with the AVX-512 flags (their
-# default tuning prefers the widest vectors).
+# default tuning prefers the widest vectors); the intrinsic loops of fastpe_math.h
+# have 512-bit forms of their own (masked tails).
 ISA_FLAGS = {
     "unix": {
         "baseline": [],
