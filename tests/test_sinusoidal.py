@@ -474,6 +474,34 @@ def test_table_matches_reference(dtype, layout, both_threads):
                  context=table_context("sinusoidal_table", 130, 37, dtype, layout))
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("scale", [1.0, 0.7])
+@pytest.mark.parametrize("dim", [64, 37])
+def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, scale, dim):
+    """Batch rows sharing positions take the PE rows in groups (the first rows as each
+    PE row is made, the others several at a time, any remainder alone): every batch
+    size gives each row the bits of adding it on its own, and one rounding of the
+    float32 (float64) PE row and multiply-add."""
+    rng = np.random.default_rng(11)
+    seq = 70
+    for batch in (2, 3, 4, 7, 8, 9, 15):
+        x = rng.uniform(-3, 3, (batch, seq, dim)).astype(dtype)
+        got = fastpe.add_sinusoidal(x.copy(), scale=scale, offset=5)
+        for b in range(batch):
+            alone = fastpe.add_sinusoidal(x[b:b + 1].copy(), scale=scale, offset=5)
+            assert_bytes_equal(got[b:b + 1], alone, f"{dtype} batch {batch} row {b} dim {dim}")
+        if np.dtype(dtype).itemsize == 2:
+            pe = fastpe.sinusoidal_table(seq, dim, offset=5, dtype=np.float32)
+            info = fastpe.info()
+            fused = info["backend"] == "cython" and (
+                info["isa"] in ("avx2", "avx512")
+                or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
+            x32 = x.astype(np.float32)
+            want = (f32_fused_multiply_add(x32, scale, pe) if fused
+                    else x32 * np.float32(scale) + pe).astype(dtype)
+            assert_bytes_equal(got, want, f"{dtype} batch {batch} dim {dim}: rounded once")
+
+
 # ---- threads and ISA variants: bit-identical ------------------------------------------------
 
 

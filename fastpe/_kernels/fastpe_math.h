@@ -454,6 +454,44 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
                                                          scale, pe[j]));
 }
 
+/* x[j] = x[j] * scale + pe[j] on `rows` float32 rows `stride` elements apart that add
+ * the same pe, each vector of pe read once for all of them, with AVX2 + FMA: fused as the
+ * compilers contract the one-row loops' a * b + c in those variants, so that both give
+ * the same bits; scale 1 is an add (the same bits as the fused form). Returns the rows
+ * done: all of them, or 0 without AVX2 + FMA (the caller adds them then). */
+#if defined(__AVX2__) && defined(__FMA__)
+#define FPE_ROWS_AVX2 1
+#else
+#define FPE_ROWS_AVX2 0
+#endif
+
+static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride,
+                                           const float *pe, Py_ssize_t n, float scale)
+{
+#if FPE_ROWS_AVX2
+    const __m256 s = _mm256_set1_ps(scale);
+    const int plain = scale == 1.0f;
+    Py_ssize_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 p = _mm256_loadu_ps(pe + j);
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            float *xr = x + r * stride + j;
+            const __m256 a = _mm256_loadu_ps(xr);
+            _mm256_storeu_ps(xr, plain ? _mm256_add_ps(a, p) : _mm256_fmadd_ps(a, s, p));
+        }
+    }
+    for (; j < n; j++)
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            float *xr = x + r * stride + j;
+            *xr = plain ? *xr + pe[j] : fmaf(*xr, scale, pe[j]);
+        }
+    return rows;
+#else
+    (void)x; (void)rows; (void)stride; (void)pe; (void)n; (void)scale;
+    return 0;
+#endif
+}
+
 /* ---- RoPE on adjacent pairs (GPT-J style) --------------------------------
  * x[2j], x[2j + 1] = a, b -> a c[2j] + b s[2j], b c[2j + 1] + a s[2j + 1], with
  * tables of one value per feature (c: cos repeated, s: -sin, sin). Every lane does
