@@ -413,6 +413,8 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     if args.plot:
         _need_matplotlib()
+    if args.dtype == "bfloat16" and not fastpe.info()["bfloat16"]:
+        raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
     _check_output_path(parser, "--json", args.json)
     _check_output_path(parser, "--plot", args.plot)
     if not _bench.select(_bench.workloads(size_wanted(args)), args.only):
@@ -512,8 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for fastpe and the floor: a positive count or 'all' "
                         f"(= {fastpe.get_num_threads()} here); default 1, like NumPy's "
                         "single-threaded ufuncs")
-    p.add_argument("--dtype", choices=("float32", "float16", "float64"), default="float32",
-                   help="dtype of the arrays (default float32)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
+                   default="float32",
+                   help="dtype of the arrays (default float32; bfloat16 needs ml_dtypes and "
+                        "runs the sinusoidal and learned adds)")
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")

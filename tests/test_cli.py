@@ -246,6 +246,22 @@ def test_bench_json_on_stdout_threads_dtype_only():
     assert "vs numpy" in proc.stderr          # the table went to stderr
 
 
+@pytest.mark.skipif(not fastpe.info()["bfloat16"], reason="ml_dtypes is not installed")
+def test_bench_bfloat16_rows_of_the_embedding_adds():
+    """--dtype bfloat16 times the sinusoidal and learned adds (checked against the
+    reference, with a fraction of the floor) and lists the others as skipped."""
+    proc = fastpe_cli("bench", *TINY, "--json", "-", "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["dtype"] == "bfloat16"
+    assert [r["name"] for r in report["results"]] == ["sinusoidal-add", "learned-add"]
+    for r in report["results"]:
+        assert r["check"] == "ok" and r["dtype"] == "bfloat16", r
+        assert r["fraction_of_floor"] > 0
+    skipped = {s["name"] for s in report["skipped"]}
+    assert "rope-prefill-neox" in skipped and "sinusoidal-add" not in skipped
+
+
 PEER_WORKLOADS = {"numba": ("rope-decode", "rope-batched-decode", "alibi-prefill", "alibi-decode"),
                   "onnxruntime": ("rope-decode", "rope-batched-decode"),
                   "jax": ("alibi-prefill", "alibi-decode"),
@@ -394,9 +410,11 @@ def test_demo_plot(tmp_path):
 # ---- the workloads, in-process ------------------------------------------------------------
 
 TINY_WORKLOADS = _bench.workloads("tiny")
+# bfloat16 where ml_dtypes is installed: the workloads that run in it (the embedding adds)
+CHECKED_DTYPES = _bench.DTYPES + (("bfloat16",) if fastpe.info()["bfloat16"] else ())
 
 
-@pytest.mark.parametrize("dtype", _bench.DTYPES)
+@pytest.mark.parametrize("dtype", CHECKED_DTYPES)
 @pytest.mark.parametrize("wl", TINY_WORKLOADS, ids=lambda w: w.name)
 def test_every_implementation_matches_the_reference(wl, dtype):
     """The NumPy baselines (and the textbook table) compute what fastpe computes; every
