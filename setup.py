@@ -2,13 +2,13 @@
 
 One Cython source, ``fastpe/_kernels/kernels.pyx``, is compiled once per
 instruction-set level: ``kernels_baseline`` everywhere, plus ``kernels_avx2``
-(AVX2 + FMA + F16C) on x86-64. ``fastpe._kernels`` picks the best one the CPU
-supports at import time, so a wheel stays portable (no ``-march=native``) while
-still running 256-bit vector code.
-
-There is no AVX-512 variant on purpose: every kernel is memory-bound, and
-512-bit vectors measured no faster on 64-byte-aligned buffers and 30-60%
-slower on NumPy's usual 16-byte-aligned ones (each store splits a cache line).
+(AVX2 + FMA + F16C + BMI2) and ``kernels_avx512`` (those and AVX-512 F, BW, DQ, VL)
+on x86-64. ``fastpe._kernels`` chooses one for the CPU at import time (CPUID, and
+XGETBV for the OS's saving of the wider registers), so a wheel stays portable (no
+``-march=native``) while still running wide vector code. Without ``FASTPE_ISA``
+that is kernels_avx2 where the CPU runs it: kernels_avx512 measured no faster on
+an AMD Zen 4 (which executes 512-bit vectors as two 256-bit halves) and is loaded
+only when ``FASTPE_ISA=avx512`` asks for it (README, "Backends and threads").
 
 Environment variables read here:
 
@@ -17,8 +17,8 @@ FASTPE_FAIL_NO_OPENMP=1
     Without it a compiler lacking OpenMP only warns and builds serial kernels.
 FASTPE_DISABLE_OPENMP=1
     Build serial kernels on purpose.
-FASTPE_ISA_VARIANTS=baseline,avx2
-    Which variants to build (default: all the platform supports).
+FASTPE_ISA_VARIANTS=baseline,avx2,avx512
+    Which variants to build (default: all the platform supports; baseline always).
 FASTPE_DEBUG=1
     Cython bounds checks and wraparound back on, ``-O0 -g``: slow, for debugging.
 FASTPE_SANITIZE=address,undefined
@@ -43,15 +43,21 @@ from setuptools.command.build_ext import build_ext
 KERNEL_SOURCE = "fastpe/_kernels/kernels.pyx"
 
 # Flags per variant and compiler family. x86-64 baselines are SSE2 (the ABI
-# minimum); the wider variants only run after a CPUID check at import.
+# minimum); the wider variants only run after a CPUID (and XGETBV) check at import.
+# GCC and clang vectorise the plain loops 512 bits wide with the AVX-512 flags (their
+# default tuning prefers the widest vectors); the intrinsic loops of fastpe_math.h
+# have 512-bit forms of their own (masked tails).
 ISA_FLAGS = {
     "unix": {
         "baseline": [],
         "avx2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2"],
+        "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma",
+                   "-mf16c", "-mbmi2"],
     },
     "msvc": {
         "baseline": [],
         "avx2": ["/arch:AVX2"],
+        "avx512": ["/arch:AVX512"],
     },
 }
 
@@ -71,7 +77,7 @@ def _is_x86_64():
 
 def _variants():
     wanted = os.environ.get("FASTPE_ISA_VARIANTS")
-    available = ["baseline", "avx2"] if _is_x86_64() else ["baseline"]
+    available = ["baseline", "avx2", "avx512"] if _is_x86_64() else ["baseline"]
     if not wanted:
         return available
     names = [v.strip() for v in wanted.split(",") if v.strip()]

@@ -41,10 +41,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-# The instruction-set extensions that matter to fastpe's kernels (AVX2 + FMA + F16C for the
-# avx2 variant; AVX-512 for reference: there is no AVX-512 variant, see setup.py).
+# The instruction-set extensions that matter to fastpe's kernels (AVX2 + FMA + F16C + BMI2 for
+# the avx2 variant, AVX-512 F/BW/DQ/VL besides for the avx512 one; avx512_bf16 and
+# avx512_fp16 for reference: no variant uses them).
 CPU_FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw",
-                "avx512vl", "avx512_bf16", "avx512_fp16")
+                "avx512dq", "avx512vl", "avx512_bf16", "avx512_fp16")
 
 
 def cpu_features() -> list[str] | None:
@@ -81,7 +82,9 @@ def info_text(info: Mapping[str, Any]) -> str:
     rows.append(("threads", f"{info.get('num_threads')} (fastpe.get_num_threads(); "
                             "OMP_NUM_THREADS or fastpe.set_num_threads() change it)"))
     if info.get("compiled"):
-        rows.append(("ISA variant", f"{info.get('isa')} (this CPU runs: "
+        forced = os.environ.get("FASTPE_ISA", "").strip()
+        how = f"FASTPE_ISA={forced}" if forced else "chosen by default"
+        rows.append(("ISA variant", f"{info.get('isa')} ({how}; this CPU runs: "
                                     f"{', '.join(info.get('isa_available') or []) or '-'})"))
         rows.append(("compile flags", info.get("compile_flags")))
         rows.append(("float16", f"{info.get('half_conversion')} conversion"))
@@ -410,6 +413,8 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     if args.plot:
         _need_matplotlib()
+    if args.dtype == "bfloat16" and not fastpe.info()["bfloat16"]:
+        raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
     _check_output_path(parser, "--json", args.json)
     _check_output_path(parser, "--plot", args.plot)
     if not _bench.select(_bench.workloads(size_wanted(args)), args.only):
@@ -509,8 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for fastpe and the floor: a positive count or 'all' "
                         f"(= {fastpe.get_num_threads()} here); default 1, like NumPy's "
                         "single-threaded ufuncs")
-    p.add_argument("--dtype", choices=("float32", "float16", "float64"), default="float32",
-                   help="dtype of the arrays (default float32)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
+                   default="float32",
+                   help="dtype of the arrays (default float32; bfloat16 needs ml_dtypes and "
+                        "runs the sinusoidal and learned adds)")
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")

@@ -10,6 +10,10 @@ import numpy as np
 from . import _backend, _checks, _threads
 from ._version import __version__
 
+# the kernel variants there are, narrowest first (fastpe._kernels.VARIANTS reversed; named
+# here too so that info() works without the compiled extension)
+_VARIANTS = ("baseline", "avx2", "avx512")
+
 
 class _InfoWhenNotCompiled(TypedDict, total=False):
     import_error: str
@@ -37,7 +41,9 @@ def info() -> Info:
     """Version, active backend, OpenMP, threads, and the compiled build's details.
 
     Keys: version, backend, openmp (bool), num_threads, compiled (bool),
-    isa (the kernel variant running: baseline or avx2), isa_available,
+    isa (the kernel variant running: baseline, avx2 or avx512), isa_available
+    (the variants this CPU and OS run, narrowest first; avx512 runs only with
+    FASTPE_ISA=avx512),
     compile_flags, half_conversion, bfloat16 (ml_dtypes present), numpy,
     python, machine; import_error when the extension did not load.
     """
@@ -50,7 +56,7 @@ def info() -> Info:
         "compiled": compiled is not None,
         "isa": compiled.ISA if compiled is not None else None,
         "isa_available": (
-            [v for v in ("baseline", "avx2") if compiled.cpu_supports(v)]
+            [v for v in _VARIANTS if compiled.cpu_supports(v)]
             if compiled is not None else []
         ),
         "compile_flags": compiled.COMPILE_FLAGS if compiled is not None else None,

@@ -258,9 +258,88 @@ def test_each_isa_variant_imports_and_reports_itself(isa, isa_runs):
 
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
-def test_default_isa_is_the_best_the_cpu_runs():
-    runnable = [v for v in ISA_NAMES if cpu_runs(v) is not False]
-    assert fastpe.info()["isa"] == runnable[-1] or os.environ.get("FASTPE_ISA")
+def test_default_isa_is_the_first_automatic_variant_the_cpu_runs():
+    """Without FASTPE_ISA: avx2 where the CPU runs it, else baseline; avx512 is built and
+    runs only when FASTPE_ISA asks for it (it measured no faster, README)."""
+    from fastpe import _kernels
+
+    assert _kernels.AUTO == ("avx2", "baseline")
+    assert set(_kernels.VARIANTS) >= set(ISA_NAMES), ISA_NAMES
+    runnable = [v for v in _kernels.AUTO if v in ISA_NAMES and cpu_runs(v) is not False]
+    proc = run_python(REPORT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["info"]["isa"] == runnable[0]
+
+
+# The kernels' import with the CPU check answering no for every variant but baseline, as
+# on a CPU without AVX2 or AVX-512: fastpe imports (unforced) first, then the variant
+# choice runs again under FASTPE_ISA=argv[1].
+NO_WIDE_CPU = """
+import os, sys
+import fastpe
+from fastpe import _kernels
+_kernels._baseline.cpu_supports = lambda isa: isa == "baseline"
+print(_kernels._load().ISA)
+os.environ["FASTPE_ISA"] = sys.argv[1]
+try:
+    _kernels._load()
+except ImportError as exc:
+    print("ImportError:", exc)
+"""
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_forced_variant_the_cpu_cannot_run_is_a_clear_import_error(isa):
+    """FASTPE_ISA=avx512 (or avx2) on a CPU without it: an ImportError that names the
+    variant and what it needs, never a fallback; unforced, such a CPU gets baseline."""
+    proc = run_python(NO_WIDE_CPU, isa)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    chosen, error = proc.stdout.strip().splitlines()[-2:]
+    assert chosen == "baseline"
+    assert error.startswith(f"ImportError: FASTPE_ISA='{isa}': this CPU cannot run that "
+                            "variant (it needs "), error
+    assert ("AVX-512" in error) == (isa == "avx512"), error
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_forced_variant_that_was_not_built_is_a_clear_import_error():
+    code = """
+    import fastpe, importlib, os
+    from fastpe import _kernels
+    real = importlib.import_module
+    def missing(name, *args):
+        if name.endswith(".kernels_avx512"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *args)
+    _kernels._importlib.import_module = missing
+    _kernels._baseline.cpu_supports = lambda isa: True
+    os.environ["FASTPE_ISA"] = "avx512"
+    try:
+        _kernels._load()
+    except ImportError as exc:
+        print("ImportError:", exc)
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "ImportError: FASTPE_ISA='avx512': this fastpe was built without kernels_avx512 "
+        "(FASTPE_ISA_VARIANTS at build time)")
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.skipif(cpu_runs("avx512") is not True, reason="this CPU has no AVX-512")
+def test_avx512_variant_is_built_and_runs_here():
+    """On a CPU with AVX-512 the x86-64 build has kernels_avx512, the CPU check agrees
+    with /proc/cpuinfo, and FASTPE_ISA=avx512 runs it (isa in info(), its flags)."""
+    if "avx512" not in ISA_NAMES:
+        pytest.skip("built without kernels_avx512 (FASTPE_ISA_VARIANTS)")
+    assert "avx512" in fastpe.info()["isa_available"]
+    proc = run_python(REPORT, FASTPE_ISA="avx512")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads(proc.stdout)["info"]
+    assert info["isa"] == "avx512" and info["backend"] == "cython"
+    assert "-mavx512f" in info["compile_flags"] or "/arch:AVX512" in info["compile_flags"]
 
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")

@@ -48,9 +48,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def fastpe_cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """python -m fastpe ARGS in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "fastpe", *args], env=_env(),
+def fastpe_cli(*args: str, cwd=None, timeout: float = 120,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """python -m fastpe ARGS in a fresh interpreter (`env`: variables set besides)."""
+    return subprocess.run([sys.executable, "-m", "fastpe", *args], env={**_env(), **(env or {})},
                           capture_output=True, text=True, timeout=timeout,
                           cwd=str(cwd or PACKAGE_ROOT))
 
@@ -86,6 +87,21 @@ def test_info_is_the_default_command():
     if expected["compiled"]:
         assert "ISA variant" in out and expected["isa"] in out
         assert expected["compile_flags"] in out
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+def test_info_reports_the_variant_running(isa):
+    """`python -m fastpe info` names the variant running and whether FASTPE_ISA chose it."""
+    if isa not in fastpe.info()["isa_available"]:
+        pytest.skip(f"this CPU cannot run {isa} (or the kernels are not built)")
+    proc = fastpe_cli("info", env={"FASTPE_ISA": isa})
+    if proc.returncode != 0 and f"without kernels_{isa}" in proc.stderr:
+        pytest.skip(f"built without kernels_{isa}")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"^\s+ISA variant\s+{isa} \(FASTPE_ISA={isa}; this CPU runs: ",
+                     proc.stdout, re.M), proc.stdout
+    data = json.loads(fastpe_cli("info", "--json", env={"FASTPE_ISA": isa}).stdout)
+    assert data["isa"] == isa and isa in data["isa_available"]
 
 
 def test_info_json():
@@ -228,6 +244,22 @@ def test_bench_json_on_stdout_threads_dtype_only():
     assert report["dtype"] == "float16" and report["threads"] == fastpe.get_num_threads()
     assert all(r["check"] == "ok" for r in report["results"])
     assert "vs numpy" in proc.stderr          # the table went to stderr
+
+
+@pytest.mark.skipif(not fastpe.info()["bfloat16"], reason="ml_dtypes is not installed")
+def test_bench_bfloat16_rows_of_the_embedding_adds():
+    """--dtype bfloat16 times the sinusoidal and learned adds (checked against the
+    reference, with a fraction of the floor) and lists the others as skipped."""
+    proc = fastpe_cli("bench", *TINY, "--json", "-", "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["dtype"] == "bfloat16"
+    assert [r["name"] for r in report["results"]] == ["sinusoidal-add", "learned-add"]
+    for r in report["results"]:
+        assert r["check"] == "ok" and r["dtype"] == "bfloat16", r
+        assert r["fraction_of_floor"] > 0
+    skipped = {s["name"] for s in report["skipped"]}
+    assert "rope-prefill-neox" in skipped and "sinusoidal-add" not in skipped
 
 
 PEER_WORKLOADS = {"numba": ("rope-decode", "rope-scaled-decode", "rope-embedding-decode",
@@ -381,9 +413,11 @@ def test_demo_plot(tmp_path):
 # ---- the workloads, in-process ------------------------------------------------------------
 
 TINY_WORKLOADS = _bench.workloads("tiny")
+# bfloat16 where ml_dtypes is installed: the workloads that run in it (the embedding adds)
+CHECKED_DTYPES = _bench.DTYPES + (("bfloat16",) if fastpe.info()["bfloat16"] else ())
 
 
-@pytest.mark.parametrize("dtype", _bench.DTYPES)
+@pytest.mark.parametrize("dtype", CHECKED_DTYPES)
 @pytest.mark.parametrize("wl", TINY_WORKLOADS, ids=lambda w: w.name)
 def test_every_implementation_matches_the_reference(wl, dtype):
     """The NumPy baselines (and the textbook table) compute what fastpe computes; every

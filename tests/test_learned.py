@@ -230,6 +230,25 @@ def test_awkward_x_matches_reference_same_byte_order_table(kind, shape, dtype):
     assert_close(x, y, dtype, magnitude=4.0, context=f"add_learned(x={kind}: {describe(x)})")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dim", [64, 37])
+def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, dim):
+    """Batch rows sharing positions add each table row in groups of several rows (the
+    remainder in pairs or alone): every batch size gives each row the bits of adding it
+    on its own, and for 16-bit types the float32 sum rounded once."""
+    rng = np.random.default_rng(12)
+    table = rng.uniform(-1, 1, (90, dim)).astype(dtype)
+    for batch in (2, 3, 4, 5, 7, 8, 9, 13):
+        x = rng.uniform(-3, 3, (batch, 70, dim)).astype(dtype)
+        got = fastpe.add_learned(x.copy(), table, offset=7)
+        for b in range(batch):
+            alone = fastpe.add_learned(x[b:b + 1].copy(), table, offset=7)
+            assert_bytes_equal(got[b:b + 1], alone, f"{dtype} batch {batch} row {b} dim {dim}")
+        if np.dtype(dtype).itemsize == 2:
+            want = (x.astype(np.float32) + table[7:77].astype(np.float32)).astype(dtype)
+            assert_bytes_equal(got, want, f"{dtype} batch {batch} dim {dim}: rounded once")
+
+
 # ---- threads -------------------------------------------------------------------------------
 
 

@@ -360,8 +360,8 @@ def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
     """float16 / bfloat16 x * scale + PE, every bit pattern of x (NaN, inf, subnormals; row 0
     of PE is 0, 1, 0, 1, ..., so x + 1 falls on ties): the float32 value of the staged PE
     row, x widened, one multiply-add, rounded once to the storage type as NumPy / ml_dtypes
-    round. The multiply-add is fused where the compiled kernels fuse it (the avx2 variant,
-    and FMA machines that are not x86), two roundings elsewhere. One batch row (each PE row
+    round. The multiply-add is fused where the compiled kernels fuse it (the avx2 and avx512
+    variants, and FMA machines that are not x86), two roundings elsewhere. One batch row (each PE row
     added as it is made), two and three (rows staged, added to pairs of rows) alike; strided
     rows (converted in chunks) give the same bits, NaN payloads included."""
     xs, _ = half_edge_operands(dtype)
@@ -371,7 +371,7 @@ def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
     pe = fastpe.sinusoidal_table(seq, dim, dtype=np.float32)
     info = fastpe.info()
     fused = info["backend"] == "cython" and (
-        info["isa"] == "avx2" or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
+        info["isa"] in ("avx2", "avx512") or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
     x32 = x.astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         want32 = (f32_fused_multiply_add(x32, scale, pe) if fused
@@ -472,6 +472,34 @@ def test_table_matches_reference(dtype, layout, both_threads):
     assert got.dtype == want.dtype == dtype
     assert_close(got, want, dtype, max_position=1030,
                  context=table_context("sinusoidal_table", 130, 37, dtype, layout))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("scale", [1.0, 0.7])
+@pytest.mark.parametrize("dim", [64, 37])
+def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, scale, dim):
+    """Batch rows sharing positions take the PE rows in groups (the first rows as each
+    PE row is made, the others several at a time, any remainder alone): every batch
+    size gives each row the bits of adding it on its own, and one rounding of the
+    float32 (float64) PE row and multiply-add."""
+    rng = np.random.default_rng(11)
+    seq = 70
+    for batch in (2, 3, 4, 7, 8, 9, 15):
+        x = rng.uniform(-3, 3, (batch, seq, dim)).astype(dtype)
+        got = fastpe.add_sinusoidal(x.copy(), scale=scale, offset=5)
+        for b in range(batch):
+            alone = fastpe.add_sinusoidal(x[b:b + 1].copy(), scale=scale, offset=5)
+            assert_bytes_equal(got[b:b + 1], alone, f"{dtype} batch {batch} row {b} dim {dim}")
+        if np.dtype(dtype).itemsize == 2:
+            pe = fastpe.sinusoidal_table(seq, dim, offset=5, dtype=np.float32)
+            info = fastpe.info()
+            fused = info["backend"] == "cython" and (
+                info["isa"] in ("avx2", "avx512")
+                or platform.machine().lower() not in ("x86_64", "amd64", "i686"))
+            x32 = x.astype(np.float32)
+            want = (f32_fused_multiply_add(x32, scale, pe) if fused
+                    else x32 * np.float32(scale) + pe).astype(dtype)
+            assert_bytes_equal(got, want, f"{dtype} batch {batch} dim {dim}: rounded once")
 
 
 # ---- threads and ISA variants: bit-identical ------------------------------------------------
@@ -607,6 +635,19 @@ def test_isa_variants_bit_identical_across_threads(isa_runs):
         for key in res:
             if key.endswith("-t1"):
                 assert np.array_equal(res[key], res[key[:-1] + "2"]), f"{isa}: {key} vs t2"
+
+
+def test_avx512_gives_the_avx2_variants_bits(isa_runs):
+    """kernels_avx512 does avx2's arithmetic (fused multiply-adds, one rounding of each
+    half-precision result) in wider vectors, with masked row ends: the same bits, every
+    dtype, layout and thread count of the fixed set."""
+    ran = _isa_results(isa_runs)
+    if not {"avx2", "avx512"} <= set(ran):
+        pytest.skip(f"only {list(ran)} runs here ({isa_runs})")
+    avx2, avx512 = ran["avx2"][1], ran["avx512"][1]
+    assert avx2.keys() == avx512.keys()
+    for key in avx2:
+        assert np.array_equal(avx2[key], avx512[key]), f"avx512 vs avx2: {key}"
 
 
 def test_isa_variants_agree_within_tolerance(isa_runs):

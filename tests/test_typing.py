@@ -12,7 +12,7 @@ from pathlib import Path
 
 import fastpe
 
-VARIANTS = ("baseline", "avx2")
+VARIANTS = ("baseline", "avx2", "avx512")
 
 
 def test_package_ships_py_typed_and_stubs():

@@ -79,8 +79,8 @@ def copy_arrays(arrays: Arrays, names: Iterable[str]) -> Arrays:
 
 # (atol, rtol), relative to the result's largest finite magnitude and to each value. These
 # check that a benchmark computes the right thing; tests/ checks accuracy. float16 allows a
-# few ulp: NumPy baselines round after each operation.
-TOLERANCE = {"float64": 1e-10, "float32": 2e-6, "float16": 4e-3}
+# few ulp: NumPy baselines round after each operation (bfloat16 likewise, 8 ulp).
+TOLERANCE = {"float64": 1e-10, "float32": 2e-6, "float16": 4e-3, "bfloat16": 3e-2}
 
 
 def compare(actual: object, expected: object, dtype: DTypeLike, *, atol: float = 0.0,

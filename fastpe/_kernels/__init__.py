@@ -1,7 +1,14 @@
-"""The compiled kernels: the best variant of ``kernels`` this CPU runs.
+"""The compiled kernels: the variant of ``kernels`` chosen for this CPU.
 
-``FASTPE_ISA=baseline|avx2`` forces one variant (an ImportError when
-it was not built or this CPU cannot run it); tests use it to check each one.
+One Cython source is built once per instruction-set level (setup.py): kernels_baseline
+(SSE2 on x86-64; every other platform's only variant), kernels_avx2 (AVX2 + FMA + F16C +
+BMI2) and kernels_avx512 (those plus AVX-512 F, BW, DQ and VL). Without ``FASTPE_ISA``
+the first variant of ``AUTO`` that was built and that this CPU and OS run is imported.
+kernels_avx512 is not in ``AUTO``: it measured no faster than kernels_avx2 on an AMD Zen 4
+(README, "Backends and threads"), so it runs only when asked for.
+
+``FASTPE_ISA=baseline|avx2|avx512`` forces one variant: an ImportError when it was not
+built or this CPU cannot run it (never a silent fallback); tests use it to check each one.
 """
 
 import importlib as _importlib
@@ -10,20 +17,36 @@ from types import ModuleType as _ModuleType
 
 from . import kernels_baseline as _baseline
 
-_ORDER = ("avx2", "baseline")
+# every variant there is, widest first
+VARIANTS = ("avx512", "avx2", "baseline")
+# the variants chosen without FASTPE_ISA, in order of preference
+AUTO = ("avx2", "baseline")
+# what a variant needs of the CPU, for the error of a forced variant it cannot run
+NEEDS = {
+    "avx2": "AVX2, FMA, F16C and BMI2",
+    "avx512": "AVX-512 F, BW, DQ and VL (with the OS saving the opmask and ZMM registers) "
+              "besides AVX2, FMA, F16C and BMI2",
+}
 
 
 def _load() -> _ModuleType:
     forced = _os.environ.get("FASTPE_ISA", "").strip().lower()
-    if forced and forced not in _ORDER:
-        raise ImportError(f"FASTPE_ISA={forced!r}: expected one of {', '.join(_ORDER)}")
-    for isa in (forced,) if forced else _ORDER:
+    if forced and forced not in VARIANTS:
+        raise ImportError(f"FASTPE_ISA={forced!r}: expected one of {', '.join(VARIANTS)}")
+    for isa in (forced,) if forced else AUTO:
         if not _baseline.cpu_supports(isa):
             if forced:
-                raise ImportError(f"FASTPE_ISA={forced!r}: this CPU cannot run that variant")
+                raise ImportError(f"FASTPE_ISA={forced!r}: this CPU cannot run that variant "
+                                  f"(it needs {NEEDS[isa]})")
             continue
         try:
             return _importlib.import_module(f"{__name__}.kernels_{isa}")
+        except ModuleNotFoundError as exc:
+            if forced and exc.name == f"{__name__}.kernels_{isa}":
+                raise ImportError(f"FASTPE_ISA={forced!r}: this fastpe was built without "
+                                  f"kernels_{isa} (FASTPE_ISA_VARIANTS at build time)") from exc
+            if forced:
+                raise
         except ImportError:
             if forced:
                 raise

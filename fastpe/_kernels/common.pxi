@@ -24,6 +24,8 @@ cdef extern from "fastpe_math.h" nogil:
                            Py_ssize_t n, float scale)
     void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
                             Py_ssize_t n, float scale)
+    Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
+                                 Py_ssize_t n, float scale)
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
                                Py_ssize_t nfreq, double mult)
     void fpe_stream_fence()
@@ -40,10 +42,12 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
+    int fpe_cpu_has_avx512()
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE
     int FPE_HALF_ADD_RUNS
+    int FPE_ROWS_AVX2
 
 cdef extern from *:
     """

@@ -3,7 +3,7 @@
  * conversions, and a vectorisable double-precision sin/cos of a row of angles.
  *
  * Everything here is static inline so that each ISA variant of the extension
- * (kernels_baseline, kernels_avx2) compiles it with its own
+ * (kernels_baseline, kernels_avx2, kernels_avx512) compiles it with its own
  * instruction set and the loops that call it vectorise.
  */
 #ifndef FASTPE_MATH_H
@@ -16,6 +16,7 @@
 #if defined(_MSC_VER)
 #include <intrin.h>
 #elif defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -147,8 +148,9 @@ static inline void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_
  * x[j] = x[j] + t[j] and x[j] = x[j] * scale + pe[j] in float32, rounding once,
  * 8 or 16 elements at a time widened, computed and narrowed in registers: the
  * gather / compute / scatter through a float32 stack buffer makes three passes
- * over every chunk instead of one. The multiply-add is fused in the avx2 variant
- * (GCC contracts the chunked loop's a * b + c there too: the same bits either way).
+ * over every chunk instead of one. The multiply-add is fused in the avx2 and avx512
+ * variants (GCC contracts the chunked loop's a * b + c there too: the same bits either
+ * way).
  * Without AVX2 (the baseline variant) only the float16 add has a run loop here;
  * the others keep the chunked loops, whose conversions SSE2 vectorises.
  */
@@ -173,18 +175,21 @@ static inline void fpe_f32x16_load_unpacked(const float *p, __m256 *lo, __m256 *
     *hi = _mm256_set_m128(_mm_loadu_ps(p + 12), _mm_loadu_ps(p + 4));
 }
 
-/* float32 results of arithmetic to bfloat16 bit patterns (in 32-bit lanes), bit for
- * bit fpe_bf16_make: round to nearest even on the 16 dropped bits (past the largest
- * finite value that carries into inf). A NaN is truncated instead, which keeps its
- * sign and top payload bits; arithmetic only makes quiet NaNs, so the quiet bit that
- * fpe_bf16_make sets is there already. */
+/* float32 results of these adds to bfloat16 bit patterns (in 32-bit lanes), bit for bit
+ * fpe_bf16_make on every number: round to nearest even on the 16 dropped bits (past the
+ * largest finite value that carries into inf). NaNs need no test of their own here: every
+ * operand of these adds is a widened bfloat16 (its low 16 bits zero) or a finite float32
+ * (PE, scale), and an x86 add or fused multiply-add whose result is NaN returns an
+ * operand's NaN, quieted (bit 22 set, the low bits kept), or the default NaN 0xffc00000:
+ * the low 16 bits of a NaN result are zero, so the rounding bias (at most 0x8000) cannot
+ * carry out of them, and the NaN keeps its sign and top payload bits with the quiet bit
+ * set, what fpe_bf16_make gives. */
 static inline __m256i fpe_bf16x8_bits(__m256 v)
 {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    const __m256i half = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    return _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_andnot_si256(nan, half)), 16);
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)),
+                                              odd), 16);
 }
 
 /* every pattern is below 2^16, so the unsigned saturating pack is exact */
@@ -203,8 +208,133 @@ static inline void fpe_f16x8_store(fpe_f16 *p, __m256 v)
 {
     _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
+
+/* The avx512 variant does the same 16 or 32 elements at a time in 512-bit registers,
+ * and the last n % 16 (n % 32) of a row under a mask instead of one at a time (masked
+ * loads do not touch the elements masked off): the same operations on every element,
+ * so the same bits as the 256-bit and scalar loops. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define FPE_HALF_RUNS_512 1
+
+static inline __mmask16 fpe_mask16(Py_ssize_t n) { return (__mmask16)((1u << n) - 1u); }
+static inline __mmask32 fpe_mask32(Py_ssize_t n) { return (__mmask32)((1ull << n) - 1u); }
+
+/* (All-ones masks, the loops' bodies, take plain loads and stores: masked stores are slow
+ * on some CPUs, AMD Zen 4 among them. The masks are constants there, so the tests fold.) */
+static inline __m512 fpe_f16x16_load(const fpe_f16 *p, __mmask16 m)
+{
+    return _mm512_cvtph_ps(m == 0xffff ? _mm256_loadu_si256((const __m256i *)p)
+                                       : _mm256_maskz_loadu_epi16(m, p));
+}
+
+static inline void fpe_f16x16_store(fpe_f16 *p, __mmask16 m, __m512 v)
+{
+    const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    if (m == 0xffff)
+        _mm256_storeu_si256((__m256i *)p, h);
+    else
+        _mm256_mask_storeu_epi16(p, m, h);
+}
+
+/* 32 bfloat16s to float32, as fpe_bf16x16_load in each 128-bit lane: elements 8k..8k+3
+ * of lane k in *lo, 8k+4..8k+7 in *hi */
+static inline void fpe_bf16x32_load(const fpe_bf16 *p, __mmask32 m, __m512 *lo, __m512 *hi)
+{
+    const __m512i v = m == 0xffffffffu ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p);
+    const __m512i zero = _mm512_setzero_si512();
+    *lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+    *hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+}
+
+/* 32 float32s in that order: two 16-float loads, each output picking its quarters */
+static inline void fpe_f32x32_load_unpacked(const float *p, __mmask32 m, __m512 *lo,
+                                            __m512 *hi)
+{
+    const __m512 a = m == 0xffffffffu ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((__mmask16)m, p);
+    const __m512 b = m == 0xffffffffu ? _mm512_loadu_ps(p + 16)
+                                      : _mm512_maskz_loadu_ps((__mmask16)(m >> 16), p + 16);
+    const __m512i ilo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i ihi = _mm512_add_epi32(ilo, _mm512_set1_epi32(4));
+    *lo = _mm512_permutex2var_ps(a, ilo, b);
+    *hi = _mm512_permutex2var_ps(a, ihi, b);
+}
+
+/* fpe_bf16x8_bits in 512 bits (the same reasoning about NaNs) before its shift: the
+ * pattern in the top 16 bits of each lane; the odd ones get their + 1 under a mask */
+static inline __m512i fpe_bf16x16_bits_high(__m512 v)
+{
+    const __m512i x = _mm512_castps_si512(v);
+    const __mmask16 odd = _mm512_test_epi32_mask(x, _mm512_set1_epi32(0x10000));
+    const __m512i y = _mm512_add_epi32(x, _mm512_set1_epi32(0x7fff));
+    return _mm512_mask_add_epi32(y, odd, y, _mm512_set1_epi32(1));
+}
+
+/* the top 16 bits of every lane of lo and hi, in the order fpe_bf16x32_load took them
+ * apart: one two-source word permutation */
+static inline void fpe_bf16x32_store(fpe_bf16 *p, __mmask32 m, __m512 lo, __m512 hi)
+{
+    /* element 8q + i (i < 4) from lane 4q + i of lo, 8q + 4 + i from lane 4q + i of hi
+     * (indices 32 and up: the second source) */
+    static const uint16_t order[32] = {
+        1, 3, 5, 7, 33, 35, 37, 39, 9, 11, 13, 15, 41, 43, 45, 47,
+        17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
+    const __m512i idx = _mm512_loadu_si512(order);
+    const __m512i v = _mm512_permutex2var_epi16(fpe_bf16x16_bits_high(lo), idx,
+                                                fpe_bf16x16_bits_high(hi));
+    if (m == 0xffffffffu)
+        _mm512_storeu_si512(p, v);
+    else
+        _mm512_mask_storeu_epi16(p, m, v);
+}
+
+/* One step of the row loops below: the elements under m of `rows` rows */
+static inline void fpe_f16_add16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                 const fpe_f16 *t, __mmask16 m)
+{
+    const __m512 b = fpe_f16x16_load(t, m);
+    for (Py_ssize_t r = 0; r < rows; r++)
+        fpe_f16x16_store(x + r * stride, m, _mm512_add_ps(fpe_f16x16_load(x + r * stride, m), b));
+}
+
+static inline void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                  const fpe_bf16 *t, __mmask32 m)
+{
+    __m512 b0, b1, a0, a1;
+    fpe_bf16x32_load(t, m, &b0, &b1);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
+        fpe_bf16x32_store(x + r * stride, m, _mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1));
+    }
+}
+
+static inline void fpe_f16_madd16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                  const float *pe, float scale, __mmask16 m)
+{
+    const __m512 p = m == 0xffff ? _mm512_loadu_ps(pe) : _mm512_maskz_loadu_ps(m, pe);
+    const __m512 s = _mm512_set1_ps(scale);
+    for (Py_ssize_t r = 0; r < rows; r++)
+        fpe_f16x16_store(x + r * stride, m,
+                         _mm512_fmadd_ps(fpe_f16x16_load(x + r * stride, m), s, p));
+}
+
+static inline void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                   const float *pe, float scale, __mmask32 m)
+{
+    const __m512 s = _mm512_set1_ps(scale);
+    __m512 p0, p1, a0, a1;
+    fpe_f32x32_load_unpacked(pe, m, &p0, &p1);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
+        fpe_bf16x32_store(x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
+                          _mm512_fmadd_ps(a1, s, p1));
+    }
+}
+#else
+#define FPE_HALF_RUNS_512 0
+#endif
 #else
 #define FPE_HALF_ADD_RUNS 0
+#define FPE_HALF_RUNS_512 0
 #define FPE_MADD_F(a, b, c) ((a) * (b) + (c))
 #endif
 
@@ -214,7 +344,14 @@ static inline void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stri
                                     const fpe_f16 *t, Py_ssize_t n)
 {
     Py_ssize_t j = 0;
-#if FPE_F16C_RUNS
+#if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
+    for (; j + 16 <= n; j += 16)
+        fpe_f16_add16(x + j, rows, stride, t + j, (__mmask16)0xffff);
+    if (j < n) {
+        fpe_f16_add16(x + j, rows, stride, t + j, fpe_mask16(n - j));
+        j = n;
+    }
+#elif FPE_F16C_RUNS
     for (; j + 8 <= n; j += 8) {
         const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + j)));
         for (Py_ssize_t r = 0; r < rows; r++) {
@@ -234,7 +371,14 @@ static inline void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t st
                                      const fpe_bf16 *t, Py_ssize_t n)
 {
     Py_ssize_t j = 0;
-#if FPE_HALF_ADD_RUNS
+#if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
+    for (; j + 32 <= n; j += 32)
+        fpe_bf16_add32(x + j, rows, stride, t + j, (__mmask32)0xffffffffu);
+    if (j < n) {
+        fpe_bf16_add32(x + j, rows, stride, t + j, fpe_mask32(n - j));
+        j = n;
+    }
+#elif FPE_HALF_ADD_RUNS
     for (; j + 16 <= n; j += 16) {
         __m256 b0, b1;
         fpe_bf16x16_load(t + j, &b0, &b1);
@@ -257,7 +401,14 @@ static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t str
                                      const float *pe, Py_ssize_t n, float scale)
 {
     Py_ssize_t j = 0;
-#if FPE_HALF_ADD_RUNS
+#if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
+    for (; j + 16 <= n; j += 16)
+        fpe_f16_madd16(x + j, rows, stride, pe + j, scale, (__mmask16)0xffff);
+    if (j < n) {
+        fpe_f16_madd16(x + j, rows, stride, pe + j, scale, fpe_mask16(n - j));
+        j = n;
+    }
+#elif FPE_HALF_ADD_RUNS
     const __m256 s = _mm256_set1_ps(scale);
     for (; j + 8 <= n; j += 8) {
         const __m256 p = _mm256_loadu_ps(pe + j);
@@ -277,7 +428,14 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
                                       const float *pe, Py_ssize_t n, float scale)
 {
     Py_ssize_t j = 0;
-#if FPE_HALF_ADD_RUNS
+#if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
+    for (; j + 32 <= n; j += 32)
+        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, (__mmask32)0xffffffffu);
+    if (j < n) {
+        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, fpe_mask32(n - j));
+        j = n;
+    }
+#elif FPE_HALF_ADD_RUNS
     const __m256 s = _mm256_set1_ps(scale);
     for (; j + 16 <= n; j += 16) {
         __m256 p0, p1;
@@ -294,6 +452,44 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
         for (Py_ssize_t r = 0; r < rows; r++)
             x[r * stride + j] = fpe_bf16_make(FPE_MADD_F(fpe_bf16_load(x[r * stride + j]),
                                                          scale, pe[j]));
+}
+
+/* x[j] = x[j] * scale + pe[j] on `rows` float32 rows `stride` elements apart that add
+ * the same pe, each vector of pe read once for all of them, with AVX2 + FMA: fused as the
+ * compilers contract the one-row loops' a * b + c in those variants, so that both give
+ * the same bits; scale 1 is an add (the same bits as the fused form). Returns the rows
+ * done: all of them, or 0 without AVX2 + FMA (the caller adds them then). */
+#if defined(__AVX2__) && defined(__FMA__)
+#define FPE_ROWS_AVX2 1
+#else
+#define FPE_ROWS_AVX2 0
+#endif
+
+static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride,
+                                           const float *pe, Py_ssize_t n, float scale)
+{
+#if FPE_ROWS_AVX2
+    const __m256 s = _mm256_set1_ps(scale);
+    const int plain = scale == 1.0f;
+    Py_ssize_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 p = _mm256_loadu_ps(pe + j);
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            float *xr = x + r * stride + j;
+            const __m256 a = _mm256_loadu_ps(xr);
+            _mm256_storeu_ps(xr, plain ? _mm256_add_ps(a, p) : _mm256_fmadd_ps(a, s, p));
+        }
+    }
+    for (; j < n; j++)
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            float *xr = x + r * stride + j;
+            *xr = plain ? *xr + pe[j] : fmaf(*xr, scale, pe[j]);
+        }
+    return rows;
+#else
+    (void)x; (void)rows; (void)stride; (void)pe; (void)n; (void)scale;
+    return 0;
+#endif
 }
 
 /* ---- RoPE on adjacent pairs (GPT-J style) --------------------------------
@@ -765,6 +961,48 @@ static inline int fpe_cpu_has_avx2(void)
     if (!(osxsave && fma && f16c) || (_xgetbv(0) & 6) != 6) return 0;
     __cpuidex(r, 7, 0);
     return ((r[1] >> 5) & 1) && ((r[1] >> 8) & 1);  /* avx2, bmi2 */
+#else
+    return 0;
+#endif
+}
+
+/* AVX-512 F + BW + DQ + VL on top of the avx2 variant's features, and the OS saving
+ * the opmask and ZMM state (XCR0 bits 5-7, besides SSE and YMM: 0xe6). The CPUID bits
+ * alone do not say the OS switches those registers; __builtin_cpu_supports checks XCR0
+ * in the compilers' runtimes, and the check is done here too, so that it holds whatever
+ * runtime the extension links. (macOS enables the AVX-512 state lazily, on first use:
+ * XCR0 does not show it before, so there the variant reads as unsupported, never as
+ * wrongly supported.) */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+static inline unsigned long long fpe_xgetbv0(void)
+{
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+static inline int fpe_cpu_has_avx512(void)
+{
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    unsigned int a, b, c, d;
+    if (!fpe_cpu_has_avx2() || !__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1))
+        return 0;  /* no OSXSAVE: xgetbv itself would fault */
+    if ((fpe_xgetbv0() & 0xe6) != 0xe6 || __get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    /* avx512f (16), dq (17), bw (30), vl (31) */
+    if (!(((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1)))
+        return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+    int r[4];
+    if (!fpe_cpu_has_avx2() || (_xgetbv(0) & 0xe6) != 0xe6) return 0;
+    __cpuidex(r, 7, 0);
+    /* avx512f (16), dq (17), bw (30), vl (31) */
+    return ((r[1] >> 16) & 1) && ((r[1] >> 17) & 1) && ((r[1] >> 30) & 1) && ((r[1] >> 31) & 1);
 #else
     return 0;
 #endif

@@ -12,7 +12,8 @@ wrong). None of them raises on data, and each writes only inside the views it is
 given.
 
 This one source is built once per instruction-set level (kernels_baseline,
-and kernels_avx2 on x86-64); fastpe._kernels imports the best the CPU runs.
+and kernels_avx2 and kernels_avx512 on x86-64); fastpe._kernels imports the
+variant it chooses for this CPU.
 """
 
 cimport cython
@@ -52,6 +53,8 @@ def cpu_supports(str isa):
         return True
     if isa == "avx2":
         return bool(fpe_cpu_has_avx2())
+    if isa == "avx512":
+        return bool(fpe_cpu_has_avx512())
     return False
 
 

@@ -1,7 +1,8 @@
 """Type stub of the compiled kernels (fastpe/_kernels/kernels.pyx and its .pxi files).
 
 The same Cython source is built once per instruction-set level, so every variant
-(kernels_baseline, kernels_avx2) has this interface; kernels_avx2.pyi re-exports it.
+(kernels_baseline, kernels_avx2, kernels_avx512) has this interface; kernels_avx2.pyi and
+kernels_avx512.pyi re-export it.
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
@@ -19,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 ISA: Final[str]
-"""The variant: "baseline" or "avx2"."""
+"""The variant: "baseline", "avx2" or "avx512"."""
 COMPILE_FLAGS: Final[str]
 """The compiler flags this variant was built with."""
 OPENMP: Final[bool]

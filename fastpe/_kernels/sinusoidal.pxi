@@ -16,6 +16,10 @@ from libc.string cimport memcpy
 
 
 cdef enum:
+    # staged PE rows: added to this many batch rows as they are made, then to the others
+    # this many at a time (measured best of 0, 2 and 8 early, of 2, 4 and 6 late)
+    EARLY_ROWS = 2
+    LATE_ROWS = 6
     CHUNK_TOKENS = 512
     CHUNK_BYTES = 4 << 20
     STAGE_BYTES = 256 << 10
@@ -108,6 +112,48 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
         j0 += n
 
 
+cdef inline void madd_rows_two(real_t *r0, real_t *r1, const real_t *pe, Py_ssize_t dim,
+                               real_t scale) noexcept nogil:
+    """add_row (accumulate, unit stride) on two rows with the same PE row."""
+    cdef Py_ssize_t j
+    cdef real_t v
+    if scale == 1:
+        for j in range(dim):
+            v = pe[j]
+            r0[j] = r0[j] + v
+            r1[j] = r1[j] + v
+    else:
+        for j in range(dim):
+            v = pe[j]
+            r0[j] = r0[j] * scale + v
+            r1[j] = r1[j] * scale + v
+
+
+cdef inline void add_rows_of(const SinusoidalCall *a, store_t *x, Py_ssize_t b, Py_ssize_t n,
+                             Py_ssize_t t, const real_t *pe) noexcept nogil:
+    """Batch rows b .. b + n - 1 of token t (unit stride) = row * scale + pe, each vector
+    of pe read once for all n rows where the storage has a loop for that (n streams of x
+    in flight besides), else in pairs and one by one. The same bits as add_row."""
+    cdef store_t *row = x + b * a.sb + t * a.ss
+    cdef Py_ssize_t r = 0
+    if store_t is float and real_t is float:
+        r = fpe_f32_madd_rows(row, n, a.sb, pe, a.dim, <float>a.scale)
+    elif real_t is float and (store_t is fpe_f16 or store_t is fpe_bf16):
+        if FPE_HALF_ADD_RUNS:
+            add_rows_half(row, n, a.sb, pe, a.dim, <float>a.scale)
+            r = n
+    if store_t is float or store_t is double:
+        while r + 1 < n:
+            if store_t is double and real_t is double:
+                madd_rows_two(row + r * a.sb, row + (r + 1) * a.sb, pe, a.dim, a.scale)
+            elif store_t is float and real_t is float:
+                madd_rows_two(row + r * a.sb, row + (r + 1) * a.sb, pe, a.dim, <float>a.scale)
+            r += 2
+    while r < n:
+        add_row(row + r * a.sb, 1, pe, a.dim, True, <real_t>a.scale)
+        r += 1
+
+
 cdef inline void add_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t stride,
                                const float *pe, Py_ssize_t dim, float scale) noexcept nogil:
     """row = row * scale + pe on `rows` unit-stride half or bfloat16 rows, stride apart."""
@@ -156,8 +202,14 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                           char *work) noexcept nogil:
     """A chunk of tokens of one positions row: its PE rows (in place for a
     float32/float64 table with unit stride), then every batch row that uses
-    them, one long run each: long runs keep the streams sequential (blocks of
-    32 tokens measured 1.8x a streaming pass)."""
+    them, in long runs: long runs keep the streams sequential (blocks of
+    32 tokens measured 1.8x a streaming pass). Batch rows of unit stride go
+    EARLY_ROWS of them as the rows are made, then LATE_ROWS at a time over
+    the chunk, each vector of a staged row read once for the group: for
+    (8, 2048, 1024) float32 that measured 0.75x the time of one batch row
+    after another (more streams of x in flight, making the rows overlapped
+    with the first group's traffic); groups past 6 rows measured slower
+    (rows 2048 tokens apart share cache sets)."""
     cdef Py_ssize_t nchunks = ceil_div(a.seq, a.chunk)
     cdef Py_ssize_t prow = unit // nchunks
     cdef Py_ssize_t t0 = (unit % nchunks) * a.chunk
@@ -175,7 +227,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef double *step_c = step_s + a.fblock
     cdef float *pe_f = <float *>(step_c + a.fblock)
     cdef double *pe_d = step_c + a.fblock
-    cdef Py_ssize_t t, b, r, f0, f1
+    cdef Py_ssize_t t, b, r, n, f0, f1
     cdef int64_t p, prev
     # [cos | sin]: the split layout with the two halves' sources swapped (an even dim
     # has as many cosines as sines)
@@ -187,6 +239,13 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     # is made, while it is in L1 (a chunk of rows made first, then added, makes the
     # data pass twice)
     cdef bint fused = a.fused
+    # batch rows sharing PE rows, staged (unit stride): the first EARLY_ROWS of them take
+    # each row (or pair of rows) as soon as it is made, while it is in L1, so that making
+    # the rows, which is arithmetic, overlaps their memory traffic; the others read the
+    # staged rows from L2 afterwards, LATE_ROWS at a time
+    cdef bint staged = not direct and not fused and a.sd == 1 and a.accumulate
+    cdef Py_ssize_t early = min(<Py_ssize_t>EARLY_ROWS, b1 - b0) if (
+        staged and a.fblock == a.nfreq) else 0
     # float32 rows (a table's, staged for an add, or fused) two at a time: fpe_pe_rows2_f32
     cdef bint rows2 = store_t is not double and not a.split and a.fblock == a.nfreq
     cdef float *pe0
@@ -222,6 +281,9 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                                   a.split, 0, a.nfreq, a.accumulate, <float>a.scale)
                         add_block(x + b0 * a.sb + (t + 1) * a.ss, a.sd, pe1, a.dim, a.nfreq,
                                   a.split, 0, a.nfreq, a.accumulate, <float>a.scale)
+                    elif early:
+                        add_rows_of(a, x, b0, early, t, pe0)
+                        add_rows_of(a, x, b0, early, t + 1, pe1)
                     elif not direct and a.sd == 1:
                         prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
                         prefetch_row(<char *>(x + b0 * a.sb + (t + 1) * a.ss),
@@ -256,6 +318,11 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 else:
                     add_block(x + b0 * a.sb + t * a.ss, a.sd, pe_f, a.dim, a.nfreq, a.split,
                               f0, f1, a.accumulate, <float>a.scale)
+            elif early:
+                if store_t is double:
+                    add_rows_of(a, x, b0, early, t, pe_d + r)
+                else:
+                    add_rows_of(a, x, b0, early, t, pe_f + r)
             elif not direct and a.sd == 1 and f1 == a.nfreq:
                 # the arithmetic leaves memory idle: fetch the row the first batch
                 # row will add into, so its stream starts warm
@@ -277,15 +344,18 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 add_columns(x + b * a.sb, a.ss, a.sd, pe_f, t1 - t0, t0, a.dim, a.accumulate,
                             <float>a.scale)
         return
-    b = b0
-    if ((store_t is fpe_f16 or store_t is fpe_bf16) and FPE_HALF_ADD_RUNS and a.sd == 1
-            and a.accumulate):
-        # batch rows in pairs: each staged PE row comes from the cache once for both
-        while b + 1 < b1:
+    b = b0 + early
+    if staged:
+        while b < b1:
+            n = min(<Py_ssize_t>LATE_ROWS, b1 - b)
             for t in range(t0, t1):
-                add_rows_half(x + b * a.sb + t * a.ss, 2, a.sb, pe_f + (t - t0) * a.dim, a.dim,
-                              <float>a.scale)
-            b += 2
+                r = (t - t0) * a.dim
+                if store_t is double:
+                    add_rows_of(a, x, b, n, t, pe_d + r)
+                else:
+                    add_rows_of(a, x, b, n, t, pe_f + r)
+            b += n
+        return
     for b in range(b, b1):
         for t in range(t0, t1):
             r = (t - t0) * a.dim
