@@ -531,6 +531,7 @@ NOPE_LAYERS: dict[str, frozenset[str]] = {
     "qwen3_5_moe_text": frozenset(("linear_attention",)),
     "qwen3_5_text": frozenset(("linear_attention",)),
     "qwen3_next": frozenset(("linear_attention",)),
+    "qwen4_exp_text": frozenset(("linear_attention",)),
     "zamba2": frozenset(("linear_attention",)),
 }
 WHOLE_HEAD: frozenset[str] = frozenset("""

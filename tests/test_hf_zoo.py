@@ -153,15 +153,22 @@ def test_sub_configs_without_a_model_type_are_refused(case):
 
 def _nope_layers():
     """{model type: the layer types that the model's own forward pass left unrotated in
-    every traced config of it where some layer rotates}; a config none of whose layers
-    rotate (Zamba2 without use_mem_rope) is refused whole instead."""
-    found = {}
+    its default config, or where no layer of that rotates (Bamba without attention
+    layers) in every variant where some layer does}; a config none of whose layers
+    rotate (Zamba2 without use_mem_rope) is refused whole instead. Variants whose layers
+    differ by more than their type (EXAONE 4 without a window, Llama 4 without chunks)
+    are checked layer by layer below."""
+    default, variants = {}, {}
     for name, kinds in FIXTURE["layers"].items():
         if not {"rope", "mixed"} & set(kinds.values()):
             continue
         nope = {k for k, v in kinds.items() if v == "nope" and k != "null"}
         model_type = name.split("/")[0]  # the generator names variants model_type/variant
-        found[model_type] = found.get(model_type, nope) & nope
+        if name == model_type:
+            default[model_type] = nope
+        else:
+            variants[model_type] = variants.get(model_type, nope) & nope
+    found = {**variants, **default}
     return {k: frozenset(v) for k, v in found.items() if v}
 
 
