@@ -87,20 +87,49 @@ def _theta_list(value: object, name: str) -> list[float]:
     return out
 
 
+def _bamba_types(config: object, count: int | None) -> list[str] | None:
+    """Bamba's layers_block_type: its attn_layer_indices are attention, the rest mamba."""
+    indices = _hf_get(config, "attn_layer_indices")
+    if indices is None or count is None:
+        return None
+    chosen = set(_int_list(indices, "attn_layer_indices"))
+    return ["full_attention" if i in chosen else "linear_attention" for i in range(count)]
+
+
+def _recurrent_gemma_types(config: object, count: int | None) -> list[str] | None:
+    """RecurrentGemma's layers_block_type: block_types (its class default: two recurrent
+    blocks, then attention) repeated over the layers, recurrent (RG-LRU) blocks as
+    linear_attention, attention ones as sliding_attention."""
+    blocks = _hf_get(config, "block_types")
+    blocks = ["recurrent", "recurrent", "attention"] if blocks is None else blocks
+    if isinstance(blocks, (str, bytes, Mapping)) or not isinstance(blocks, Sequence) or not all(
+            isinstance(b, str) for b in blocks):
+        raise TypeError(f"config block_types must be a list of block names, got {blocks!r}")
+    if count is None or not blocks:
+        return None
+    return ["linear_attention" if b == "recurrent" else "sliding_attention"
+            for b in (list(blocks) * count)[:count]]
+
+
+# model type -> (its layer types where its config class derives them from another key
+# (the layers_block_type property, which transformers' attribute_map reads as
+# layer_types and to_dict leaves out), that key)
+_DERIVED_TYPES: dict[str, tuple[Callable[[object, int | None], list[str] | None], str]] = {
+    "bamba": (_bamba_types, "attn_layer_indices"),
+    "recurrent_gemma": (_recurrent_gemma_types, "block_types"),
+}
+
+
 def _layer_types(config: object, model_type: str | None,
                  count: int | None) -> tuple[list[str] | None, str]:
     """(the config's layer type of each layer, the key it comes from): ``layer_types``,
     the key transformers' attribute_map reads it from (Zamba2's ``layers_block_type``),
-    or Bamba's, built from ``attn_layer_indices``; old names renamed as transformers does.
-    None: not listed."""
-    derived = _hf_models.LAYER_TYPES_FROM.get(model_type or "")
+    or what the config class derives it from (Bamba's ``attn_layer_indices``,
+    RecurrentGemma's ``block_types``); old names renamed as transformers does. None: not
+    listed."""
+    derived = _DERIVED_TYPES.get(model_type or "")
     if derived is not None:
-        key, listed, other = derived
-        indices = _hf_get(config, key)
-        if indices is None or count is None:
-            return None, key
-        chosen = set(_int_list(indices, key))
-        return [listed if i in chosen else other for i in range(count)], key
+        return derived[0](config, count), derived[1]
     kinds = _hf_get(config, "layer_types")
     name = "layer_types"
     for alias, key in _hf_models.convention(model_type).aliases:

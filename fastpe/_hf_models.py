@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "INDEXERS", "KNOWN", "LAYER_TYPES_FROM", "MODELS", "NOPE_LAYERS", "NO_ROPE",
-           "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD",
-           "Convention", "Indexer", "convention"]
+__all__ = ["CHECKED", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
+           "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "Convention",
+           "Indexer", "convention"]
 
 # The transformers release whose model types and modeling code the tables below hold.
 TRANSFORMERS_VERSION = "5.24"
@@ -315,14 +315,6 @@ def convention(model_type: object) -> Convention:
     return MODELS.get(model_type, LLAMA) if isinstance(model_type, str) else LLAMA
 
 
-# Model types whose config derives its layer types from a list of layer indices (its
-# layers_block_type property, which transformers' attribute_map reads as layer_types
-# and to_dict leaves out): (the key, the type of the listed layers, of the others).
-LAYER_TYPES_FROM: dict[str, tuple[str, str, str]] = {
-    "bamba": ("attn_layer_indices", "full_attention", "linear_attention"),
-}
-
-
 # Model types whose config.json lists each decoder layer as two blocks, attention then
 # "mlp", in layer_types and counts blocks in num_hidden_layers; their config class folds
 # each pair into one layer (Dory).
@@ -549,6 +541,7 @@ NOPE_LAYERS: dict[str, frozenset[str]] = {
     "qwen3_5_text": frozenset(("linear_attention",)),
     "qwen3_next": frozenset(("linear_attention",)),
     "qwen4_exp_text": frozenset(("linear_attention",)),
+    "recurrent_gemma": frozenset(("linear_attention",)),
     "zamba2": frozenset(("linear_attention",)),
 }
 WHOLE_HEAD: frozenset[str] = frozenset("""

@@ -141,8 +141,10 @@ def rope_layer_types(config):
         keys = [k for k, v in params.items() if v is not None]
         # The modules build the layer types the model has (Laguna lists a type it never
         # uses); DeepSeek-V4 keys its rope by attention part instead ("main", "compress").
+        # Sorted: a config class may build the dict from a set (Dory), whose order
+        # changes from run to run with the string hash seed.
         used = [k for k in keys if k in set(getattr(config, "layer_types", None) or ())]
-        return used or keys
+        return sorted(used or keys)
     return [None]
 
 
@@ -296,7 +298,8 @@ TRACE_SMALL = {"vocab_size": 256, "intermediate_size": 64, "moe_intermediate_siz
 # config has none, every layer runs the same attention, and the rotary module and apply
 # function are the whole story.
 LAYER_KEYS = ("layer_types", "layers_block_type", "no_rope_layers", "use_mem_rope",
-              "position_embedding_type", "attn_layer_indices", "hybrid_override_pattern")
+              "position_embedding_type", "attn_layer_indices", "hybrid_override_pattern",
+              "block_types", "layer_rope_theta")
 
 
 # Sizes a config leaves None that its model needs to be built for the layer trace
@@ -470,6 +473,20 @@ def json_safe(obj):
 KEEP_NONE = ("sliding_window",)
 
 
+def ordered_rope(d):
+    """d with every rope_parameters dict that has one entry per layer type (its
+    sub-configs' too) in a fixed order: config classes build some from a set (Dory,
+    dots.llm3), whose order changes from run to run with the string hash seed."""
+    if not isinstance(d, dict):
+        return d
+    out = {k: ordered_rope(v) for k, v in d.items()}
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) or v is None
+                                               for v in rope.values()):
+        out["rope_parameters"] = dict(sorted(rope.items()))
+    return out
+
+
 def config_dict(config):
     d = config.to_dict()
     # Drop bulky fields that no RoPE reads; keep everything else a user's dict would have
@@ -479,6 +496,7 @@ def config_dict(config):
                 "num_attention_heads_per_layer", "transformers_version",
                 "architectures", "auto_map", "tokenizer_class", "dtype"):
         d.pop(key, None)
+    d = ordered_rope(d)
     # None reads as absent everywhere a config is read; leaving it out keeps the file small.
     return json_safe({k: v for k, v in d.items() if v is not None or k in KEEP_NONE})
 
