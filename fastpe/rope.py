@@ -15,17 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import (
-    _args,
-    _backend,
-    _checks,
-    _constants,
-    _hf_layers,
-    _hf_multimodal,
-    _rope_scaling,
-    _threads,
-    reference,
-)
+from . import _args, _backend, _checks, _constants, _hf_multimodal, _rope_scaling, _threads, reference
 from ._rope_scaling import RopeFrequencies, rope_frequencies
 from ._typing import (
     ArrayLike,
@@ -568,6 +558,8 @@ class RotaryEmbedding:
         encoding (NoPE). Keys the family's code ignores are ignored
         (``partial_rotary_factor`` in Llama).
         """
+        from . import _hf_layers  # which layers rotate, by layer index
+
         config, model_type = _rope_scaling.hf_config(config)
         config, layer_type = _hf_layers.select(config, model_type, layer, layer_type)
         return cls._from_hf_module(config, style, layer_type, part)
