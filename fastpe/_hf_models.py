@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PARTIAL_FAILS",
-           "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "Convention", "Indexer",
-           "convention"]
+__all__ = ["CHECKED", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
+           "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "Convention",
+           "Indexer", "convention"]
 
 # The transformers release whose model types and modeling code the tables below hold.
 TRANSFORMERS_VERSION = "5.24"
@@ -126,7 +126,8 @@ MODELS: dict[str, Convention] = {
     "jetmoe": Convention(aliases=(("head_dim", "kv_channels"),)),
     # Zamba2 builds its rotary module only with use_mem_rope; GraniteMoE-hybrid's
     # attention rotates only with position_embedding_type "rope".
-    "zamba2": Convention(aliases=(("head_dim", "attention_head_dim"),),
+    "zamba2": Convention(aliases=(("head_dim", "attention_head_dim"),
+                                  ("layer_types", "layers_block_type")),
                          requires=(("use_mem_rope", True, False),)),
     "granitemoehybrid": Convention(requires=(("position_embedding_type", "rope", None),)),
     "bamba": Convention(needs=("attn_layer_indices",)),
@@ -314,13 +315,21 @@ def convention(model_type: object) -> Convention:
     return MODELS.get(model_type, LLAMA) if isinstance(model_type, str) else LLAMA
 
 
+# Model types whose config.json lists each decoder layer as two blocks, attention then
+# "mlp", in layer_types and counts blocks in num_hidden_layers; their config class folds
+# each pair into one layer (Dory).
+PAIRED_BLOCKS: frozenset[str] = frozenset(("dory",))
+
+
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.
 PARTIAL_FAILS: frozenset[str] = frozenset(("gpt_oss", "openai_privacy_filter"))
 
 # Filled from tests/data/hf_zoo_reference.json (its "known" list, the model types of its
-# cases, the layer types its trace found without rotation, the families whose partial
-# variant kept the whole head); test_hf_zoo.py holds each equal to the fixture.
+# cases, the layer types its trace found without rotation in each family's default
+# config, the families whose partial variant kept the whole head); test_hf_zoo.py holds
+# each equal to the fixture. Where a family's layers differ by more than their type,
+# fastpe._hf_layers.RULES says how, checked layer by layer against the same trace.
 KNOWN: frozenset[str] = frozenset("""
     EvollaModel afmoe aimv2 aimv2_text_model aimv2_vision_model albert align
     align_text_model align_vision_model altclip altclip_text_model
@@ -531,6 +540,8 @@ NOPE_LAYERS: dict[str, frozenset[str]] = {
     "qwen3_5_moe_text": frozenset(("linear_attention",)),
     "qwen3_5_text": frozenset(("linear_attention",)),
     "qwen3_next": frozenset(("linear_attention",)),
+    "qwen4_exp_text": frozenset(("linear_attention",)),
+    "recurrent_gemma": frozenset(("linear_attention",)),
     "zamba2": frozenset(("linear_attention",)),
 }
 WHOLE_HEAD: frozenset[str] = frozenset("""

@@ -365,7 +365,7 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
     if family.scheme == "hunyuan" and style not in (None, family.style):
         raise ValueError(f"style={style!r}: HunYuan-VL's M-RoPE lays each axis over runs of "
                          "the rotate_half pairs ('neox'); fastpe does not run it another way")
-    # the rope dict is flat now; layer_type still refuses the family's NoPE layers
+    # the rope dict is flat now (RotaryEmbedding.from_hf_config checked the layers first)
     c = hf_rope_config(cfg, layer_type=layer_type, multi_axis=True)
     rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],
                style=style or family.style, max_position_embeddings=c["max_position_embeddings"])

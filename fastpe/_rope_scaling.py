@@ -341,9 +341,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     - ``inverse``: True where the model rotates by -angle (nanochat).
 
     ``layer_type`` picks one entry of per-layer-type rope parameters (Gemma 2/3/4:
-    "full_attention", "sliding_attention"); a layer type whose layers use no positional
-    encoding (NoPE) is a ValueError. ``part="indexer"`` gives the rotation of a lightning
-    indexer (DeepSeek-V3.2) instead of the main attention's. Configs fastpe does not
+    "full_attention", "sliding_attention"); whether the layers a call picks rotate at
+    all (NoPE layers) is for :func:`fastpe._hf_layers.select` to check first.
+    ``part="indexer"`` gives the rotation of a lightning indexer (DeepSeek-V3.2) instead
+    of the main attention's. Configs fastpe does not
     reproduce exactly (multi-axis M-RoPE, vision towers, composite configs, unknown rope
     types, model types of transformers it has not checked) are a ValueError that says
     what is missing. ``multi_axis``: the caller is the M-RoPE loader, whose model types
@@ -355,22 +356,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         _hf_refuse_unchecked(model_type)
     if part is not None and part != "indexer":
         raise ValueError(f"part must be None (the main attention) or 'indexer', got {part!r}")
-    nope = _hf_models.NOPE_LAYERS.get(model_type or "", frozenset())
-    if layer_type in nope:
-        raise ValueError(f"model_type {model_type!r}: its {layer_type!r} layers use no "
-                         "positional encoding (NoPE): they do not rotate q and k, so there is "
-                         "no rotary embedding to load for them")
     conv = _hf_models.convention(model_type)
-    for key, value, default in conv.requires:
-        given = _hf_get(config, key)
-        if (default if given is None else given) != value:
-            raise ValueError(f"config has {key}={given!r}: model_type {model_type!r} "
-                             f"applies rotary embeddings only with {key}={value!r}")
-    for key in conv.needs:
-        if _hf_get(config, key) is None:
-            raise ValueError(f"config has no {key}: model_type {model_type!r} rotates q and k "
-                             "only in the attention layers that key lists, and without it "
-                             "no layer has attention")
+    hf_requirements(config, model_type)
     if (conv.aliases or conv.ignored) and isinstance(config, Mapping):
         config = {k: v for k, v in config.items() if k not in conv.ignored}
         config.update({name: config[key] for name, key in conv.aliases
@@ -947,6 +934,22 @@ def _hf_refuse(config: object, model_type: object) -> None:
         )
 
 
+
+
+def hf_requirements(config: object, model_type: str | None) -> None:
+    """A ValueError where the config lacks what the family needs to rotate at all
+    (Zamba2's use_mem_rope, Falcon's alibi False, Bamba's attn_layer_indices)."""
+    conv = _hf_models.convention(model_type)
+    for key, value, default in conv.requires:
+        given = _hf_get(config, key)
+        if (default if given is None else given) != value:
+            raise ValueError(f"config has {key}={given!r}: model_type {model_type!r} "
+                             f"applies rotary embeddings only with {key}={value!r}")
+    for key in conv.needs:
+        if _hf_get(config, key) is None:
+            raise ValueError(f"config has no {key}: model_type {model_type!r} rotates q and k "
+                             "only in the attention layers that key lists, and without it "
+                             "no layer has attention")
 
 
 def hf_config(config: object) -> tuple[object, str | None]:

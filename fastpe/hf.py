@@ -6,7 +6,9 @@
   ``forward(x, position_ids[, layer_type])``) returns, in place of float32 cos/sin
   tables, the model's own ``position_ids`` together with the
   :class:`fastpe.RotaryEmbedding` that ``from_hf_config`` reads from that module's
-  config (one per layer type where the module takes ``layer_type``: Gemma 3, 3n, 4);
+  config (one per layer type where the module takes ``layer_type``: Gemma 3, 3n, 4),
+  whichever layers use it: the model's own code still decides which layers apply it
+  (SmolLM3's and Cohere 2's NoPE layers call no apply function);
 - each module beside it (in the same text model or vision tower) whose ``forward``
   calls the modeling file's ``apply_*rotary*`` / ``apply_*rope*`` function runs its
   class's own ``forward`` code with that one global name bound to fastpe's rotation,
@@ -256,7 +258,10 @@ def _config(modules: dict[str, Any], name: str) -> Any:
 
 
 def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
-    """The fastpe embeddings of one rotary module, by the layer_type its forward takes."""
+    """The fastpe embeddings of one rotary module, by the layer_type its forward takes:
+    what the module computes, whichever layers apply it. The model's own code still
+    decides that (SmolLM3's NoPE layers skip the apply function; Granite SWA feeds each
+    layer the module of its own base), so a layer that uses no RoPE is not rotated."""
     cls = type(module)
     where = f"{cls.__name__} ({cls.__module__})"
     params = list(inspect.signature(cls.forward).parameters)[1:]
@@ -277,8 +282,9 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
                                      or getattr(config, "layer_types", None) or ()))
             if not layer_types:
                 raise ValueError("it takes layer_type but its config lists no layer_types")
-            return {t: RotaryEmbedding.from_hf_config(config, layer_type=t) for t in layer_types}
-        return {None: RotaryEmbedding.from_hf_config(config)}
+            return {t: RotaryEmbedding._from_hf_module(config, None, t, None)
+                    for t in layer_types}
+        return {None: RotaryEmbedding._from_hf_module(config, None, None, None)}
     except ValueError as err:
         raise ValueError(f"fastpe.hf: cannot reproduce the rotary module {where} of model type "
                          f"{model_type!r}: {err}") from err

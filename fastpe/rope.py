@@ -301,8 +301,8 @@ class RotaryEmbedding:
 
     @classmethod
     def from_hf_config(cls, config: object, *, style: Style | None = None,
-                       layer_type: str | None = None,
-                       part: str | None = None) -> RotaryEmbedding:
+                       layer_type: str | None = None, part: str | None = None,
+                       layer: int | None = None) -> RotaryEmbedding:
         """The rotary embedding of a transformers model, from its config object or dict.
 
         Reproduces the model's own rotary module and apply function to float64
@@ -316,6 +316,17 @@ class RotaryEmbedding:
         have loads as Llama's. ``style`` overrides the pairing; ``layer_type`` picks
         per-layer-type settings (Gemma 2/3/4, ...).
 
+        ``layer`` is a layer index (0-based, as the model's ``layer_idx``; an int below
+        ``num_hidden_layers``): the embedding of that layer, its layer type taken from
+        the config's ``layer_types``. Where the layers of a config differ in whether
+        they rotate at all (SmolLM3's, Llama 4's and Mistral-Large-4's
+        ``no_rope_layers``; NoPE layer types: Cohere 2's full attention, Qwen3-Next's
+        linear attention, ...) or in their base (Granite SWA's ``layer_rope_theta``),
+        the layers a call picks (that layer, else those of ``layer_type``, else all)
+        must rotate alike: a layer or layer type that uses no positional encoding is a
+        ValueError saying so, and picked layers that differ are a ValueError listing
+        which rotate and which do not, asking for ``layer=``.
+
         ``feature_slice`` says which features of the model's query head to pass:
         ``rope(q[..., rope.feature_slice], k_pe)`` for MLA (DeepSeek-V2/V3), whose
         q is [nope | rope] and whose k_pe is rotated whole. ``part="indexer"`` gives
@@ -323,10 +334,22 @@ class RotaryEmbedding:
         indexer, whose own q and k rotate with another pairing over another slice.
 
         Every model type of transformers 5.24 is either checked against its own code
-        or refused with a ValueError naming it; so is a layer type whose layers use no
-        positional encoding (NoPE). Keys the family's code ignores are ignored
+        or refused with a ValueError naming it; so are layers that use no positional
+        encoding (NoPE). Keys the family's code ignores are ignored
         (``partial_rotary_factor`` in Llama).
         """
+        from . import _hf_layers  # which layers rotate, by layer index
+
+        config, model_type = _rope_scaling.hf_config(config)
+        config, layer_type = _hf_layers.select(config, model_type, layer, layer_type)
+        return cls._from_hf_module(config, style, layer_type, part)
+
+    @classmethod
+    def _from_hf_module(cls, config: object, style: Style | None, layer_type: str | None,
+                        part: str | None) -> RotaryEmbedding:
+        """The embedding of the config's rotary module (for ``layer_type``), whichever
+        layers apply it: :meth:`from_hf_config` once the layers it picks are known to
+        rotate; fastpe.hf, whose patched model keeps its own code deciding that."""
         config, _ = _rope_scaling.hf_config(config)
         if style is not None:
             _checks.choice(style, "style", _args.ROPE_STYLES)

@@ -97,10 +97,19 @@ FAMILIES = {
         first_k_dense_replace=1), None),
     # one rotary module per layer type, in a list beside the layers
     "granite_swa": (lambda: text_model("granite_swa"), None),
+    # one rotary module per base of layer_rope_theta: each layer rotates at its own
+    "granite_swa_bases": (lambda: text_model("granite_swa",
+                                             layer_rope_theta=[10000.0, 500000.0]), None),
     "gemma3n": (gemma3n, None),
     # full layers: 512-wide heads (Gemma 4's default), proportional RoPE on a quarter
     "gemma4": (lambda: text_model("gemma4_text", head_dim=HEAD_DIM, sliding_window=4,
                                   layer_types=["sliding_attention", "full_attention"]), None),
+    # SmolLM3's layer 1 uses no RoPE (no_rope_layers 0): its attention calls no apply
+    # function, so fastpe rotates layer 0 alone
+    "smollm3": (lambda: text_model("smollm3", no_rope_layers=[1, 0]), None),
+    # Cohere 2's full-attention layer uses none either
+    "cohere2": (lambda: text_model("cohere2", sliding_window=4,
+                                   layer_types=["sliding_attention", "full_attention"]), None),
     # an attention scaling (YaRN's mscale) on cos and sin
     "qwen2_yarn": (lambda: text_model("qwen2", rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
@@ -109,8 +118,9 @@ FAMILIES = {
 
 
 # calls of fastpe per forward pass where it is not one per layer: Gemma 3n and 4 rotate
-# q and k in calls of their own, and Gemma 3n's 2 last layers reuse earlier layers' keys
-ROTATIONS_PER_PASS = {"gemma3n": 4 + 2, "gemma4": 2 * 2}
+# q and k in calls of their own, Gemma 3n's 2 last layers reuse earlier layers' keys, and
+# SmolLM3's and Cohere 2's NoPE layers rotate nothing
+ROTATIONS_PER_PASS = {"gemma3n": 4 + 2, "gemma4": 2 * 2, "smollm3": 1, "cohere2": 1}
 
 
 def prompt(family):

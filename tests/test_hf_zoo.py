@@ -32,7 +32,7 @@ def inputs(seed, dim):
 
 def rotate_like_the_model(case, backend):
     rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"],
-                                                 part=case.get("part"))
+                                                 part=case.get("part"), layer=case.get("layer"))
     start, stop = case["features"]
     sl = rope.feature_slice
     assert start <= sl.start and sl.stop <= stop, (sl, case["features"])
@@ -153,15 +153,22 @@ def test_sub_configs_without_a_model_type_are_refused(case):
 
 def _nope_layers():
     """{model type: the layer types that the model's own forward pass left unrotated in
-    every traced config of it where some layer rotates}; a config none of whose layers
-    rotate (Zamba2 without use_mem_rope) is refused whole instead."""
-    found = {}
+    its default config, or where no layer of that rotates (Bamba without attention
+    layers) in every variant where some layer does}; a config none of whose layers
+    rotate (Zamba2 without use_mem_rope) is refused whole instead. Variants whose layers
+    differ by more than their type (EXAONE 4 without a window, Llama 4 without chunks)
+    are checked layer by layer below."""
+    default, variants = {}, {}
     for name, kinds in FIXTURE["layers"].items():
         if not {"rope", "mixed"} & set(kinds.values()):
             continue
         nope = {k for k, v in kinds.items() if v == "nope" and k != "null"}
         model_type = name.split("/")[0]  # the generator names variants model_type/variant
-        found[model_type] = found.get(model_type, nope) & nope
+        if name == model_type:
+            default[model_type] = nope
+        else:
+            variants[model_type] = variants.get(model_type, nope) & nope
+    found = {**variants, **default}
     return {k: frozenset(v) for k, v in found.items() if v}
 
 
@@ -171,10 +178,12 @@ def test_nope_layer_types_are_the_traced_ones():
 
 
 def _config_of(model_type):
-    """The generator's default config of a model type: its case's, or (a multi-axis text
-    model, checked by tests/test_mrope.py) its refusal's."""
+    """The generator's default config of a model type: its case's, else that of a case of
+    a variant (Bamba with attention layers), else (a multi-axis text model, checked by
+    tests/test_mrope.py) its refusal's."""
     case = next((c for c in CASES.values() if c["name"].split("[")[0] == model_type),
-                REFUSALS.get(model_type))
+                next((c for c in CASES.values() if c["model_type"] == model_type),
+                     REFUSALS.get(model_type)))
     return case["config"]
 
 
@@ -188,7 +197,7 @@ def test_layers_without_rotation_are_refused(model_type, layer_type):
     # the model leaves q and k alone there, so no RoPE may load for them.
     config = _config_of(model_type)
     with pytest.raises(ValueError, match=rf"{layer_type!r} layers use no positional "
-                                         rf"encoding \(NoPE\)"):
+                                         rf"encoding \(NoPE"):
         fastpe.RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
 
 
@@ -202,6 +211,142 @@ def test_model_without_any_rotating_layer_is_refused():
         with pytest.raises(ValueError, match=pattern):
             fastpe.RotaryEmbedding.from_hf_config(REFUSALS[name]["config"])
     assert {"zamba2/mem_rope", "granitemoehybrid/rope", "bamba/attention"} <= set(CASES)
+
+
+def _traced_config(name):
+    """The stored config of a configuration the generator traced layer by layer."""
+    case = next((c for c in CASES.values() if c["name"].split("[")[0] == name
+                 and c.get("part") is None), None)
+    if case is not None:
+        return case["config"]
+    return (REFUSALS.get(name) or FIXTURE["not_run"][name])["config"]
+
+
+def _load(config, **kwargs):
+    try:
+        return fastpe.RotaryEmbedding.from_hf_config(config, **kwargs)
+    except ValueError as err:
+        return err
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE["layer_rotation"]))
+def test_each_layer_rotates_as_the_model_did(name):
+    # The generator ran the model and saw, layer by layer, whether it applied a rotary
+    # embedding and whose cos and sin (their rope_theta): from_hf_config(config, layer=i)
+    # loads exactly those layers, at that base, and refuses the others (SmolLM3's and
+    # Llama 4's no_rope_layers, Cohere 2's full attention, Qwen3-Next's linear attention,
+    # Granite SWA's layer_rope_theta, ...).
+    config = _traced_config(name)
+    traced = FIXTURE["layer_rotation"][name]
+    got = [_load(config, layer=i) for i in range(len(traced))]
+    whole = not any(isinstance(r, fastpe.RotaryEmbedding) for r in got)
+    for i, (seen, rope) in enumerate(zip(traced, got)):
+        if seen is False:
+            assert isinstance(rope, ValueError), (name, i, rope)
+            continue
+        if whole:  # refused whatever the layer (a multi-axis tower fastpe does not cover)
+            assert "positional encoding" not in str(rope), (name, i, rope)
+            continue
+        assert isinstance(rope, fastpe.RotaryEmbedding), (name, i, rope)
+        if seen is not True:
+            assert rope._spec.base == seen, (name, i, rope._spec.base, seen)
+    # without layer=: one embedding only where every layer rotates, at one base
+    alike = False not in traced and len({v for v in traced if v is not True}) <= 1
+    plain = _load(config)
+    if alike and not whole:  # or a rope dict per layer type, asking for one
+        assert isinstance(plain, fastpe.RotaryEmbedding) or (
+            "layer_type=" in str(plain) and "positional encoding" not in str(plain)), (name, plain)
+    elif not whole and False in traced:
+        assert isinstance(plain, ValueError) and "layer=" in str(plain), (name, plain)
+    else:
+        assert isinstance(plain, ValueError), (name, plain)
+
+
+def test_layers_that_differ_by_index_need_layer():
+    # SmolLM3: every 4th layer (no_rope_layers 0) uses no RoPE; the message lists them
+    config = CASES["smollm3"]["config"]
+    assert config["no_rope_layers"][:4] == [1, 1, 1, 0]
+    with pytest.raises(ValueError, match=r"layers 0-2, 4-6, .* rotate q and k, layers 3, 7, "
+                                         r"11, .* use no positional encoding \(NoPE, config "
+                                         r"no_rope_layers\); choose the layer with layer="):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+    with pytest.raises(ValueError, match=r"layer 3 uses no positional encoding \(NoPE"):
+        fastpe.RotaryEmbedding.from_hf_config(config, layer=3)
+    rope = fastpe.RotaryEmbedding.from_hf_config(config, layer=2)
+    assert rope._spec.base == config["rope_parameters"]["rope_theta"] == 2e6
+    # every layer rotating: no layer= needed
+    assert CASES["smollm3/all_rope"].get("layer") is None
+    fastpe.RotaryEmbedding.from_hf_config(CASES["smollm3/all_rope"]["config"])
+    # without the list, the config class's: every no_rope_layer_interval-th layer
+    derived = {k: v for k, v in config.items() if k != "no_rope_layers"}
+    derived.update(num_hidden_layers=6, no_rope_layer_interval=3)
+    with pytest.raises(ValueError, match=r"layers 2, 5 use no positional encoding"):
+        fastpe.RotaryEmbedding.from_hf_config(derived)
+    with pytest.raises(ValueError, match=r"no no_rope_layers and no num_hidden_layers"):
+        fastpe.RotaryEmbedding.from_hf_config(
+            {k: v for k, v in derived.items() if k not in ("num_hidden_layers", "layer_types")})
+    # a list shorter than the model's layers: its code would fail
+    with pytest.raises(ValueError, match=r"no_rope_layers has 2 entries for num_hidden_layers=6"):
+        fastpe.RotaryEmbedding.from_hf_config(dict(derived, no_rope_layers=[1, 1]))
+
+
+def test_layer_types_that_do_not_rotate_need_layer_or_layer_type():
+    # Cohere 2's full-attention layers use no RoPE: the config alone is refused, naming
+    # the layer type that rotates; layer= implies its layer type
+    config = CASES["cohere2"]["config"]
+    with pytest.raises(ValueError, match=r"layers 3, 7, .* use no positional encoding \(NoPE, "
+                                         r"config layer_types and sliding_window\); choose the "
+                                         r"layer with layer= .* or their layer type with "
+                                         r"layer_type= \('sliding_attention'\)"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+    fastpe.RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention")
+    fastpe.RotaryEmbedding.from_hf_config(config, layer=0, layer_type="sliding_attention")
+    with pytest.raises(ValueError, match=r"layer=3 is a 'full_attention' layer \(config "
+                                         r"layer_types\), not layer_type='sliding_attention'"):
+        fastpe.RotaryEmbedding.from_hf_config(config, layer=3, layer_type="sliding_attention")
+    # an older config.json's layer type names, as transformers renames them
+    legacy = dict(CASES["qwen3_next"]["config"])
+    legacy["layer_types"] = [{"linear_attention": "mamba", "full_attention": "attention"}[t]
+                             for t in legacy["layer_types"]]
+    assert legacy["layer_types"][:4] == ["mamba", "mamba", "mamba", "attention"]
+    with pytest.raises(ValueError, match=r"layer 0 uses no positional encoding"):
+        fastpe.RotaryEmbedding.from_hf_config(legacy, layer=0)
+    assert fastpe.RotaryEmbedding.from_hf_config(legacy, layer=3).rotary_dim == (
+        fastpe.RotaryEmbedding.from_hf_config(CASES["qwen3_next"]["config"], layer=3).rotary_dim)
+
+
+def test_layer_base_of_its_own():
+    # Granite SWA rotates layer i with base layer_rope_theta[i] (0: NoPE)
+    config = CASES["granite_swa/layer_theta"]["config"]
+    assert config["layer_rope_theta"] == [10000.0, 0, 500000.0, 10000.0]
+    bases = [_load(config, layer=i) for i in range(4)]
+    assert [b._spec.base for b in bases if not isinstance(b, ValueError)] == [1e4, 5e5, 1e4]
+    assert isinstance(bases[1], ValueError)
+    with pytest.raises(ValueError, match=r"layers 0, 2-3 rotate q and k, layer 1 uses no"):
+        fastpe.RotaryEmbedding.from_hf_config(config)
+    same = dict(config, layer_rope_theta=[10000.0, 500000.0, 10000.0, 10000.0])
+    with pytest.raises(ValueError, match=r"different bases .*layers 0, 2-3 rotate at 10000\.0; "
+                                         r"layer 1 rotates at 500000\.0"):
+        fastpe.RotaryEmbedding.from_hf_config(same)
+    # one base for all its layers, other than the rope parameters': that one
+    one = dict(config, layer_rope_theta=[5e4] * 4)
+    assert fastpe.RotaryEmbedding.from_hf_config(one)._spec.base == 5e4
+
+
+@pytest.mark.parametrize("layer, error, pattern", [
+    ("1", TypeError, r"layer must be an int, got str"),
+    (True, TypeError, r"layer must be an int, got bool"),
+    (1.0, TypeError, r"layer must be an int, got float"),
+    (-1, ValueError, r"layer must be >= 0, got -1"),
+    (40, ValueError, r"layer=40: the config has 40 layers \(num_hidden_layers\), indices 0 to 39"),
+], ids=["str", "bool", "float", "negative", "past-the-end"])
+def test_bad_layer_is_refused(layer, error, pattern):
+    config = dict(CASES["llama"]["config"], num_hidden_layers=40)
+    with pytest.raises(error, match=pattern):
+        fastpe.RotaryEmbedding.from_hf_config(config, layer=layer)
+    # a config whose layers all rotate alike: any layer in range is that embedding
+    assert fastpe.RotaryEmbedding.from_hf_config(config, layer=39).head_dim == (
+        fastpe.RotaryEmbedding.from_hf_config(config).head_dim)
 
 
 def _partial_read(case):

@@ -336,7 +336,8 @@ def test_models_match_transformers(name, backend):
     rounding, on (axes, batch, seq) positions (text, layout bhsd) or (axes, tokens)
     (vision, layout shd)."""
     case = HF_CASES[name]
-    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"])
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"],
+                                                 layer=case.get("layer"))
     rng = np.random.default_rng(case["seed"])
     q = rng.standard_normal(case["q_shape"])
     k = rng.standard_normal(case["k_shape"])
@@ -459,7 +460,8 @@ arrays = np.load(sys.argv[2])
 for case in doc["cases"]:
     if case["kind"] not in ("text", "vision"):
         continue
-    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"])
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"],
+                                                 layer=case.get("layer"))
     rng = np.random.default_rng(case["seed"])
     q, k = rng.standard_normal(case["q_shape"]), rng.standard_normal(case["k_shape"])
     rope(q, k, np.array(case["positions"]), layout=case["layout"], num_threads=2)

@@ -13,7 +13,8 @@ in the case); the npz holds the rotated q and k, keyed ``<name>/q`` and ``<name>
 Cases:
 - ``text``: a vision-language model's text rotary embedding (M-RoPE) and its
   ``apply_rotary_pos_emb``, on (axes, batch, seq) position_ids; q, k are (batch, heads,
-  seq, head_dim);
+  seq, head_dim); ``layer``: the layer index whose rotation it is, where some layers of
+  the config apply none (linear attention);
 - ``vision``: a vision tower's rotary module and ``apply_rotary_pos_emb_vision``, on its
   own patch grid positions; q, k are (tokens, heads, head_dim);
 - ``unsupported``: configs from_hf_config must refuse (stored without outputs);
@@ -196,8 +197,13 @@ def run_text(case, seed):
         qo, ko = mod.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k),
                                           cos.double(), sin.double())
     assert qo.dtype == torch.float64
+    # Qwen3.5's and Qwen4-Exp's linear-attention layers (a gated delta net) apply no RoPE:
+    # the case is the rotation of the first attention layer
+    kinds = getattr(cfg, "layer_types", None) or []
+    layer = (next(i for i, t in enumerate(kinds) if t != "linear_attention")
+             if "linear_attention" in kinds else None)
     return ({"name": name, "kind": "text", "config": config_json(cfg), "layer_type": layer_type,
-             "positions": pos.tolist(), "seed": seed, "q_shape": list(q.shape),
+             "layer": layer, "positions": pos.tolist(), "seed": seed, "q_shape": list(q.shape),
              "k_shape": list(k.shape), "layout": "bhsd"},
             {f"{name}/q": qo.numpy(), f"{name}/k": ko.numpy()})
 

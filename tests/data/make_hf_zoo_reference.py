@@ -32,7 +32,11 @@ class in the model mapping (``unmodelled``: those with none, or whose module doe
 import in this venv); ``unnamed_sub_configs`` are sub-configs with an empty model type.
 ``layers`` maps each config with layers of different kinds to what the model
 transformers builds for it did on a few tokens, per layer type: "rope", "nope" (no
-layer of that type called a rotary apply function) or "mixed". A ``/partial`` variant
+layer of that type called a rotary apply function) or "mixed"; ``layer_rotation`` the
+same per layer index: the rope_theta of the rotary module whose cos and sin the layer
+applied, true where the trace cannot tell which, false where it applied none. A case
+of a config whose layers differ there names in ``layer`` the layer its numbers are
+(the first of its layer type that rotated with its rotary module's base). A ``/partial`` variant
 sets partial_rotary_factor=0.5 where the default config sets none (the model's output
 says whether the family reads it); ``/indexer`` cases are the lightning indexers'
 rotations (``part``: "indexer").
@@ -137,8 +141,10 @@ def rope_layer_types(config):
         keys = [k for k, v in params.items() if v is not None]
         # The modules build the layer types the model has (Laguna lists a type it never
         # uses); DeepSeek-V4 keys its rope by attention part instead ("main", "compress").
+        # Sorted: a config class may build the dict from a set (Dory), whose order
+        # changes from run to run with the string hash seed.
         used = [k for k in keys if k in set(getattr(config, "layer_types", None) or ())]
-        return used or keys
+        return sorted(used or keys)
     return [None]
 
 
@@ -292,15 +298,39 @@ TRACE_SMALL = {"vocab_size": 256, "intermediate_size": 64, "moe_intermediate_siz
 # config has none, every layer runs the same attention, and the rotary module and apply
 # function are the whole story.
 LAYER_KEYS = ("layer_types", "layers_block_type", "no_rope_layers", "use_mem_rope",
-              "position_embedding_type", "attn_layer_indices", "hybrid_override_pattern")
+              "position_embedding_type", "attn_layer_indices", "hybrid_override_pattern",
+              "block_types", "layer_rope_theta")
+
+
+# Sizes a config leaves None that its model needs to be built for the layer trace
+# (Qwen4-Exp's QSA indexer); they change no RoPE.
+TRACE_EXTRA = {"qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1,
+                                  "indexer_head_dim": 32, "indexer_budget": 8,
+                                  "indexer_compress_ratio": 4}}
+
+
+def module_theta(module, args, kwargs):
+    """The rope_theta a rotary module's call computes its cos and sin with (the layer
+    type's, where it takes one), from its own config; None where it keeps none."""
+    params = getattr(getattr(module, "config", None), "rope_parameters", None)
+    if not isinstance(params, dict):
+        return None
+    layer_type = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
+    if isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    theta = params.get("rope_theta")
+    return float(theta) if isinstance(theta, (int, float)) else None
 
 
 def trace_layers(model_type, config):
-    """{layer type: "rope" | "nope" | "mixed"} from running the model transformers builds
-    for this config on a few tokens and recording which decoder layers call a rotary
-    apply function (outside an indexer); None where the config has no layers of
-    different kinds, or the model cannot be built or run from the config alone. Layers
-    without ``layer_types`` count as one type, None."""
+    """({layer type: "rope" | "nope" | "mixed"}, [one entry per decoder layer]) from
+    running the model transformers builds for this config on a few tokens and recording
+    which decoder layers call a rotary apply function (outside an indexer), and with
+    the output of which rotary module: per layer its rope_theta (a float), True where it
+    rotated by a cos/sin the trace cannot trace to one module call, False where it did
+    not rotate. None where the config has no layers of different kinds, or the model
+    cannot be built or run from the config alone. Layers without ``layer_types`` count
+    as one type, None."""
     name = MODEL_MAPPING_NAMES.get(model_type)
     if name is None or not any(k in config.to_dict() for k in LAYER_KEYS):
         return None
@@ -309,6 +339,7 @@ def trace_layers(model_type, config):
     # getattr, and set again once built: a few keys are attributes that to_dict and
     # from_dict leave out (Bailing-hybrid's n_group)
     small = {k: v for k, v in TRACE_SMALL.items() if getattr(config, k, None) is not None}
+    small.update(TRACE_EXTRA.get(model_type, {}))
     try:
         trace_config = type(config).from_dict({**defaults, **small})
         for key, value in small.items():
@@ -318,15 +349,23 @@ def trace_layers(model_type, config):
     except Exception:
         return None
     module = sys.modules[model_class.__module__]
-    current, rotated = [None], set()
+    current, rotated, thetas, made = [None], set(), {}, {}
 
     def wrap(fn):
         def traced(*args, **kwargs):
             caller = sys._getframe(1).f_locals.get("self")
             if current[0] is not None and "Indexer" not in type(caller).__name__:
                 rotated.add(current[0])
+                seen = {made[id(a)] for a in (*args, *kwargs.values()) if id(a) in made}
+                thetas.setdefault(current[0], set()).update(seen or {None})
             return fn(*args, **kwargs)
         return traced
+
+    def keep(m, args, kwargs, out):
+        # the ids of the tensors this call returned, with the theta they were made with
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                made[id(t)] = module_theta(m, args, kwargs)
 
     saved = {n: f for n, f in vars(module).items() if inspect.isfunction(f)
              and ("rotary" in n or "rope" in n) and not n.startswith("_compute")}
@@ -335,6 +374,8 @@ def trace_layers(model_type, config):
         parts = mod_name.split(".")
         if len(parts) >= 2 and parts[-2] == "layers" and parts[-1].isdigit():
             layers.setdefault(int(parts[-1]), sub)
+        if type(sub).__name__.endswith("RotaryEmbedding") and "Vision" not in type(sub).__name__:
+            sub.register_forward_hook(keep, with_kwargs=True)
     if not layers:
         return None
     for idx, sub in layers.items():
@@ -348,6 +389,7 @@ def trace_layers(model_type, config):
                 model(input_ids=ids, use_cache=False)
             except TypeError:
                 rotated.clear()
+                thetas.clear()
                 model(input_ids=ids)
     except Exception:
         return None
@@ -360,7 +402,12 @@ def trace_layers(model_type, config):
         kind = kinds[idx] if idx < len(kinds) else None
         state = "rope" if idx in rotated else "nope"
         result[kind] = state if result.get(kind, state) == state else "mixed"
-    return result
+    per_layer = []
+    for idx in sorted(layers):
+        seen = thetas.get(idx, set())
+        per_layer.append(False if idx not in rotated else
+                         next(iter(seen)) if len(seen) == 1 and None not in seen else True)
+    return result, per_layer
 
 
 # Conformer speech encoders rotate their hidden states (heads of the input to the q and
@@ -420,21 +467,38 @@ def json_safe(obj):
     return repr(obj)
 
 
+# Keys whose None is not their absence: a config.json that transformers writes leaves out
+# a key at its class default, and these decide per layer whether it rotates (Cohere 2's
+# sliding layers rotate only with a window; EXAONE 4's every layer without one).
+KEEP_NONE = ("sliding_window",)
+
+
+def ordered_rope(d):
+    """d with every rope_parameters dict that has one entry per layer type (its
+    sub-configs' too) in a fixed order: config classes build some from a set (Dory,
+    dots.llm3), whose order changes from run to run with the string hash seed."""
+    if not isinstance(d, dict):
+        return d
+    out = {k: ordered_rope(v) for k, v in d.items()}
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) or v is None
+                                               for v in rope.values()):
+        out["rope_parameters"] = dict(sorted(rope.items()))
+    return out
+
+
 def config_dict(config):
     d = config.to_dict()
-    # Drop bulky fields that no RoPE reads; keep everything else a user's dict would have.
-    for key in ("id2label", "label2id", "task_specific_params", "mlp_layer_types",
-                "num_attention_heads_per_layer", "layer_types", "transformers_version",
+    # Drop bulky fields that no RoPE reads; keep everything else a user's dict would have
+    # (layer_types and the per-layer lists whole: from_hf_config(config, layer=i) reads
+    # layer i's entries).
+    for key in ("id2label", "label2id", "task_specific_params",
+                "num_attention_heads_per_layer", "transformers_version",
                 "architectures", "auto_map", "tokenizer_class", "dtype"):
-        if key == "layer_types" and key in d:
-            # Which layer types exist is what RoPE needs, not their order (Gemma 4's
-            # per-layer overrides are by layer index, so its list stays whole).
-            if d[key] and "per_layer_config" not in d:
-                d[key] = sorted(set(d[key]))
-            continue
         d.pop(key, None)
+    d = ordered_rope(d)
     # None reads as absent everywhere a config is read; leaving it out keeps the file small.
-    return json_safe({k: v for k, v in d.items() if v is not None})
+    return json_safe({k: v for k, v in d.items() if v is not None or k in KEEP_NONE})
 
 
 # Variants beyond each family's default config: the scaling types the families ship with.
@@ -443,9 +507,6 @@ SMALL_EXTRA = {"moonshine_streaming": {"head_dim": 40}}
 
 VARIANTS = {
     "esm": [("rotary", {"position_embedding_type": "rotary"})],
-    "llama4_text": [("llama3_x8", {"rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})],
     "deepseek_v2": [("yarn", {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
@@ -485,6 +546,26 @@ VARIANTS = {
                                    "layer_types": ["linear_attention", "full_attention"]})],
     "qwen2": [("yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
                                             "original_max_position_embeddings": 128}})],
+    # Layers that differ by index in whether, or with which base, they rotate: the
+    # per-layer trace says what each layer of these did.
+    "smollm3": [("no_rope_layers", {"num_hidden_layers": 4, "no_rope_layers": [1, 0, 0, 1]}),
+                ("all_rope", {"num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 1]})],
+    # without a chunk size every layer is "full_attention", every 4th one NoPE
+    "llama4_text": [("llama3_x8", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+        ("no_chunk", {"attention_chunk_size": None})],
+    # without a window every layer rotates, full attention too (with sliding layers, or
+    # in Cohere 2 and Kolibri at all, the model's sliding mask needs one)
+    "exaone4": [("no_window", {"sliding_window": None, "num_hidden_layers": 4,
+                               "layer_types": ["full_attention"] * 4})],
+    # dense prefix layers rotate (force_rope) although they are full attention
+    "cohere2_moe": [("dense_prefix", {"first_k_dense_replace": 2})],
+    # a base per layer, 0 for NoPE (Granite SWA rotates each layer with its own; the Muse
+    # models only test it for 0)
+    **{mt: [("layer_theta", {"num_hidden_layers": 4,
+                             "layer_rope_theta": [10000.0, 0, 500000.0, 10000.0]})]
+       for mt in ("granite_swa", "granitemoe_swa", "muse_spark_text", "muse_glimmer_text")},
 }
 
 
@@ -560,12 +641,33 @@ def known_model_types():
     return {"known": sorted(known), "unnamed_sub_configs": unnamed}
 
 
+def case_layer(config, per_layer, layer_type):
+    """The layer index a case's numbers are the rotation of, where the traced layers of
+    its config differ (some use no RoPE, or rotate with bases of their own): the first
+    that rotated, of the case's layer type, with the base of the rotary module the case
+    ran; None where every layer rotates alike (the config needs no layer=), False where
+    no layer matches."""
+    if per_layer is None or (False not in per_layer and len(
+            {v for v in per_layer if v is not True}) <= 1):
+        return None
+    params = config.rope_parameters
+    if layer_type is not None:
+        params = params[layer_type]
+    theta = params.get("rope_theta")
+    kinds = getattr(config, "layer_types", None) or [None] * len(per_layer)
+    for i, v in enumerate(per_layer):
+        if v is not False and (layer_type is None or kinds[i] == layer_type) and (
+                v is True or v == theta):
+            return i
+    return False
+
+
 def main():
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     only = set(sys.argv[1:])
     cases, refusals, not_run, arrays, no_rope = [], [], {}, {}, []
-    layers, unmodelled = {}, []
+    layers, layer_rotation, unmodelled = {}, {}, []
     for model_type in CONFIG_MAPPING.keys():
         if only and model_type not in only:
             continue
@@ -611,9 +713,10 @@ def main():
             try:
                 config = small_config(config_class, extra)
                 # multi-axis text models too: their NoPE layers are refused by layer type
-                traced = trace_layers(model_type, config)
+                traced, per_layer = trace_layers(model_type, config) or (None, None)
                 if traced is not None:
                     layers[name] = traced
+                    layer_rotation[name] = per_layer
                 reason = refusal_reason(config, rot_cls)
                 if reason is not None and not own:
                     raise ValueError(f"{rot_cls.__name__} is not this config's: {reason}")
@@ -638,6 +741,9 @@ def main():
                 for layer_type in rope_layer_types(config):
                     if (traced or {}).get(layer_type) == "nope":
                         continue
+                    layer = case_layer(config, per_layer, layer_type)
+                    if layer is False:
+                        continue  # no layer rotates with this rotary module's output
                     seed = 2 * len(cases)
                     got = run_case(config, rot_cls, apply, kind, layer_type, seed)
                     case_name = name if layer_type is None else f"{name}[{layer_type}]"
@@ -646,7 +752,8 @@ def main():
                         arrays[f"{key}_{field}"] = got[field][0, 0]
                     cases.append({"name": case_name, "key": key, "seed": seed,
                                   "model_type": model_type,
-                                  "layer_type": layer_type, "features": got["features"],
+                                  "layer_type": layer_type, "layer": layer,
+                                  "features": got["features"],
                                   "hf_order": "deinterleaved" if kind == "interleave" else "same",
                                   "config": config_dict(config)})
             except Exception as exc:
@@ -670,6 +777,7 @@ def main():
         "not_run": not_run,
         "no_rope": sorted(no_rope),
         "layers": layers,
+        "layer_rotation": layer_rotation,
         "unmodelled": sorted(unmodelled),
         **known_model_types(),
     }
