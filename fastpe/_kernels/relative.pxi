@@ -390,6 +390,207 @@ cdef extern from *:
                               Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,
                               Py_ssize_t n) nogil
 
+cdef extern from *:
+    """
+    /* float32 with AVX2, keys adjacent in the scores and the logits: 8 x 8 blocks.
+     *
+     * The gather indices come from per-call tables by distance, over every distance the
+     * call meets: E[e] = ci(i - j) for e = j - i and F[d] = pi(d) for d = i - j, each
+     * with the base of a window, Eb[e] = min(E[e .. e + 7]) and Fb[d] = min(F[d .. d + 7])
+     * (at most 2 span - 8). Where every window of 8 adjacent distances has indices within
+     * 8 of its base ("windowed": the index steps by at most one per distance, as
+     * DeBERTa's log buckets do past position_buckets / 2 whenever max_relative_positions
+     * is large enough), 8 logits of a row are one unaligned load of the window and one
+     * permute, whatever the zone; within the exact distances (|d| <= lin) a c2p row is
+     * read backwards (a load and a reversing permute) and a p2c window is plain.
+     *
+     * p2c's term for 8 queries is a window down each key's row: 8 keys' windows are
+     * transposed in registers into a tile of the unit's rows (phase 1), then each row
+     * adds its c2p windows and its tile row in one pass (phase 2). Fusing the two
+     * phases keeps 24 rows a multiple of 2 KiB apart in flight, which thrash a few L1
+     * sets (measured 3-4x slower); the tile keeps phase 2 to two streams and a buffer.
+     *
+     * Prefetch into L2 (hint T1): each key's p2c window is a line or two of a
+     * different row, a pattern no hardware prefetcher follows, so the windows of the
+     * unit FPE_DEB_AHEAD_UNITS ahead are fetched while this one runs (the lines stay
+     * out of L1's few miss buffers: measured twice the bandwidth of a T0 hint here); a
+     * c2p row is read backwards, which the hardware prefetchers follow poorly, so the
+     * next row's lines are fetched as this one goes, and the next row of scores too. */
+    #if defined(__AVX2__)
+    #define FPE_DEB_VEC 1
+    #define FPE_DEB_AHEAD_UNITS 2
+    #define FPE_DEB_PF(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+    typedef struct {
+        const int32_t *E, *Eb, *F, *Fb;  /* pointers at distance 0 */
+        Py_ssize_t q, k, lin, span, unit_rows, chunk, ld;
+        Py_ssize_t sq, cq, pk;           /* row strides of scores, c2p, p2c */
+    } fpe_deb_vec;
+
+    static inline __m256 fpe_deb_window(const float *row, const int32_t *idx,
+                                        const int32_t *base, Py_ssize_t e)
+    {
+        const int32_t b = base[e];
+        const __m256i off = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(idx + e)),
+                                             _mm256_set1_epi32(b));
+        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(row + b), off);
+    }
+
+    /* tile[r * ld + u] = p2c[j + u, F(i + r - j - u)] for r, u < 8: p the row of key j,
+     * d = i - j */
+    static inline void fpe_deb_p2c_block(const fpe_deb_vec *a, const float *p, Py_ssize_t d,
+                                         float *tile)
+    {
+        const Py_ssize_t pk = a->pk, ld = a->ld;
+        __m256 r0, r1, r2, r3, r4, r5, r6, r7;
+        if (d - 7 >= -a->lin && d + 7 <= a->lin) {
+            /* key j + u, query i + r: p2c[j + u, span + d - u + r] */
+            const float *s = p + a->span + d;
+            const Py_ssize_t st = pk - 1;
+            r0 = _mm256_loadu_ps(s);          r1 = _mm256_loadu_ps(s + st);
+            r2 = _mm256_loadu_ps(s + 2 * st); r3 = _mm256_loadu_ps(s + 3 * st);
+            r4 = _mm256_loadu_ps(s + 4 * st); r5 = _mm256_loadu_ps(s + 5 * st);
+            r6 = _mm256_loadu_ps(s + 6 * st); r7 = _mm256_loadu_ps(s + 7 * st);
+        } else {
+            const int32_t *F = a->F, *Fb = a->Fb;
+            r0 = fpe_deb_window(p, F, Fb, d);              r1 = fpe_deb_window(p + pk, F, Fb, d - 1);
+            r2 = fpe_deb_window(p + 2 * pk, F, Fb, d - 2); r3 = fpe_deb_window(p + 3 * pk, F, Fb, d - 3);
+            r4 = fpe_deb_window(p + 4 * pk, F, Fb, d - 4); r5 = fpe_deb_window(p + 5 * pk, F, Fb, d - 5);
+            r6 = fpe_deb_window(p + 6 * pk, F, Fb, d - 6); r7 = fpe_deb_window(p + 7 * pk, F, Fb, d - 7);
+        }
+        /* r_u holds key u's 8 queries; the transpose gives query r's 8 keys */
+        __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+        __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+        __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+        __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        _mm256_store_ps(tile,          _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_store_ps(tile + ld,     _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_store_ps(tile + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_store_ps(tile + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_store_ps(tile + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_store_ps(tile + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_store_ps(tile + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_store_ps(tile + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+
+    /* phase 1: the p2c tile of rows i0 .. i0 + rows, keys j0 .. j0 + n */
+    static void fpe_deb_p2c_tile(const fpe_deb_vec *a, const float *p2c, Py_ssize_t i0,
+                                 Py_ssize_t rows, Py_ssize_t j0, Py_ssize_t n, float *tile)
+    {
+        const Py_ssize_t pk = a->pk, ld = a->ld, n8 = n & ~(Py_ssize_t)7;
+        const Py_ssize_t ahead = i0 + FPE_DEB_AHEAD_UNITS * a->unit_rows;
+        const int fetch = ahead + a->unit_rows <= a->q;
+        Py_ssize_t t, g, r;
+        for (t = 0; t < n8; t += 8) {
+            const Py_ssize_t j = j0 + t;
+            const float *p = p2c + j * pk;
+            if (fetch)
+                for (Py_ssize_t u = 0; u < 8; u++) {
+                    FPE_DEB_PF(p + u * pk + a->Fb[ahead - j - u]);
+                    FPE_DEB_PF(p + u * pk + a->Fb[ahead + a->unit_rows - 8 - j - u] + 7);
+                }
+            for (g = 0; g + 8 <= rows; g += 8)
+                fpe_deb_p2c_block(a, p, i0 + g - j, tile + g * ld + t);
+        }
+        /* the rows past a multiple of 8, and the keys past one */
+        for (r = rows & ~(Py_ssize_t)7; r < rows; r++)
+            for (t = 0; t < n8; t++)
+                tile[r * ld + t] = p2c[(j0 + t) * pk + a->F[i0 + r - j0 - t]];
+        for (r = 0; r < rows; r++)
+            for (t = n8; t < n; t++)
+                tile[r * ld + t] = p2c[(j0 + t) * pk + a->F[i0 + r - j0 - t]];
+    }
+
+    /* phase 2 for row i, keys j0 .. j0 + n: x[t] += c2p term (+ tile row), either term
+     * absent (NULL); the sum of the two rounds once, then adds */
+    static inline __attribute__((always_inline)) void fpe_deb_row(
+        const fpe_deb_vec *a, float *x, const float *crow, const float *trow, Py_ssize_t i,
+        Py_ssize_t j0, Py_ssize_t n, int has_c, int has_p)
+    {
+        const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+        const Py_ssize_t e0 = j0 - i, n8 = n & ~(Py_ssize_t)7, lin = a->lin;
+        const int next = i + 1 < a->q;
+        const float *cl = has_c ? crow + a->span - e0 - 7 : NULL;   /* read backwards */
+        Py_ssize_t t;
+        for (t = 0; t < n8; t += 8) {
+            if (next && (t & 15) == 0) {
+                FPE_DEB_PF(x + a->sq + t);
+                if (has_c) FPE_DEB_PF(crow + a->cq + a->Eb[e0 + t - 1]);
+            }
+            __m256 v = _mm256_loadu_ps(x + t);
+            if (has_c) {
+                const Py_ssize_t e = e0 + t;
+                __m256 c = (e >= -lin && e + 7 <= lin)
+                    ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cl - t), rev)
+                    : fpe_deb_window(crow, a->E, a->Eb, e);
+                if (has_p) c = _mm256_add_ps(c, _mm256_load_ps(trow + t));
+                v = _mm256_add_ps(v, c);
+            } else {
+                v = _mm256_add_ps(v, _mm256_load_ps(trow + t));
+            }
+            _mm256_storeu_ps(x + t, v);
+        }
+        for (; t < n; t++) {
+            if (has_c && has_p) x[t] = x[t] + (crow[a->E[e0 + t]] + trow[t]);
+            else if (has_c) x[t] = x[t] + crow[a->E[e0 + t]];
+            else x[t] = x[t] + trow[t];
+        }
+    }
+
+    /* one unit: rows i0 .. i0 + rows of one (batch, head); x, c2p and p2c at its row 0
+     * (c2p or p2c NULL when absent); tile: unit_rows x ld floats, 32-byte aligned */
+    static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows,
+                                     float *tile)
+    {
+        for (Py_ssize_t j0 = 0; j0 < a->k; j0 += a->chunk) {
+            const Py_ssize_t n = a->k - j0 < a->chunk ? a->k - j0 : a->chunk;
+            if (p2c != NULL)
+                fpe_deb_p2c_tile(a, p2c, i0, rows, j0, n, tile);
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const Py_ssize_t i = i0 + r;
+                float *xr = x + i * a->sq + j0;
+                const float *crow = c2p != NULL ? c2p + i * a->cq : NULL;
+                const float *trow = tile + r * a->ld;
+                if (c2p != NULL && p2c != NULL)
+                    fpe_deb_row(a, xr, crow, trow, i, j0, n, 1, 1);
+                else if (c2p != NULL)
+                    fpe_deb_row(a, xr, crow, trow, i, j0, n, 1, 0);
+                else
+                    fpe_deb_row(a, xr, crow, trow, i, j0, n, 0, 1);
+            }
+        }
+    }
+    #else
+    #define FPE_DEB_VEC 0
+    typedef struct {
+        const int32_t *E, *Eb, *F, *Fb;
+        Py_ssize_t q, k, lin, span, unit_rows, chunk, ld;
+        Py_ssize_t sq, cq, pk;
+    } fpe_deb_vec;
+    static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows,
+                                     float *tile)
+    {
+        (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows; (void)tile;
+    }
+    #endif
+    """
+    int FPE_DEB_VEC
+    ctypedef struct fpe_deb_vec:
+        const int32_t *E
+        const int32_t *Eb
+        const int32_t *F
+        const int32_t *Fb
+        Py_ssize_t q, k, lin, span, unit_rows, chunk, ld
+        Py_ssize_t sq, cq, pk
+    void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                              const float *p2c, Py_ssize_t i0, Py_ssize_t rows,
+                              float *tile) nogil
+
 
 cdef struct DebertaCall:
     Py_ssize_t batch, heads, q, k
@@ -408,6 +609,7 @@ cdef struct DebertaCall:
     Py_ssize_t span
     Py_ssize_t chunk                    # keys per pass over a block of rows
     Py_ssize_t ld                       # elements between the p2c tile's rows
+    fpe_deb_vec vec                     # the float32 AVX2 path's settings and tables
 
 
 cdef inline Py_ssize_t clamp_distance(Py_ssize_t d, Py_ssize_t reach) noexcept nogil:
@@ -533,6 +735,54 @@ cdef void deberta_run(const DebertaCall *a, store_t *x, Work work, int nthreads)
                 deberta_unit(a, x, u, <float *>work_for(work, 0), kind_f)
 
 
+cdef inline void deberta_vec_unit(const DebertaCall *a, float *x, Py_ssize_t u,
+                                  float *tile) noexcept nogil:
+    """Unit u of deberta_unit's, on the float32 AVX2 path (fpe_deberta_vec_unit)."""
+    cdef Py_ssize_t nblocks = ceil_div(a.q, DEBERTA_ROWS)
+    cdef Py_ssize_t b = u // (a.heads * nblocks)
+    cdef Py_ssize_t h = (u // nblocks) % a.heads
+    cdef Py_ssize_t i0 = (u % nblocks) * DEBERTA_ROWS
+    cdef const float *c = NULL
+    cdef const float *p = NULL
+    if a.c2p != NULL:
+        c = (<const float *>a.c2p) + a.coff[b] + h * a.ch
+    if a.p2c != NULL:
+        p = (<const float *>a.p2c) + a.poff[b] + h * a.ph
+    fpe_deberta_vec_unit(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0,
+                         min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0), tile)
+
+
+cdef void deberta_vec_run(const DebertaCall *a, float *x, Work work, int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
+    if nthreads > 1:
+        for u in prange(units, schedule="static", num_threads=nthreads):
+            deberta_vec_unit(a, x, u, <float *>work_for(work, omp_get_thread_num()))
+    else:
+        for u in range(units):
+            deberta_vec_unit(a, x, u, <float *>work_for(work, 0))
+
+
+cdef bint deberta_windows(Py_ssize_t lo, Py_ssize_t hi, const int32_t *table,
+                          Py_ssize_t reach, int sign, Py_ssize_t top, int32_t *out,
+                          int32_t *base) noexcept nogil:
+    """out[t - lo] = table[clip(sign * t, -reach, reach)] for t in [lo, hi + 8), base[t - lo]
+    the least of out's 8 entries from t (at most top) for t in [lo, hi]; whether every
+    such window lies within 8 of its base (the vector path's condition)."""
+    cdef Py_ssize_t t, m
+    cdef int32_t least, most
+    for t in range(lo, hi + 8):
+        out[t - lo] = table[clamp_distance(sign * t, reach)]
+    for t in range(lo, hi + 1):
+        least = most = out[t - lo]
+        for m in range(1, 8):
+            least = min(least, out[t - lo + m])
+            most = max(most, out[t - lo + m])
+        base[t - lo] = <int32_t>min(<Py_ssize_t>least, top)
+        if most - base[t - lo] > 7:
+            return False
+    return True
+
+
 def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
                          cnp.ndarray c2p_index, cnp.ndarray p2c_index, Py_ssize_t reach,
                          Py_ssize_t linear, Py_ssize_t span, int num_threads):
@@ -599,8 +849,33 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
     a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
     cdef Scratch space = Scratch((DEBERTA_ROWS * a.ld + a.chunk) * real_size, nthreads)
+    # the float32 AVX2 path: tables of the indices by every distance of the call, c2p's
+    # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]
+    cdef bint vec = (FPE_DEB_VEC and code == CODE_F32 and a.sk == 1 and 2 * span >= 8
+                     and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
+    cdef Py_ssize_t width = a.q + a.k + 17
+    cdef Scratch tables
+    cdef int32_t *tp
+    if vec:
+        tables = Scratch(0, 1, 4 * (width + 8) * sizeof(int32_t))
+        tp = <int32_t *>tables.shared
+        vec = (deberta_windows(-(a.q + 8), a.k + 8, a.ci, reach, -1, 2 * span - 8,
+                               tp, tp + (width + 8))
+               and deberta_windows(-(a.k + 8), a.q + 8, a.pi, reach, 1, 2 * span - 8,
+                                   tp + 2 * (width + 8), tp + 3 * (width + 8)))
+        a.vec.E = tp + (a.q + 8)
+        a.vec.Eb = tp + (width + 8) + (a.q + 8)
+        a.vec.F = tp + 2 * (width + 8) + (a.k + 8)
+        a.vec.Fb = tp + 3 * (width + 8) + (a.k + 8)
+        a.vec.q, a.vec.k, a.vec.lin, a.vec.span = a.q, a.k, linear, span
+        a.vec.unit_rows, a.vec.chunk, a.vec.ld = DEBERTA_ROWS, a.chunk, a.ld
+        a.vec.sq = a.sq
+        a.vec.cq = a.cq if a.c2p != NULL else 0
+        a.vec.pk = a.pk if a.p2c != NULL else 0
     with nogil:
-        if code == CODE_F32:
+        if vec:
+            deberta_vec_run(&a, <float *>xp, space.work, nthreads)
+        elif code == CODE_F32:
             deberta_run(&a, <float *>xp, space.work, nthreads)
         elif code == CODE_F64:
             deberta_run(&a, <double *>xp, space.work, nthreads)
