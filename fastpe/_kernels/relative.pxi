@@ -480,18 +480,30 @@ cdef extern from *:
     static void fpe_deb_p2c_tile(const fpe_deb_vec *a, const float *p2c, Py_ssize_t i0,
                                  Py_ssize_t rows, Py_ssize_t j0, Py_ssize_t n, float *tile)
     {
-        const Py_ssize_t pk = a->pk, ld = a->ld, n8 = n & ~(Py_ssize_t)7;
-        const Py_ssize_t ahead = i0 + FPE_DEB_AHEAD_UNITS * a->unit_rows;
-        const int fetch = ahead + a->unit_rows <= a->q;
+        const Py_ssize_t pk = a->pk, ld = a->ld, lin = a->lin, n8 = n & ~(Py_ssize_t)7;
+        /* the last 8 rows of the unit FPE_DEB_AHEAD_UNITS ahead: the end of each key's
+         * window there is a line this unit's windows have not reached (its start is the
+         * end of the unit before it, fetched one unit earlier) */
+        const Py_ssize_t ahead = i0 + (FPE_DEB_AHEAD_UNITS + 1) * a->unit_rows - 8;
+        const int fetch = ahead + 8 <= a->q;
         Py_ssize_t t, g, r;
         for (t = 0; t < n8; t += 8) {
             const Py_ssize_t j = j0 + t;
             const float *p = p2c + j * pk;
-            if (fetch)
-                for (Py_ssize_t u = 0; u < 8; u++) {
-                    FPE_DEB_PF(p + u * pk + a->Fb[ahead - j - u]);
-                    FPE_DEB_PF(p + u * pk + a->Fb[ahead + a->unit_rows - 8 - j - u] + 7);
+            if (fetch) {
+                const Py_ssize_t da = ahead - j;
+                if (da - 7 >= -lin && da + 7 <= lin) {
+                    /* key j + u's window ends at span + da - u + 7 */
+                    const float *e = p + a->span + da + 7;
+                    const Py_ssize_t st = pk - 1;
+                    FPE_DEB_PF(e);          FPE_DEB_PF(e + st);     FPE_DEB_PF(e + 2 * st);
+                    FPE_DEB_PF(e + 3 * st); FPE_DEB_PF(e + 4 * st); FPE_DEB_PF(e + 5 * st);
+                    FPE_DEB_PF(e + 6 * st); FPE_DEB_PF(e + 7 * st);
+                } else {
+                    for (Py_ssize_t u = 0; u < 8; u++)
+                        FPE_DEB_PF(p + u * pk + a->Fb[da - u] + 7);
                 }
+            }
             for (g = 0; g + 8 <= rows; g += 8)
                 fpe_deb_p2c_block(a, p, i0 + g - j, tile + g * ld + t);
         }
@@ -505,39 +517,74 @@ cdef extern from *:
     }
 
     /* phase 2 for row i, keys j0 .. j0 + n: x[t] += c2p term (+ tile row), either term
-     * absent (NULL); the sum of the two rounds once, then adds */
+     * absent (NULL); the sum of the two rounds once, then adds. The keys fall in three
+     * runs: windows before the exact distances, within them (c2p read backwards), after
+     * them; 16 keys a step, with the line of scores and of c2p that row i + FPE_DEB_NEXT
+     * reads at the same keys fetched into L2. */
+    #define FPE_DEB_NEXT 2
     static inline __attribute__((always_inline)) void fpe_deb_row(
         const fpe_deb_vec *a, float *x, const float *crow, const float *trow, Py_ssize_t i,
         Py_ssize_t j0, Py_ssize_t n, int has_c, int has_p)
     {
         const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-        const Py_ssize_t e0 = j0 - i, n8 = n & ~(Py_ssize_t)7, lin = a->lin;
-        const int next = i + 1 < a->q;
+        const Py_ssize_t e0 = j0 - i, lin = a->lin, xn = FPE_DEB_NEXT * a->sq;
+        const Py_ssize_t cn = FPE_DEB_NEXT * a->cq;
+        const int next = i + FPE_DEB_NEXT < a->q;
+        /* the exact run [ta, tb): steps of 16 keys from t = ta (a multiple of 16) whose
+         * e0 + t .. e0 + t + 15 all lie in [-lin, lin] */
+        Py_ssize_t ta = -lin - e0, tb;
+        ta = ta <= 0 ? 0 : (ta + 15) & ~(Py_ssize_t)15;
+        if (ta > n) ta = n;
+        tb = lin + 1 - e0;
+        tb = tb < ta ? ta : (tb > n ? n : tb);
+        tb = ta + ((tb - ta) & ~(Py_ssize_t)15);
         const float *cl = has_c ? crow + a->span - e0 - 7 : NULL;   /* read backwards */
-        Py_ssize_t t;
-        for (t = 0; t < n8; t += 8) {
-            if (next && (t & 15) == 0) {
-                FPE_DEB_PF(x + a->sq + t);
-                if (has_c) FPE_DEB_PF(crow + a->cq + a->Eb[e0 + t - 1]);
-            }
-            __m256 v = _mm256_loadu_ps(x + t);
-            if (has_c) {
-                const Py_ssize_t e = e0 + t;
-                __m256 c = (e >= -lin && e + 7 <= lin)
-                    ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cl - t), rev)
-                    : fpe_deb_window(crow, a->E, a->Eb, e);
-                if (has_p) c = _mm256_add_ps(c, _mm256_load_ps(trow + t));
-                v = _mm256_add_ps(v, c);
-            } else {
-                v = _mm256_add_ps(v, _mm256_load_ps(trow + t));
-            }
-            _mm256_storeu_ps(x + t, v);
+        Py_ssize_t t = 0;
+    #define FPE_DEB_ADD(T, C)                                                              \
+        {                                                                                 \
+            __m256 v_ = _mm256_loadu_ps(x + (T));                                         \
+            if (has_c && has_p) v_ = _mm256_add_ps(v_, _mm256_add_ps(C, _mm256_load_ps(trow + (T)))); \
+            else if (has_c) v_ = _mm256_add_ps(v_, C);                                    \
+            else v_ = _mm256_add_ps(v_, _mm256_load_ps(trow + (T)));                      \
+            _mm256_storeu_ps(x + (T), v_);                                                \
         }
+    #define FPE_DEB_WIN(T) (has_c ? fpe_deb_window(crow, a->E, a->Eb, e0 + (T)) : _mm256_setzero_ps())
+    #define FPE_DEB_REV(T) (has_c ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cl - (T)), rev) \
+                                  : _mm256_setzero_ps())
+        for (; t + 16 <= ta; t += 16) {
+            if (next) {
+                FPE_DEB_PF(x + xn + t);
+                if (has_c) FPE_DEB_PF(crow + cn + a->Eb[e0 + t - FPE_DEB_NEXT]);
+            }
+            FPE_DEB_ADD(t, FPE_DEB_WIN(t))
+            FPE_DEB_ADD(t + 8, FPE_DEB_WIN(t + 8))
+        }
+        for (; t + 16 <= tb; t += 16) {
+            if (next) {
+                FPE_DEB_PF(x + xn + t);
+                if (has_c) FPE_DEB_PF(cl + cn + FPE_DEB_NEXT - t);
+            }
+            FPE_DEB_ADD(t, FPE_DEB_REV(t))
+            FPE_DEB_ADD(t + 8, FPE_DEB_REV(t + 8))
+        }
+        for (; t + 16 <= n; t += 16) {
+            if (next) {
+                FPE_DEB_PF(x + xn + t);
+                if (has_c) FPE_DEB_PF(crow + cn + a->Eb[e0 + t - FPE_DEB_NEXT]);
+            }
+            FPE_DEB_ADD(t, FPE_DEB_WIN(t))
+            FPE_DEB_ADD(t + 8, FPE_DEB_WIN(t + 8))
+        }
+        for (; t + 8 <= n; t += 8)
+            FPE_DEB_ADD(t, FPE_DEB_WIN(t))
         for (; t < n; t++) {
             if (has_c && has_p) x[t] = x[t] + (crow[a->E[e0 + t]] + trow[t]);
             else if (has_c) x[t] = x[t] + crow[a->E[e0 + t]];
             else x[t] = x[t] + trow[t];
         }
+    #undef FPE_DEB_ADD
+    #undef FPE_DEB_WIN
+    #undef FPE_DEB_REV
     }
 
     /* one unit: rows i0 .. i0 + rows of one (batch, head); x, c2p and p2c at its row 0
