@@ -401,28 +401,29 @@ cdef extern from *:
      * 8 of its base ("windowed": the index steps by at most one per distance, as
      * DeBERTa's log buckets do past position_buckets / 2 whenever max_relative_positions
      * is large enough), 8 logits of a row are one unaligned load of the window and one
-     * permute, whatever the zone; within the exact distances (|d| <= lin) a c2p row is
-     * read backwards (a load and a reversing permute) and a p2c window is plain.
+     * permute, whatever the zone; a block whose distances are all exact (|d| <= lin)
+     * reads c2p backwards (a load and a reversing permute) and p2c's windows plainly.
      *
-     * p2c's term for 8 queries is a window down each key's row: 8 keys' windows are
-     * transposed in registers into a tile of the unit's rows (phase 1), then each row
-     * adds its c2p windows and its tile row in one pass (phase 2). Fusing the two
-     * phases keeps 24 rows a multiple of 2 KiB apart in flight, which thrash a few L1
-     * sets (measured 3-4x slower); the tile keeps phase 2 to two streams and a buffer.
+     * A block is 8 queries by 8 keys: the 8 keys' p2c windows (each down its own row)
+     * are transposed in registers and added, with each query's c2p window, to the 8
+     * rows of scores. Done in two passes through a tile of the unit's rows instead (the
+     * p2c term stored, then each row's sweep), the tile's stores and loads measured
+     * 10-15% slower at (1, 12, 512, 512), past L3.
      *
-     * Prefetch into L2 (hint T1): each key's p2c window is a line or two of a
-     * different row, a pattern no hardware prefetcher follows, so the windows of the
-     * unit FPE_DEB_AHEAD_UNITS ahead are fetched while this one runs (the lines stay
-     * out of L1's few miss buffers: measured twice the bandwidth of a T0 hint here); a
-     * c2p row is read backwards, which the hardware prefetchers follow poorly, so the
-     * next row's lines are fetched as this one goes, and the next row of scores too. */
+     * Prefetch into L2 (hint T1; a T0 hint keeps the lines in L1's few miss buffers and
+     * measured half the bandwidth): each key's p2c window is a line or two of a
+     * different row, a pattern no hardware prefetcher follows, so the window end of
+     * each key for the rows FPE_DEB_P2C_AHEAD below is fetched (its start is the end of
+     * the rows 8 before it, fetched one block row earlier); a c2p row is read
+     * backwards, which hardware prefetchers follow poorly, so the next 8 rows' c2p and
+     * scores lines are fetched at the same keys. */
     #if defined(__AVX2__)
     #define FPE_DEB_VEC 1
-    #define FPE_DEB_AHEAD_UNITS 2
+    #define FPE_DEB_P2C_AHEAD 16
     #define FPE_DEB_PF(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
     typedef struct {
         const int32_t *E, *Eb, *F, *Fb;  /* pointers at distance 0 */
-        Py_ssize_t q, k, lin, span, unit_rows, chunk, ld;
+        Py_ssize_t q, k, lin, span, unit_rows;
         Py_ssize_t sq, cq, pk;           /* row strides of scores, c2p, p2c */
     } fpe_deb_vec;
 
@@ -435,194 +436,175 @@ cdef extern from *:
         return _mm256_permutevar8x32_ps(_mm256_loadu_ps(row + b), off);
     }
 
-    /* tile[r * ld + u] = p2c[j + u, F(i + r - j - u)] for r, u < 8: p the row of key j,
-     * d = i - j */
-    static inline void fpe_deb_p2c_block(const fpe_deb_vec *a, const float *p, Py_ssize_t d,
-                                         float *tile)
+    /* one block: queries i0 .. i0 + 8 (x0, c0 at query i0), keys j .. j + 8 (p the p2c row
+     * of key j); exact: every distance of the block within lin; has_c, has_p: the terms
+     * given (all three constants once inlined) */
+    static inline __attribute__((always_inline)) void fpe_deb_block(
+        const fpe_deb_vec *a, float *restrict x0, const float *c0, const float *p,
+        Py_ssize_t d, Py_ssize_t j, int exact, int has_c, int has_p)
     {
-        const Py_ssize_t pk = a->pk, ld = a->ld;
-        __m256 r0, r1, r2, r3, r4, r5, r6, r7;
-        if (d - 7 >= -a->lin && d + 7 <= a->lin) {
-            /* key j + u, query i + r: p2c[j + u, span + d - u + r] */
-            const float *s = p + a->span + d;
-            const Py_ssize_t st = pk - 1;
-            r0 = _mm256_loadu_ps(s);          r1 = _mm256_loadu_ps(s + st);
-            r2 = _mm256_loadu_ps(s + 2 * st); r3 = _mm256_loadu_ps(s + 3 * st);
-            r4 = _mm256_loadu_ps(s + 4 * st); r5 = _mm256_loadu_ps(s + 5 * st);
-            r6 = _mm256_loadu_ps(s + 6 * st); r7 = _mm256_loadu_ps(s + 7 * st);
+        const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, span = a->span;
+        const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
+        const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+        __m256 p0, p1, p2, p3, p4, p5, p6, p7;
+        if (has_p) {
+            if (exact) {
+                /* key j + u, query i0 + r: p2c[j + u, span + d - u + r] */
+                const float *s = p + span + d;
+                const Py_ssize_t st = pk - 1;
+                p0 = _mm256_loadu_ps(s);          p1 = _mm256_loadu_ps(s + st);
+                p2 = _mm256_loadu_ps(s + 2 * st); p3 = _mm256_loadu_ps(s + 3 * st);
+                p4 = _mm256_loadu_ps(s + 4 * st); p5 = _mm256_loadu_ps(s + 5 * st);
+                p6 = _mm256_loadu_ps(s + 6 * st); p7 = _mm256_loadu_ps(s + 7 * st);
+            } else {
+                p0 = fpe_deb_window(p, F, Fb, d);
+                p1 = fpe_deb_window(p + pk, F, Fb, d - 1);
+                p2 = fpe_deb_window(p + 2 * pk, F, Fb, d - 2);
+                p3 = fpe_deb_window(p + 3 * pk, F, Fb, d - 3);
+                p4 = fpe_deb_window(p + 4 * pk, F, Fb, d - 4);
+                p5 = fpe_deb_window(p + 5 * pk, F, Fb, d - 5);
+                p6 = fpe_deb_window(p + 6 * pk, F, Fb, d - 6);
+                p7 = fpe_deb_window(p + 7 * pk, F, Fb, d - 7);
+            }
+            /* p_u holds key u's 8 queries; the transpose gives query r's 8 keys */
+            __m256 t0 = _mm256_unpacklo_ps(p0, p1), t1 = _mm256_unpackhi_ps(p0, p1);
+            __m256 t2 = _mm256_unpacklo_ps(p2, p3), t3 = _mm256_unpackhi_ps(p2, p3);
+            __m256 t4 = _mm256_unpacklo_ps(p4, p5), t5 = _mm256_unpackhi_ps(p4, p5);
+            __m256 t6 = _mm256_unpacklo_ps(p6, p7), t7 = _mm256_unpackhi_ps(p6, p7);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            p0 = _mm256_permute2f128_ps(u0, u4, 0x20); p1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+            p2 = _mm256_permute2f128_ps(u2, u6, 0x20); p3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+            p4 = _mm256_permute2f128_ps(u0, u4, 0x31); p5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+            p6 = _mm256_permute2f128_ps(u2, u6, 0x31); p7 = _mm256_permute2f128_ps(u3, u7, 0x31);
         } else {
-            const int32_t *F = a->F, *Fb = a->Fb;
-            r0 = fpe_deb_window(p, F, Fb, d);              r1 = fpe_deb_window(p + pk, F, Fb, d - 1);
-            r2 = fpe_deb_window(p + 2 * pk, F, Fb, d - 2); r3 = fpe_deb_window(p + 3 * pk, F, Fb, d - 3);
-            r4 = fpe_deb_window(p + 4 * pk, F, Fb, d - 4); r5 = fpe_deb_window(p + 5 * pk, F, Fb, d - 5);
-            r6 = fpe_deb_window(p + 6 * pk, F, Fb, d - 6); r7 = fpe_deb_window(p + 7 * pk, F, Fb, d - 7);
+            p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = _mm256_setzero_ps();
         }
-        /* r_u holds key u's 8 queries; the transpose gives query r's 8 keys */
-        __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-        __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-        __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-        __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-        __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-        __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-        __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-        _mm256_store_ps(tile,          _mm256_permute2f128_ps(u0, u4, 0x20));
-        _mm256_store_ps(tile + ld,     _mm256_permute2f128_ps(u1, u5, 0x20));
-        _mm256_store_ps(tile + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
-        _mm256_store_ps(tile + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
-        _mm256_store_ps(tile + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
-        _mm256_store_ps(tile + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
-        _mm256_store_ps(tile + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
-        _mm256_store_ps(tile + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+        /* row r: x[i0 + r, j ..] += c2p window (+ p2c row r) */
+    #define FPE_DEB_ADD_ROW(R, P)                                                          \
+        {                                                                                 \
+            float *xr = x0 + (R) * sq + j;                                                \
+            __m256 v = _mm256_loadu_ps(xr);                                               \
+            if (has_c) {                                                                  \
+                const float *cr = c0 + (R) * cq;                                          \
+                __m256 c = exact                                                          \
+                    ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cr + span + d + (R) - 7), rev) \
+                    : fpe_deb_window(cr, E, Eb, -d - (R));                                \
+                v = _mm256_add_ps(v, has_p ? _mm256_add_ps(c, P) : c);                    \
+            } else {                                                                      \
+                v = _mm256_add_ps(v, P);                                                  \
+            }                                                                             \
+            _mm256_storeu_ps(xr, v);                                                      \
+        }
+        FPE_DEB_ADD_ROW(0, p0) FPE_DEB_ADD_ROW(1, p1) FPE_DEB_ADD_ROW(2, p2)
+        FPE_DEB_ADD_ROW(3, p3) FPE_DEB_ADD_ROW(4, p4) FPE_DEB_ADD_ROW(5, p5)
+        FPE_DEB_ADD_ROW(6, p6) FPE_DEB_ADD_ROW(7, p7)
+    #undef FPE_DEB_ADD_ROW
     }
 
-    /* phase 1: the p2c tile of rows i0 .. i0 + rows, keys j0 .. j0 + n */
-    static void fpe_deb_p2c_tile(const fpe_deb_vec *a, const float *p2c, Py_ssize_t i0,
-                                 Py_ssize_t rows, Py_ssize_t j0, Py_ssize_t n, float *tile)
+    /* rows i0 .. i0 + 8 of one (batch, head), every key: x, c2p and p2c at their row 0,
+     * c2p or p2c NULL when absent (has_c, has_p say which, as constants once inlined) */
+    static inline __attribute__((always_inline)) void fpe_deb_rows8(
+        const fpe_deb_vec *a, float *restrict x, const float *c2p, const float *p2c,
+        Py_ssize_t i0, int has_c, int has_p)
     {
-        const Py_ssize_t pk = a->pk, ld = a->ld, lin = a->lin, n8 = n & ~(Py_ssize_t)7;
-        /* the last 8 rows of the unit FPE_DEB_AHEAD_UNITS ahead: the end of each key's
-         * window there is a line this unit's windows have not reached (its start is the
-         * end of the unit before it, fetched one unit earlier) */
-        const Py_ssize_t ahead = i0 + (FPE_DEB_AHEAD_UNITS + 1) * a->unit_rows - 8;
-        const int fetch = ahead + 8 <= a->q;
-        Py_ssize_t t, g, r;
-        for (t = 0; t < n8; t += 8) {
-            const Py_ssize_t j = j0 + t;
-            const float *p = p2c + j * pk;
-            if (fetch) {
-                const Py_ssize_t da = ahead - j;
+        const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, lin = a->lin, span = a->span;
+        const Py_ssize_t k = a->k, q = a->q, k8 = k & ~(Py_ssize_t)7;
+        const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
+        const int fetch_p = has_p && i0 + FPE_DEB_P2C_AHEAD + 8 <= q;
+        const int fetch_x = i0 + 16 <= q;
+        float *x0 = x + i0 * sq;
+        const float *c0 = has_c ? c2p + i0 * cq : NULL;
+        Py_ssize_t j, r;
+        for (j = 0; j < k8; j += 8) {
+            const Py_ssize_t d = i0 - j;             /* the block's distances: d - 7 .. d + 7 */
+            const float *p = has_p ? p2c + j * pk : NULL;
+            if (fetch_p) {
+                const Py_ssize_t da = d + FPE_DEB_P2C_AHEAD;
                 if (da - 7 >= -lin && da + 7 <= lin) {
                     /* key j + u's window ends at span + da - u + 7 */
-                    const float *e = p + a->span + da + 7;
+                    const float *e = p + span + da + 7;
                     const Py_ssize_t st = pk - 1;
                     FPE_DEB_PF(e);          FPE_DEB_PF(e + st);     FPE_DEB_PF(e + 2 * st);
                     FPE_DEB_PF(e + 3 * st); FPE_DEB_PF(e + 4 * st); FPE_DEB_PF(e + 5 * st);
                     FPE_DEB_PF(e + 6 * st); FPE_DEB_PF(e + 7 * st);
                 } else {
-                    for (Py_ssize_t u = 0; u < 8; u++)
-                        FPE_DEB_PF(p + u * pk + a->Fb[da - u] + 7);
+                    for (Py_ssize_t u = 0; u < 8; u++) FPE_DEB_PF(p + u * pk + Fb[da - u] + 7);
                 }
             }
-            for (g = 0; g + 8 <= rows; g += 8)
-                fpe_deb_p2c_block(a, p, i0 + g - j, tile + g * ld + t);
+            if (fetch_x && (j & 8) == 0)
+                for (r = 8; r < 16; r++) {
+                    FPE_DEB_PF(x0 + r * sq + j);
+                    if (has_c) FPE_DEB_PF(c0 + r * cq + Eb[j - i0 - r]);
+                }
+            if (d - 7 >= -lin && d + 7 <= lin)
+                fpe_deb_block(a, x0, c0, p, d, j, 1, has_c, has_p);
+            else
+                fpe_deb_block(a, x0, c0, p, d, j, 0, has_c, has_p);
         }
-        /* the rows past a multiple of 8, and the keys past one */
-        for (r = rows & ~(Py_ssize_t)7; r < rows; r++)
-            for (t = 0; t < n8; t++)
-                tile[r * ld + t] = p2c[(j0 + t) * pk + a->F[i0 + r - j0 - t]];
-        for (r = 0; r < rows; r++)
-            for (t = n8; t < n; t++)
-                tile[r * ld + t] = p2c[(j0 + t) * pk + a->F[i0 + r - j0 - t]];
+        /* the keys past a multiple of 8 */
+        for (r = 0; r < 8; r++) {
+            const Py_ssize_t i = i0 + r;
+            for (j = k8; j < k; j++) {
+                float *xv = x0 + r * sq + j;
+                if (has_c && has_p)
+                    *xv = *xv + (c0[r * cq + E[j - i]] + p2c[j * pk + F[i - j]]);
+                else if (has_c)
+                    *xv = *xv + c0[r * cq + E[j - i]];
+                else
+                    *xv = *xv + p2c[j * pk + F[i - j]];
+            }
+        }
     }
 
-    /* phase 2 for row i, keys j0 .. j0 + n: x[t] += c2p term (+ tile row), either term
-     * absent (NULL); the sum of the two rounds once, then adds. The keys fall in three
-     * runs: windows before the exact distances, within them (c2p read backwards), after
-     * them; 16 keys a step, with the line of scores and of c2p that row i + FPE_DEB_NEXT
-     * reads at the same keys fetched into L2. */
-    #define FPE_DEB_NEXT 2
-    static inline __attribute__((always_inline)) void fpe_deb_row(
-        const fpe_deb_vec *a, float *x, const float *crow, const float *trow, Py_ssize_t i,
-        Py_ssize_t j0, Py_ssize_t n, int has_c, int has_p)
+    /* rows i0 .. i0 + rows (fewer than 8) one element at a time */
+    static void fpe_deb_rows_scalar(const fpe_deb_vec *a, float *x, const float *c2p,
+                                    const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
-        const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-        const Py_ssize_t e0 = j0 - i, lin = a->lin, xn = FPE_DEB_NEXT * a->sq;
-        const Py_ssize_t cn = FPE_DEB_NEXT * a->cq;
-        const int next = i + FPE_DEB_NEXT < a->q;
-        /* the exact run [ta, tb): steps of 16 keys from t = ta (a multiple of 16) whose
-         * e0 + t .. e0 + t + 15 all lie in [-lin, lin] */
-        Py_ssize_t ta = -lin - e0, tb;
-        ta = ta <= 0 ? 0 : (ta + 15) & ~(Py_ssize_t)15;
-        if (ta > n) ta = n;
-        tb = lin + 1 - e0;
-        tb = tb < ta ? ta : (tb > n ? n : tb);
-        tb = ta + ((tb - ta) & ~(Py_ssize_t)15);
-        const float *cl = has_c ? crow + a->span - e0 - 7 : NULL;   /* read backwards */
-        Py_ssize_t t = 0;
-    #define FPE_DEB_ADD(T, C)                                                              \
-        {                                                                                 \
-            __m256 v_ = _mm256_loadu_ps(x + (T));                                         \
-            if (has_c && has_p) v_ = _mm256_add_ps(v_, _mm256_add_ps(C, _mm256_load_ps(trow + (T)))); \
-            else if (has_c) v_ = _mm256_add_ps(v_, C);                                    \
-            else v_ = _mm256_add_ps(v_, _mm256_load_ps(trow + (T)));                      \
-            _mm256_storeu_ps(x + (T), v_);                                                \
-        }
-    #define FPE_DEB_WIN(T) (has_c ? fpe_deb_window(crow, a->E, a->Eb, e0 + (T)) : _mm256_setzero_ps())
-    #define FPE_DEB_REV(T) (has_c ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cl - (T)), rev) \
-                                  : _mm256_setzero_ps())
-        for (; t + 16 <= ta; t += 16) {
-            if (next) {
-                FPE_DEB_PF(x + xn + t);
-                if (has_c) FPE_DEB_PF(crow + cn + a->Eb[e0 + t - FPE_DEB_NEXT]);
+        for (Py_ssize_t i = i0; i < i0 + rows; i++) {
+            float *xr = x + i * a->sq;
+            const float *cr = c2p != NULL ? c2p + i * a->cq : NULL;
+            for (Py_ssize_t j = 0; j < a->k; j++) {
+                if (cr != NULL && p2c != NULL)
+                    xr[j] = xr[j] + (cr[a->E[j - i]] + p2c[j * a->pk + a->F[i - j]]);
+                else if (cr != NULL)
+                    xr[j] = xr[j] + cr[a->E[j - i]];
+                else
+                    xr[j] = xr[j] + p2c[j * a->pk + a->F[i - j]];
             }
-            FPE_DEB_ADD(t, FPE_DEB_WIN(t))
-            FPE_DEB_ADD(t + 8, FPE_DEB_WIN(t + 8))
         }
-        for (; t + 16 <= tb; t += 16) {
-            if (next) {
-                FPE_DEB_PF(x + xn + t);
-                if (has_c) FPE_DEB_PF(cl + cn + FPE_DEB_NEXT - t);
-            }
-            FPE_DEB_ADD(t, FPE_DEB_REV(t))
-            FPE_DEB_ADD(t + 8, FPE_DEB_REV(t + 8))
-        }
-        for (; t + 16 <= n; t += 16) {
-            if (next) {
-                FPE_DEB_PF(x + xn + t);
-                if (has_c) FPE_DEB_PF(crow + cn + a->Eb[e0 + t - FPE_DEB_NEXT]);
-            }
-            FPE_DEB_ADD(t, FPE_DEB_WIN(t))
-            FPE_DEB_ADD(t + 8, FPE_DEB_WIN(t + 8))
-        }
-        for (; t + 8 <= n; t += 8)
-            FPE_DEB_ADD(t, FPE_DEB_WIN(t))
-        for (; t < n; t++) {
-            if (has_c && has_p) x[t] = x[t] + (crow[a->E[e0 + t]] + trow[t]);
-            else if (has_c) x[t] = x[t] + crow[a->E[e0 + t]];
-            else x[t] = x[t] + trow[t];
-        }
-    #undef FPE_DEB_ADD
-    #undef FPE_DEB_WIN
-    #undef FPE_DEB_REV
     }
 
     /* one unit: rows i0 .. i0 + rows of one (batch, head); x, c2p and p2c at its row 0
-     * (c2p or p2c NULL when absent); tile: unit_rows x ld floats, 32-byte aligned */
+     * (c2p or p2c NULL when absent) */
     static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
-                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows,
-                                     float *tile)
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
-        for (Py_ssize_t j0 = 0; j0 < a->k; j0 += a->chunk) {
-            const Py_ssize_t n = a->k - j0 < a->chunk ? a->k - j0 : a->chunk;
-            if (p2c != NULL)
-                fpe_deb_p2c_tile(a, p2c, i0, rows, j0, n, tile);
-            for (Py_ssize_t r = 0; r < rows; r++) {
-                const Py_ssize_t i = i0 + r;
-                float *xr = x + i * a->sq + j0;
-                const float *crow = c2p != NULL ? c2p + i * a->cq : NULL;
-                const float *trow = tile + r * a->ld;
-                if (c2p != NULL && p2c != NULL)
-                    fpe_deb_row(a, xr, crow, trow, i, j0, n, 1, 1);
-                else if (c2p != NULL)
-                    fpe_deb_row(a, xr, crow, trow, i, j0, n, 1, 0);
-                else
-                    fpe_deb_row(a, xr, crow, trow, i, j0, n, 0, 1);
-            }
+        Py_ssize_t g = 0;
+        for (; g + 8 <= rows; g += 8) {
+            if (c2p != NULL && p2c != NULL)
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 1);
+            else if (c2p != NULL)
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 0);
+            else
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 0, 1);
         }
+        if (g < rows)
+            fpe_deb_rows_scalar(a, x, c2p, p2c, i0 + g, rows - g);
     }
     #else
     #define FPE_DEB_VEC 0
     typedef struct {
         const int32_t *E, *Eb, *F, *Fb;
-        Py_ssize_t q, k, lin, span, unit_rows, chunk, ld;
+        Py_ssize_t q, k, lin, span, unit_rows;
         Py_ssize_t sq, cq, pk;
     } fpe_deb_vec;
     static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
-                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows,
-                                     float *tile)
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
-        (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows; (void)tile;
+        (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows;
     }
     #endif
     """
@@ -632,11 +614,10 @@ cdef extern from *:
         const int32_t *Eb
         const int32_t *F
         const int32_t *Fb
-        Py_ssize_t q, k, lin, span, unit_rows, chunk, ld
+        Py_ssize_t q, k, lin, span, unit_rows
         Py_ssize_t sq, cq, pk
     void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
-                              const float *p2c, Py_ssize_t i0, Py_ssize_t rows,
-                              float *tile) nogil
+                              const float *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
 
 
 cdef struct DebertaCall:
@@ -782,8 +763,7 @@ cdef void deberta_run(const DebertaCall *a, store_t *x, Work work, int nthreads)
                 deberta_unit(a, x, u, <float *>work_for(work, 0), kind_f)
 
 
-cdef inline void deberta_vec_unit(const DebertaCall *a, float *x, Py_ssize_t u,
-                                  float *tile) noexcept nogil:
+cdef inline void deberta_vec_unit(const DebertaCall *a, float *x, Py_ssize_t u) noexcept nogil:
     """Unit u of deberta_unit's, on the float32 AVX2 path (fpe_deberta_vec_unit)."""
     cdef Py_ssize_t nblocks = ceil_div(a.q, DEBERTA_ROWS)
     cdef Py_ssize_t b = u // (a.heads * nblocks)
@@ -796,17 +776,17 @@ cdef inline void deberta_vec_unit(const DebertaCall *a, float *x, Py_ssize_t u,
     if a.p2c != NULL:
         p = (<const float *>a.p2c) + a.poff[b] + h * a.ph
     fpe_deberta_vec_unit(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0,
-                         min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0), tile)
+                         min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0))
 
 
-cdef void deberta_vec_run(const DebertaCall *a, float *x, Work work, int nthreads) noexcept nogil:
+cdef void deberta_vec_run(const DebertaCall *a, float *x, int nthreads) noexcept nogil:
     cdef Py_ssize_t u, units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
     if nthreads > 1:
         for u in prange(units, schedule="static", num_threads=nthreads):
-            deberta_vec_unit(a, x, u, <float *>work_for(work, omp_get_thread_num()))
+            deberta_vec_unit(a, x, u)
     else:
         for u in range(units):
-            deberta_vec_unit(a, x, u, <float *>work_for(work, 0))
+            deberta_vec_unit(a, x, u)
 
 
 cdef bint deberta_windows(Py_ssize_t lo, Py_ssize_t hi, const int32_t *table,
@@ -895,7 +875,6 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     # stores down a column of it): one cache line more than the chunk spreads them
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
     a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
-    cdef Scratch space = Scratch((DEBERTA_ROWS * a.ld + a.chunk) * real_size, nthreads)
     # the float32 AVX2 path: tables of the indices by every distance of the call, c2p's
     # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]
     cdef bint vec = (FPE_DEB_VEC and code == CODE_F32 and a.sk == 1 and 2 * span >= 8
@@ -915,13 +894,16 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
         a.vec.F = tp + 2 * (width + 8) + (a.k + 8)
         a.vec.Fb = tp + 3 * (width + 8) + (a.k + 8)
         a.vec.q, a.vec.k, a.vec.lin, a.vec.span = a.q, a.k, linear, span
-        a.vec.unit_rows, a.vec.chunk, a.vec.ld = DEBERTA_ROWS, a.chunk, a.ld
+        a.vec.unit_rows = DEBERTA_ROWS
         a.vec.sq = a.sq
         a.vec.cq = a.cq if a.c2p != NULL else 0
         a.vec.pk = a.pk if a.p2c != NULL else 0
+    # the general loops' p2c tile and row buffer, per thread
+    cdef Scratch space = Scratch(0 if vec else (DEBERTA_ROWS * a.ld + a.chunk) * real_size,
+                                 nthreads)
     with nogil:
         if vec:
-            deberta_vec_run(&a, <float *>xp, space.work, nthreads)
+            deberta_vec_run(&a, <float *>xp, nthreads)
         elif code == CODE_F32:
             deberta_run(&a, <float *>xp, space.work, nthreads)
         elif code == CODE_F64:
