@@ -62,7 +62,7 @@ def cases(workloads: list[_bench.Workload], unavailable: dict[str, str] | None =
     out = []
     for wl in workloads:
         for dtype in _bench.DTYPES:
-            floors = [f"floor:{form}" for form in _bench.floors.forms(wl.floor, wl.result)]
+            floors = [f"floor:{form}" for form in _bench.floors.forms(wl.floor, wl.result, wl.reads)]
             names = (list(wl.impls) + list(wl.peers)
                      + [n for n in unavailable if n not in wl.impls] + floors)
             for impl in names:
@@ -78,7 +78,7 @@ def cases(workloads: list[_bench.Workload], unavailable: dict[str, str] | None =
 def run_case(benchmark, wl: _bench.Workload, dtype: str, impl: str, threads: int) -> None:
     base = inputs(wl, dtype)
     floor = impl.startswith("floor:")
-    prepare = (_bench.floors.forms(wl.floor, wl.result)[impl.partition(":")[2]] if floor
+    prepare = (_bench.floors.forms(wl.floor, wl.result, wl.reads)[impl.partition(":")[2]] if floor
                else {**wl.peers, **wl.impls}[impl])
     work = _bench.copy_arrays(base, wl.written)
     run = prepare(work, threads)

@@ -163,7 +163,7 @@ RESULT_KEYS = {
 }
 # without a floor (a whole program) these are None
 FLOOR_KEYS = ("fraction_of_floor", "fastpe_gb_per_s", "floor_gb_per_s")
-FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-nt"}
+FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-nt", "floor:c-split"}
 
 
 def check_report(report: dict, *, dtype="float32", threads=1) -> None:
@@ -312,7 +312,8 @@ def test_bench_list():
     expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-scaled-decode",
                 "rope-embedding-decode", "rope-cached-decode", "rope-batched-decode",
                 "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add",
-                "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode", "llama-decode"}
+                "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode", "deberta-bias",
+                "llama-decode"}
     assert {w.name for w in _bench.workloads()} == expected
 
 
@@ -435,7 +436,7 @@ def test_every_implementation_matches_the_reference(wl, dtype):
                                      atol=wl.atol.get(impl, 0.0))
                 assert msg is None, f"{wl.name} {dtype} {impl} t{threads}: {name} {msg}"
     if wl.floor == "stream":
-        for form, prepare in _bench.floors.forms("stream", wl.result).items():
+        for form, prepare in _bench.floors.forms("stream", wl.result, wl.reads).items():
             arrays = _bench.copy_arrays(base, wl.written)
             run = prepare(arrays, 2)
             assert run is not None, form     # every workload's arrays suit every form
@@ -496,6 +497,45 @@ def test_every_floor_form_streams_the_same_bytes(kind, dtype, offset_words):
                 assert (a == 1).all() and (b == 1).all(), form
             assert np.array_equal(base[:outside[0].size], outside[0]), form
             assert np.array_equal(base[base.size - outside[1].size:], outside[1]), form
+
+
+@pytest.mark.parametrize("same_size", [True, False])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_floor_forms_with_reads(dtype, same_size):
+    """A floor that also reads arrays (DeBERTa's logit tables): every form leaves all the
+    values unchanged on 1 and 2 threads; the fused C pass needs arrays of one size; the C
+    passes really read them (a mask of all ones folds their XOR into the target)."""
+    a = _floor_arrays(dtype, 1)
+    b = _floor_arrays(dtype, 0) if same_size else _floor_arrays(dtype, 3)[:2]
+    c = _floor_arrays(dtype, 3) if same_size else _floor_arrays(dtype, 0)[:3]
+    arrays = {"a": a, "b": b, "c": c}
+    before = {n: v.copy() for n, v in arrays.items()}
+    forms = _bench.floors.forms("stream", ("a",), ("b", "c"))
+    if fastpe.info()["compiled"]:
+        assert set(forms) == {"numpy", "c", "c-split"}
+    for form, prepare in forms.items():
+        for threads in (1, 2):
+            run = prepare(arrays, threads)
+            if run is None:
+                assert form == "c" and not same_size
+                continue
+            run(arrays)
+            for n, v in arrays.items():
+                assert np.array_equal(v.view(np.uint8), before[n].view(np.uint8)), (form, n)
+    kern = _backend_kernels()
+    if kern is None:
+        return
+    flat = {n: np.ascontiguousarray(v).reshape(-1).view(np.uint64) for n, v in arrays.items()}
+    if same_size:
+        for threads in (1, 2):
+            t = flat["a"].copy()
+            kern.stream_reads(t, (flat["b"], flat["c"]), threads, True, (1 << 64) - 1)
+            assert np.array_equal(t, flat["a"] ^ flat["b"] ^ flat["c"])
+    else:
+        with pytest.raises(ValueError, match="one size"):
+            kern.stream_reads(flat["a"].copy(), (flat["b"], flat["c"]), 1, True)
+    acc = kern.stream_reads(flat["a"].copy(), (flat["b"], flat["c"]), 1, False)
+    assert acc == int(np.bitwise_xor.reduce(flat["b"]) ^ np.bitwise_xor.reduce(flat["c"]))
 
 
 def _backend_kernels():

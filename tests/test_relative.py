@@ -430,6 +430,70 @@ def test_disentangled_kernel_matches_reference(dtype, settings, terms, both_thre
             assert_bytes_equal(got, want, f"{shape} byte-swapped logits")
 
 
+
+def _disentangled_float64(scores, c2p, p2c, pb, mr):
+    """scores + (c2p term + p2c term) in float64, straight from the formula: c2p[..., i,
+    clip(r(i, j) + span)] and p2c[..., j, clip(-r(j, i) + span)], r the relative positions
+    of the (q, k) grid (and of the (k, k) one for p2c, which needs q == k)."""
+    span = pb if pb > 0 else mr
+    q, k = scores.shape[-2:]
+    r = fastpe.deberta_relative_positions(q, k, position_buckets=pb, max_relative_positions=mr)
+    out = scores.astype(np.float64)
+    term = np.zeros(out.shape)
+    if c2p is not None:
+        ci = np.broadcast_to(np.clip(r + span, 0, 2 * span - 1), out.shape)
+        term += np.take_along_axis(c2p.astype(np.float64), ci, axis=-1)
+    if p2c is not None:
+        pi = np.broadcast_to(np.clip(-r + span, 0, 2 * span - 1), out.shape)  # [j, i]
+        term += np.swapaxes(np.take_along_axis(p2c.astype(np.float64), pi, axis=-1), -1, -2)
+    return out + term
+
+
+# float32 with AVX2 takes 8 x 8 blocks of 16-row units, the rows and keys past a multiple
+# of 8 one at a time, keys in chunks of 4096; settings whose gather indices step by more
+# than one per distance somewhere ((256, 300), (64, 40)) and spans below 4 ((-1, 3)) take
+# the general loops. Both against the reference (the same float32 rounding, bit for bit)
+# and against float64 math (within float32 rounding).
+BLOCK_SHAPES = [(1, 2, 8, 8), (1, 1, 16, 16), (2, 1, 23, 23), (1, 2, 40, 40), (1, 1, 47, 47),
+                (1, 1, 161, 161)]
+
+
+@pytest.mark.parametrize("settings", [(256, 512), (8, 24), (4, 8), (-1, 20), (32, 128),
+                                      (256, 300), (64, 40), (-1, 3)], ids=str)
+@pytest.mark.parametrize("terms", ["both", "c2p", "p2c"])
+def test_disentangled_block_edges(settings, terms, both_threads):
+    pb, mr = settings
+    span = pb if pb > 0 else mr
+    shapes = BLOCK_SHAPES + ([(1, 2, 19, 45), (1, 1, 45, 19), (1, 1, 2, 4100)]
+                             if terms == "c2p" else [])
+    for shape in shapes:
+        q, k = shape[-2:]
+        rng = np.random.default_rng(q * 1000 + k)
+        scores = rng.standard_normal(shape).astype(np.float32)
+        c2p = rng.standard_normal(shape[:-1] + (2 * span,)).astype(np.float32)
+        p2c = rng.standard_normal(shape[:-2] + (k, 2 * span)).astype(np.float32)
+        kw = {"c2p": c2p if terms != "p2c" else None, "p2c": p2c if terms != "c2p" else None,
+              "position_buckets": pb, "max_relative_positions": mr}
+        want = fastpe.reference.add_disentangled_bias(scores.copy(), **kw)
+        got = fastpe.add_disentangled_bias(scores.copy(), num_threads=both_threads, **kw)
+        assert_bytes_equal(got, want, f"{shape}")
+        np.testing.assert_allclose(got, _disentangled_float64(scores, kw["c2p"], kw["p2c"],
+                                                              pb, mr),
+                                   rtol=3e-7, atol=3e-7, err_msg=f"{shape}")
+        # rows of scores and logits further apart than their length (keys adjacent)
+        pad = np.full(shape[:-1] + (k + 5,), 7.0, np.float32)
+        view = pad[..., 2:k + 2]
+        view[...] = scores
+        pads = {}
+        for name in ("c2p", "p2c"):
+            if kw[name] is not None:
+                big = np.full(kw[name].shape[:-1] + (2 * span + 3,), 5.0, np.float32)
+                pads[name] = big[..., 1:2 * span + 1]
+                pads[name][...] = kw[name]
+        fastpe.add_disentangled_bias(view, num_threads=both_threads, **{**kw, **pads})
+        assert_bytes_equal(view, want, f"{shape} padded rows")
+        assert (pad[..., :2] == 7).all() and (pad[..., k + 2:] == 7).all()
+
 def test_half_types_sum_the_logits_in_float32():
     s = np.zeros((1, 1, 2, 2), np.float16)
     c = np.full((1, 1, 2, 8), 2.0**-12, np.float16)      # below half an ulp of 1 in float16

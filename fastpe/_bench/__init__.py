@@ -56,7 +56,7 @@ from .floors import prepare_floor
 from .peers import PEERS
 from .peers import attach as attach_peers
 from .timing import MODES, NOISE_FRACTION, Timing, measure, run_workload
-from .workloads import alibi_workloads, rope_workloads, select, workloads
+from .workloads import alibi_workloads, deberta_workload, rope_workloads, select, workloads
 
 __all__ = [
     "DTYPES",
@@ -80,6 +80,7 @@ __all__ = [
     "chunked_add",
     "compare",
     "copy_arrays",
+    "deberta_workload",
     "floors",
     "measure",
     "peers",

@@ -272,3 +272,43 @@ def numpy_alibi_bias(arrays: Arrays, threads: int) -> Runner:
         np.multiply(slopes, dist, out=a["out"], casting="same_kind")
         return (a["out"],)
     return run
+
+
+def prepare_numpy_disentangled(position_buckets: int, max_relative_positions: int) -> Any:
+    """The best NumPy for DeBERTa's gather-add (the logits already made): the flat gather
+    index of each term cached as a model caches its relative positions (not timed; the
+    p2c term's already transposed: element (i, j) is key j's row at query i's index),
+    then per (batch, head) two ``np.take`` into preallocated buffers, their sum and one
+    in-place add: the sum rounds once, as fastpe's and transformers' do. Half floats sum
+    and add in float32 buffers."""
+    def prepare(arrays: Arrays, threads: int) -> Runner:
+        s0 = arrays["scores"]
+        q, k = s0.shape[-2:]
+        width = arrays["c2p"].shape[-1]
+        span = width // 2
+        r = fastpe.deberta_relative_positions(q, k, position_buckets=position_buckets,
+                                              max_relative_positions=max_relative_positions)
+        rows = np.arange(q)[:, None] * width
+        ci = rows + np.clip(r + span, 0, width - 1)                       # c2p[i, .]
+        pi = np.arange(k)[None, :] * width + np.clip(-r.T + span, 0, width - 1)  # p2c[j, .]
+        work = work_dtype(s0.dtype)
+        g1, g2 = np.empty((q, k), s0.dtype), np.empty((q, k), s0.dtype)
+        w1, w2 = np.empty((q, k), work), np.empty((q, k), work)
+
+        def run(a: Arrays) -> Result:
+            s = a["scores"].reshape(-1, q, k)
+            c = a["c2p"].reshape(-1, q * width)
+            p = a["p2c"].reshape(-1, k * width)
+            for h in range(s.shape[0]):
+                np.take(c[h], ci, out=g1)
+                np.take(p[h], pi, out=g2)
+                if work == s.dtype:
+                    np.add(g1, g2, out=g1)
+                    np.add(s[h], g1, out=s[h])
+                else:
+                    np.add(g1, g2, out=w1, dtype=work)
+                    np.add(s[h], w1, out=w2, dtype=work)
+                    np.copyto(s[h], w2, casting="same_kind")
+            return (a["scores"],)
+        return run
+    return prepare

@@ -24,18 +24,22 @@ DTYPES = ("float32", "float16")
 
 # The canonical shapes: LLaMA-7B attention (32 heads of 128) at 2048
 # tokens, Llama-3-8B (GQA: 8 KV heads, rope_theta 500000, llama3 scaling), BLOOM-like ALiBi
-# (32 heads, 2048 tokens), an (8, 2048, 1024) embedding batch, an (8192, 1024) table.
+# (32 heads, 2048 tokens), an (8, 2048, 1024) embedding batch, an (8192, 1024) table,
+# DeBERTa-v3-base's disentangled attention (12 heads, 512 tokens, position_buckets 256,
+# max_relative_positions 512).
 # the shapes of each workload (ints, and tuples of ints)
 Size = dict[str, Any]
 FULL: Size = dict(batch=1, seq=2048, heads=32, kv_heads=8, head_dim=128, decode_pos=4095,
             decode_batch=32, table=(8192, 1024), embed=(8, 2048, 1024), max_len=4096,
             alibi_heads=32, alibi_seq=2048, alibi_keys=4096,
+            deberta=dict(heads=12, seq=512, position_buckets=256, max_relative_positions=512),
             llama=dict(vocab=8192, hidden=512, layers=4, heads=8, kv_heads=2, head_dim=64,
                        intermediate=1408, max_len=1024, batch=4, lengths=(1000, 733, 517, 301)))
 # A few kilobytes each: for the tests of the command line and of the baselines.
 TINY: Size = dict(batch=1, seq=48, heads=4, kv_heads=2, head_dim=32, decode_pos=4095,
             decode_batch=3, table=(40, 33), embed=(2, 24, 20), max_len=64,
             alibi_heads=3, alibi_seq=24, alibi_keys=40,
+            deberta=dict(heads=2, seq=16, position_buckets=8, max_relative_positions=24),
             llama=dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
                        intermediate=48, max_len=16, batch=4, lengths=(15, 11, 7, 3)))
 # --quick: the canonical shapes, but ALiBi prefill and bias over 1024 tokens (128 MiB of
@@ -135,7 +139,8 @@ class Workload:
     """One canonical call and its implementations (see the module docstring)."""
 
     name: str            # "rope-prefill-neox": pytest ids, --only, JSON
-    family: str          # "sinusoidal" | "learned" | "rope" | "alibi" | "program"
+    family: str          # "sinusoidal" | "learned" | "rope" | "alibi" | "relative" |
+    #                      "program"
     title: str           # human-readable, with the shapes
     make: Callable[[np.dtype], Arrays]
     inplace: tuple[str, ...]          # arrays read and written in place
@@ -161,6 +166,8 @@ class Workload:
     dtypes: tuple[str, ...] = ("float16", "float32", "float64")  # those it runs in
     inner: str | None = None          # a part its runners time inside each call (their
     #                                   `inner_seconds`, accumulated): "RoPE" in a program
+    reads: tuple[str, ...] = ()       # arrays the call only reads, all of whose bytes the
+    #                                   floor reads too (DeBERTa's logit tables)
 
     @property
     def written(self) -> tuple[str, ...]:
@@ -171,8 +178,12 @@ class Workload:
         return sum(arrays[n].nbytes for n in self.result)
 
     def traffic_bytes(self, arrays: Arrays) -> int:
-        """Bytes the floor moves: read + write for a stream, write for a fill."""
-        return self.floor_bytes(arrays) * {"stream": 2, "fill": 1, "none": 0}[self.floor]
+        """Bytes the floor moves: read + write for a stream (and a read of each array in
+        `reads`), write for a fill."""
+        if self.floor == "none":
+            return 0
+        moved = self.floor_bytes(arrays) * {"stream": 2, "fill": 1}[self.floor]
+        return moved + sum(arrays[n].nbytes for n in self.reads)
 
     def part(self, name: str, result: object) -> np.ndarray:
         """The part of result array `name` that the check compares."""

@@ -18,6 +18,13 @@ overheads or another moment's load:
   table kernels stream past the caches. For a read-modify-write pass it skips the
   write-back of the line just read, which pays for buffers past the caches.
 
+A call that also reads arrays it does not write (``Workload.reads``: DeBERTa's logit
+tables) has them in its floor, each read once: ``numpy`` reduces each (the largest of its
+elements as unsigned integers, a vectorised pass) before its stream; ``c`` is one C pass
+that XORs the reads' words, ANDed with a mask of 0 known only at run time, into the
+written array's (arrays of one size), ``c-split`` a C pass over each read array and then
+the stream over the written one.
+
 A Python thread pool splits a multi-threaded NumPy floor into contiguous pieces (NumPy
 releases the GIL in ufunc loops); only worth it for big buffers, as a dispatch costs tens
 of microseconds: smaller floors run on one thread, as fastpe runs small calls serially.
@@ -75,12 +82,20 @@ def _c_ready(a: np.ndarray) -> bool:
     return a.flags.c_contiguous and a.ctypes.data % 8 == 0 and a.nbytes % 8 == 0
 
 
-def prepare_floor(kind: str, names: tuple[str, ...]) -> Prepare:
+def _read(a: np.ndarray) -> None:
+    """Every byte of `a` read once: the largest of its elements as unsigned integers (a
+    vectorised reduction, at memory speed)."""
+    a.view(np.dtype(f"u{a.dtype.itemsize}")).max()
+
+
+def prepare_floor(kind: str, names: tuple[str, ...], reads: tuple[str, ...] = ()) -> Prepare:
     """The NumPy form of the floor (what bench/ times beside each implementation)."""
     op = _stream if kind == "stream" else _fill
 
     def numpy_(arrays: Arrays, threads: int) -> Runner:
         def run(a: Arrays) -> Result:
+            for n in reads:
+                _parallel(_read, _flat(a[n]), threads)
             for n in names:
                 _parallel(op, _flat(a[n]), threads)
             return ()
@@ -88,16 +103,42 @@ def prepare_floor(kind: str, names: tuple[str, ...]) -> Prepare:
     return numpy_
 
 
-def forms(kind: str, names: tuple[str, ...]) -> dict[str, MaybePrepare]:
+def forms(kind: str, names: tuple[str, ...], reads: tuple[str, ...] = ()) -> dict[str, MaybePrepare]:
     """The forms of the floor over arrays `names`: "stream" (read + write each byte,
-    in place) or "fill" (write each byte; what producing a table must at least do).
-    The C forms are there when the compiled kernels are; "c-nt" where they have
-    streaming stores."""
-    out: dict[str, MaybePrepare] = {"numpy": prepare_floor(kind, names)}
+    in place) or "fill" (write each byte; what producing a table must at least do),
+    with each byte of the arrays `reads` read once too (a stream only). The C forms are
+    there when the compiled kernels are; "c-nt" where they have streaming stores."""
+    if reads and (kind != "stream" or len(names) != 1):  # pragma: no cover - no workload
+        raise ValueError("a floor with reads is one in-place stream")
+    out: dict[str, MaybePrepare] = {"numpy": prepare_floor(kind, names, reads)}
     kern = _backend.compiled
     if kern is None:
         return out
     fill = kind == "fill"
+
+    if reads:
+        def c_reads(fused: bool) -> MaybePrepare:
+            def c(arrays: Arrays, threads: int) -> Runner | None:
+                every = (*names, *reads)
+                if not all(_c_ready(arrays[n]) for n in every):
+                    return None
+                if fused and any(arrays[n].nbytes != arrays[names[0]].nbytes for n in reads):
+                    return None
+                target = arrays[names[0]]
+                mine = tuple(arrays[n] for n in reads)
+
+                def run(a: Arrays) -> Result:
+                    if a is arrays:
+                        kern.stream_reads(target, mine, threads, fused)
+                    else:
+                        kern.stream_reads(a[names[0]], tuple(a[n] for n in reads), threads,
+                                          fused)
+                    return ()
+                return run
+            return c
+        out["c"] = c_reads(True)
+        out["c-split"] = c_reads(False)
+        return out
 
     def c_form(nontemporal: bool) -> MaybePrepare:
         def c(arrays: Arrays, threads: int) -> Runner | None:

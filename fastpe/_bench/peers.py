@@ -16,7 +16,10 @@ exact in the same sense as fastpe (angles formed in float64; ALiBi biases rounde
   one graph of two nodes (q and k) built in memory with ``onnx.helper``, with a float32
   cos/sin cache made from float64 angles; it writes new arrays;
 - ``torch``: PyTorch eager in Hugging Face's form (``q * cos + rotate_half(q) * sin``,
-  GPT-J's ``rotate_every_two`` for gptj), cos/sin per call from float64 angles;
+  GPT-J's ``rotate_every_two`` for gptj), cos/sin per call from float64 angles; for
+  DeBERTa the steps of DebertaV2's ``disentangled_attention_bias`` after its two matrix
+  products (the relative positions made once, as its encoder makes them once per
+  forward; per call the clamps, both gathers, the transpose and the adds);
 - ``torch.compile``: the same function through ``torch.compile``;
 - ``fastpe-torch``: fastpe itself, the very call of the ``fastpe`` column, on torch CPU
   tensors sharing the arrays' memory (``torch.from_numpy``, made once): what a torch
@@ -54,9 +57,10 @@ FASTPE_PEERS = ("fastpe-torch",)
 _NEEDS = {"numba": ("numba",), "onnxruntime": ("onnxruntime", "onnx"), "torch": ("torch",),
           "torch.compile": ("torch",), "fastpe-torch": ("torch",), "jax": ("jax",)}
 # the workload families each peer has an implementation for
-_FAMILIES = {"numba": ("rope", "alibi"), "onnxruntime": ("rope",), "torch": ("rope",),
+_FAMILIES = {"numba": ("rope", "alibi"), "onnxruntime": ("rope",), "torch": ("rope", "relative"),
              "torch.compile": ("rope",),
-             "fastpe-torch": ("rope", "sinusoidal", "learned", "alibi"), "jax": ("alibi",)}
+             "fastpe-torch": ("rope", "sinusoidal", "learned", "alibi", "relative"),
+             "jax": ("alibi",)}
 
 
 def missing(name: str) -> str | None:
@@ -338,6 +342,33 @@ def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
     return prepare
 
 
+def _torch_disentangled(wl: Workload) -> MaybePrepare:
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        if arrays["scores"].dtype != np.float32:
+            return None
+        import torch
+        torch.set_num_threads(1)
+        q, k = arrays["scores"].shape[-2:]
+        span = arrays["c2p"].shape[-1] // 2
+        rel = torch.from_numpy(fastpe.deberta_relative_positions(q, k, **wl.params))[None]
+        c2p_att = torch.from_numpy(arrays["c2p"]).reshape(-1, q, 2 * span)
+        p2c_att = torch.from_numpy(arrays["p2c"]).reshape(-1, k, 2 * span)
+        n = c2p_att.shape[0]
+
+        def run(a: Arrays) -> Result:
+            with torch.no_grad():
+                c2p_pos = torch.clamp(rel + span, 0, span * 2 - 1)
+                c2p = torch.gather(c2p_att, dim=-1, index=c2p_pos.squeeze(0).expand([n, q, k]))
+                p2c_pos = torch.clamp(-rel + span, 0, span * 2 - 1)
+                p2c = torch.gather(p2c_att, dim=-1,
+                                   index=p2c_pos.squeeze(0).expand([n, k, k])).transpose(-1, -2)
+                score = c2p + p2c
+                torch.from_numpy(a["scores"]).view(n, q, k).add_(score)
+            return (a["scores"],)
+        return run
+    return prepare
+
+
 # ---- fastpe on torch tensors ---------------------------------------------------------------
 
 def _fastpe_torch(wl: Workload) -> MaybePrepare:
@@ -360,6 +391,8 @@ def _peer_for(name: str, wl: Workload) -> MaybePrepare | None:
         return None
     if name == "fastpe-torch":
         return _fastpe_torch(wl)
+    if wl.family == "relative":
+        return _torch_disentangled(wl) if name == "torch" else None
     if wl.family == "rope":
         if "style" not in wl.params:
             return None
@@ -373,7 +406,8 @@ def _peer_for(name: str, wl: Workload) -> MaybePrepare | None:
 
 def attach(workloads: list[Workload], wanted: tuple[str, ...] = PEERS) -> dict[str, str]:
     """Add the wanted peers that can run here to every workload they implement (RoPE
-    prefill and decode; ALiBi on scores); returns the skipped ones with the reason."""
+    prefill and decode; ALiBi on scores; DeBERTa's bias); returns the skipped ones with
+    the reason."""
     skipped = {}
     for name in wanted:
         reason = missing(name)

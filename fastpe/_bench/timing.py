@@ -169,7 +169,7 @@ def run_workload(wl: Workload, dtype: DTypeLike, threads: int, *, mode: Mode,
     del expected
     floors = {}
     if wl.floor != "none":
-        for form, prepare in floor_forms(wl.floor, wl.result).items():
+        for form, prepare in floor_forms(wl.floor, wl.result, wl.reads).items():
             run = prepare(base, threads)
             if run is not None:
                 floors[f"floor:{form}"] = run

@@ -21,6 +21,7 @@ from .baselines import (
     numpy_alibi_bias,
     numpy_alibi_decode,
     numpy_alibi_prefill,
+    prepare_numpy_disentangled,
     prepare_numpy_table,
     prepare_textbook_table,
 )
@@ -381,6 +382,47 @@ def alibi_workloads(size: Size) -> list[Workload]:
             alibi_decode_workload(size)]
 
 
+# ---- relative positions --------------------------------------------------------------------
+
+def deberta_workload(size: Size) -> Workload:
+    """DeBERTa-v2/v3's disentangled attention: both logit tables given, their gathers
+    added into the scores. The floor reads both tables and reads and writes the scores."""
+    d = size["deberta"]
+    heads, seq = d["heads"], d["seq"]
+    settings = dict(position_buckets=d["position_buckets"],
+                    max_relative_positions=d["max_relative_positions"])
+    span = settings["position_buckets"]
+    shape = (1, heads, seq, seq)
+
+    def make(dtype: np.dtype) -> Arrays:
+        return {"scores": random_array(shape, dtype),
+                "c2p": random_array(shape[:-1] + (2 * span,), dtype, 0.5),
+                "p2c": random_array(shape[:-1] + (2 * span,), dtype, 0.25)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return (fastpe.add_disentangled_bias(a["scores"], c2p=a["c2p"], p2c=a["p2c"],
+                                                 num_threads=threads, **settings),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return (fastpe.reference.add_disentangled_bias(a["scores"], c2p=a["c2p"],
+                                                           p2c=a["p2c"], **settings),)
+        return run
+
+    return Workload(
+        name="deberta-bias", family="relative",
+        title=f"add_disentangled_bias(scores {shape}, c2p, p2c) (DeBERTa-v3)",
+        make=make, inplace=("scores",), result=("scores",), floor="stream",
+        reads=("c2p", "p2c"),
+        impls={"fastpe": fastpe_, "reference": reference,
+               "numpy": prepare_numpy_disentangled(**settings)},
+        numpy_note="both flat gather indices cached; per head two np.take into buffers, "
+                   "their sum, one in-place add",
+        params=settings)
+
+
 # ---- a real program ------------------------------------------------------------------------
 
 def llama_decode_workload(size: Size) -> Workload:
@@ -406,7 +448,7 @@ def workloads(size: str = "full") -> list[Workload]:
     sz = SIZES[size]
     rope = [*rope_workloads(sz), mrope_prefill_workload(sz)]
     return [*rope, _table_workload(sz), _add_sinusoidal_workload(sz), _learned_workload(sz),
-            *alibi_workloads(sz), llama_decode_workload(sz)]
+            *alibi_workloads(sz), deberta_workload(sz), llama_decode_workload(sz)]
 
 
 def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:

@@ -89,6 +89,88 @@ cdef void stream_words(uint64_t *p, Py_ssize_t n, uint64_t word, bint fill,
         xor_words(p, n, word)
 
 
+cdef uint64_t read_words(const uint64_t *p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef uint64_t acc = 0
+    for i in range(n):
+        acc = acc ^ p[i]
+    return acc
+
+
+cdef void fold_words(uint64_t *p, const uint64_t **reads, int nreads, Py_ssize_t w0,
+                     Py_ssize_t n, uint64_t mask) noexcept nogil:
+    """p[i] ^= (reads[0][w0 + i] ^ ...) & mask for i < n."""
+    cdef Py_ssize_t i
+    cdef int r
+    cdef uint64_t v
+    cdef const uint64_t *a
+    cdef const uint64_t *b
+    if nreads == 2:                 # DeBERTa's two tables: a loop the compiler vectorises
+        a = reads[0] + w0
+        b = reads[1] + w0
+        for i in range(n):
+            p[i] = p[i] ^ ((a[i] ^ b[i]) & mask)
+        return
+    for i in range(n):
+        v = 0
+        for r in range(nreads):
+            v = v ^ reads[r][w0 + i]
+        p[i] = p[i] ^ (v & mask)
+
+
+def stream_reads(cnp.ndarray target, tuple reads, int num_threads, bint fused=True,
+                 uint64_t mask=0):
+    """The floor of a call that writes `target` in place and reads `reads`: every word
+    of target read and written once, every word of each read array read once. fused:
+    in one pass (the read arrays as many bytes as target, at most 8 of them), else a
+    pass over each read array, then target's. mask (0: values unchanged) is what the
+    fused pass ANDs the reads' XOR with before XORing it into target; returns the XOR
+    of the separate passes' words (so that no compiler drops them).
+
+    arrays: C-contiguous, 8-byte aligned, nbytes multiples of 8 (the caller checks).
+    """
+    cdef cnp.ndarray a
+    cdef uint64_t *p = <uint64_t *>cnp.PyArray_DATA(target)
+    cdef Py_ssize_t n = cnp.PyArray_NBYTES(target) // 8, u, units, w0, m
+    cdef const uint64_t *rp[8]
+    cdef int nreads = len(reads), r, nthreads
+    cdef uint64_t acc = 0
+    if fused:
+        if nreads > 8:
+            raise ValueError("stream_reads: at most 8 read arrays in one pass")
+        for r in range(nreads):
+            a = <cnp.ndarray>reads[r]
+            if cnp.PyArray_NBYTES(a) != cnp.PyArray_NBYTES(target):
+                raise ValueError("stream_reads: a fused pass needs arrays of one size")
+            rp[r] = <const uint64_t *>cnp.PyArray_DATA(a)
+        units = ceil_div(n, STREAM_WORDS)
+        nthreads = units_threads(units, num_threads)
+        with nogil:
+            if nthreads > 1:
+                for u in prange(units, schedule="static", num_threads=nthreads):
+                    w0 = u * STREAM_WORDS
+                    fold_words(p + w0, rp, nreads, w0, min(<Py_ssize_t>STREAM_WORDS, n - w0),
+                               mask)
+            else:
+                fold_words(p, rp, nreads, 0, n, mask)
+        return 0
+    cdef const uint64_t *q
+    for a in reads:
+        q = <const uint64_t *>cnp.PyArray_DATA(a)
+        m = cnp.PyArray_NBYTES(a) // 8
+        units = ceil_div(m, STREAM_WORDS)
+        nthreads = units_threads(units, num_threads)
+        with nogil:
+            if nthreads > 1:
+                for u in prange(units, schedule="static", num_threads=nthreads):
+                    w0 = u * STREAM_WORDS
+                    acc ^= read_words(q + w0, min(<Py_ssize_t>STREAM_WORDS, m - w0))
+            else:
+                acc = acc ^ read_words(q, m)
+    stream((target,), False, 0, num_threads)
+    return acc
+
+
 def stream(tuple arrays, bint fill, uint64_t word, int num_threads, bint nontemporal=False):
     """One pass over the bytes of each array, in place: each 8-byte word XORed
     with `word` (read and written once; word 0 leaves the values as they were),

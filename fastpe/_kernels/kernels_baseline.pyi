@@ -102,6 +102,13 @@ def stream(
     num_threads: int,
     nontemporal: bool = ...,
 ) -> None: ...
+def stream_reads(
+    target: NDArray[Any],
+    reads: tuple[NDArray[Any], ...],
+    num_threads: int,
+    fused: bool = ...,
+    mask: int = ...,
+) -> int: ...
 def sinusoidal(
     x: NDArray[Any],
     code: int,

@@ -390,6 +390,235 @@ cdef extern from *:
                               Py_ssize_t span, Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t j0,
                               Py_ssize_t n) nogil
 
+cdef extern from *:
+    """
+    /* float32 with AVX2, keys adjacent in the scores and the logits: 8 x 8 blocks.
+     *
+     * The gather indices come from per-call tables by distance, over every distance the
+     * call meets: E[e] = ci(i - j) for e = j - i and F[d] = pi(d) for d = i - j, each
+     * with the base of a window, Eb[e] = min(E[e .. e + 7]) and Fb[d] = min(F[d .. d + 7])
+     * (at most 2 span - 8). Where every window of 8 adjacent distances has indices within
+     * 8 of its base ("windowed": the index steps by at most one per distance, as
+     * DeBERTa's log buckets do past position_buckets / 2 whenever max_relative_positions
+     * is large enough), 8 logits of a row are one unaligned load of the window and one
+     * permute, whatever the zone; a block whose distances are all exact (|d| <= lin)
+     * reads c2p backwards (a load and a reversing permute) and p2c's windows plainly.
+     *
+     * A block is 8 queries by 8 keys: the 8 keys' p2c windows (each down its own row)
+     * are transposed in registers and added, with each query's c2p window, to the 8
+     * rows of scores. Done in two passes through a tile of the unit's rows instead (the
+     * p2c term stored, then each row's sweep), the tile's stores and loads measured
+     * 10-15% slower at (1, 12, 512, 512), past L3.
+     *
+     * Prefetch into L2 (hint T1; a T0 hint keeps the lines in L1's few miss buffers and
+     * measured half the bandwidth): each key's p2c window is a line or two of a
+     * different row, a pattern no hardware prefetcher follows, so the window end of
+     * each key for the rows FPE_DEB_P2C_AHEAD below is fetched (its start is the end of
+     * the rows 8 before it, fetched one block row earlier); a c2p row is read
+     * backwards, which hardware prefetchers follow poorly, so the next 8 rows' c2p and
+     * scores lines are fetched at the same keys. */
+    #if defined(__AVX2__)
+    #define FPE_DEB_VEC 1
+    #define FPE_DEB_P2C_AHEAD 16
+    #define FPE_DEB_PF(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+    typedef struct {
+        const int32_t *E, *Eb, *F, *Fb;  /* pointers at distance 0 */
+        Py_ssize_t q, k, lin, span, unit_rows;
+        Py_ssize_t sq, cq, pk;           /* row strides of scores, c2p, p2c */
+    } fpe_deb_vec;
+
+    static inline __m256 fpe_deb_window(const float *row, const int32_t *idx,
+                                        const int32_t *base, Py_ssize_t e)
+    {
+        const int32_t b = base[e];
+        const __m256i off = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(idx + e)),
+                                             _mm256_set1_epi32(b));
+        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(row + b), off);
+    }
+
+    /* one block: queries i0 .. i0 + 8 (x0, c0 at query i0), keys j .. j + 8 (p the p2c row
+     * of key j); exact: every distance of the block within lin; has_c, has_p: the terms
+     * given (all three constants once inlined) */
+    static inline __attribute__((always_inline)) void fpe_deb_block(
+        const fpe_deb_vec *a, float *restrict x0, const float *c0, const float *p,
+        Py_ssize_t d, Py_ssize_t j, int exact, int has_c, int has_p)
+    {
+        const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, span = a->span;
+        const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
+        const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+        __m256 p0, p1, p2, p3, p4, p5, p6, p7;
+        if (has_p) {
+            if (exact) {
+                /* key j + u, query i0 + r: p2c[j + u, span + d - u + r] */
+                const float *s = p + span + d;
+                const Py_ssize_t st = pk - 1;
+                p0 = _mm256_loadu_ps(s);          p1 = _mm256_loadu_ps(s + st);
+                p2 = _mm256_loadu_ps(s + 2 * st); p3 = _mm256_loadu_ps(s + 3 * st);
+                p4 = _mm256_loadu_ps(s + 4 * st); p5 = _mm256_loadu_ps(s + 5 * st);
+                p6 = _mm256_loadu_ps(s + 6 * st); p7 = _mm256_loadu_ps(s + 7 * st);
+            } else {
+                p0 = fpe_deb_window(p, F, Fb, d);
+                p1 = fpe_deb_window(p + pk, F, Fb, d - 1);
+                p2 = fpe_deb_window(p + 2 * pk, F, Fb, d - 2);
+                p3 = fpe_deb_window(p + 3 * pk, F, Fb, d - 3);
+                p4 = fpe_deb_window(p + 4 * pk, F, Fb, d - 4);
+                p5 = fpe_deb_window(p + 5 * pk, F, Fb, d - 5);
+                p6 = fpe_deb_window(p + 6 * pk, F, Fb, d - 6);
+                p7 = fpe_deb_window(p + 7 * pk, F, Fb, d - 7);
+            }
+            /* p_u holds key u's 8 queries; the transpose gives query r's 8 keys */
+            __m256 t0 = _mm256_unpacklo_ps(p0, p1), t1 = _mm256_unpackhi_ps(p0, p1);
+            __m256 t2 = _mm256_unpacklo_ps(p2, p3), t3 = _mm256_unpackhi_ps(p2, p3);
+            __m256 t4 = _mm256_unpacklo_ps(p4, p5), t5 = _mm256_unpackhi_ps(p4, p5);
+            __m256 t6 = _mm256_unpacklo_ps(p6, p7), t7 = _mm256_unpackhi_ps(p6, p7);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            p0 = _mm256_permute2f128_ps(u0, u4, 0x20); p1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+            p2 = _mm256_permute2f128_ps(u2, u6, 0x20); p3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+            p4 = _mm256_permute2f128_ps(u0, u4, 0x31); p5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+            p6 = _mm256_permute2f128_ps(u2, u6, 0x31); p7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+        } else {
+            p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = _mm256_setzero_ps();
+        }
+        /* row r: x[i0 + r, j ..] += c2p window (+ p2c row r) */
+    #define FPE_DEB_ADD_ROW(R, P)                                                          \
+        {                                                                                 \
+            float *xr = x0 + (R) * sq + j;                                                \
+            __m256 v = _mm256_loadu_ps(xr);                                               \
+            if (has_c) {                                                                  \
+                const float *cr = c0 + (R) * cq;                                          \
+                __m256 c = exact                                                          \
+                    ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cr + span + d + (R) - 7), rev) \
+                    : fpe_deb_window(cr, E, Eb, -d - (R));                                \
+                v = _mm256_add_ps(v, has_p ? _mm256_add_ps(c, P) : c);                    \
+            } else {                                                                      \
+                v = _mm256_add_ps(v, P);                                                  \
+            }                                                                             \
+            _mm256_storeu_ps(xr, v);                                                      \
+        }
+        FPE_DEB_ADD_ROW(0, p0) FPE_DEB_ADD_ROW(1, p1) FPE_DEB_ADD_ROW(2, p2)
+        FPE_DEB_ADD_ROW(3, p3) FPE_DEB_ADD_ROW(4, p4) FPE_DEB_ADD_ROW(5, p5)
+        FPE_DEB_ADD_ROW(6, p6) FPE_DEB_ADD_ROW(7, p7)
+    #undef FPE_DEB_ADD_ROW
+    }
+
+    /* rows i0 .. i0 + 8 of one (batch, head), every key: x, c2p and p2c at their row 0,
+     * c2p or p2c NULL when absent (has_c, has_p say which, as constants once inlined) */
+    static inline __attribute__((always_inline)) void fpe_deb_rows8(
+        const fpe_deb_vec *a, float *restrict x, const float *c2p, const float *p2c,
+        Py_ssize_t i0, int has_c, int has_p)
+    {
+        const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, lin = a->lin, span = a->span;
+        const Py_ssize_t k = a->k, q = a->q, k8 = k & ~(Py_ssize_t)7;
+        const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
+        const int fetch_p = has_p && i0 + FPE_DEB_P2C_AHEAD + 8 <= q;
+        const int fetch_x = i0 + 16 <= q;
+        float *x0 = x + i0 * sq;
+        const float *c0 = has_c ? c2p + i0 * cq : NULL;
+        Py_ssize_t j, r;
+        for (j = 0; j < k8; j += 8) {
+            const Py_ssize_t d = i0 - j;             /* the block's distances: d - 7 .. d + 7 */
+            const float *p = has_p ? p2c + j * pk : NULL;
+            if (fetch_p) {
+                const Py_ssize_t da = d + FPE_DEB_P2C_AHEAD;
+                if (da - 7 >= -lin && da + 7 <= lin) {
+                    /* key j + u's window ends at span + da - u + 7 */
+                    const float *e = p + span + da + 7;
+                    const Py_ssize_t st = pk - 1;
+                    FPE_DEB_PF(e);          FPE_DEB_PF(e + st);     FPE_DEB_PF(e + 2 * st);
+                    FPE_DEB_PF(e + 3 * st); FPE_DEB_PF(e + 4 * st); FPE_DEB_PF(e + 5 * st);
+                    FPE_DEB_PF(e + 6 * st); FPE_DEB_PF(e + 7 * st);
+                } else {
+                    for (Py_ssize_t u = 0; u < 8; u++) FPE_DEB_PF(p + u * pk + Fb[da - u] + 7);
+                }
+            }
+            if (fetch_x && (j & 8) == 0)
+                for (r = 8; r < 16; r++) {
+                    FPE_DEB_PF(x0 + r * sq + j);
+                    if (has_c) FPE_DEB_PF(c0 + r * cq + Eb[j - i0 - r]);
+                }
+            if (d - 7 >= -lin && d + 7 <= lin)
+                fpe_deb_block(a, x0, c0, p, d, j, 1, has_c, has_p);
+            else
+                fpe_deb_block(a, x0, c0, p, d, j, 0, has_c, has_p);
+        }
+        /* the keys past a multiple of 8 */
+        for (r = 0; r < 8; r++) {
+            const Py_ssize_t i = i0 + r;
+            for (j = k8; j < k; j++) {
+                float *xv = x0 + r * sq + j;
+                if (has_c && has_p)
+                    *xv = *xv + (c0[r * cq + E[j - i]] + p2c[j * pk + F[i - j]]);
+                else if (has_c)
+                    *xv = *xv + c0[r * cq + E[j - i]];
+                else
+                    *xv = *xv + p2c[j * pk + F[i - j]];
+            }
+        }
+    }
+
+    /* rows i0 .. i0 + rows (fewer than 8) one element at a time */
+    static void fpe_deb_rows_scalar(const fpe_deb_vec *a, float *x, const float *c2p,
+                                    const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        for (Py_ssize_t i = i0; i < i0 + rows; i++) {
+            float *xr = x + i * a->sq;
+            const float *cr = c2p != NULL ? c2p + i * a->cq : NULL;
+            for (Py_ssize_t j = 0; j < a->k; j++) {
+                if (cr != NULL && p2c != NULL)
+                    xr[j] = xr[j] + (cr[a->E[j - i]] + p2c[j * a->pk + a->F[i - j]]);
+                else if (cr != NULL)
+                    xr[j] = xr[j] + cr[a->E[j - i]];
+                else
+                    xr[j] = xr[j] + p2c[j * a->pk + a->F[i - j]];
+            }
+        }
+    }
+
+    /* one unit: rows i0 .. i0 + rows of one (batch, head); x, c2p and p2c at its row 0
+     * (c2p or p2c NULL when absent) */
+    static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        Py_ssize_t g = 0;
+        for (; g + 8 <= rows; g += 8) {
+            if (c2p != NULL && p2c != NULL)
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 1);
+            else if (c2p != NULL)
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 0);
+            else
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 0, 1);
+        }
+        if (g < rows)
+            fpe_deb_rows_scalar(a, x, c2p, p2c, i0 + g, rows - g);
+    }
+    #else
+    #define FPE_DEB_VEC 0
+    typedef struct {
+        const int32_t *E, *Eb, *F, *Fb;
+        Py_ssize_t q, k, lin, span, unit_rows;
+        Py_ssize_t sq, cq, pk;
+    } fpe_deb_vec;
+    static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows;
+    }
+    #endif
+    """
+    int FPE_DEB_VEC
+    ctypedef struct fpe_deb_vec:
+        const int32_t *E
+        const int32_t *Eb
+        const int32_t *F
+        const int32_t *Fb
+        Py_ssize_t q, k, lin, span, unit_rows
+        Py_ssize_t sq, cq, pk
+    void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                              const float *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
+
 
 cdef struct DebertaCall:
     Py_ssize_t batch, heads, q, k
@@ -408,6 +637,7 @@ cdef struct DebertaCall:
     Py_ssize_t span
     Py_ssize_t chunk                    # keys per pass over a block of rows
     Py_ssize_t ld                       # elements between the p2c tile's rows
+    fpe_deb_vec vec                     # the float32 AVX2 path's settings and tables
 
 
 cdef inline Py_ssize_t clamp_distance(Py_ssize_t d, Py_ssize_t reach) noexcept nogil:
@@ -533,6 +763,53 @@ cdef void deberta_run(const DebertaCall *a, store_t *x, Work work, int nthreads)
                 deberta_unit(a, x, u, <float *>work_for(work, 0), kind_f)
 
 
+cdef inline void deberta_vec_unit(const DebertaCall *a, float *x, Py_ssize_t u) noexcept nogil:
+    """Unit u of deberta_unit's, on the float32 AVX2 path (fpe_deberta_vec_unit)."""
+    cdef Py_ssize_t nblocks = ceil_div(a.q, DEBERTA_ROWS)
+    cdef Py_ssize_t b = u // (a.heads * nblocks)
+    cdef Py_ssize_t h = (u // nblocks) % a.heads
+    cdef Py_ssize_t i0 = (u % nblocks) * DEBERTA_ROWS
+    cdef const float *c = NULL
+    cdef const float *p = NULL
+    if a.c2p != NULL:
+        c = (<const float *>a.c2p) + a.coff[b] + h * a.ch
+    if a.p2c != NULL:
+        p = (<const float *>a.p2c) + a.poff[b] + h * a.ph
+    fpe_deberta_vec_unit(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0,
+                         min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0))
+
+
+cdef void deberta_vec_run(const DebertaCall *a, float *x, int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
+    if nthreads > 1:
+        for u in prange(units, schedule="static", num_threads=nthreads):
+            deberta_vec_unit(a, x, u)
+    else:
+        for u in range(units):
+            deberta_vec_unit(a, x, u)
+
+
+cdef bint deberta_windows(Py_ssize_t lo, Py_ssize_t hi, const int32_t *table,
+                          Py_ssize_t reach, int sign, Py_ssize_t top, int32_t *out,
+                          int32_t *base) noexcept nogil:
+    """out[t - lo] = table[clip(sign * t, -reach, reach)] for t in [lo, hi + 8), base[t - lo]
+    the least of out's 8 entries from t (at most top) for t in [lo, hi]; whether every
+    such window lies within 8 of its base (the vector path's condition)."""
+    cdef Py_ssize_t t, m
+    cdef int32_t least, most
+    for t in range(lo, hi + 8):
+        out[t - lo] = table[clamp_distance(sign * t, reach)]
+    for t in range(lo, hi + 1):
+        least = most = out[t - lo]
+        for m in range(1, 8):
+            least = min(least, out[t - lo + m])
+            most = max(most, out[t - lo + m])
+        base[t - lo] = <int32_t>min(<Py_ssize_t>least, top)
+        if most - base[t - lo] > 7:
+            return False
+    return True
+
+
 def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
                          cnp.ndarray c2p_index, cnp.ndarray p2c_index, Py_ssize_t reach,
                          Py_ssize_t linear, Py_ssize_t span, int num_threads):
@@ -598,9 +875,36 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     # stores down a column of it): one cache line more than the chunk spreads them
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
     a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
-    cdef Scratch space = Scratch((DEBERTA_ROWS * a.ld + a.chunk) * real_size, nthreads)
+    # the float32 AVX2 path: tables of the indices by every distance of the call, c2p's
+    # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]
+    cdef bint vec = (FPE_DEB_VEC and code == CODE_F32 and a.sk == 1 and 2 * span >= 8
+                     and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
+    cdef Py_ssize_t width = a.q + a.k + 17
+    cdef Scratch tables
+    cdef int32_t *tp
+    if vec:
+        tables = Scratch(0, 1, 4 * (width + 8) * sizeof(int32_t))
+        tp = <int32_t *>tables.shared
+        vec = (deberta_windows(-(a.q + 8), a.k + 8, a.ci, reach, -1, 2 * span - 8,
+                               tp, tp + (width + 8))
+               and deberta_windows(-(a.k + 8), a.q + 8, a.pi, reach, 1, 2 * span - 8,
+                                   tp + 2 * (width + 8), tp + 3 * (width + 8)))
+        a.vec.E = tp + (a.q + 8)
+        a.vec.Eb = tp + (width + 8) + (a.q + 8)
+        a.vec.F = tp + 2 * (width + 8) + (a.k + 8)
+        a.vec.Fb = tp + 3 * (width + 8) + (a.k + 8)
+        a.vec.q, a.vec.k, a.vec.lin, a.vec.span = a.q, a.k, linear, span
+        a.vec.unit_rows = DEBERTA_ROWS
+        a.vec.sq = a.sq
+        a.vec.cq = a.cq if a.c2p != NULL else 0
+        a.vec.pk = a.pk if a.p2c != NULL else 0
+    # the general loops' p2c tile and row buffer, per thread
+    cdef Scratch space = Scratch(0 if vec else (DEBERTA_ROWS * a.ld + a.chunk) * real_size,
+                                 nthreads)
     with nogil:
-        if code == CODE_F32:
+        if vec:
+            deberta_vec_run(&a, <float *>xp, nthreads)
+        elif code == CODE_F32:
             deberta_run(&a, <float *>xp, space.work, nthreads)
         elif code == CODE_F64:
             deberta_run(&a, <double *>xp, space.work, nthreads)
