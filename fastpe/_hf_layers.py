@@ -25,12 +25,14 @@ base).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from . import _checks, _hf_models
 from ._rope_scaling import _hf_get, hf_requirements
 
 __all__ = ["LEGACY_LAYER_TYPES", "RULES", "Layer", "select"]
+
+_T = TypeVar("_T")
 
 # transformers 5.24's _LEGACY_LAYER_TYPE_REMAP: the layer type names its configs rename
 # when they load (an older config.json may hold the old ones).
@@ -62,29 +64,33 @@ def _raw(config: object, key: str) -> object:
     return getattr(config, key, _MISSING)
 
 
-def _int_list(value: object, name: str) -> list[int]:
+def _layer_list(value: object, name: str, what: str,
+                item: Callable[[object, str], _T]) -> list[_T]:
+    """config[name], a list with one value per layer, each through item(value, its name)."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
-        raise TypeError(f"config {name} must be a list of ints, one per layer, got "
+        raise TypeError(f"config {name} must be a list of {what}, one per layer, got "
                         f"{type(value).__name__}")
-    out = []
-    for i, v in enumerate(value):
-        if isinstance(v, bool):
-            v = int(v)
-        out.append(_checks.count(v, f"{name}[{i}]", minimum=None, whole_float=True))
-    return out
+    return [item(v, f"{name}[{i}]") for i, v in enumerate(value)]
+
+
+def _layer_int(v: object, name: str) -> int:
+    return _checks.count(int(v) if isinstance(v, bool) else v, name, minimum=None,
+                         whole_float=True)
+
+
+def _layer_theta(v: object, name: str) -> float:
+    theta = _checks.real(v, name)
+    if theta < 0:
+        raise ValueError(f"config {name} must be >= 0 (0: no RoPE), got {theta!r}")
+    return theta
+
+
+def _int_list(value: object, name: str) -> list[int]:
+    return _layer_list(value, name, "ints", _layer_int)
 
 
 def _theta_list(value: object, name: str) -> list[float]:
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
-        raise TypeError(f"config {name} must be a list of numbers, one per layer, got "
-                        f"{type(value).__name__}")
-    out = []
-    for i, v in enumerate(value):
-        v = _checks.real(v, f"{name}[{i}]")
-        if v < 0:
-            raise ValueError(f"config {name}[{i}] must be >= 0 (0: no RoPE), got {v!r}")
-        out.append(v)
-    return out
+    return _layer_list(value, name, "numbers", _layer_theta)
 
 
 def _bamba_types(config: object, count: int | None) -> list[str] | None:
