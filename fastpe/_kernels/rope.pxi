@@ -803,15 +803,16 @@ cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
     return views_apart(<cnp.ndarray>q, x) and (k is None or views_apart(<cnp.ndarray>k, x))
 
 
-cdef int rope_with_frequencies(RopeCall *a, int code, int64_t hi, object q, object k,
+cdef int rope_with_frequencies(RopeCall *a, int code, object q, object k,
                                bint neox, const double *w, Py_ssize_t half, double cos_scale,
                                double sin_scale, int num_threads) except -1:
     """Rotate with the frequencies w[:half] (not in q or k), once fast_arrays() has
-    filled `a` and returned `code` with the largest position `hi`: 1 when it rotated,
-    0 having touched nothing when they or the call are not the plain case."""
+    filled `a` and returned storage `code` (>= 0) for positions below
+    MAX_ANGLE_POSITION: 1 when it rotated, 0 having touched nothing when the
+    frequencies or the scaling are not the plain case."""
     cdef Py_ssize_t i
     # the validating path refuses what the angles or the float32 scaling cannot hold
-    if (code < 0 or hi >= MAX_ANGLE_POSITION or not FLT_MIN <= fabs(cos_scale) <= FLT_MAX
+    if (not FLT_MIN <= fabs(cos_scale) <= FLT_MAX
             or half == 0 or 2 * half > cnp.PyArray_DIMS(
                 <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
         return 0
@@ -1148,5 +1149,5 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
         w = frequency_data(inv_freq, q, k, &half)
         if w == NULL:
             return False
-    return rope_with_frequencies(&a, code, hi, q, k, neox, w, half, att,
+    return rope_with_frequencies(&a, code, q, k, neox, w, half, att,
                                  -att if inv else att, threads) == 1
