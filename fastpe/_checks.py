@@ -91,9 +91,14 @@ def float_dtype(dtype: Any, name: str) -> np.dtype:
 
 def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     """The arguments (value, name, written), each torch tensor among them as its
-    NumPy view (tensor_view), so that a call on a model's own tensors takes the
-    path of NumPy arrays, converted once here; the tensors to be written have
-    their version counters bumped together."""
+    NumPy view, so that a call on a model's own tensors takes the path of NumPy
+    arrays, converted once: by the compiled kernels where every tensor is a plain
+    CPU tensor (through DLPack's C exchange API), else here (tensor_view); the
+    tensors to be written have their version counters bumped together."""
+    kern = _backend.kernels()
+    views: list[Any] | None = kern.torch_views(args) if kern is not None else None
+    if views is not None:
+        return views
     torch, _, bump, _ = _torch()
     tensor = torch.Tensor
     out: list[Any] = []

@@ -98,6 +98,16 @@ _STATES: Any = None if _backend.compiled is None else _backend.compiled.RopeStat
                              np.int64, np.int32}))
 
 
+def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...]:
+    """A RoPE call's q, k, positions and layout where q is not an ndarray and the
+    compiled views declined it: torch tensors as fastpe._checks views them (refusing
+    what torch would) with the layout they must give; anything else as given."""
+    if _checks.is_tensor(q):
+        layout = _checks.tensor_layout(layout)
+        return (*_checks.torch_rope(q, k, positions), layout)
+    return q, k, positions, "bshd" if layout is None else layout
+
+
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                offset: int = 0, freqs: RopeFrequencies | np.ndarray | None = None,
                base: float | None = None, scaling: ScalingDict | None = None,
@@ -142,13 +152,17 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
     given = q, k
-    if type(q) is not np.ndarray and _checks.is_tensor(q):
-        # a model's own torch tensors: viewed once, then the path of NumPy arrays
-        layout = _checks.tensor_layout(layout)
-        q, k, positions = _checks.torch_rope(q, k, positions)
+    kern = _backend.kernels()
+    if type(q) is not np.ndarray:
+        # a model's own torch tensors, viewed once (in C where they are plain CPU
+        # tensors), then the path of NumPy arrays
+        views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
+        if views is not None:
+            q, k, positions = views
+        else:
+            q, k, positions, layout = _tensor_views(q, k, positions, layout)
     elif layout is None:
         layout = "bshd"
-    kern = _backend.kernels()
     if kern is not None:
         state = None
         if freqs is None:
@@ -413,9 +427,13 @@ class RotaryEmbedding:
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         given = q, k
-        if type(q) is not np.ndarray and _checks.is_tensor(q):
-            layout = _checks.tensor_layout(layout)
-            q, k, positions = _checks.torch_rope(q, k, positions)
+        kern = _backend.kernels()
+        if type(q) is not np.ndarray:
+            views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
+            if views is not None:
+                q, k, positions = views
+            else:
+                q, k, positions, layout = _tensor_views(q, k, positions, layout)
         elif layout is None:
             layout = "bshd"
         if type(inverse) is not bool:
@@ -423,7 +441,6 @@ class RotaryEmbedding:
         state = self._compiled_state
         if state is None:
             state = self._compiled_state = self._make_state()
-        kern = _backend.kernels()
         # positions of one axis, or none: every axis of M-RoPE takes the same position
         if state and (self.axes == 1 or positions is None) and kern is not None and (
                 kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,

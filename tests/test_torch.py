@@ -174,3 +174,85 @@ def test_tensors_must_say_their_layout(call):
     with pytest.raises(ValueError, match=r"torch tensor: pass layout= \('bhsd' for transformers"):
         run()
     assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def _unusual(kind):
+    q = _tensor((1, 3, 2, 8), "float32", 10)
+    return {
+        "meta": lambda: torch.empty(1, 3, 2, 8, device="meta"),
+        "sparse": lambda: q.to_sparse(),
+        "mkldnn": lambda: q.to_mkldnn(),
+        "nested": lambda: torch.nested.nested_tensor([q[0], q[0, :2]]),
+        "complex": lambda: q.to(torch.complex64),
+        "int": lambda: q.to(torch.int32),
+        "expanded": lambda: q[:, :, :1].expand(1, 3, 2, 8),
+        "parameter": lambda: torch.nn.Parameter(q, requires_grad=False),
+        "subclass": lambda: q.as_subclass(_Sub),
+        "empty": lambda: q[:, :0],
+        "transposed": lambda: q.transpose(1, 2),
+        "sliced": lambda: _tensor((1, 3, 4, 16), "float32", 11)[:, :, 1:3, ::2],
+    }[kind]()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", ["meta", "sparse", "mkldnn", "nested", "complex", "int",
+                                  "expanded", "parameter", "subclass", "empty",
+                                  "transposed", "sliced"])
+def test_unusual_tensors_are_refused_or_rotated_right_on_both_backends(kind):
+    """Tensors the compiled views do not take (another device or layout, a subclass,
+    no elements) reach torch's own conversion: both backends give the same error,
+    leaving the tensor's values as they were, or the reference's rotation."""
+    outcomes = []
+    for backend in ("cython", "numpy"):
+        q = _unusual(kind)
+        plain = q.layout is torch.strided and q.device.type == "cpu" and not q.is_nested
+        before = _numpy_twin(q) if plain else None
+        with fastpe.use_backend(backend):
+            try:
+                fastpe.apply_rope(q, None, offset=2, layout="bshd")
+            except (TypeError, ValueError) as exc:
+                outcomes.append((type(exc), str(exc)))
+                if plain:
+                    np.testing.assert_array_equal(_numpy_twin(q), before)
+                continue
+        expect = before.astype(np.float64)
+        fastpe.reference.apply_rope(expect, None, offset=2)
+        np.testing.assert_allclose(_numpy_twin(q).astype(np.float64), expect, atol=1e-5)
+        outcomes.append("rotated")
+    assert outcomes[0] == outcomes[1]
+    refused = {"meta", "sparse", "mkldnn", "nested", "complex", "int", "expanded"}
+    assert (outcomes[0] != "rotated") == (kind in refused)
+
+
+@pytest.mark.skipif(fastpe._backend.compiled is None, reason="needs the compiled kernels")
+@pytest.mark.parametrize("dtype", DTYPES + ["float64"])
+def test_compiled_views_are_the_tensors_memory(dtype):
+    """The compiled kernels view a plain tensor through DLPack's C exchange API: the
+    same memory, shape and strides as torch's own .numpy() (bfloat16 as ml_dtypes'),
+    based on the tensor, which is the one bumped."""
+    kern = fastpe._backend.compiled
+    qkv = _tensor((2, 3, 48), dtype, 12)
+    q = qkv[..., :32].view(2, 3, 2, 16).transpose(1, 2)
+    k = qkv[..., 32:].view(2, 3, 1, 16)
+    pos = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+    versions = q._version, k._version
+    views = kern.torch_rope_views(q, k, pos, "bhsd")
+    if views is None:
+        pytest.skip("this torch has no DLPack C exchange API (torch before 2.10)")
+    for v, t in zip(views, (q, k, pos)):
+        assert v.base is t
+        assert v.shape == tuple(t.shape)
+        assert v.strides == tuple(s * t.element_size() for s in t.stride())
+        assert v.ctypes.data == t.data_ptr()
+        np.testing.assert_array_equal(v.astype(np.float64), _numpy_twin(t).astype(np.float64))
+    assert views[2].dtype == np.int32
+    assert q._version > versions[0] and k._version > versions[1]  # one shared counter
+    versions = q._version, k._version
+    assert kern.torch_rope_views(q, k, pos, None) is None  # layout must be given
+    grad = torch.ones(2, 16, requires_grad=True)
+    assert kern.torch_views(((q, "q", True), (grad, "table", False))) is None
+    assert (q._version, k._version) == versions

@@ -39,6 +39,7 @@ include "rope.pxi"
 include "alibi.pxi"
 include "floor.pxi"
 include "relative.pxi"
+include "tensors.pxi"
 
 
 ISA = FASTPE_ISA.decode()

@@ -1,0 +1,238 @@
+# torch CPU tensors as ndarray views, read through DLPack's C exchange API (DLPack 1.3:
+# the type's __dlpack_c_exchange_api__ capsule): a model's q, k and positions are viewed
+# in a few attribute reads, where Tensor.numpy() costs about 0.8 us each.
+
+cdef extern from *:
+    """
+    /* the DLPack 1.3 structures this file reads (dlpack.h), by their ABI */
+    typedef struct { int32_t device_type; int32_t device_id; } fpe_dl_device;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } fpe_dl_dtype;
+    typedef struct {
+        void *data;
+        fpe_dl_device device;
+        int32_t ndim;
+        fpe_dl_dtype dtype;
+        int64_t *shape;
+        int64_t *strides;
+        uint64_t byte_offset;
+    } fpe_dl_tensor;
+    typedef struct { uint32_t major, minor; } fpe_dl_version;
+    typedef int (*fpe_dl_from_py)(void *py_object, fpe_dl_tensor *out);
+    typedef struct {
+        fpe_dl_version version;
+        void *prev_api;
+        void *managed_tensor_allocator;
+        void *managed_tensor_from_py_object_no_sync;
+        void *managed_tensor_to_py_object_no_sync;
+        fpe_dl_from_py dltensor_from_py_object_no_sync;
+        void *current_work_stream;
+    } fpe_dl_exchange_api;
+    #define FPE_DL_CPU 1
+    #define FPE_DL_INT 0
+    #define FPE_DL_UINT 1
+    #define FPE_DL_FLOAT 2
+    #define FPE_DL_BFLOAT 4
+    #define FPE_DL_BOOL 6
+    """
+    ctypedef struct fpe_dl_dtype:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct fpe_dl_device:
+        int32_t device_type
+    ctypedef struct fpe_dl_tensor:
+        void *data
+        fpe_dl_device device
+        int32_t ndim
+        fpe_dl_dtype dtype
+        int64_t *shape
+        int64_t *strides
+        uint64_t byte_offset
+    ctypedef struct fpe_dl_version:
+        uint32_t major
+    ctypedef int (*fpe_dl_from_py)(void *py_object, fpe_dl_tensor *out)
+    ctypedef struct fpe_dl_exchange_api:
+        fpe_dl_version version
+        fpe_dl_from_py dltensor_from_py_object_no_sync
+    int FPE_DL_CPU, FPE_DL_INT, FPE_DL_UINT, FPE_DL_FLOAT, FPE_DL_BFLOAT, FPE_DL_BOOL
+
+cdef extern from "numpy/arrayobject.h":
+    # declared here with obj a pointer, so that it can be NULL; descr is stolen
+    object fpe_new_from_descr "PyArray_NewFromDescr" (
+        type subtype, cnp.dtype descr, int nd, cnp.npy_intp *dims, cnp.npy_intp *strides,
+        void *data, int flags, PyObject *obj)
+
+from cpython.exc cimport PyErr_Clear
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.ref cimport Py_INCREF
+
+
+cdef class _TorchViews:
+    """What tensor_array needs of the torch this process imported, looked up once."""
+    cdef object tensor_type        # torch.Tensor (subclasses take the Python path)
+    cdef object strided
+    cdef object bump               # torch._C._increment_version, taking a tuple
+    cdef cnp.dtype bfloat16        # ml_dtypes' bfloat16, or None
+    cdef fpe_dl_from_py view
+
+
+cdef object _torch_views = None    # a _TorchViews, False where unusable, None before
+
+
+cdef object torch_views_of():
+    """The _TorchViews of the torch in sys.modules, or None where there is none or it
+    has no DLPack C exchange API with a non-owning view (torch before 2.10)."""
+    global _torch_views
+    cdef _TorchViews t
+    cdef const fpe_dl_exchange_api *api
+    if _torch_views is not None:
+        return _torch_views or None
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    _torch_views = False
+    try:
+        capsule = torch.Tensor.__dlpack_c_exchange_api__
+        if not PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
+            return None
+        api = <const fpe_dl_exchange_api *>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
+        if api.version.major != 1 or api.dltensor_from_py_object_no_sync == NULL:
+            return None
+        t = _TorchViews()
+        t.tensor_type = torch.Tensor
+        t.strided = torch.strided
+        t.bump = torch._C._increment_version
+        t.view = api.dltensor_from_py_object_no_sync
+        t.bfloat16 = None
+        ml = sys.modules.get("ml_dtypes")
+        if ml is not None:
+            t.bfloat16 = cnp.dtype(ml.bfloat16)
+    except Exception:
+        return None
+    _torch_views = t
+    return t
+
+
+cdef int dl_typenum(fpe_dl_dtype d) noexcept:
+    """The NumPy type number of a DLPack dtype, -1 for one fastpe does not view."""
+    if d.lanes != 1:
+        return -1
+    if d.code == FPE_DL_FLOAT:
+        return (cnp.NPY_FLOAT16 if d.bits == 16 else cnp.NPY_FLOAT32 if d.bits == 32
+                else cnp.NPY_FLOAT64 if d.bits == 64 else -1)
+    if d.code == FPE_DL_INT:
+        return (cnp.NPY_INT8 if d.bits == 8 else cnp.NPY_INT16 if d.bits == 16
+                else cnp.NPY_INT32 if d.bits == 32 else cnp.NPY_INT64 if d.bits == 64 else -1)
+    if d.code == FPE_DL_UINT and d.bits == 8:
+        return cnp.NPY_UINT8
+    if d.code == FPE_DL_BOOL and d.bits == 8:
+        return cnp.NPY_BOOL
+    return -1
+
+
+cdef object tensor_array(_TorchViews t, object x, bint written):
+    """x, a plain torch CPU tensor, as an ndarray view of its memory (based on x); None
+    where x is anything else or not the common case (a subclass, another device or
+    layout, a grad, a negative view, an inference tensor to be written, no elements,
+    a dtype NumPy cannot view), which the Python layer then views or refuses."""
+    cdef fpe_dl_tensor d
+    cdef cnp.npy_intp dims[32]
+    cdef cnp.npy_intp strides[32]
+    cdef cnp.dtype descr
+    cdef int i, typenum
+    cdef cnp.npy_intp n = 1
+    if type(x) is not t.tensor_type:
+        return None
+    # the exchange API assumes a strided CPU tensor (a meta tensor crashes it)
+    if not x.is_cpu or x.layout is not t.strided:
+        return None
+    if t.view(<void *>x, &d) != 0:
+        PyErr_Clear()
+        return None
+    if d.device.device_type != FPE_DL_CPU or d.ndim < 0 or d.ndim > 32:
+        return None
+    if d.dtype.code == FPE_DL_BFLOAT and d.dtype.bits == 16 and d.dtype.lanes == 1:
+        if t.bfloat16 is None:
+            return None
+        descr = t.bfloat16
+    else:
+        typenum = dl_typenum(d.dtype)
+        if typenum < 0:
+            return None
+        descr = cnp.PyArray_DescrFromType(typenum)
+    # an integer tensor never requires grad
+    if (d.dtype.code != FPE_DL_INT and x.requires_grad) or x.is_neg():
+        return None
+    if written and x.is_inference():
+        return None
+    for i in range(d.ndim):
+        dims[i] = <cnp.npy_intp>d.shape[i]
+        strides[i] = <cnp.npy_intp>d.strides[i] * (d.dtype.bits // 8)
+        n *= dims[i]
+    if n == 0 or d.data == NULL:
+        return None
+    Py_INCREF(descr)  # PyArray_NewFromDescr steals it
+    arr = fpe_new_from_descr(cnp.ndarray, descr, d.ndim, dims, strides,
+                             <char *>d.data + d.byte_offset, cnp.NPY_ARRAY_WRITEABLE, NULL)
+    cnp.set_array_base(<cnp.ndarray>arr, x)
+    return arr
+
+
+def torch_rope_views(object q, object k, object positions, object layout):
+    """[q, k, positions] of a RoPE call on torch tensors: q and k (or None) plain torch
+    CPU tensors to be written, positions None, an ndarray or a plain torch CPU integer
+    tensor, layout given (not None); each tensor as its ndarray view, q's and k's version
+    counters bumped. None, having touched nothing, for anything else: the Python layer
+    then converts or refuses (fastpe._checks.torch_rope, tensor_layout)."""
+    cdef _TorchViews t
+    if layout is None:
+        return None
+    t = torch_views_of()
+    if t is None:
+        return None
+    qv = tensor_array(t, q, True)
+    if qv is None:
+        return None
+    kv = None
+    if k is not None:
+        kv = tensor_array(t, k, True)
+        if kv is None:
+            return None
+    pv = positions
+    if positions is not None and type(positions) is not cnp.ndarray:
+        pv = tensor_array(t, positions, False)
+        if pv is None:
+            return None
+    t.bump((q,) if k is None else (q, k))
+    return [qv, kv, pv]
+
+
+def torch_views(tuple args):
+    """fastpe._checks.torch_tensors(*args) where every torch tensor among the (value,
+    name, written) triples is a plain CPU tensor (tensor_array): each as its ndarray
+    view, the rest as given, the written tensors' version counters bumped together;
+    None, having touched nothing, where any tensor is not."""
+    cdef _TorchViews t = torch_views_of()
+    cdef list out = [], written = []
+    cdef tuple arg
+    if t is None:
+        return None
+    for arg in args:
+        x = arg[0]
+        if x is None or type(x) is cnp.ndarray:
+            out.append(x)
+        elif type(x) is t.tensor_type:
+            v = tensor_array(t, x, arg[2] is True)
+            if v is None:
+                return None
+            out.append(v)
+            if arg[2] is True:
+                written.append(x)
+        elif isinstance(x, t.tensor_type):
+            return None
+        else:
+            out.append(x)
+    if written:
+        t.bump(tuple(written))
+    return out
