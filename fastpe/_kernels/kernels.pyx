@@ -9,7 +9,8 @@ alibi_fast) take the caller's objects and check them here, in C: each either run
 the plain case it documents and returns True, or returns False having written
 nothing, and the Python layer then validates the call in full (and names what is
 wrong). None of them raises on data, and each writes only inside the views it is
-given.
+given. torch_rope_views and torch_views (tensors.pxi) view plain torch CPU tensors
+as ndarrays for them, declining anything else to the Python layer.
 
 This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 and kernels_avx512 on x86-64); fastpe._kernels imports the
