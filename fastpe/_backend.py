@@ -50,19 +50,21 @@ def _initial_backend() -> str:
     return "cython" if compiled is not None else "numpy"
 
 
-_current: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "fastpe_backend", default=_initial_backend()  # noqa: B039 (an immutable str)
+# The compiled kernel module while the cython backend is active, else None: the
+# variable holds the module itself, so that finding it costs every call one C method
+# call (kernels below) rather than a Python function's frame and a comparison.
+_current: contextvars.ContextVar[ModuleType | None] = contextvars.ContextVar(
+    "fastpe_backend",
+    default=compiled if _initial_backend() == "cython" else None,
 )
+
+kernels: Callable[[], ModuleType | None] = _current.get
+"""The compiled kernel module when the cython backend is active, else None."""
 
 
 def backend() -> str:
     """The backend that runs the loops here and now: "cython" or "numpy"."""
-    return _current.get()
-
-
-def kernels() -> ModuleType | None:
-    """The compiled kernel module when the cython backend is active, else None."""
-    return compiled if _current.get() == "cython" else None
+    return "numpy" if _current.get() is None else "cython"
 
 
 @contextlib.contextmanager
@@ -76,7 +78,7 @@ def use_backend(name: str) -> Iterator[None]:
         raise ValueError(f"name must be 'cython' or 'numpy', got {name!r}")
     if name == "cython" and compiled is None:
         raise ImportError(f"the compiled kernels did not import ({import_error}); " + BUILD_HINT)
-    token = _current.set(name)
+    token = _current.set(compiled if name == "cython" else None)
     try:
         yield
     finally:
@@ -91,7 +93,7 @@ def numpy_only(fn: _F) -> _F:
     the validating layer with the compiled backend, so never reach compiled code."""
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        token = _current.set("numpy")
+        token = _current.set(None)
         try:
             return fn(*args, **kwargs)
         finally:
