@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 import rope_oracle as oracle
 from conftest import (
+    BF16,
     COMPILED,
     F16,
     F32,
@@ -2128,3 +2129,31 @@ def test_real_valued_positions_that_read_both_as_axes_and_batch_are_refused():
         with pytest.raises(ValueError, match=r"read both as \(axes, seq\)"):
             rope(q, None, pos)
     assert (q == 1).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float16] + ([BF16] if BF16 is not None else []))
+@pytest.mark.parametrize("head_dim", [128, 64, 40, 36])
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style):
+    """float16 and bfloat16 rows of unit stride are widened, rotated and narrowed in
+    registers, strided ones through a float32 buffer: the same bits for every bit
+    pattern (NaN payloads, infinities, subnormals), at small and at large positions,
+    on whole vectors and on the features past them."""
+    rng = np.random.default_rng(head_dim)
+    for pos in (np.arange(5), np.arange(10**6, 10**6 + 5)):
+        x = rng.integers(0, 2**16, (3, 5, 2, head_dim), dtype=np.uint16).view(dtype)
+        plain = x.copy()
+        wide = np.zeros(x.shape[:-1] + (2 * head_dim,), dtype)
+        strided = wide[..., ::2]
+        strided[...] = x
+        fastpe.apply_rope(plain, None, pos, style=style)
+        fastpe.apply_rope(strided, None, pos, style=style)
+        np.testing.assert_array_equal(plain.view(np.uint16),
+                                      np.ascontiguousarray(strided).view(np.uint16))
+        assert not wide[..., 1::2].view(np.uint16).any()  # between the strided features
+        values = rng.standard_normal((3, 5, 2, head_dim)).astype(dtype)
+        ref = values.astype(np.float64)
+        fastpe.apply_rope(values, None, pos, style=style)
+        fastpe.reference.apply_rope(ref, None, pos, style=style)
+        np.testing.assert_allclose(values.astype(np.float64), ref, rtol=0,
+                                   atol=2e-2 if is_bf16(dtype) else 4e-3)

@@ -37,6 +37,10 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_rotate_f32(float *x, const float *c, const float *s, Py_ssize_t half, int neox)
     void fpe_rotate_f64(double *x, const double *c, const double *s, Py_ssize_t half,
                         int neox)
+    void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s, Py_ssize_t half,
+                        int neox)
+    void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half,
+                         int neox)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
@@ -48,6 +52,7 @@ cdef extern from "fastpe_math.h" nogil:
     int FPE_HALF_NATIVE
     int FPE_HALF_ADD_RUNS
     int FPE_ROWS_AVX2
+    int FPE_HALF_ROTATE
 
 cdef extern from *:
     """

@@ -663,6 +663,123 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
     else fpe_rotate_pairs_f64(x, c, s, 2 * half);
 }
 
+/* A row of RoPE in float16 or bfloat16 storage, in one pass: 8 features (16 for
+ * bfloat16) widened, rotated by fpe_rotate_f32's operations and narrowed in registers,
+ * where converting the row into a float32 buffer, rotating that and converting it
+ * back makes three passes (and cost float16 prefills 2x float32's time). The same
+ * operations on every element, so the same bits as that path; the bfloat16 narrowing
+ * (fpe_bf16x8_bits) is exact here for the reason the adds give: every operand is a
+ * widened bfloat16 or a finite cos or sin. The few features past a multiple of 8 or
+ * 16 go one at a time. Without AVX2, FMA and F16C the rows take the three passes. */
+#if FPE_HALF_ADD_RUNS && FPE_PAIRS_AVX2
+#define FPE_HALF_ROTATE 1
+
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f16_n(fpe_f16 *x, const float *c, const float *s,
+                                                    Py_ssize_t half)
+{
+    fpe_f16 *y = x + half;
+    Py_ssize_t j = 0;
+    for (; j + 8 <= half; j += 8) {
+        const __m256 a = fpe_f16x8_load(x + j), b = fpe_f16x8_load(y + j);
+        const __m256 cj = _mm256_loadu_ps(c + j), sj = _mm256_loadu_ps(s + j);
+        fpe_f16x8_store(x + j, _mm256_fmsub_ps(a, cj, _mm256_mul_ps(b, sj)));
+        fpe_f16x8_store(y + j, _mm256_fmadd_ps(b, cj, _mm256_mul_ps(a, sj)));
+    }
+    for (; j < half; j++) {
+        const float a = fpe_f16_load(x[j]), b = fpe_f16_load(y[j]);
+        x[j] = fpe_f16_make(FPE_HALF_X_F(a, c[j], b, s[j]));
+        y[j] = fpe_f16_make(FPE_HALF_Y_F(a, c[j], b, s[j]));
+    }
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_n(fpe_f16 *x, const float *c, const float *s,
+                                                     Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = fpe_f16x8_load(x + i);
+        const __m256 w = _mm256_permute_ps(v, 0xB1);   /* lanes 1 0 3 2 ... */
+        fpe_f16x8_store(x + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(s + i),
+                                               _mm256_mul_ps(v, _mm256_loadu_ps(c + i))));
+    }
+    for (; i + 1 < n; i += 2) {
+        const float a = fpe_f16_load(x[i]), b = fpe_f16_load(x[i + 1]);
+        x[i] = fpe_f16_make(FPE_PAIR_MADD_F(a, c[i], b, s[i]));
+        x[i + 1] = fpe_f16_make(FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]));
+    }
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n(fpe_bf16 *x, const float *c,
+                                                     const float *s, Py_ssize_t half)
+{
+    fpe_bf16 *y = x + half;
+    Py_ssize_t j = 0;
+    for (; j + 16 <= half; j += 16) {
+        __m256 a0, a1, b0, b1, c0, c1, s0, s1;
+        fpe_bf16x16_load(x + j, &a0, &a1);
+        fpe_bf16x16_load(y + j, &b0, &b1);
+        fpe_f32x16_load_unpacked(c + j, &c0, &c1);
+        fpe_f32x16_load_unpacked(s + j, &s0, &s1);
+        fpe_bf16x16_store(x + j, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
+                          _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
+        fpe_bf16x16_store(y + j, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)),
+                          _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
+    }
+    for (; j < half; j++) {
+        const float a = fpe_bf16_load(x[j]), b = fpe_bf16_load(y[j]);
+        x[j] = fpe_bf16_make(FPE_HALF_X_F(a, c[j], b, s[j]));
+        y[j] = fpe_bf16_make(FPE_HALF_Y_F(a, c[j], b, s[j]));
+    }
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *c,
+                                                      const float *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        /* the unpacked order keeps each adjacent pair in adjacent lanes */
+        __m256 v0, v1, c0, c1, s0, s1;
+        fpe_bf16x16_load(x + i, &v0, &v1);
+        fpe_f32x16_load_unpacked(c + i, &c0, &c1);
+        fpe_f32x16_load_unpacked(s + i, &s0, &s1);
+        fpe_bf16x16_store(x + i,
+                          _mm256_fmadd_ps(_mm256_permute_ps(v0, 0xB1), s0, _mm256_mul_ps(v0, c0)),
+                          _mm256_fmadd_ps(_mm256_permute_ps(v1, 0xB1), s1, _mm256_mul_ps(v1, c1)));
+    }
+    for (; i + 1 < n; i += 2) {
+        const float a = fpe_bf16_load(x[i]), b = fpe_bf16_load(x[i + 1]);
+        x[i] = fpe_bf16_make(FPE_PAIR_MADD_F(a, c[i], b, s[i]));
+        x[i + 1] = fpe_bf16_make(FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]));
+    }
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s,
+                                             Py_ssize_t half, int neox)
+{
+    if (neox) FPE_AT_FIXED_WIDTH(fpe_rotate_half_f16_n, x, c, s, half, 64, 32);
+    else FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f16_n, x, c, s, 2 * half, 128, 64);
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s,
+                                              Py_ssize_t half, int neox)
+{
+    if (neox) FPE_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n, x, c, s, half, 64, 32);
+    else FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n, x, c, s, 2 * half, 128, 64);
+}
+#else
+#define FPE_HALF_ROTATE 0
+static inline void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s,
+                                  Py_ssize_t half, int neox)
+{
+    (void)x; (void)c; (void)s; (void)half; (void)neox;
+}
+static inline void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s,
+                                   Py_ssize_t half, int neox)
+{
+    (void)x; (void)c; (void)s; (void)half; (void)neox;
+}
+#endif
+
 /* ---- a sinusoidal table row written straight to memory ---------------------
  * pe[2i], pe[2i + 1] = (float)(s[i] * mult), (float)(c[i] * mult) (and the odd last
  * feature), as the table's row loop computes them, stored with non-temporal

@@ -62,6 +62,14 @@ cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const 
     (expand_pairs: the same multiply-add on every feature, its partner's value swapped
     in). fastpe_math.h's rotations are inlined into every caller."""
     cdef real_t *x = tmp
+    if real_t is float and store_t is fpe_f16:
+        if FPE_HALF_ROTATE and sd == 1:
+            fpe_rotate_f16(<fpe_f16 *>row, c, s, half, neox)
+            return
+    if real_t is float and store_t is fpe_bf16:
+        if FPE_HALF_ROTATE and sd == 1:
+            fpe_rotate_bf16(<fpe_bf16 *>row, c, s, half, neox)
+            return
     if sd == 1 and ((store_t is float and real_t is float) or
                     (store_t is double and real_t is double)):
         x = <real_t *>row
