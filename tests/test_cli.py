@@ -247,19 +247,22 @@ def test_bench_json_on_stdout_threads_dtype_only():
 
 
 @pytest.mark.skipif(not fastpe.info()["bfloat16"], reason="ml_dtypes is not installed")
-def test_bench_bfloat16_rows_of_the_embedding_adds():
-    """--dtype bfloat16 times the sinusoidal and learned adds (checked against the
-    reference, with a fraction of the floor) and lists the others as skipped."""
+def test_bench_bfloat16_rows_of_the_adds_and_rope():
+    """--dtype bfloat16 times the sinusoidal and learned adds and the one-axis RoPE
+    workloads (checked against the reference, with a fraction of the floor) and lists
+    the others as skipped."""
     proc = fastpe_cli("bench", *TINY, "--json", "-", "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["dtype"] == "bfloat16"
-    assert [r["name"] for r in report["results"]] == ["sinusoidal-add", "learned-add"]
+    names = [r["name"] for r in report["results"]]
+    assert {"sinusoidal-add", "learned-add", "rope-prefill-neox", "rope-decode"} <= set(names)
     for r in report["results"]:
         assert r["check"] == "ok" and r["dtype"] == "bfloat16", r
         assert r["fraction_of_floor"] > 0
     skipped = {s["name"] for s in report["skipped"]}
-    assert "rope-prefill-neox" in skipped and "sinusoidal-add" not in skipped
+    assert "rope-prefill-mrope" in skipped and "alibi-decode" in skipped
+    assert not skipped & set(names)
 
 
 PEER_WORKLOADS = {"numba": ("rope-decode", "rope-scaled-decode", "rope-embedding-decode",

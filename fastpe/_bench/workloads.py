@@ -47,8 +47,9 @@ EVERY_4TH_HEAD = {"q": (slice(None), slice(None), slice(None, None, 4)),
 # The checked part of x (batch, seq, dim): every sequence of the batch gets the same rows.
 EVERY_4TH_SEQUENCE = {"x": (slice(None, None, 4),)}
 
-# The embedding adds run in bfloat16 too (--dtype bfloat16, with ml_dtypes installed).
-EMBEDDING_DTYPES = ("float16", "bfloat16", "float32", "float64")
+# The embedding adds and the one-axis RoPE workloads run in bfloat16 too (--dtype
+# bfloat16, with ml_dtypes installed).
+HALF_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 # ---- sinusoidal ---------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def _add_sinusoidal_workload(size: Size) -> Workload:
         make=make, inplace=("x",), result=("x",), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_sinusoidal},
         numpy_note="x += a cached table (built once, untimed): one in-place broadcast add",
-        check_index=EVERY_4TH_SEQUENCE, dtypes=EMBEDDING_DTYPES)
+        check_index=EVERY_4TH_SEQUENCE, dtypes=HALF_DTYPES)
 
 
 # ---- learned ------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ def _learned_workload(size: Size) -> Workload:
         make=make, inplace=("x",), result=("x",), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_add_learned},
         numpy_note="x += table[:seq]: one in-place broadcast add of a table slice",
-        check_index=EVERY_4TH_SEQUENCE, dtypes=EMBEDDING_DTYPES)
+        check_index=EVERY_4TH_SEQUENCE, dtypes=HALF_DTYPES)
 
 
 def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...],
@@ -198,7 +199,7 @@ def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tup
         name=name, family="rope", title=title, make=make, inplace=("q", "k"),
         result=("q", "k"), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
-        numpy_note=note, per_call=per_call, check_index=EVERY_4TH_HEAD,
+        numpy_note=note, per_call=per_call, check_index=EVERY_4TH_HEAD, dtypes=HALF_DTYPES,
         params=dict(style=style, positions=positions, offset=offset, base=base,
                     scaling=scaling, head_dim=head_dim,
                     max_position=int(offset + q_shape[1] - 1 if positions is None
