@@ -45,6 +45,7 @@ says whether the family reads it); ``/indexer`` cases are the lightning indexers
 rotations (``part``: "indexer").
 """
 
+import ast
 import contextlib
 import importlib
 import inspect
@@ -52,6 +53,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 import typing
 import warnings
 from pathlib import Path
@@ -148,7 +150,34 @@ def model_classes(model_type, config_class, module):
                    or (union and config_class in typing.get_args(p.annotation))
                    for p in params)
     exact = [obj for obj in own if takes(obj, False)]
-    return exact or [obj for obj in own if takes(obj, True)], False
+    return exact or [obj for obj in own if takes(obj, True)] or read_from(config_class, own), False
+
+
+def read_from(config_class, own):
+    """The classes built from the values of a sub-config that no class takes whole: those
+    called in a statement that reads the key its parent keeps it under (IDEFICS builds
+    its perceiver resampler from ``perceiver_config.resampler_depth``, ...)."""
+    keys = {key for parent in CONFIG_MAPPING.values()
+            for key, cls in (getattr(parent, "sub_configs", None) or {}).items()
+            if cls is config_class}
+    if not keys:
+        return []
+    names = {obj.__name__: obj for obj in own}
+    found = {}
+    for obj in own:
+        with contextlib.suppress(OSError, TypeError, SyntaxError):
+            tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+            for node in ast.walk(tree):
+                if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr,
+                                         ast.Return)):
+                    continue
+                if not any(re.search(rf"\b{key}\b", ast.unparse(node)) for key in keys):
+                    continue
+                for call in ast.walk(node):
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                            and call.func.id in names):
+                        found[call.func.id] = names[call.func.id]
+    return list(found.values())
 
 
 def rotary_names(module):
