@@ -73,6 +73,10 @@ class Convention:
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
+    width_rule : str or None
+        How the family's rotary module sizes the rotated width where no config key
+        says it: "clvp" is CLVP's ``max(projection_dim // (2 * num_attention_heads),
+        32)`` leading features of each head.
     """
 
     style: str | None = "neox"
@@ -87,6 +91,7 @@ class Convention:
     requires: tuple[tuple[str, object, object], ...] = ()
     needs: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
+    width_rule: str | None = None
 
 
 LLAMA = Convention()
@@ -145,95 +150,116 @@ MODELS: dict[str, Convention] = {
         aliases=(("num_attention_heads", "speech_encoder_attention_heads"),)),
     "falcon": Convention(requires=(("alibi", False, False),)),
     "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"))),
+    # CLVP's encoder rotates q, k and v (call the embedding on v too) with a module of
+    # its own: base 10000 whatever the config says, positions 0 .. seq - 1.
+    "clvp_encoder": Convention(width_rule="clvp",
+                               requires=(("use_rotary_embedding", True, True),),
+                               ignored=("rope_theta", "rope_parameters", "rope_scaling",
+                                        "partial_rotary_factor", "rotary_pct", "rotary_dim")),
     "bailing_hybrid": replace(MLA_GPTJ, aliases=(("max_position_embeddings",
                                                    "model_max_length"),)),
 }
 
 REFUSED: dict[str, str] = {
-    **dict.fromkeys((
-        "vjepa2", "sam2_video_mask_decoder", "sam3_detr_decoder",
-        "sam3_detr_encoder", "sam3_geometry_encoder", "sam3_mask_decoder",
-        "sam3_tracker_video_mask_decoder", "edgetam_video_mask_decoder",
-    ), "a 2-D or 3-D vision RoPE over patch coordinates"),
-    # Rotary code that tests/data/make_hf_zoo_reference.py cannot run from the config
-    # alone (own module signatures, positions made inside the model, audio and speech
-    # encoders, sub-models), or whose attention does not rotate at all: not checked, so
-    # not guessed.
-    **dict.fromkeys((
-        "musicflamingo", "clvp", "clvp_decoder", "clvp_encoder", "moshi_depth", "moonshine_streaming_encoder",
-        "gemma4_audio", "phi4_multimodal_audio", "molmo2_adapter", "emu3_vqgan",
-        "inkling2_text", "qwen3_omni_moe_talker_code_predictor", "canary_decoder",
-        "parakeet_encoder", "nemotron_asr_streaming_encoder", "jamba", "nemotron_h",
-        "kimi_linear",
-    ), "its rotary embedding (if its attention has one) is not checked against "
-       "transformers' code"),
+    "vjepa2": "a 3-D vision RoPE over (frame, row, column) patch coordinates",
+    # MusicFlamingo rotates its audio encoder's output features, not q and k, by
+    # (window index, time in the window) angles multiplied by each frame's timestamp.
+    "musicflamingo": "its rotary time embedding rotates the audio features (not q and k) by "
+                     "angles of two axes, the window index and the time within the window, "
+                     "each multiplied by -2 pi times the frame's timestamp in seconds",
+    # No rotary module reads its top-level rope parameters: BltModel's rotate with their
+    # own sub-configs, whose head widths differ.
+    "blt": "a composite config: its rotary embeddings are those of its patcher, local "
+           "encoder, global transformer and local decoder, each built from its own "
+           "sub-config (patcher_config, encoder_config, global_config, decoder_config); "
+           "pass that sub-config",
 }
 
 
-# Model types of transformers 5.24 whose modeling code has no rotary embedding at all
-# (learned, sinusoidal, relative or ALiBi positions, or none): a RoPE for them would be
-# a guess. Composite configs are not listed; they are refused as composites.
+# Model types of transformers 5.24 whose attention rotates nothing (learned, sinusoidal,
+# relative or ALiBi positions, or none): their modeling code has no rotary embedding, or
+# the model transformers builds from the config neither builds a rotary module nor calls
+# a rotary function (Jamba and Nemotron-H keep Llama's apply function unused, Moshi's
+# depth decoder builds its attention without RoPE, vision towers beside a rotary text
+# model have learned positions). A RoPE for them would be a guess. Composite configs
+# are not listed; they are refused as composites.
 NO_ROPE: frozenset[str] = frozenset((
     "aimv2_text_model", "aimv2_vision_model", "albert", "align_text_model",
     "align_vision_model", "altclip_text_model", "altclip_vision_model",
-    "audio-spectrogram-transformer", "audioflamingo3_encoder", "autoformer", "bart", "beit",
-    "bert", "bert-generation", "big_bird", "bigbird_pegasus", "biogpt", "bit", "blenderbot",
-    "blenderbot-small", "blip_2_qformer", "blip_2_vision_model", "blip_text_model",
-    "blip_vision_model", "bloom", "bridgetower_text_model", "bridgetower_vision_model",
-    "bros", "camembert", "canine", "chinese_clip_text_model", "chinese_clip_vision_model",
-    "clap_audio_model", "clap_text_model", "clip_text_model", "clip_vision_model",
-    "clipseg_text_model", "clipseg_vision_model", "convbert", "convnext", "convnextv2",
+    "apertus1p5_vision_tokenizer", "audio-spectrogram-transformer",
+    "audioflamingo3_encoder", "autoformer", "bart", "beit", "bert", "bert-generation",
+    "big_bird", "bigbird_pegasus", "biogpt", "bit", "blenderbot", "blenderbot-small",
+    "blip_2_qformer", "blip_2_vision_model", "blip_text_model", "blip_vision_model",
+    "bloom", "bridgetower_text_model", "bridgetower_vision_model", "bros", "camembert",
+    "canary_decoder", "canine", "chameleon_vqgan", "chinese_clip_text_model",
+    "chinese_clip_vision_model", "clap_audio_model", "clap_text_model", "clip_text_model",
+    "clip_vision_model", "clipseg_text_model", "clipseg_vision_model", "clvp_decoder",
+    "coarse_acoustics", "convbert", "convnext", "convnextv2", "cosmos3_edge_vision",
     "cpmant", "ctrl", "cvt", "dac", "data2vec-audio", "data2vec-text", "data2vec-vision",
-    "deberta", "deberta-v2", "decision_transformer", "deit", "dinat", "dinov2",
-    "dinov2_with_registers", "dinov3_convnext", "distilbert", "donut-swin", "dpr",
-    "edgetam_mask_decoder", "edgetam_prompt_encoder", "efficientnet", "electra", "encodec",
-    "eomt", "ernie", "falcon_mamba", "fastspeech2_conformer",
-    "fastspeech2_conformer_hifigan", "flaubert", "flava_image_codebook",
+    "deberta", "deberta-v2", "decision_transformer", "deepseek_ocr2_sam_vision_model",
+    "deit", "dinat", "dinov2", "dinov2_with_registers", "dinov3_convnext", "distilbert",
+    "donut-swin", "dpr", "edgetam_mask_decoder", "edgetam_prompt_encoder",
+    "edgetam_video_mask_decoder", "edgetam_video_prompt_encoder", "efficientnet", "electra",
+    "emu3_vqgan", "encodec", "eomt", "ernie", "falcon_mamba", "fastspeech2_conformer",
+    "fastspeech2_conformer_hifigan", "fine_acoustics", "flaubert", "flava_image_codebook",
     "flava_image_model", "flava_multimodal_model", "flava_text_model", "florence_vision",
-    "fnet", "focalnet", "fsmt", "fun_asr_nano_encoder", "funnel", "git_vision_model",
-    "glpn", "got_ocr2_vision", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neo",
+    "fnet", "focalnet", "fsmt", "fun_asr_nano_encoder", "funnel", "gemma3n_audio",
+    "gemma4_audio", "gemma4_unified_audio", "gemma4_unified_vision", "git_vision_model",
+    "glm5_next_text", "glm_image_vision", "glm_image_vqmodel", "glpn", "got_ocr2_vision",
+    "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neo", "granite_docling_vision",
     "granite_speech5_encoder", "granite_speech_encoder", "granite_speech_plus_encoder",
-    "groupvit_text_model", "groupvit_vision_model", "hgnet_v2", "hiera", "hubert", "ibert",
-    "idefics2_perceiver", "idefics2_vision", "idefics3_vision", "ijepa", "imagegpt",
-    "informer", "inkling2_loop_text", "inkling_audio", "inkling_text", "inkling_vision",
-    "instructblip_qformer", "instructblip_vision_model", "instructblipvideo_qformer",
-    "instructblipvideo_vision_model", "internvl_vision", "janus_vision_model",
-    "janus_vqgan", "kosmos_2_5_text_model", "kosmos_2_5_vision_model",
-    "kosmos_2_text_model", "kosmos_2_vision_model", "layoutlm", "layoutlmv2", "layoutlmv3",
-    "led", "levit", "lilt", "longformer", "longt5", "luke", "lw_detr_vit", "lxmert",
-    "m2m_100", "mamba", "mamba2", "marian", "markuplm", "maskformer-swin", "mbart",
-    "megatron-bert", "metaclip_2_text_model", "metaclip_2_vision_model", "mgp-str",
-    "minicpm_ocr_vision", "minicpmv4_6_vision", "mobilebert", "mobilenet_v1",
-    "mobilenet_v2", "mobilevit", "mobilevitv2", "moss_transcribe_diarize_audio", "mpnet",
-    "mra", "mt5", "musicgen_decoder", "musicgen_melody_decoder", "mvp", "nllb-moe",
-    "nystromformer", "omniasr_audio", "openai-gpt", "opt", "ovis2_vision",
-    "owlv2_text_model", "owlv2_vision_model", "owlvit_text_model", "owlvit_vision_model",
+    "groupvit_text_model", "groupvit_vision_model", "hgnet_v2", "hiera", "hubert",
+    "hunyuan_vl_vision", "hy_v4_vl_vision", "ibert", "idefics2_perceiver",
+    "idefics2_vision", "idefics3_vision", "idefics_perciever", "idefics_vision", "ijepa",
+    "imagegpt", "informer", "inkling2_loop_text", "inkling2_text", "inkling_audio",
+    "inkling_text", "inkling_vision", "instructblip_qformer", "instructblip_vision_model",
+    "instructblipvideo_qformer", "instructblipvideo_vision_model", "internvl_vision",
+    "jamba", "janus_vision_model", "janus_vqgan", "kimi_linear", "kosmos_2_5_text_model",
+    "kosmos_2_5_vision_model", "kosmos_2_text_model", "kosmos_2_vision_model", "layoutlm",
+    "layoutlmv2", "layoutlmv3", "led", "levit", "lilt", "longformer", "longt5", "luke",
+    "lw_detr_vit", "lxmert", "m2m_100", "mamba", "mamba2", "marian", "markuplm",
+    "maskformer-swin", "mbart", "megatron-bert", "metaclip_2_text_model",
+    "metaclip_2_vision_model", "mgp-str", "minicpm_ocr_vision", "minicpmv4_6_vision",
+    "minicpmv4_7_vision", "mllama_vision_model", "mobilebert", "mobilenet_v1",
+    "mobilenet_v2", "mobilevit", "mobilevitv2", "molmo2_adapter", "molmo2_vision",
+    "moonshine_streaming_encoder", "moshi_depth", "moss_transcribe_diarize_audio", "mpnet",
+    "mra", "mt5", "muse_spark_audio", "musicgen_decoder", "musicgen_melody_decoder", "mvp",
+    "nemotron_asr_streaming_encoder", "nemotron_h", "nllb-moe", "nystromformer",
+    "omniasr_audio", "openai-gpt", "opt", "ovis2_vision", "owlv2_text_model",
+    "owlv2_vision_model", "owlvit_text_model", "owlvit_vision_model", "parakeet_encoder",
     "patchtsmixer", "patchtst", "pegasus", "pegasus_x", "perceiver",
-    "pix2struct_text_model", "pix2struct_vision_model", "pixio", "plbart", "poolformer",
-    "pop2piano", "pp_formulanet_text", "pp_formulanet_vision", "pp_lcnet", "pp_lcnet_v3",
-    "pp_lcnet_v4", "prophetnet", "pvt", "pvt_v2", "qianfan_ocr_vision",
-    "qwen2_audio_encoder", "qwen3_asr_encoder", "radio", "rag", "reformer", "regnet",
-    "rembert", "resnet", "rf_detr_dinov2", "roberta", "roberta-prelayernorm", "roc_bert",
+    "phi4_multimodal_audio", "phi4_multimodal_vision", "pix2struct_text_model",
+    "pix2struct_vision_model", "pixio", "plbart", "poolformer", "pop2piano",
+    "pp_formulanet_text", "pp_formulanet_vision", "pp_lcnet", "pp_lcnet_v3", "pp_lcnet_v4",
+    "prophetnet", "pvt", "pvt_v2", "qianfan_ocr_vision", "qwen2_5_omni_audio_encoder",
+    "qwen2_5_omni_bigvgan", "qwen2_audio_encoder", "qwen3_asr_encoder",
+    "qwen3_omni_moe_audio_encoder", "radio", "rag", "reformer", "regnet", "rembert",
+    "resnet", "rf_detr_dinov2", "roberta", "roberta-prelayernorm", "roc_bert",
     "rt_detr_resnet", "rwkv", "sam2_hiera_det_model", "sam2_mask_decoder",
-    "sam2_prompt_encoder", "sam3_lite_text_detr_decoder", "sam3_lite_text_detr_encoder",
+    "sam2_prompt_encoder", "sam2_video_mask_decoder", "sam2_video_prompt_encoder",
+    "sam3_detr_decoder", "sam3_detr_encoder", "sam3_geometry_encoder",
+    "sam3_lite_text_detr_decoder", "sam3_lite_text_detr_encoder",
     "sam3_lite_text_geometry_encoder", "sam3_lite_text_mask_decoder",
-    "sam3_lite_text_text_model", "sam3_tracker_mask_decoder", "sam3_tracker_prompt_encoder",
-    "sam_hq_mask_decoder", "sam_hq_prompt_encoder", "sam_hq_vision_model",
-    "sam_mask_decoder", "sam_prompt_encoder", "sam_vision_model", "seamless_m4t_v2",
-    "segformer", "seggpt", "sew", "sew-d", "siglip2_text_model", "siglip2_vision_model",
-    "siglip_text_model", "siglip_vision_model", "slanext_vision", "smolvlm_vision",
-    "speech_to_text", "speecht5", "speecht5_hifigan", "splinter", "squeezebert",
-    "superpoint", "swiftformer", "swin", "swin2sr", "swinv2", "switch_transformers", "t5",
-    "tapas", "textnet", "time_series_transformer", "timesfm", "timesformer",
-    "timm_backbone", "timm_wrapper", "tipsv2_text_model", "tipsv2_vision_model", "trocr",
-    "udop", "umt5", "unispeech", "unispeech-sat", "univnet", "uvdoc_backbone",
-    "vibevoice_acoustic_tokenizer", "vibevoice_acoustic_tokenizer_decoder",
-    "vibevoice_acoustic_tokenizer_encoder", "vibevoice_diffusion", "videomae", "videomt",
-    "videoprism_text_model", "videoprism_vision_model", "vilt", "visual_bert", "vit",
-    "vit_mae", "vit_msn", "vitdet", "vitpose_backbone", "vits", "vivit", "voxtral_encoder",
-    "wav2vec2", "wavlm", "wavtokenizer", "wavtokenizer_encoder", "whisper",
-    "xclip_text_model", "xclip_vision_model", "xglm", "xlm", "xlm-roberta",
-    "xlm-roberta-xl", "xlnet", "xlstm", "xmod", "yolos", "yoso", "zamba",
+    "sam3_lite_text_text_model", "sam3_mask_decoder", "sam3_tracker_mask_decoder",
+    "sam3_tracker_prompt_encoder", "sam3_tracker_video_mask_decoder",
+    "sam3_tracker_video_prompt_encoder", "sam_hq_mask_decoder", "sam_hq_prompt_encoder",
+    "sam_hq_vision_model", "sam_mask_decoder", "sam_prompt_encoder", "sam_vision_model",
+    "sapiens2_head", "seamless_m4t_v2", "segformer", "seggpt", "semantic", "sew", "sew-d",
+    "siglip2_text_model", "siglip2_vision_model", "siglip_text_model",
+    "siglip_vision_model", "slanext_vision", "smolvlm_vision", "speech_to_text", "speecht5",
+    "speecht5_hifigan", "splinter", "squeezebert", "superpoint", "swiftformer", "swin",
+    "swin2sr", "swinv2", "switch_transformers", "t5", "tapas", "textnet",
+    "time_series_transformer", "timesfm", "timesformer", "timm_backbone", "timm_wrapper",
+    "tipsv2_text_model", "tipsv2_vision_model", "trocr", "udop", "umt5", "unispeech",
+    "unispeech-sat", "univnet", "unlimited_ocr_sam_vision_model",
+    "unlimited_ocr_vision_encoder", "uvdoc_backbone", "vibevoice_acoustic_tokenizer",
+    "vibevoice_acoustic_tokenizer_decoder", "vibevoice_acoustic_tokenizer_encoder",
+    "vibevoice_diffusion", "videomae", "videomt", "videoprism_text_model",
+    "videoprism_vision_model", "vilt", "visual_bert", "vit", "vit_mae", "vit_msn", "vitdet",
+    "vitpose_backbone", "vits", "vivit", "voxtral_encoder", "wav2vec2", "wavlm",
+    "wavtokenizer", "wavtokenizer_encoder", "whisper", "xclip_text_model",
+    "xclip_vision_model", "xglm", "xlm", "xlm-roberta", "xlm-roberta-xl", "xlnet", "xlstm",
+    "xmod", "yolos", "yoso", "zamba",
 ))
 
 
@@ -488,21 +514,21 @@ KNOWN: frozenset[str] = frozenset("""
 CHECKED: frozenset[str] = frozenset("""
     EvollaModel afmoe apertus apertus1p5_text arcee aria_text axk1 axk2
     bailing_hybrid bamba beam bitnet blt_global_transformer blt_local_decoder
-    blt_local_encoder blt_patcher chameleon codegen cohere cohere2 cohere2_moe csm
-    csm_depth_decoder_model cwm dbrx deepseek_ocr2_encoder deepseek_ocr2_text
-    deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 dia_decoder dia_encoder
-    diffllama diffusion_gemma_text doge dory dots1 dots3_note_audio_encoder
-    dots3_note_text embedding_gemma2_text emu3_text_model ernie4_5 ernie4_5_moe esm
-    esmc eurobert evolla exaone exaone4 exaone_moe falcon falcon_h1 flex_olmo flint
-    gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm glm4
-    glm4_moe glm4_moe_lite glm_moe_dsa glmasr_encoder gpt_neox gpt_neox_japanese
-    gpt_oss gptj gradium_phonon_tts granite granite4_vision_text
-    granite_docling_text granite_swa granitemoe granitemoe_swa granitemoehybrid
-    granitemoeshared gte helium higgs_audio_v2 hrm_text hunyuan_v1_dense
-    hunyuan_v1_moe hy_v3 hy_v4 hyperclovax idefics internlm3 iquestcoder jais2
-    jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lara_mini
-    lasr_encoder lfm2 lfm2_moe lfm3 llama llama4_text longcat_flash mellum mimi
-    mimi_decoder mimi_encoder mimo_v2_flash minicpm3 minimax minimax_m2
+    blt_local_encoder blt_patcher chameleon clvp_encoder codegen cohere cohere2
+    cohere2_moe csm csm_depth_decoder_model cwm dbrx deepseek_ocr2_encoder
+    deepseek_ocr2_text deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 dia_decoder
+    dia_encoder diffllama diffusion_gemma_text doge dory dots1
+    dots3_note_audio_encoder dots3_note_text embedding_gemma2_text emu3_text_model
+    ernie4_5 ernie4_5_moe esm esmc eurobert evolla exaone exaone4 exaone_moe falcon
+    falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text
+    gemma4_unified_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa glmasr_encoder
+    gpt_neox gpt_neox_japanese gpt_oss gptj gradium_phonon_tts granite
+    granite4_vision_text granite_docling_text granite_swa granitemoe granitemoe_swa
+    granitemoehybrid granitemoeshared gte helium higgs_audio_v2 hrm_text
+    hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax idefics internlm3
+    iquestcoder jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text
+    laguna lara_mini lasr_encoder lfm2 lfm2_moe lfm3 llama llama4_text longcat_flash
+    mellum mimi mimi_decoder mimi_encoder mimo_v2_flash minicpm3 minimax minimax_m2
     minimax_m3_vl_text ministral ministral3 mistral mistral4 mistral_large4_text
     mixtral mllama_text_model modernbert modernbert-decoder molmo2_text moonshine
     moonshine_streaming moshi muse_glimmer_assistant muse_glimmer_text
@@ -512,11 +538,12 @@ CHECKED: frozenset[str] = frozenset("""
     pe_audio_encoder pe_audio_video_encoder pe_video_encoder persimmon phi phi3
     phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer
     pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder qwen2
-    qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next recurrent_gemma roformer
-    sarvam_mla sarvam_moe seamless_m4t seed_oss smollm3 solar_open stablelm
-    starcoder2 step3p5 t5_gemma_module t5gemma2_decoder t5gemma2_text timesfm2_5
-    ultrabert unlimited_ocr_text vaultgemma voxtral_realtime_encoder
-    voxtral_realtime_text wav2vec2-bert wav2vec2-conformer xcodec2 youtu zamba2 zaya
+    qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next
+    qwen3_omni_moe_talker_code_predictor recurrent_gemma roformer sarvam_mla
+    sarvam_moe seamless_m4t seed_oss smollm3 solar_open stablelm starcoder2 step3p5
+    t5_gemma_module t5gemma2_decoder t5gemma2_text timesfm2_5 ultrabert
+    unlimited_ocr_text vaultgemma voxtral_realtime_encoder voxtral_realtime_text
+    wav2vec2-bert wav2vec2-conformer xcodec2 youtu zamba2 zaya
 """.split())
 NOPE_LAYERS: dict[str, frozenset[str]] = {
     "afmoe": frozenset(("full_attention",)),
@@ -563,7 +590,8 @@ WHOLE_HEAD: frozenset[str] = frozenset("""
     pe_audio_video_encoder pe_video_encoder phimoe pocket_tts
     pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder
     pocket_tts_audio_tokenizer_encoder qwen2 qwen2_5_omni_dit qwen2_moe qwen3
-    qwen3_moe seed_oss smollm3 starcoder2 step3p5 t5_gemma_module t5gemma2_decoder
-    t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma
-    voxtral_realtime_encoder voxtral_realtime_text xcodec2
+    qwen3_moe qwen3_omni_moe_talker_code_predictor seed_oss smollm3 starcoder2
+    step3p5 t5_gemma_module t5gemma2_decoder t5gemma2_text timesfm2_5 ultrabert
+    unlimited_ocr_text vaultgemma voxtral_realtime_encoder voxtral_realtime_text
+    xcodec2
 """.split())

@@ -412,8 +412,12 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         head_dim, rotary_dim, features = _hf_mla_width(config, conv, layer_type, partial)
     else:
         head_dim = _hf_head_dim(config, layer_type)
-        rotary_dim = (_rotary_width(head_dim, None, "head_dim", dim_name="head_dim") if whole
-                      else _hf_rotary_dim(config, head_dim, partial))
+        if conv.width_rule == "clvp":
+            rotary_dim = _hf_clvp_width(config, head_dim)
+        elif whole:
+            rotary_dim = _rotary_width(head_dim, None, "head_dim", dim_name="head_dim")
+        else:
+            rotary_dim = _hf_rotary_dim(config, head_dim, partial)
         features = (0, head_dim)
         if conv.trailing:
             features = (head_dim - rotary_dim, head_dim)
@@ -1150,6 +1154,29 @@ def _hf_scaling(config: object, layer_type: str | None) -> dict[str, Any]:
 def _is_per_layer_type(scaling: Mapping[str, Any]) -> bool:
     # transformers nests rope parameters by layer type (Gemma 3); a flat dict has scalars.
     return bool(scaling) and all(v is None or isinstance(v, Mapping) for v in scaling.values())
+
+
+def _hf_clvp_width(config: object, head_dim: int) -> int:
+    """CLVP's rotated width: max(projection_dim // (2 * num_attention_heads), 32)."""
+    projection = _hf_get(config, "projection_dim")
+    heads = _hf_get(config, "num_attention_heads")
+    if projection is None or heads is None:
+        raise ValueError("CLVP's rotary module sizes its rotated width from the config's "
+                         "projection_dim and num_attention_heads, which this config lacks")
+    projection = _checks.count(projection, "projection_dim", minimum=1, whole_float=True)
+    heads = _checks.count(heads, "num_attention_heads", minimum=1, whole_float=True)
+    width = max(projection // (2 * heads), 32)
+    if width > head_dim:
+        raise ValueError(f"CLVP rotates max(projection_dim // (2 * num_attention_heads), 32) "
+                         f"= {width} features of heads of head_dim={head_dim}: the model's own "
+                         "code fails on this config")
+    if width % 2:
+        # its frequencies are base^(-2i / width) over width + 1 rotated features
+        raise ValueError(f"CLVP's rotary width max(projection_dim // (2 * "
+                         f"num_attention_heads), 32) = {width} is odd: the model rotates "
+                         f"{width + 1} features at frequencies of a {width}-wide spectrum, "
+                         "which fastpe does not reproduce")
+    return width
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object) -> int:

@@ -536,6 +536,25 @@ def test_per_layer_config_needs_layer_type():
     ({"model_type": "bloom", "hidden_size": 1024, "n_head": 16}, r"'bloom'.*no rotary"),
     ({"model_type": "esm", "hidden_size": 768, "num_attention_heads": 12,
       "position_embedding_type": "absolute"}, r"position_embedding_type='absolute'"),
+    # Jamba keeps Llama's apply function but never calls it; Kimi-Linear's MLA is NoPE
+    ({"model_type": "jamba", "hidden_size": 4096, "num_attention_heads": 32,
+      "rope_theta": 10000.0}, r"'jamba'.*no rotary"),
+    ({"model_type": "kimi_linear", "hidden_size": 2048, "num_attention_heads": 32,
+      "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}, r"'kimi_linear'.*no rotary"),
+    ({"model_type": "musicflamingo", "hidden_size": 1280, "num_attention_heads": 20,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+     r"'musicflamingo'.*rotary time embedding rotates the audio features"),
+    ({"model_type": "blt", "max_position_embeddings": 4096,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+      "encoder_config": {"model_type": "blt_local_encoder"}},
+     r"'blt'.*composite.*pass that sub-config"),
+    # CLVP's encoder rotates max(projection_dim // (2 * heads), 32) features of each head
+    ({"model_type": "clvp_encoder", "hidden_size": 64, "num_attention_heads": 4,
+      "projection_dim": 64}, r"= 32 features of heads of head_dim=16.*own code fails"),
+    ({"model_type": "clvp_encoder", "hidden_size": 256, "num_attention_heads": 4,
+      "projection_dim": 264}, r"= 33 is odd.*rotates 34 features"),
+    ({"model_type": "clvp_encoder", "hidden_size": 256, "num_attention_heads": 4,
+      "projection_dim": 256, "use_rotary_embedding": False}, r"use_rotary_embedding=False"),
 ])
 def test_refusals_name_what_is_missing(config, pattern):
     with pytest.raises(ValueError, match=pattern):

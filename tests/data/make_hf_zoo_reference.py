@@ -5,11 +5,12 @@ virtualenv outside the repository:
 
     /tmp/hfenv/bin/python tests/data/make_hf_zoo_reference.py
 
-It walks transformers' model types (``CONFIG_MAPPING``), keeps those whose modeling
-module has a rotary embedding class built from that config, shrinks the config, and for
-every layer type with its own RoPE runs the family's rotary module and the function its
-attention applies, in float64 (torch's float32 is redirected to float64 while they run,
-so the truth is not rounded to float32). Each case stores the config as a dict
+It walks transformers' model types (``CONFIG_MAPPING``, and the sub-configs' model types
+it lacks), keeps those whose modeling module has a rotary embedding class built from that
+config (by its annotation, else as the model transformers builds holds it), shrinks the
+config, and for every layer type with its own RoPE runs the family's rotary module and
+the function its attention applies, in float64 (torch's float32 is redirected to float64
+while they run, so the truth is not rounded to float32). Each case stores the config as a dict
 (``to_dict()``), the layer type and what the model returned for q and k, which are
 rebuilt from ``seed`` by ``inputs()`` (the test has the same function), at the positions
 in ``positions``. ``features`` says which features of the model's query head q covers
@@ -22,8 +23,10 @@ composite configs, ...) are stored with the reason the generator saw; the test c
 that each raises a ValueError (or loads with its axes, for the multi-axis ones). A model
 type with rotary code that the generator cannot run is listed under ``not_run`` with
 the error and its config, which must be refused too: fastpe has not checked it.
-``no_rope`` lists the model types whose modeling code has no rotary embedding at all
-(fastpe._hf_models.NO_ROPE must be that list).
+``no_rope`` lists the model types whose modeling code has no rotary embedding at all, or
+whose model, as transformers builds it from the default config, builds no rotary module
+and calls no rotary function (``rotary_in_model``; fastpe._hf_models.NO_ROPE must be
+that list).
 
 Coverage is by construction: ``known`` is every model type transformers knows (the
 config mapping and the model types of the sub-configs its default configs hold), and
@@ -42,12 +45,16 @@ says whether the family reads it); ``/indexer`` cases are the lightning indexers
 rotations (``part``: "indexer").
 """
 
+import ast
 import contextlib
 import importlib
 import inspect
 import json
 import math
+import re
 import sys
+import textwrap
+import typing
 import warnings
 from pathlib import Path
 
@@ -114,6 +121,184 @@ def rotary_class(module, config_class):
             if param is not None and "Vision" not in name and fallback is None:
                 fallback = obj
     return fallback, False
+
+
+def model_classes(model_type, config_class, module):
+    """The classes transformers builds from this config class: its model in the model
+    mapping, else every model class of the module for it (a sub-model: Moshi's depth
+    decoder, an audio or vision tower), else the module's classes whose __init__ takes
+    exactly this config class (Gemma 4 unified's vision embedder)."""
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    if name is not None and hasattr(transformers, name):
+        return [getattr(transformers, name)], True
+    # its package's (IDEFICS keeps its vision tower and perceiver in modules of their own)
+    package = module.__name__.rpartition(".")[0] + "."
+    own = [obj for obj in vars(module).values() if inspect.isclass(obj)
+           and issubclass(obj, torch.nn.Module) and obj.__module__.startswith(package)]
+    models = [obj for obj in own if issubclass(obj, transformers.PreTrainedModel)
+              and getattr(obj, "config_class", None) is config_class
+              and not obj.__name__.endswith("PreTrainedModel")]
+    if models:
+        return models, True
+
+    def takes(obj, union):
+        try:
+            params = inspect.signature(obj.__init__).parameters.values()
+        except (TypeError, ValueError):
+            return False
+        return any(p.annotation is config_class or p.annotation == config_class.__name__
+                   or (union and config_class in typing.get_args(p.annotation))
+                   for p in params)
+    exact = [obj for obj in own if takes(obj, False)]
+    return exact or [obj for obj in own if takes(obj, True)] or read_from(config_class, own), False
+
+
+def read_from(config_class, own):
+    """The classes built from the values of a sub-config that no class takes whole: those
+    called in a statement that reads the key its parent keeps it under (IDEFICS builds
+    its perceiver resampler from ``perceiver_config.resampler_depth``, ...)."""
+    keys = {key for parent in CONFIG_MAPPING.values()
+            for key, cls in (getattr(parent, "sub_configs", None) or {}).items()
+            if cls is config_class}
+    if not keys:
+        return []
+    names = {obj.__name__: obj for obj in own}
+    found = {}
+    for obj in own:
+        with contextlib.suppress(OSError, TypeError, SyntaxError):
+            tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+            for node in ast.walk(tree):
+                if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr,
+                                         ast.Return)):
+                    continue
+                if not any(re.search(rf"\b{key}\b", ast.unparse(node)) for key in keys):
+                    continue
+                for call in ast.walk(node):
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                            and call.func.id in names):
+                        found[call.func.id] = names[call.func.id]
+    return list(found.values())
+
+
+def rotary_names(module):
+    """The module's rotary classes and functions (rotary embeddings, rotate_half, the
+    apply functions), by name."""
+    classes = {n for n, o in vars(module).items() if inspect.isclass(o)
+               and o.__module__ == module.__name__ and re.search(r"rotary|rope", n, re.I)}
+    functions = {n for n, o in vars(module).items() if inspect.isfunction(o)
+                 and re.search(r"rotary|rope|rotate", n)}
+    return classes, functions
+
+
+def calls(source, names):
+    return {n for n in names if re.search(rf"\b{re.escape(n)}\(", source)}
+
+
+def rotary_by_config(source, classes):
+    """Whether the source builds a rotary class under a condition on its config
+    (the conformers' ``if config.position_embeddings_type == "rotary"``): what the
+    default config builds does not then say what the model type does."""
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if calls(line, classes):
+            near = " ".join(lines[max(0, i - 3):i + 1])
+            if re.search(r"\bif\b[^:]*config", near):
+                return True
+    return False
+
+
+def ran_rotary(model_class, config, module):
+    """Whether the model, run on a few tokens, called a rotary function of its module
+    (Moshi's depth decoder builds its attention with use_rope=False); None where it
+    cannot be run from input ids alone."""
+    _, functions = rotary_names(module)
+    saved = {n: getattr(module, n) for n in functions}
+    called = []
+
+    def wrap(name, fn):
+        def traced(*args, **kwargs):
+            called.append(name)
+            return fn(*args, **kwargs)
+        return traced
+
+    small = {k: v for k, v in TRACE_SMALL.items() if getattr(config, k, None) is not None}
+    try:
+        trace_config = type(config).from_dict({**config.to_dict(), **small})
+        torch.manual_seed(0)
+        model = model_class(trace_config).eval()
+        for n, f in saved.items():
+            setattr(module, n, wrap(n, f))
+        seq = min(8, getattr(trace_config, "num_codebooks", None) or 8)
+        kwargs = {"input_ids": torch.arange(1, seq + 1)[None] % trace_config.vocab_size}
+        if "last_hidden_state" in inspect.signature(model.forward).parameters:
+            # a depth decoder (Moshi's) also takes the main decoder's hidden states
+            kwargs["last_hidden_state"] = torch.zeros(1, seq, trace_config.input_size)
+        with torch.no_grad():
+            model(**kwargs)
+    except Exception:
+        return None
+    finally:
+        for n, f in saved.items():
+            setattr(module, n, f)
+    return bool(called)
+
+
+def rotary_in_model(model_type, config_class, module):
+    """What the model transformers builds from this config does for positions in its
+    attention, where the module's rotary classes do not say by their config annotation:
+    the rotary class it builds from exactly this config (Qwen3-Omni's code predictor
+    runs Qwen3-Omni's plain rotary module); "none" where it builds no rotary module and
+    none of the classes it builds calls a rotary function (Jamba and Nemotron-H keep
+    Llama's apply function unused, speech encoders have relative positions, vision
+    towers learned ones), or where run it calls none; None where that cannot be told
+    (the model is not built from this config alone, or runs rotary code without a
+    rotary module)."""
+    candidates, built = model_classes(model_type, config_class, module)
+    if not candidates:
+        return None
+    package = module.__name__.rpartition(".")[0] + "."
+    classes, functions = rotary_names(module)
+    if not built:
+        # Not built on its own (a part of a composite model): what its classes and those
+        # they name build and call, from their source.
+        sources = {n: inspect.getsource(o) for n, o in vars(module).items()
+                   if inspect.isclass(o) and o.__module__.startswith(package)}
+        tainted = {n for n, src in sources.items() if calls(src, classes | functions)}
+        while True:
+            more = {n for n, src in sources.items() if n not in tainted and calls(src, tainted)}
+            if not more:
+                break
+            tainted |= more
+        return None if any(c.__name__ in tainted for c in candidates) else "none"
+    config = config_class()
+    found, called = set(), set()
+    try:
+        for cls in candidates:
+            with torch.device("meta"):
+                model = cls(config)
+            if any(rotary_by_config(inspect.getsource(type(sub)), classes)
+                   for sub in model.modules() if type(sub).__module__.startswith(package)):
+                return None  # another config of this type may build one
+            for sub in model.modules():
+                if type(sub).__name__ in classes or re.search(r"rotary|rope",
+                                                              type(sub).__name__, re.I):
+                    if getattr(sub, "config", None) is config:
+                        found.add(type(sub))
+                    else:
+                        return None  # a sub-model's, or one holding no config
+                with contextlib.suppress(TypeError, OSError):
+                    called |= calls(inspect.getsource(type(sub).forward), functions)
+    except Exception:
+        return None
+    if len(found) == 1:
+        return found.pop()
+    if found:
+        return None
+    if not called:
+        return "none"
+    if all(ran_rotary(cls, small_config(config_class), module) is False for cls in candidates):
+        return "none"
+    return None
 
 
 def has_rotary_code(module):
@@ -455,6 +640,35 @@ def run_roformer(module, config, seed):
     return {"q_out": qo.numpy(), "k_out": ko.numpy(), "features": [0, dim]}
 
 
+def run_clvp(module, config, seed):
+    """CLVP's encoder: its rotary module's angles over positions 0 .. seq - 1, indexed by
+    position_ids in its apply function, on the leading features of q, k (and v) that
+    the angles cover, max(projection_dim // (2 * num_attention_heads), 32) of them."""
+    dim = config.hidden_size // config.num_attention_heads
+    seq = int(POSITIONS.max()) + 1
+    with float64_torch():
+        angles = module.ClvpRotaryPositionalEmbedding(config)(torch.zeros(1, seq, dim))
+        width = angles.shape[-1]
+        cos, sin = angles.cos().squeeze(0), angles.sin().squeeze(0)
+        q, k = inputs(seed, dim), inputs(seed + 1, dim)
+        rotated = module.apply_rotary_pos_emb(
+            *(torch.from_numpy(x[:, :width])[None, None] for x in (q, k, q)), cos, sin,
+            torch.from_numpy(POSITIONS)[None])
+        qo, ko = (np.concatenate([r.numpy()[0, 0], x[:, width:]], axis=-1)
+                  for r, x in zip(rotated[:2], (q, k)))
+    return {"q_out": qo[None, None], "k_out": ko[None, None], "features": [0, dim]}
+
+
+# Families that rotate by a module and method of their own, run by the functions above,
+# with the configs (variant, settings) they run on.
+OWN_ROTATION = {
+    "roformer": (run_roformer, [("default", None)]),
+    # heads of 64 features: a rotated width of 48 from projection_dim, and the floor of 32
+    "clvp_encoder": (run_clvp, [("default", {"hidden_size": 256, "projection_dim": 384}),
+                                ("floor", {"hidden_size": 256, "projection_dim": 128})]),
+}
+
+
 def json_safe(obj):
     if isinstance(obj, dict):
         return {str(k): json_safe(v) for k, v in obj.items()}
@@ -572,7 +786,7 @@ VARIANTS = {
 def partial_variant(config_class, model_type):
     """A partial_rotary_factor of 0.5 where the default config sets none: whether the
     family's rotary module reads it is its code's to say, not the key's."""
-    if model_type in CONFORMERS or model_type == "roformer":
+    if model_type in CONFORMERS or model_type in OWN_ROTATION:
         return []
     try:
         defaults = config_class().to_dict()
@@ -616,6 +830,11 @@ def run_indexer(module, config, rot_cls, seed):
             "hf_order": "deinterleaved" if interleave else "same"}
 
 
+# Sub-configs' model types that the config mapping lacks (Bark's semantic, coarse and
+# fine acoustics models), with their config classes, as known_model_types() finds them.
+SUB_CONFIG_CLASSES = {}
+
+
 def known_model_types():
     """Every model type transformers knows: its config mapping and the model types of the
     sub-configs its default configs hold; and the sub-configs it gives no model type
@@ -629,6 +848,8 @@ def known_model_types():
                 continue
             if sub.model_type:
                 known.add(sub.model_type)
+                if sub.model_type not in CONFIG_MAPPING:
+                    SUB_CONFIG_CLASSES.setdefault(sub.model_type, type(sub))
             else:
                 unnamed.append({"name": f"{path}.{key}", "config": config_dict(sub)})
             walk(sub, f"{path}.{key}")
@@ -668,10 +889,11 @@ def main():
     only = set(sys.argv[1:])
     cases, refusals, not_run, arrays, no_rope = [], [], {}, {}, []
     layers, layer_rotation, unmodelled = {}, {}, []
-    for model_type in CONFIG_MAPPING.keys():
+    document_known = known_model_types()
+    config_classes = {**dict(CONFIG_MAPPING.items()), **SUB_CONFIG_CLASSES}
+    for model_type, config_class in config_classes.items():
         if only and model_type not in only:
             continue
-        config_class = CONFIG_MAPPING[model_type]
         try:
             module = modeling_module(model_type, config_class)
         except Exception:  # needs packages the generator's venv lacks (torchaudio)
@@ -683,23 +905,35 @@ def main():
             no_rope.append(model_type)
             continue
         rot_cls, own = rotary_class(module, config_class)
-        if model_type in CONFORMERS or model_type == "roformer":
-            seed = 2 * len(cases)
-            if model_type == "roformer":
-                config = small_config(config_class)
-                got = run_roformer(module, config, seed)
-            else:
-                config = small_config(config_class, {"position_embeddings_type": "rotary",
-                                                     "rotary_embedding_base": 5000})
-                got = run_conformer(module, config, CONFORMERS[model_type], seed)
-            key = f"c{len(cases)}"
-            for field in ("q_out", "k_out"):
-                arrays[f"{key}_{field}"] = got[field][0, 0]
-            cases.append({"name": model_type if model_type == "roformer" else
-                          f"{model_type}/rotary", "key": key, "seed": seed,
-                          "model_type": model_type, "layer_type": None,
-                          "features": got["features"], "hf_order": "same",
-                          "config": config_dict(config)})
+        if not own and not getattr(config_class, "sub_configs", None) and (
+                model_type not in CONFORMERS and model_type not in OWN_ROTATION):
+            use = rotary_in_model(model_type, config_class, module)
+            if use == "none":
+                no_rope.append(model_type)
+                continue
+            if use is not None and use is not rot_cls and use.__name__.endswith(
+                    "RotaryEmbedding"):
+                rot_cls, own = use, True
+        if model_type in CONFORMERS or model_type in OWN_ROTATION:
+            runs = [(f"{model_type}/rotary", {"position_embeddings_type": "rotary",
+                                              "rotary_embedding_base": 5000})]
+            if model_type in OWN_ROTATION:
+                runs = [(model_type if v == "default" else f"{model_type}/{v}", extra)
+                        for v, extra in OWN_ROTATION[model_type][1]]
+            for case_name, extra in runs:
+                seed = 2 * len(cases)
+                config = small_config(config_class, extra)
+                if model_type in OWN_ROTATION:
+                    got = OWN_ROTATION[model_type][0](module, config, seed)
+                else:
+                    got = run_conformer(module, config, CONFORMERS[model_type], seed)
+                key = f"c{len(cases)}"
+                for field in ("q_out", "k_out"):
+                    arrays[f"{key}_{field}"] = got[field][0, 0]
+                cases.append({"name": case_name, "key": key, "seed": seed,
+                              "model_type": model_type, "layer_type": None,
+                              "features": got["features"], "hf_order": "same",
+                              "config": config_dict(config)})
             if model_type in CONFORMERS:
                 refusals.append({"name": model_type, "reason": "no RoPE: relative positions",
                                  "config": config_dict(small_config(config_class))})
@@ -779,7 +1013,7 @@ def main():
         "layers": layers,
         "layer_rotation": layer_rotation,
         "unmodelled": sorted(unmodelled),
-        **known_model_types(),
+        **document_known,
     }
     OUTPUT.write_text(json.dumps(document, indent=None, separators=(",", ":")) + "\n")
     np.savez_compressed(ARRAYS, **arrays)
