@@ -184,7 +184,11 @@ def torch_rope_views(object q, object k, object positions, object layout):
     CPU tensors to be written, positions None, an ndarray or a plain torch CPU integer
     tensor, layout given (not None); each tensor as its ndarray view, q's and k's version
     counters bumped. None, having touched nothing, for anything else: the Python layer
-    then converts or refuses (fastpe._checks.torch_rope, tensor_layout)."""
+    then converts or refuses (fastpe._checks.torch_rope, tensor_layout).
+
+    torch_views' loop written out for these three arguments: through torch_views (the
+    triples built per call) a decode call on torch tensors measured 2.0-2.1x the call
+    on their .numpy() views, against 1.7-1.8x this way, in interleaved runs."""
     cdef _TorchViews t
     if layout is None:
         return None
