@@ -1019,10 +1019,30 @@ static inline void fpe_sincos_fast(double x, double scale, double *s, double *c)
     *c = (((q + 1) & 2) ? -scale : scale) * co;
 }
 
+/* max |v[i]| (NaNs ignored), in independent lanes: one running maximum is a chain of
+ * dependent max instructions, 4 cycles each, and a decode call takes this maximum of
+ * its 64 frequencies for every token (17% of a batched decode's angle time). max is
+ * exact, so the lanes give the serial loop's value. */
 static inline double fpe_abs_max(const double *v, Py_ssize_t n)
 {
+    Py_ssize_t i = 0;
     double m = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++)
+#if FPE_PAIRS_AVX2
+    if (n >= 8) {
+        const __m256d mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+        __m256d m0 = _mm256_setzero_pd(), m1 = _mm256_setzero_pd();
+        for (; i + 8 <= n; i += 8) {
+            /* max_pd(a, b) is (a > b ? a : b): a NaN in v leaves the lane as it was */
+            m0 = _mm256_max_pd(_mm256_and_pd(_mm256_loadu_pd(v + i), mask), m0);
+            m1 = _mm256_max_pd(_mm256_and_pd(_mm256_loadu_pd(v + i + 4), mask), m1);
+        }
+        double lanes[4];
+        _mm256_storeu_pd(lanes, _mm256_max_pd(m0, m1));
+        for (int l = 0; l < 4; l++)
+            m = lanes[l] > m ? lanes[l] : m;
+    }
+#endif
+    for (; i < n; i++)
         m = fabs(v[i]) > m ? fabs(v[i]) : m;
     return m;
 }
