@@ -670,7 +670,9 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
  * operations on every element, so the same bits as that path; the bfloat16 narrowing
  * (fpe_bf16x8_bits) is exact here for the reason the adds give: every operand is a
  * widened bfloat16 or a finite cos or sin. The few features past a multiple of 8 or
- * 16 go one at a time. Without AVX2, FMA and F16C the rows take the three passes. */
+ * 16 go one at a time. The avx512 variant takes 16 (32) at a time first, in 512-bit
+ * registers: the same operations on every element again. Without AVX2, FMA and F16C the
+ * rows take the three passes. */
 #if FPE_HALF_ADD_RUNS && FPE_PAIRS_AVX2
 #define FPE_HALF_ROTATE 1
 
@@ -679,6 +681,14 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f16_n(fpe_f16 *x, const float *c, 
 {
     fpe_f16 *y = x + half;
     Py_ssize_t j = 0;
+#if FPE_HALF_RUNS_512
+    for (; j + 16 <= half; j += 16) {
+        const __m512 a = fpe_f16x16_load(x + j, 0xffff), b = fpe_f16x16_load(y + j, 0xffff);
+        const __m512 cj = _mm512_loadu_ps(c + j), sj = _mm512_loadu_ps(s + j);
+        fpe_f16x16_store(x + j, 0xffff, _mm512_fmsub_ps(a, cj, _mm512_mul_ps(b, sj)));
+        fpe_f16x16_store(y + j, 0xffff, _mm512_fmadd_ps(b, cj, _mm512_mul_ps(a, sj)));
+    }
+#endif
     for (; j + 8 <= half; j += 8) {
         const __m256 a = fpe_f16x8_load(x + j), b = fpe_f16x8_load(y + j);
         const __m256 cj = _mm256_loadu_ps(c + j), sj = _mm256_loadu_ps(s + j);
@@ -696,6 +706,14 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_n(fpe_f16 *x, const float *c,
                                                      Py_ssize_t n)
 {
     Py_ssize_t i = 0;
+#if FPE_HALF_RUNS_512
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = fpe_f16x16_load(x + i, 0xffff);
+        const __m512 w = _mm512_permute_ps(v, 0xB1);
+        fpe_f16x16_store(x + i, 0xffff, _mm512_fmadd_ps(w, _mm512_loadu_ps(s + i),
+                                                        _mm512_mul_ps(v, _mm512_loadu_ps(c + i))));
+    }
+#endif
     for (; i + 8 <= n; i += 8) {
         const __m256 v = fpe_f16x8_load(x + i);
         const __m256 w = _mm256_permute_ps(v, 0xB1);   /* lanes 1 0 3 2 ... */
@@ -714,6 +732,19 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n(fpe_bf16 *x, const float *c
 {
     fpe_bf16 *y = x + half;
     Py_ssize_t j = 0;
+#if FPE_HALF_RUNS_512
+    for (; j + 32 <= half; j += 32) {
+        __m512 a0, a1, b0, b1, c0, c1, s0, s1;
+        fpe_bf16x32_load(x + j, 0xffffffffu, &a0, &a1);
+        fpe_bf16x32_load(y + j, 0xffffffffu, &b0, &b1);
+        fpe_f32x32_load_unpacked(c + j, 0xffffffffu, &c0, &c1);
+        fpe_f32x32_load_unpacked(s + j, 0xffffffffu, &s0, &s1);
+        fpe_bf16x32_store(x + j, 0xffffffffu, _mm512_fmsub_ps(a0, c0, _mm512_mul_ps(b0, s0)),
+                          _mm512_fmsub_ps(a1, c1, _mm512_mul_ps(b1, s1)));
+        fpe_bf16x32_store(y + j, 0xffffffffu, _mm512_fmadd_ps(b0, c0, _mm512_mul_ps(a0, s0)),
+                          _mm512_fmadd_ps(b1, c1, _mm512_mul_ps(a1, s1)));
+    }
+#endif
     for (; j + 16 <= half; j += 16) {
         __m256 a0, a1, b0, b1, c0, c1, s0, s1;
         fpe_bf16x16_load(x + j, &a0, &a1);
@@ -736,6 +767,17 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *
                                                       const float *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
+#if FPE_HALF_RUNS_512
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0, v1, c0, c1, s0, s1;
+        fpe_bf16x32_load(x + i, 0xffffffffu, &v0, &v1);
+        fpe_f32x32_load_unpacked(c + i, 0xffffffffu, &c0, &c1);
+        fpe_f32x32_load_unpacked(s + i, 0xffffffffu, &s0, &s1);
+        fpe_bf16x32_store(x + i, 0xffffffffu,
+                          _mm512_fmadd_ps(_mm512_permute_ps(v0, 0xB1), s0, _mm512_mul_ps(v0, c0)),
+                          _mm512_fmadd_ps(_mm512_permute_ps(v1, 0xB1), s1, _mm512_mul_ps(v1, c1)));
+    }
+#endif
     for (; i + 16 <= n; i += 16) {
         /* the unpacked order keeps each adjacent pair in adjacent lanes */
         __m256 v0, v1, c0, c1, s0, s1;
