@@ -235,6 +235,31 @@ def test_alibi_bias_out_and_dtype():
     assert np.all(base[:, :, 0::2] == 7.0)
 
 
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("mode", ["plain", "causal", "symmetric"])
+@pytest.mark.parametrize("shift", [0, 1, 3, 8])
+@pytest.mark.parametrize("heads_aligned", [True, False], ids=["heads-aligned", "odd-rows"])
+def test_large_tables_written_past_the_caches_are_the_reference(dtype, mode, shift,
+                                                               heads_aligned, both_threads):
+    """A table past 8 MiB is written with non-temporal stores from the first 64-byte
+    aligned element of its rows (four heads' rows together where a head's size is a
+    multiple of 64 bytes, else row by row): the same bits as the reference at every
+    alignment of `out`, and nothing written outside it."""
+    if heads_aligned:
+        heads, q, k = 5, 256 if dtype == F32 else 128, 2048
+    else:
+        heads, q, k = 5, 301, 1501 if dtype == F32 else 1001
+    n = heads * q * k
+    assert n * np.dtype(dtype).itemsize > 8 << 20
+    buf = np.full(n + shift + 16, 7.0, dtype)
+    out = buf[shift:shift + n].reshape(heads, q, k)
+    kw = {"causal": mode == "causal", "symmetric": mode == "symmetric"}
+    fastpe.alibi_bias(heads, q, k, out=out, num_threads=both_threads, **kw)
+    want = fastpe.reference.alibi_bias(heads, q, k, dtype=dtype, **kw)
+    assert_bytes_equal(out, want, f"alibi_bias {mode} {np.dtype(dtype)} shift={shift}")
+    assert np.all(buf[:shift] == 7.0) and np.all(buf[shift + n:] == 7.0)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_positions_past_2_24_are_exact(dtype):
     """Past 2^24 (float32) or 2^53 (float64) positions are no longer exact in the compute
