@@ -18,8 +18,10 @@
 # 32-byte vector access splits a line every other time (about 40% slower in cache):
 # the vector loops start at the first aligned element of the row (a few scalar steps
 # before; 64-byte aligned for the avx512 variant's 512-bit loops), and the key-position
-# row sits at the same address modulo that alignment, so that its loads are aligned too. float16 rows convert in chunks (fastpe_math.h's
-# run conversions, F16C), since GCC does not vectorise the element-wise ones. Masked
+# row sits at the same address modulo that alignment, so that its loads are aligned too.
+# A table past 8 MiB is written with non-temporal stores (fpe_alibi_row_stream_*).
+# float16 rows convert in chunks (fastpe_math.h's run conversions, F16C), since GCC
+# does not vectorise the element-wise ones. Masked
 # keys are selected on the bits (keep_or_ninf), as a branch on a float comparison
 # does not vectorise. A view whose keys are not nearest in memory walks what is
 # nearest inner instead: the heads (alibi_heads) or the queries (alibi_column).
