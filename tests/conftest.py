@@ -569,6 +569,18 @@ def cpu_flags() -> set[str] | None:
     return None
 
 
+def cpu_vendor_id() -> str | None:
+    """The CPU's vendor_id from /proc/cpuinfo (Linux x86: "GenuineIntel", ...), else None."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def cpu_runs(isa: str) -> bool | None:
     """Whether the CPU runs a variant, from /proc/cpuinfo (None when unknown)."""
     if isa == "baseline":

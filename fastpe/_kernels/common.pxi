@@ -47,6 +47,7 @@ cdef extern from "fastpe_math.h" nogil:
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
     int fpe_cpu_has_avx512()
+    void fpe_cpu_vendor(char *out)
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE

@@ -1187,4 +1187,23 @@ static inline int fpe_cpu_has_avx512(void)
 #endif
 }
 
+/* The CPU's vendor string from CPUID leaf 0 into out (13 bytes: "GenuineIntel",
+ * "AuthenticAMD", ...), empty where there is no CPUID. */
+static inline void fpe_cpu_vendor(char *out)
+{
+    out[0] = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return;
+    memcpy(out, &b, 4); memcpy(out + 4, &d, 4); memcpy(out + 8, &c, 4);
+    out[12] = 0;
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+    int r[4];
+    __cpuid(r, 0);
+    memcpy(out, &r[1], 4); memcpy(out + 4, &r[3], 4); memcpy(out + 8, &r[2], 4);
+    out[12] = 0;
+#endif
+}
+
 #endif /* FASTPE_MATH_H */

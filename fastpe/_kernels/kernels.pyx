@@ -60,6 +60,14 @@ def cpu_supports(str isa):
     return False
 
 
+def cpu_vendor():
+    """The CPU's vendor string (CPUID leaf 0: "GenuineIntel", "AuthenticAMD", ...);
+    "" where there is no CPUID."""
+    cdef char out[13]
+    fpe_cpu_vendor(out)
+    return out.decode("ascii", "replace")
+
+
 def openmp_max_threads():
     """omp_get_max_threads(): honours OMP_NUM_THREADS and threadpoolctl; 1 without OpenMP."""
     return omp_get_max_threads()
