@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 from conftest import (
+    BF16,
     DTYPE_IDS,
     F32,
     F64,
@@ -922,3 +923,31 @@ def test_buffer_protocol_scores_are_written_in_place():
     out_view = memoryview(out)
     assert fastpe.alibi_bias(3, 4, 6, out=out_view) is out_view
     assert_bytes_equal(out, fastpe.alibi_bias(3, 4, 6), "alibi_bias(out=memoryview)")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16)] + ([BF16] if BF16 is not None else []),
+                         ids=lambda d: d.name)
+@pytest.mark.parametrize("mode", ["plain", "causal", "symmetric"])
+@pytest.mark.parametrize("shape", [(2, 5, 1, 77), (1, 6, 9, 133)], ids=["decode", "prefill"])
+def test_half_rows_in_one_pass_are_the_strided_path(dtype, mode, shape):
+    """Unit-stride float16 and bfloat16 rows of the plain case are widened, biased and
+    narrowed in registers; rows with a stride take the element-wise loop: the same bits
+    for every bit pattern (NaNs, infinities, subnormals), on whole vectors and the keys
+    past them, added to scores and written as a table."""
+    kw = {"causal": mode == "causal", "symmetric": mode == "symmetric"}
+    rng = np.random.default_rng(sum(shape))
+    x = rng.integers(0, 2**16, shape, dtype=np.uint16).view(dtype)
+    wide = np.zeros(shape[:-1] + (2 * shape[-1],), dtype)
+    strided = wide[..., ::2]
+    strided[...] = x
+    fastpe.add_alibi(x, **kw)
+    fastpe.add_alibi(strided, **kw)
+    assert_bytes_equal(x, np.ascontiguousarray(strided), f"add_alibi {dtype} {mode}")
+    assert not wide[..., 1::2].view(np.uint16).any()
+    *_, heads, q, k = shape
+    table = fastpe.alibi_bias(heads, q, k, dtype=dtype, **kw)
+    base = np.zeros((heads, q, 2 * k), dtype)
+    fastpe.alibi_bias(heads, q, k, out=base[..., ::2], **kw)
+    assert_bytes_equal(table, np.ascontiguousarray(base[..., ::2]), f"alibi_bias {dtype} {mode}")
+    want = fastpe.reference.alibi_bias(heads, q, k, dtype=dtype, **kw)
+    assert_bytes_equal(table, want, f"alibi_bias {dtype} {mode} vs reference")

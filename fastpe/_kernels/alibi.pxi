@@ -20,8 +20,10 @@
 # before; 64-byte aligned for the avx512 variant's 512-bit loops), and the key-position
 # row sits at the same address modulo that alignment, so that its loads are aligned too.
 # A table past 8 MiB is written with non-temporal stores (fpe_alibi_row_stream_*).
-# float16 rows convert in chunks (fastpe_math.h's run conversions, F16C), since GCC
-# does not vectorise the element-wise ones. Masked
+# float16 and bfloat16 rows of the plain case are widened, biased and narrowed in
+# registers, in one pass (fpe_alibi_seg_f16 / bf16); masked float16 rows convert in
+# chunks (fastpe_math.h's run conversions, F16C), since GCC does not vectorise the
+# element-wise ones. Masked
 # keys are selected on the bits (keep_or_ninf), as a branch on a float comparison
 # does not vectorise. A view whose keys are not nearest in memory walks what is
 # nearest inner instead: the heads (alibi_heads) or the queries (alibi_column).
@@ -207,7 +209,113 @@ cdef extern from *:
     FPE_ALIBI_ROWS4_STREAM0(fpe_alibi_rows4_stream_f32, float)
     FPE_ALIBI_ROWS4_STREAM0(fpe_alibi_rows4_stream_f64, double)
     #endif
+
+    /* x[j] (+)= s * d for j in [j0, j1) of a unit-stride float16 row, d = kf[j] - qf (or
+     * qf - kf[j] when flip), in one pass: widened, biased and narrowed in registers,
+     * where the chunked path converts through a float32 buffer in three (a decode
+     * call, in cache, measured 2x float32's time that way). The same bits: the
+     * chunked loop's x + s * d is contracted to fma(s, d, x) in the variants that have
+     * FMA, the ones this loop is built for. */
+    #if FPE_HALF_ADD_RUNS
+    #define FPE_ALIBI_HALF_ONE_PASS 1
+    static FPE_ALIBI_NOINLINE void fpe_alibi_seg_f16(fpe_f16 *x, const float *kf,
+                                                     Py_ssize_t j0, Py_ssize_t j1, float qf,
+                                                     float s, int flip, int accumulate)
+    {
+        Py_ssize_t j = j0;
+    #if FPE_HALF_RUNS_512
+        {
+            const __m512 q = _mm512_set1_ps(qf), sv = _mm512_set1_ps(s);
+            for (; j + 16 <= j1; j += 16) {
+                const __m512 k = _mm512_loadu_ps(kf + j);
+                const __m512 d = flip ? _mm512_sub_ps(q, k) : _mm512_sub_ps(k, q);
+                fpe_f16x16_store(x + j, 0xffff,
+                                 accumulate ? _mm512_fmadd_ps(sv, d, fpe_f16x16_load(x + j, 0xffff))
+                                            : _mm512_mul_ps(sv, d));
+            }
+        }
+    #endif
+        const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
+        for (; j + 8 <= j1; j += 8) {
+            const __m256 k = _mm256_loadu_ps(kf + j);
+            const __m256 d = flip ? _mm256_sub_ps(q, k) : _mm256_sub_ps(k, q);
+            fpe_f16x8_store(x + j, accumulate ? _mm256_fmadd_ps(sv, d, fpe_f16x8_load(x + j))
+                                              : _mm256_mul_ps(sv, d));
+        }
+        for (; j < j1; j++) {
+            const float d = flip ? qf - kf[j] : kf[j] - qf;
+            x[j] = fpe_f16_make(accumulate ? fmaf(s, d, fpe_f16_load(x[j])) : s * d);
+        }
+    }
+
+    /* the same for bfloat16 rows: 16 (32) at a time in fpe_bf16x16_load's lane order,
+     * the key positions loaded in that order too; the narrowing is exact for the
+     * reason the adds give (every operand a widened bfloat16 or a finite float32) */
+    static FPE_ALIBI_NOINLINE void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf,
+                                                      Py_ssize_t j0, Py_ssize_t j1, float qf,
+                                                      float s, int flip, int accumulate)
+    {
+        Py_ssize_t j = j0;
+    #if FPE_HALF_RUNS_512
+        {
+            const __m512 q = _mm512_set1_ps(qf), sv = _mm512_set1_ps(s);
+            for (; j + 32 <= j1; j += 32) {
+                __m512 x0, x1, k0, k1;
+                fpe_f32x32_load_unpacked(kf + j, 0xffffffffu, &k0, &k1);
+                const __m512 d0 = flip ? _mm512_sub_ps(q, k0) : _mm512_sub_ps(k0, q);
+                const __m512 d1 = flip ? _mm512_sub_ps(q, k1) : _mm512_sub_ps(k1, q);
+                if (accumulate) {
+                    fpe_bf16x32_load(x + j, 0xffffffffu, &x0, &x1);
+                    fpe_bf16x32_store(x + j, 0xffffffffu, _mm512_fmadd_ps(sv, d0, x0),
+                                      _mm512_fmadd_ps(sv, d1, x1));
+                } else {
+                    fpe_bf16x32_store(x + j, 0xffffffffu, _mm512_mul_ps(sv, d0),
+                                      _mm512_mul_ps(sv, d1));
+                }
+            }
+        }
+    #endif
+        const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
+        for (; j + 16 <= j1; j += 16) {
+            __m256 x0, x1, k0, k1;
+            fpe_f32x16_load_unpacked(kf + j, &k0, &k1);
+            const __m256 d0 = flip ? _mm256_sub_ps(q, k0) : _mm256_sub_ps(k0, q);
+            const __m256 d1 = flip ? _mm256_sub_ps(q, k1) : _mm256_sub_ps(k1, q);
+            if (accumulate) {
+                fpe_bf16x16_load(x + j, &x0, &x1);
+                fpe_bf16x16_store(x + j, _mm256_fmadd_ps(sv, d0, x0), _mm256_fmadd_ps(sv, d1, x1));
+            } else {
+                fpe_bf16x16_store(x + j, _mm256_mul_ps(sv, d0), _mm256_mul_ps(sv, d1));
+            }
+        }
+        for (; j < j1; j++) {
+            const float d = flip ? qf - kf[j] : kf[j] - qf;
+            x[j] = fpe_bf16_make(accumulate ? fmaf(s, d, fpe_bf16_load(x[j])) : s * d);
+        }
+    }
+    #else
+    #define FPE_ALIBI_HALF_ONE_PASS 0
+    static inline void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t j0,
+                                          Py_ssize_t j1, float qf, float s, int flip,
+                                          int accumulate)
+    {
+        (void)x; (void)kf; (void)j0; (void)j1; (void)qf; (void)s; (void)flip;
+        (void)accumulate;
+    }
+    static inline void fpe_alibi_seg_f16(fpe_f16 *x, const float *kf, Py_ssize_t j0,
+                                         Py_ssize_t j1, float qf, float s, int flip,
+                                         int accumulate)
+    {
+        (void)x; (void)kf; (void)j0; (void)j1; (void)qf; (void)s; (void)flip;
+        (void)accumulate;
+    }
+    #endif
     """
+    int FPE_ALIBI_HALF_ONE_PASS
+    void fpe_alibi_seg_f16(fpe_f16 *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1,
+                           float qf, float s, int flip, int accumulate) nogil
+    void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1,
+                            float qf, float s, int flip, int accumulate) nogil
     Py_ssize_t fpe_alibi_rows4_stream_f32(float *r0, float *r1, float *r2, float *r3,
                                           const float *kf, Py_ssize_t j0, Py_ssize_t j1,
                                           float qf, const float *sl, int flip) nogil
@@ -373,11 +481,53 @@ cdef inline void row_plain(const AlibiCall *a, store_t *row, const real_t *kf, i
     span_plain(a, row, a.sk, a.k, kf, <real_t>qp, slope, plain_split(a, qp))
 
 
+ctypedef fused half_t:
+    fpe_f16
+    fpe_bf16
+
+
+cdef inline void seg_half(half_t *row, const float *kf, Py_ssize_t j0, Py_ssize_t j1,
+                          float qf, float slope, bint flip, bint accumulate) noexcept nogil:
+    if half_t is fpe_f16:
+        fpe_alibi_seg_f16(row, kf, j0, j1, qf, slope, flip, accumulate)
+    else:
+        fpe_alibi_seg_bf16(row, kf, j0, j1, qf, slope, flip, accumulate)
+
+
+cdef inline void rows_half_plain(const AlibiCall *a, half_t *row0, Py_ssize_t nh,
+                                 const float *kf, int64_t qp,
+                                 const double *slopes) noexcept nogil:
+    """Unit-stride float16 or bfloat16 rows of the plain case (FPE_ALIBI_HALF_ONE_PASS):
+    span_plain's segments, each in one pass."""
+    cdef float qf = <float>qp
+    cdef float slope
+    cdef Py_ssize_t split = plain_split(a, qp)
+    cdef Py_ssize_t t, j
+    cdef half_t *row
+    cdef half_t ninf
+    if half_t is fpe_f16:
+        ninf = fpe_f16_make(-INFINITY)
+    else:
+        ninf = fpe_bf16_make(-INFINITY)
+    for t in range(nh):
+        row = row0 + t * a.sh
+        slope = <float>slopes[t]
+        if split == a.k or not (a.causal or a.symmetric):
+            seg_half(row, kf, 0, a.k, qf, slope, False, a.accumulate)
+            continue
+        seg_half(row, kf, 0, split, qf, slope, False, a.accumulate)
+        if a.causal:
+            for j in range(split, a.k):
+                row[j] = ninf
+        else:
+            seg_half(row, kf, split, a.k, qf, slope, True, a.accumulate)
+
+
 cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, const float *kf,
                           int64_t qp, const double *slopes) noexcept nogil:
-    """Unit-stride float16 rows: chunks converted to float32 on the stack (8 at a time
-    with F16C), the float32 loops there, converted back. The same arithmetic as one
-    element at a time, in vectors."""
+    """Unit-stride float16 rows (masked, or without FMA and F16C): chunks converted to
+    float32 on the stack (8 at a time with F16C), the float32 loops there, converted
+    back. The same arithmetic as one element at a time, in vectors."""
     cdef float buf[SELECT_CHUNK + 16]
     cdef float *tmp = <float *>((<size_t>buf + 63) & ~(<size_t>63))   # aligned like kf
     cdef float qf = <float>qp
@@ -674,7 +824,10 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
     qp = query_position(a, b, i)
     if a.exact:
         kf = key_row(a, b, kind)
-        if store_t is fpe_f16 and a.sk == 1:
+        if (store_t is fpe_f16 or store_t is fpe_bf16) and a.sk == 1 and a.plain \
+                and FPE_ALIBI_HALF_ONE_PASS:
+            rows_half_plain(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
+        elif store_t is fpe_f16 and a.sk == 1:
             rows_f16(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
         elif (store_t is float or store_t is double) and a.plain and a.sk == 1 \
                 and nh == HEAD_GROUP:
