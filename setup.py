@@ -51,9 +51,13 @@ KERNEL_SOURCE = "fastpe/_kernels/kernels.pyx"
 ISA_FLAGS = {
     "unix": {
         "baseline": [],
-        "avx2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2"],
+        # -ffp-contract=fast, GCC's default in its GNU modes, spelled out: the element
+        # loops' a + b * c must fuse as the vector loops' explicit FMAs do (the same
+        # bits on every path), whatever -std or compiler (clang fuses only within
+        # an expression by default)
+        "avx2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2", "-ffp-contract=fast"],
         "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma",
-                   "-mf16c", "-mbmi2"],
+                   "-mf16c", "-mbmi2", "-ffp-contract=fast"],
     },
     "msvc": {
         "baseline": [],

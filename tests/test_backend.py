@@ -310,6 +310,31 @@ def test_forced_variant_the_cpu_cannot_run_is_a_clear_import_error(isa):
 
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+def test_avx512_without_its_half_precision_loops_is_not_the_default():
+    """An avx512 build without its 512-bit half-precision loops (a compiler without the
+    FMA and F16C macros: MSVC) is passed over on Intel for the next variant; asked for,
+    it loads."""
+    code = """
+    import fastpe, importlib, os, types
+    from fastpe import _kernels
+    real = importlib.import_module
+    def without_loops(name, *args):
+        if name.endswith(".kernels_avx512"):
+            return types.SimpleNamespace(ISA="avx512", HALF_RUNS_512=False)
+        return real(name, *args)
+    _kernels._importlib.import_module = without_loops
+    _kernels._baseline.cpu_supports = lambda isa: True
+    _kernels.AUTO = _kernels.AUTO_INTEL
+    print(_kernels._load().ISA)
+    os.environ["FASTPE_ISA"] = "avx512"
+    print(_kernels._load().ISA)
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["avx2", "avx512"]
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
 def test_forced_variant_that_was_not_built_is_a_clear_import_error():
     code = """
     import fastpe, importlib, os

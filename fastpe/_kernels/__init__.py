@@ -25,7 +25,9 @@ VARIANTS = ("avx512", "avx2", "baseline")
 # the variants chosen without FASTPE_ISA, in order of preference, by the CPU's vendor
 AUTO_INTEL = ("avx512", "avx2", "baseline")
 AUTO_OTHER = ("avx2", "baseline")
-AUTO = AUTO_INTEL if _baseline.cpu_vendor() == "GenuineIntel" else AUTO_OTHER
+# (getattr: a stale build of the baseline variant, from before cpu_vendor, still imports)
+AUTO = (AUTO_INTEL if getattr(_baseline, "cpu_vendor", lambda: "")() == "GenuineIntel"
+        else AUTO_OTHER)
 # what a variant needs of the CPU, for the error of a forced variant it cannot run
 NEEDS = {
     "avx2": "AVX2, FMA, F16C and BMI2",
@@ -45,7 +47,12 @@ def _load() -> _ModuleType:
                                   f"(it needs {NEEDS[isa]})")
             continue
         try:
-            return _importlib.import_module(f"{__name__}.kernels_{isa}")
+            module = _importlib.import_module(f"{__name__}.kernels_{isa}")
+            # chosen for its 512-bit half-precision loops, which a compiler without the
+            # FMA and F16C macros (MSVC) leaves out: there the next variant
+            if isa == "avx512" and not forced and not getattr(module, "HALF_RUNS_512", False):
+                continue
+            return module
         except ModuleNotFoundError as exc:
             if forced and exc.name == f"{__name__}.kernels_{isa}":
                 raise ImportError(f"FASTPE_ISA={forced!r}: this fastpe was built without "

@@ -51,6 +51,7 @@ cdef extern from "fastpe_math.h" nogil:
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE
+    int FPE_HALF_RUNS_512
     int FPE_HALF_ADD_RUNS
     int FPE_ROWS_AVX2
     int FPE_HALF_ROTATE

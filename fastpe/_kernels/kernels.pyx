@@ -47,6 +47,8 @@ ISA = FASTPE_ISA.decode()
 COMPILE_FLAGS = FASTPE_COMPILE_FLAGS.decode()
 OPENMP = bool(FPE_OPENMP)
 HALF_CONVERSION = "hardware" if FPE_HALF_NATIVE else "software"
+# the 512-bit float16/bfloat16 loops (RoPE rows, the adds, ALiBi) are built in
+HALF_RUNS_512 = bool(FPE_HALF_RUNS_512)
 
 
 def cpu_supports(str isa):

@@ -27,6 +27,9 @@ OPENMP: Final[bool]
 """Whether this build has OpenMP threads."""
 HALF_CONVERSION: Final[str]
 """float16 conversion: "hardware" (F16C / NEON) or "software"."""
+HALF_RUNS_512: Final[bool]
+"""Whether the 512-bit float16/bfloat16 loops are built in (the avx512 variant, with GCC
+or clang)."""
 STREAM_STORES: Final[bool]
 """Whether stream(nontemporal=True) has streaming (non-temporal) stores here."""
 
