@@ -552,6 +552,17 @@ for dt in dtypes:
         table = rng.uniform(-2, 2, (500, 33)).astype(dt)
         fastpe.add_learned(x, table, rng.integers(0, 500, (100,)), num_threads=nt)
         out[f"learned-{name}-t{nt}"] = x.view(np.uint8)
+        for style in ("neox", "gptj"):
+            for hd in (36, 64, 128, 134):
+                rng = np.random.default_rng(hd)
+                q = rng.uniform(-2, 2, (2, 40, 3, hd)).astype(dt)
+                k = rng.uniform(-2, 2, (2, 40, 1, hd)).astype(dt)
+                pos = rng.integers(0, 2**20, (2, 40))
+                fastpe.apply_rope(q, k, pos, style=style, num_threads=nt)
+                out[f"rope-{name}-{style}-{hd}-t{nt}"] = np.concatenate(
+                    [q.view(np.uint8).ravel(), k.view(np.uint8).ravel()])
+        t = fastpe.alibi_bias(5, 9, 133, dtype=dt, num_threads=nt)
+        out[f"alibitable-{name}-t{nt}"] = t.view(np.uint8)
 np.savez(sys.argv[1], **out)
 print(json.dumps(fastpe.info()))
 """

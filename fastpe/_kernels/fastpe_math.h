@@ -543,6 +543,15 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_n(float *x, const float *c, co
 {
     float *y = x + half;
     Py_ssize_t j = 0;
+#if FPE_PAIRS_AVX2 && defined(__AVX512F__)
+    /* the avx512 variant: 16 pairs at a time first, the same operations per element */
+    for (; j + 16 <= half; j += 16) {
+        const __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(y + j);
+        const __m512 cj = _mm512_loadu_ps(c + j), sj = _mm512_loadu_ps(s + j);
+        _mm512_storeu_ps(x + j, _mm512_fmsub_ps(a, cj, _mm512_mul_ps(b, sj)));
+        _mm512_storeu_ps(y + j, _mm512_fmadd_ps(b, cj, _mm512_mul_ps(a, sj)));
+    }
+#endif
 #if FPE_PAIRS_AVX2
     for (; j + 8 <= half; j += 8) {
         const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(y + j);
@@ -581,6 +590,14 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f64_n(double *x, const double *c, 
 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_n(float *x, const float *c, const float *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
+#if FPE_PAIRS_AVX2 && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 w = _mm512_permute_ps(v, 0xB1);
+        _mm512_storeu_ps(x + i, _mm512_fmadd_ps(w, _mm512_loadu_ps(s + i),
+                                                _mm512_mul_ps(v, _mm512_loadu_ps(c + i))));
+    }
+#endif
 #if FPE_PAIRS_AVX2
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
