@@ -5,8 +5,9 @@ One Cython source is built once per instruction-set level (setup.py): kernels_ba
 BMI2) and kernels_avx512 (those plus AVX-512 F, BW, DQ and VL). Without ``FASTPE_ISA``
 the first variant of ``AUTO`` that was built and that this CPU and OS run is imported:
 kernels_avx512 comes first on Intel CPUs, which execute 512-bit vectors at full width
-(there it measured level with kernels_avx2 in float32 and 5-29% faster in float16 and
-bfloat16), and not elsewhere: on an AMD Zen 4, which executes them as two 256-bit halves,
+(there it measured level with kernels_avx2 where the work is memory-bound and up to 22%
+faster where it is arithmetic: half-precision conversions, RoPE rows in the caches), and
+not elsewhere: on an AMD Zen 4, which executes them as two 256-bit halves,
 it measured no faster (README, "Backends and threads"), so it runs there only when asked
 for.
 
