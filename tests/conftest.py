@@ -568,28 +568,27 @@ print(json.dumps(fastpe.info()))
 """
 
 
-def cpu_flags() -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo (Linux), else None."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (Linux), else None."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
     return None
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), else None."""
+    flags = _cpuinfo("flags")
+    return None if flags is None else set(flags.split())
 
 
 def cpu_vendor_id() -> str | None:
     """The CPU's vendor_id from /proc/cpuinfo (Linux x86: "GenuineIntel", ...), else None."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("vendor_id"):
-            return line.split(":", 1)[1].strip()
-    return None
+    return _cpuinfo("vendor_id")
 
 
 def cpu_runs(isa: str) -> bool | None:
