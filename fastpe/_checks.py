@@ -93,16 +93,16 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     """The arguments (value, name, written), each torch tensor among them as its
     NumPy view, so that a call on a model's own tensors takes the path of NumPy
     arrays, converted once: by the compiled kernels where every tensor is a plain
-    CPU tensor (through DLPack's C exchange API), else here (tensor_view); the
-    tensors to be written have their version counters bumped together."""
+    CPU tensor (through DLPack's C exchange API), else here (tensor_view). The
+    caller bumps the written tensors' version counters once the call has written them
+    (bump_versions), as torch's own in-place operations do: a call refused before
+    writing leaves them as they were."""
     kern = _backend.kernels()
     views: list[Any] | None = kern.torch_views(args) if kern is not None else None
     if views is not None:
         return views
-    torch, _, bump, _ = _torch()
-    tensor = torch.Tensor
+    tensor = _torch()[0].Tensor
     out: list[Any] = []
-    written = []
     for x, name, w in args:
         if not isinstance(x, tensor):
             out.append(x)
@@ -111,40 +111,39 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
             try:
                 # the common case, in one call (bfloat16, a grad or a device raise here)
                 out.append(x.numpy())
-                if w:
-                    written.append(x)
                 continue
             except (RuntimeError, TypeError):
                 pass
         out.append(tensor_view(x, name, writable=w))
-        if w:
-            written.append(x)
-    if written:
-        bump(tuple(written))
     return out
+
+
+def bump_versions(written: tuple[Any, ...]) -> None:
+    """Bump the version counters of the torch tensors a call has written, together,
+    once: what torch's in-place operations do after writing. The last may be None (a
+    RoPE call without k). One call into torch: a decode step takes a few
+    microseconds."""
+    bump = (_TORCH or _torch())[2]
+    bump(written if written[-1] is not None else written[:-1])
 
 
 def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
     """torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False)),
     in fewer steps for the common case: q and k (or None) float32/16/64 tensors outside
     inference, positions None or a tensor (a decode step of a transformers model)."""
-    bump = _torch()[2]
     try:
         if k is None:
             if q.is_inference():
                 raise TypeError
             qv, kv = q.numpy(), None
-            written: tuple[Any, ...] = (q,)
         else:
             if q.is_inference() or k.is_inference():
                 raise TypeError
             qv, kv = q.numpy(), k.numpy()
-            written = (q, k)
         pv = positions if positions is None or type(positions) is np.ndarray else (
             positions.numpy())
     except (AttributeError, RuntimeError, TypeError):
         return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
-    bump(written)
     return [qv, kv, pv]
 
 
@@ -263,6 +262,7 @@ def in_place_view(x: object, name: str) -> np.ndarray:
                         f"{type(x).__name__} scalar")
     if is_tensor(x):
         view: np.ndarray = torch_tensors((x, name, True))[0]
+        bump_versions((x,))
         return view
     if hasattr(x, "__dlpack__"):
         try:

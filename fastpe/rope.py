@@ -174,10 +174,14 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if state is not None and kern.rope_call(
                 state, q, k, positions, offset, style, layout, inverse, num_threads, None,
                 None, _threads.SERIAL_BYTES, _threads.resolve):
+            if q is not given[0]:
+                kern.torch_bump(given)  # torch tensors, now written
             return given
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
                     style=style, layout=layout, inverse=inverse, num_threads=num_threads))
+    if q is not given[0] and _checks.is_tensor(given[0]):
+        _checks.bump_versions(given)
     return given
 
 
@@ -212,12 +216,16 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
     kern = _backend.kernels()
-    if kern is not None and kern.rope_call(None, q, k, positions, offset, style, layout,
-                                           inverse, num_threads, cos, sin,
-                                           _threads.SERIAL_BYTES, _threads.resolve):
-        return given
-    _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
-                           layout=layout, inverse=inverse, num_threads=num_threads))
+    if not (kern is not None and kern.rope_call(None, q, k, positions, offset, style, layout,
+                                                inverse, num_threads, cos, sin,
+                                                _threads.SERIAL_BYTES, _threads.resolve)):
+        _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
+                               layout=layout, inverse=inverse, num_threads=num_threads))
+    if q is not given[0]:  # torch tensors, now written
+        if kern is not None:
+            kern.torch_bump(given)
+        else:
+            _checks.bump_versions(given)
     return given
 
 
@@ -446,8 +454,12 @@ class RotaryEmbedding:
                 kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
                                num_threads, None, None, _threads.SERIAL_BYTES,
                                _threads.resolve)):
+            if q is not given[0]:
+                kern.torch_bump(given)  # torch tensors, now written
             return given
         self._rotate(q, k, positions, offset, layout, inverse, num_threads)
+        if q is not given[0] and _checks.is_tensor(given[0]):
+            _checks.bump_versions(given)
         return given
 
     def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,

@@ -115,6 +115,52 @@ def test_every_written_tensor_has_its_version_bumped():
     assert x._version > v
 
 
+def _entries():
+    """(name, call(written tensor, good), the tensors it writes) for every entry point
+    that takes torch tensors: good=False makes the call refuse (bad positions)."""
+    rope = fastpe.RotaryEmbedding(8)
+    cos, sin = fastpe.rope_cos_sin(np.arange(16), fastpe.rope_frequencies(8))
+    table = torch.zeros(16, 8)
+
+    def bad(good):
+        return torch.arange(3) if good else torch.tensor([0, -1, 2])
+
+    return {
+        "apply_rope": lambda q, k, good: fastpe.apply_rope(q, k, bad(good), layout="bshd"),
+        "RotaryEmbedding": lambda q, k, good: rope(q, k, bad(good), layout="bshd"),
+        "apply_rope_cached": lambda q, k, good: fastpe.apply_rope_cached(
+            q, k, torch.from_numpy(cos), torch.from_numpy(sin), bad(good), layout="bshd"),
+        "add_sinusoidal": lambda q, k, good: fastpe.add_sinusoidal(
+            q[0, :, 0], bad(good)),
+        "add_learned": lambda q, k, good: fastpe.add_learned(q[0, :, 0], table, bad(good)),
+        "add_alibi": lambda q, k, good: fastpe.add_alibi(
+            q, q_offset=0 if good else -1),
+    }
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("entry", list(_entries()))
+def test_version_bumped_after_a_write_and_only_then(entry, backend):
+    """As torch's in-place operations: a call that writes bumps the version counters of
+    what it wrote; a call refused before writing leaves them (and the data) as they
+    were, and the tensors it only reads are never bumped."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    call = _entries()[entry]
+    with fastpe.use_backend(backend):
+        q = _tensor((1, 3, 2, 8), "float32", 7)
+        k = _tensor((1, 3, 2, 8), "float32", 8)
+        before, data = (q._version, k._version), (q.clone(), k.clone())
+        with pytest.raises((ValueError, IndexError)):
+            call(q, k, False)
+        assert (q._version, k._version) == before, "refused, yet bumped"
+        assert torch.equal(q, data[0]) and torch.equal(k, data[1])
+        call(q, k, True)
+        assert q._version > before[0], "written, not bumped"
+        if entry.startswith(("apply_rope", "Rotary")):
+            assert k._version > before[1]
+
+
 def test_autograd_refuses_a_backward_through_a_rotated_tensor():
     """As after torch's own in-place operations: a saved tensor rewritten by fastpe."""
     w = torch.randn(8, requires_grad=True)
@@ -250,8 +296,8 @@ def test_compiled_views_are_the_tensors_memory(dtype):
         assert v.ctypes.data == t.data_ptr()
         np.testing.assert_array_equal(v.astype(np.float64), _numpy_twin(t).astype(np.float64))
     assert views[2].dtype == np.int32
-    assert q._version > versions[0] and k._version > versions[1]  # one shared counter
-    versions = q._version, k._version
+    # viewing writes nothing: the entry bumps the counters once it has written
+    assert (q._version, k._version) == versions
     assert kern.torch_rope_views(q, k, pos, None) is None  # layout must be given
     grad = torch.ones(2, 16, requires_grad=True)
     assert kern.torch_views(((q, "q", True), (grad, "table", False))) is None

@@ -71,7 +71,6 @@ cdef class _TorchViews:
     """What tensor_array needs of the torch this process imported, looked up once."""
     cdef object tensor_type        # torch.Tensor (subclasses take the Python path)
     cdef object strided
-    cdef object bump               # torch._C._increment_version, taking a tuple
     cdef cnp.dtype bfloat16        # ml_dtypes' bfloat16, or None
     cdef fpe_dl_from_py view
 
@@ -102,7 +101,6 @@ cdef object torch_views_of():
         t = _TorchViews()
         t.tensor_type = torch.Tensor
         t.strided = torch.strided
-        t.bump = torch._C._increment_version
         t.view = api.dltensor_from_py_object_no_sync
         t.bfloat16 = None
         ml = sys.modules.get("ml_dtypes")
@@ -182,9 +180,10 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
 def torch_rope_views(object q, object k, object positions, object layout):
     """[q, k, positions] of a RoPE call on torch tensors: q and k (or None) plain torch
     CPU tensors to be written, positions None, an ndarray or a plain torch CPU integer
-    tensor, layout given (not None); each tensor as its ndarray view, q's and k's version
-    counters bumped. None, having touched nothing, for anything else: the Python layer
-    then converts or refuses (fastpe._checks.torch_rope, tensor_layout).
+    tensor, layout given (not None); each tensor as its ndarray view. None, having
+    touched nothing, for anything else: the Python layer then converts or refuses
+    (fastpe._checks.torch_rope, tensor_layout). The caller bumps q's and k's version
+    counters once the call has written them (fastpe._checks.bump_versions).
 
     torch_views' loop written out for these three arguments: through torch_views (the
     triples built per call) a decode call on torch tensors measured 2.0-2.1x the call
@@ -208,17 +207,31 @@ def torch_rope_views(object q, object k, object positions, object layout):
         pv = tensor_array(t, positions, False)
         if pv is None:
             return None
-    t.bump((q,) if k is None else (q, k))
     return [qv, kv, pv]
+
+
+cdef object _increment_version = None   # torch._C._increment_version, looked up once
+
+
+def torch_bump(tuple written):
+    """Bump the version counters of the torch tensors a call has written (the last may
+    be None: a RoPE call without k), together, as torch's in-place operations do after
+    writing: fastpe._checks.bump_versions without a Python frame, for a decode step."""
+    global _increment_version
+    if _increment_version is None:
+        import sys
+        _increment_version = sys.modules["torch"]._C._increment_version
+    if written[len(written) - 1] is None:
+        written = written[:len(written) - 1]
+    _increment_version(written)
 
 
 def torch_views(tuple args):
     """fastpe._checks.torch_tensors(*args) where every torch tensor among the (value,
     name, written) triples is a plain CPU tensor (tensor_array): each as its ndarray
-    view, the rest as given, the written tensors' version counters bumped together;
-    None, having touched nothing, where any tensor is not."""
+    view, the rest as given; None, having touched nothing, where any tensor is not."""
     cdef _TorchViews t = torch_views_of()
-    cdef list out = [], written = []
+    cdef list out = []
     cdef tuple arg
     if t is None:
         return None
@@ -231,12 +244,8 @@ def torch_views(tuple args):
             if v is None:
                 return None
             out.append(v)
-            if arg[2] is True:
-                written.append(x)
         elif isinstance(x, t.tensor_type):
             return None
         else:
             out.append(x)
-    if written:
-        t.bump(tuple(written))
     return out
