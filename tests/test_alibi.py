@@ -236,22 +236,26 @@ def test_alibi_bias_out_and_dtype():
     assert np.all(base[:, :, 0::2] == 7.0)
 
 
-@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("dtype", [F32, F64, np.dtype(np.float16)]
+                         + ([BF16] if BF16 is not None else []),
+                         ids=["f32", "f64", "f16", "bf16"][:3 + (BF16 is not None)])
 @pytest.mark.parametrize("mode", ["plain", "causal", "symmetric"])
 @pytest.mark.parametrize("shift", [0, 1, 3, 8])
 @pytest.mark.parametrize("heads_aligned", [True, False], ids=["heads-aligned", "odd-rows"])
 def test_large_tables_written_past_the_caches_are_the_reference(dtype, mode, shift,
                                                                heads_aligned, both_threads):
     """A table past 8 MiB is written with non-temporal stores from the first 64-byte
-    aligned element of its rows (four heads' rows together where a head's size is a
-    multiple of 64 bytes, else row by row): the same bits as the reference at every
-    alignment of `out`, and nothing written outside it."""
+    aligned element of its rows (four float32/float64 heads' rows together where a
+    head's size is a multiple of 64 bytes, else row by row; the fifth head's row alone):
+    the same bits as the reference at every alignment of `out`, and nothing written
+    outside it."""
+    itemsize = np.dtype(dtype).itemsize
     if heads_aligned:
-        heads, q, k = 5, 256 if dtype == F32 else 128, 2048
+        heads, q, k = 5, 1024 // itemsize, 2048
     else:
-        heads, q, k = 5, 301, 1501 if dtype == F32 else 1001
+        heads, q, k = 5, 301, {8: 1001, 4: 1501, 2: 3001}[itemsize]
     n = heads * q * k
-    assert n * np.dtype(dtype).itemsize > 8 << 20
+    assert n * itemsize > 8 << 20
     buf = np.full(n + shift + 16, 7.0, dtype)
     out = buf[shift:shift + n].reshape(heads, q, k)
     kw = {"causal": mode == "causal", "symmetric": mode == "symmetric"}

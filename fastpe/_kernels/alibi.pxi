@@ -151,38 +151,29 @@ cdef extern from *:
     FPE_ALIBI_ROWS4_STREAM(fpe_alibi_rows4_stream_f64, double, __m256d, 4, _mm256_set1_pd,
                            _mm256_loadu_pd, _mm256_sub_pd, _mm256_mul_pd, _mm256_stream_pd)
     #endif
-    #if defined(__AVX512F__)
+    /* one row: a line per step likewise */
     #define FPE_ALIBI_ROW_STREAM(NAME, T, V, W, SET1, LOAD, SUB, MUL, STREAM)            \
     static FPE_ALIBI_NOINLINE Py_ssize_t NAME(T *r, const T *kf, Py_ssize_t j0,          \
                                               Py_ssize_t j1, T qf, T slope, int flip)    \
     {                                                                                   \
         const V q = SET1(qf), s = SET1(slope);                                          \
         Py_ssize_t j = j0;                                                              \
-        for (; j + W <= j1; j += W) {                                                   \
+        for (; j + 64 / (Py_ssize_t)sizeof(T) <= j1; j += 64 / (Py_ssize_t)sizeof(T)) { \
             const V d = flip ? SUB(q, LOAD(kf + j)) : SUB(LOAD(kf + j), q);             \
             STREAM(r + j, MUL(s, d));                                                   \
+            if (W * sizeof(T) != 64) {                                                  \
+                const V e = flip ? SUB(q, LOAD(kf + j + W)) : SUB(LOAD(kf + j + W), q); \
+                STREAM(r + j + W, MUL(s, e));                                           \
+            }                                                                           \
         }                                                                               \
         return j;                                                                       \
     }
+    #if defined(__AVX512F__)
     FPE_ALIBI_ROW_STREAM(fpe_alibi_row_stream_f32, float, __m512, 16, _mm512_set1_ps,
                          _mm512_loadu_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_stream_ps)
     FPE_ALIBI_ROW_STREAM(fpe_alibi_row_stream_f64, double, __m512d, 8, _mm512_set1_pd,
                          _mm512_loadu_pd, _mm512_sub_pd, _mm512_mul_pd, _mm512_stream_pd)
     #else
-    #define FPE_ALIBI_ROW_STREAM(NAME, T, V, W, SET1, LOAD, SUB, MUL, STREAM)            \
-    static FPE_ALIBI_NOINLINE Py_ssize_t NAME(T *r, const T *kf, Py_ssize_t j0,          \
-                                              Py_ssize_t j1, T qf, T slope, int flip)    \
-    {                                                                                   \
-        const V q = SET1(qf), s = SET1(slope);                                          \
-        Py_ssize_t j = j0;                                                              \
-        for (; j + 2 * W <= j1; j += 2 * W) {                                           \
-            const V d = flip ? SUB(q, LOAD(kf + j)) : SUB(LOAD(kf + j), q);             \
-            const V e = flip ? SUB(q, LOAD(kf + j + W)) : SUB(LOAD(kf + j + W), q);     \
-            STREAM(r + j, MUL(s, d));                                                   \
-            STREAM(r + j + W, MUL(s, e));                                               \
-        }                                                                               \
-        return j;                                                                       \
-    }
     FPE_ALIBI_ROW_STREAM(fpe_alibi_row_stream_f32, float, __m256, 8, _mm256_set1_ps,
                          _mm256_loadu_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_stream_ps)
     FPE_ALIBI_ROW_STREAM(fpe_alibi_row_stream_f64, double, __m256d, 4, _mm256_set1_pd,
@@ -293,6 +284,73 @@ cdef extern from *:
             x[j] = fpe_bf16_make(accumulate ? fmaf(s, d, fpe_bf16_load(x[j])) : s * d);
         }
     }
+
+    /* fpe_alibi_row_stream_* for float16 and bfloat16 rows: a line (32 values) per
+     * step from j0, where x + j0 is 64-byte aligned, converted as the loops above
+     * convert (the same bits); returns the first j not written */
+    static FPE_ALIBI_NOINLINE Py_ssize_t fpe_alibi_row_stream_f16(fpe_f16 *x, const float *kf,
+                                                                 Py_ssize_t j0, Py_ssize_t j1,
+                                                                 float qf, float s, int flip)
+    {
+        Py_ssize_t j = j0;
+    #if FPE_HALF_RUNS_512
+        const __m512 q = _mm512_set1_ps(qf), sv = _mm512_set1_ps(s);
+        for (; j + 32 <= j1; j += 32) {
+            for (int c = 0; c < 32; c += 16) {
+                const __m512 k = _mm512_loadu_ps(kf + j + c);
+                const __m512 d = flip ? _mm512_sub_ps(q, k) : _mm512_sub_ps(k, q);
+                _mm256_stream_si256((__m256i *)(x + j + c),
+                                    _mm512_cvtps_ph(_mm512_mul_ps(sv, d),
+                                                    _MM_FROUND_TO_NEAREST_INT));
+            }
+        }
+    #else
+        const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
+        for (; j + 32 <= j1; j += 32) {
+            for (int c = 0; c < 32; c += 8) {
+                const __m256 k = _mm256_loadu_ps(kf + j + c);
+                const __m256 d = flip ? _mm256_sub_ps(q, k) : _mm256_sub_ps(k, q);
+                _mm_stream_si128((__m128i *)(x + j + c),
+                                 _mm256_cvtps_ph(_mm256_mul_ps(sv, d),
+                                                 _MM_FROUND_TO_NEAREST_INT));
+            }
+        }
+    #endif
+        return j;
+    }
+
+    static FPE_ALIBI_NOINLINE Py_ssize_t fpe_alibi_row_stream_bf16(fpe_bf16 *x,
+                                                                  const float *kf,
+                                                                  Py_ssize_t j0, Py_ssize_t j1,
+                                                                  float qf, float s, int flip)
+    {
+        Py_ssize_t j = j0;
+    #if FPE_HALF_RUNS_512
+        const __m512 q = _mm512_set1_ps(qf), sv = _mm512_set1_ps(s);
+        for (; j + 32 <= j1; j += 32) {
+            __m512 k0, k1;
+            fpe_f32x32_load_unpacked(kf + j, 0xffffffffu, &k0, &k1);
+            const __m512 d0 = flip ? _mm512_sub_ps(q, k0) : _mm512_sub_ps(k0, q);
+            const __m512 d1 = flip ? _mm512_sub_ps(q, k1) : _mm512_sub_ps(k1, q);
+            _mm512_stream_si512((__m512i *)(x + j),
+                                fpe_bf16x32_bits(_mm512_mul_ps(sv, d0), _mm512_mul_ps(sv, d1)));
+        }
+    #else
+        const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
+        for (; j + 32 <= j1; j += 32) {
+            for (int c = 0; c < 32; c += 16) {
+                __m256 k0, k1;
+                fpe_f32x16_load_unpacked(kf + j + c, &k0, &k1);
+                const __m256 d0 = flip ? _mm256_sub_ps(q, k0) : _mm256_sub_ps(k0, q);
+                const __m256 d1 = flip ? _mm256_sub_ps(q, k1) : _mm256_sub_ps(k1, q);
+                _mm256_stream_si256((__m256i *)(x + j + c),
+                                    fpe_bf16x16_bits(_mm256_mul_ps(sv, d0),
+                                                     _mm256_mul_ps(sv, d1)));
+            }
+        }
+    #endif
+        return j;
+    }
     #else
     #define FPE_ALIBI_HALF_ONE_PASS 0
     static inline void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t j0,
@@ -309,6 +367,15 @@ cdef extern from *:
         (void)x; (void)kf; (void)j0; (void)j1; (void)qf; (void)s; (void)flip;
         (void)accumulate;
     }
+    #define FPE_ALIBI_HALF_STREAM0(NAME, T)                                               \
+    static inline Py_ssize_t NAME(T *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1,    \
+                                  float qf, float s, int flip)                           \
+    {                                                                                   \
+        (void)x; (void)kf; (void)j1; (void)qf; (void)s; (void)flip;                     \
+        return j0;                                                                      \
+    }
+    FPE_ALIBI_HALF_STREAM0(fpe_alibi_row_stream_f16, fpe_f16)
+    FPE_ALIBI_HALF_STREAM0(fpe_alibi_row_stream_bf16, fpe_bf16)
     #endif
     """
     int FPE_ALIBI_HALF_ONE_PASS
@@ -327,6 +394,10 @@ cdef extern from *:
     Py_ssize_t fpe_alibi_row_stream_f64(double *r, const double *kf, Py_ssize_t j0,
                                         Py_ssize_t j1, double qf, double slope,
                                         int flip) nogil
+    Py_ssize_t fpe_alibi_row_stream_f16(fpe_f16 *x, const float *kf, Py_ssize_t j0,
+                                        Py_ssize_t j1, float qf, float s, int flip) nogil
+    Py_ssize_t fpe_alibi_row_stream_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t j0,
+                                         Py_ssize_t j1, float qf, float s, int flip) nogil
     Py_ssize_t VECTOR_BYTES "FPE_ALIBI_VECTOR_BYTES"
     int FPE_PAIRS_AVX2
     void fpe_alibi_seg4_f32(float *r0, float *r1, float *r2, float *r3, const float *kf,
@@ -408,19 +479,61 @@ cdef inline void seg_unit(store_t *row, Py_ssize_t j0, Py_ssize_t j1, const real
                 store(row, j, slope * (kf[j] - qf))
 
 
+cdef inline void seg_run(store_t *row, Py_ssize_t j0, Py_ssize_t j1, const real_t *kf,
+                         real_t qf, real_t slope, bint flip, bint accumulate) noexcept nogil:
+    """seg_unit on a unit-stride row: float32/float64 from the first VECTOR_BYTES
+    aligned element; float16/bfloat16 in one pass where FPE_ALIBI_HALF_ONE_PASS."""
+    cdef Py_ssize_t jm
+    if store_t is float or store_t is double:
+        jm = aligned_from(row, j0, j1, sizeof(store_t))
+        seg_unit(row, j0, jm, kf, qf, slope, flip, accumulate)
+        seg_unit(row, jm, j1, kf, qf, slope, flip, accumulate)
+    elif store_t is fpe_f16 and real_t is float and FPE_ALIBI_HALF_ONE_PASS:
+        fpe_alibi_seg_f16(row, kf, j0, j1, qf, slope, flip, accumulate)
+    elif store_t is fpe_bf16 and real_t is float and FPE_ALIBI_HALF_ONE_PASS:
+        fpe_alibi_seg_bf16(row, kf, j0, j1, qf, slope, flip, accumulate)
+    else:
+        seg_unit(row, j0, j1, kf, qf, slope, flip, accumulate)
+
+
+cdef inline Py_ssize_t row_stream(store_t *row, Py_ssize_t j0, Py_ssize_t j1,
+                                  const real_t *kf, real_t qf, real_t slope,
+                                  bint flip) noexcept nogil:
+    """fpe_alibi_row_stream_* of the storage: whole lines from j0 (64-byte aligned),
+    the first j not written (j0 where the variant has none)."""
+    cdef Py_ssize_t je = j0
+    if store_t is float and real_t is float:
+        je = fpe_alibi_row_stream_f32(row, kf, j0, j1, qf, slope, flip)
+    elif store_t is double and real_t is double:
+        je = fpe_alibi_row_stream_f64(row, kf, j0, j1, qf, slope, flip)
+    elif store_t is fpe_f16 and real_t is float:
+        je = fpe_alibi_row_stream_f16(row, kf, j0, j1, qf, slope, flip)
+    elif store_t is fpe_bf16 and real_t is float:
+        je = fpe_alibi_row_stream_bf16(row, kf, j0, j1, qf, slope, flip)
+    return je
+
+
 cdef inline void seg_bias(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssize_t j1,
                           const real_t *kf, real_t qf, real_t slope, bint flip,
-                          bint accumulate) noexcept nogil:
-    """seg_unit for j0 <= j < j1, any stride."""
-    cdef Py_ssize_t j, jm
+                          bint accumulate, bint stream) noexcept nogil:
+    """seg_unit for j0 <= j < j1, any stride; a row of a table past the caches (stream,
+    unit stride) with non-temporal stores of whole lines from its first 64-byte
+    aligned element."""
+    cdef Py_ssize_t j, jm, je
     cdef real_t kind = 0
     if sk == 1:
-        if store_t is float or store_t is double:
-            jm = aligned_from(row, j0, j1, sizeof(store_t))
-            seg_unit(row, j0, jm, kf, qf, slope, flip, accumulate)
-            seg_unit(row, jm, j1, kf, qf, slope, flip, accumulate)
+        if stream and not accumulate:
+            # the row's last line, partly the next row's: its read for ownership, started
+            # now, overlaps the stores (a demand miss after them stalled every row:
+            # float16 rows took 2x the time when not 64-byte aligned)
+            if j1 > j0:
+                prefetch_row(<const char *>(row + j1 - 1), 1)
+            jm = aligned_from(row, j0, j1, sizeof(store_t), 64)
+            seg_run(row, j0, jm, kf, qf, slope, flip, False)
+            je = row_stream(row, jm, j1, kf, qf, slope, flip)
+            seg_run(row, je, j1, kf, qf, slope, flip, False)
         else:
-            seg_unit(row, j0, j1, kf, qf, slope, flip, accumulate)
+            seg_run(row, j0, j1, kf, qf, slope, flip, accumulate)
         return
     if accumulate:
         if flip:
@@ -454,20 +567,20 @@ cdef inline void seg_fill(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssize_t
 
 
 cdef inline void span_plain(const AlibiCall *a, store_t *row, Py_ssize_t sk, Py_ssize_t n,
-                            const real_t *kf, real_t qf, real_t slope,
-                            Py_ssize_t split) noexcept nogil:
+                            const real_t *kf, real_t qf, real_t slope, Py_ssize_t split,
+                            bint stream) noexcept nogil:
     """n keys at positions kf[0 .. n - 1] (consecutive), the first `split` of them at or
     before the query: the bias on those, then -inf (causal), the mirrored bias
     (symmetric) or the same bias on the rest."""
     if split == n or not (a.causal or a.symmetric):
         # every key up to the query (decode), or no mask: one loop, shared
-        seg_bias(row, sk, 0, n, kf, qf, slope, False, a.accumulate)
+        seg_bias(row, sk, 0, n, kf, qf, slope, False, a.accumulate, stream)
     else:
-        seg_bias(row, sk, 0, split, kf, qf, slope, False, a.accumulate)
+        seg_bias(row, sk, 0, split, kf, qf, slope, False, a.accumulate, stream)
         if a.causal:
             seg_fill(row, sk, split, n, <real_t>-INFINITY)
         else:
-            seg_bias(row, sk, split, n, kf, qf, slope, True, a.accumulate)
+            seg_bias(row, sk, split, n, kf, qf, slope, True, a.accumulate, stream)
 
 
 cdef inline Py_ssize_t plain_split(const AlibiCall *a, int64_t qp) noexcept nogil:
@@ -478,49 +591,7 @@ cdef inline Py_ssize_t plain_split(const AlibiCall *a, int64_t qp) noexcept nogi
 cdef inline void row_plain(const AlibiCall *a, store_t *row, const real_t *kf, int64_t qp,
                            real_t slope) noexcept nogil:
     """A row whose key j is at position j, unmasked."""
-    span_plain(a, row, a.sk, a.k, kf, <real_t>qp, slope, plain_split(a, qp))
-
-
-ctypedef fused half_t:
-    fpe_f16
-    fpe_bf16
-
-
-cdef inline void seg_half(half_t *row, const float *kf, Py_ssize_t j0, Py_ssize_t j1,
-                          float qf, float slope, bint flip, bint accumulate) noexcept nogil:
-    if half_t is fpe_f16:
-        fpe_alibi_seg_f16(row, kf, j0, j1, qf, slope, flip, accumulate)
-    else:
-        fpe_alibi_seg_bf16(row, kf, j0, j1, qf, slope, flip, accumulate)
-
-
-cdef inline void rows_half_plain(const AlibiCall *a, half_t *row0, Py_ssize_t nh,
-                                 const float *kf, int64_t qp,
-                                 const double *slopes) noexcept nogil:
-    """Unit-stride float16 or bfloat16 rows of the plain case (FPE_ALIBI_HALF_ONE_PASS):
-    span_plain's segments, each in one pass."""
-    cdef float qf = <float>qp
-    cdef float slope
-    cdef Py_ssize_t split = plain_split(a, qp)
-    cdef Py_ssize_t t, j
-    cdef half_t *row
-    cdef half_t ninf
-    if half_t is fpe_f16:
-        ninf = fpe_f16_make(-INFINITY)
-    else:
-        ninf = fpe_bf16_make(-INFINITY)
-    for t in range(nh):
-        row = row0 + t * a.sh
-        slope = <float>slopes[t]
-        if split == a.k or not (a.causal or a.symmetric):
-            seg_half(row, kf, 0, a.k, qf, slope, False, a.accumulate)
-            continue
-        seg_half(row, kf, 0, split, qf, slope, False, a.accumulate)
-        if a.causal:
-            for j in range(split, a.k):
-                row[j] = ninf
-        else:
-            seg_half(row, kf, split, a.k, qf, slope, True, a.accumulate)
+    span_plain(a, row, a.sk, a.k, kf, <real_t>qp, slope, plain_split(a, qp), a.stream)
 
 
 cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, const float *kf,
@@ -545,7 +616,8 @@ cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, cons
             if a.accumulate:
                 fpe_f16_run_load(row + c0, tmp, n)
             if a.plain:
-                span_plain(a, tmp, 1, n, kf + c0, qf, slope, min(max(split - c0, 0), n))
+                span_plain(a, tmp, 1, n, kf + c0, qf, slope, min(max(split - c0, 0), n),
+                           False)
             else:
                 select_unit(tmp, 1, 0, n, kf + c0, qf, slope, lim, a.symmetric, a.accumulate)
             fpe_f16_run_store(tmp, row + c0, n)
@@ -588,13 +660,7 @@ cdef inline void seg4(real_t **rows, Py_ssize_t j0, Py_ssize_t j1, const real_t 
             seg4_unit(rows[0], rows[1], rows[2], rows[3], je, j1, kf, qf, sl, flip, False)
             return
         for t in range(4):
-            jm = aligned_from(rows[t], j0, j1, sizeof(real_t), 64)
-            seg_unit(rows[t], j0, jm, kf, qf, sl[t], flip, False)
-            if real_t is float:
-                je = fpe_alibi_row_stream_f32(rows[t], kf, jm, j1, qf, sl[t], flip)
-            else:
-                je = fpe_alibi_row_stream_f64(rows[t], kf, jm, j1, qf, sl[t], flip)
-            seg_unit(rows[t], je, j1, kf, qf, sl[t], flip, False)
+            seg_bias(rows[t], 1, j0, j1, kf, qf, sl[t], flip, False, True)
         return
     jm = aligned_from(rows[0], j0, j1, sizeof(real_t))
     seg4_unit(rows[0], rows[1], rows[2], rows[3], j0, jm, kf, qf, sl, flip, accumulate)
@@ -824,10 +890,7 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
     qp = query_position(a, b, i)
     if a.exact:
         kf = key_row(a, b, kind)
-        if (store_t is fpe_f16 or store_t is fpe_bf16) and a.sk == 1 and a.plain \
-                and FPE_ALIBI_HALF_ONE_PASS:
-            rows_half_plain(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
-        elif store_t is fpe_f16 and a.sk == 1:
+        if store_t is fpe_f16 and a.sk == 1 and not (a.plain and FPE_ALIBI_HALF_ONE_PASS):
             rows_f16(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
         elif (store_t is float or store_t is double) and a.plain and a.sk == 1 \
                 and nh == HEAD_GROUP:
@@ -835,14 +898,14 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
                 rows[t] = <real_t *>(row0 + t * a.sh)
                 sl[t] = <real_t>a.slopes[h0 + t]
             rows4_plain(a, rows, kf, qp, sl)
-            if a.stream:
-                fpe_stream_fence()  # this thread's table rows, before the call returns
         elif a.plain:
             for t in range(nh):
                 row_plain(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
         else:
             for t in range(nh):
                 row_select(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
+        if a.stream:
+            fpe_stream_fence()  # this thread's table rows, before the call returns
     else:
         kp = a.kpos + (b if a.krows > 1 else 0) * a.k if a.kpos != NULL else NULL
         m = a.mask + (b if a.mrows > 1 else 0) * a.k if a.mask != NULL else NULL
@@ -948,7 +1011,8 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
     a.plain = a.kpos == NULL and a.mask == NULL
     # a table too large to be read from the caches by what comes next (as
     # sinusoidal_table decides): past them in one pass of writes
-    a.stream = (FPE_PAIRS_AVX2 and not a.accumulate and a.sk == 1 and (code == CODE_F32 or code == CODE_F64)
+    a.stream = (FPE_PAIRS_AVX2 and not a.accumulate and a.sk == 1 and a.plain
+                and (code == CODE_F32 or code == CODE_F64 or FPE_ALIBI_HALF_ONE_PASS)
                 and <size_t>cnp.PyArray_NBYTES(scores) > <size_t>STREAM_TABLE_BYTES)
     a.zero = 0
     a.exact = max_position <= (<int64_t>1 << (53 if code == CODE_F64 else 24))

@@ -71,6 +71,19 @@ cdef extern from *:
     int omp_get_max_threads() nogil
     int omp_get_thread_num() nogil
 
+cdef extern from *:
+    """
+    /* the lines of [p, p + nbytes), fetched for writing */
+    static inline void fpe_prefetch_row(const char *p, Py_ssize_t nbytes)
+    {
+    #if defined(__GNUC__) || defined(__clang__)
+        for (Py_ssize_t i = 0; i < nbytes; i += 64)
+            __builtin_prefetch(p + i, 1, 3);
+    #endif
+    }
+    """
+    void prefetch_row "fpe_prefetch_row" (const char *p, Py_ssize_t nbytes) nogil
+
 cdef extern from "numpy/arrayobject.h":
     enum: NPY_HALF
 

@@ -193,10 +193,14 @@ static inline __m256i fpe_bf16x8_bits(__m256 v)
 }
 
 /* every pattern is below 2^16, so the unsigned saturating pack is exact */
+static inline __m256i fpe_bf16x16_bits(__m256 lo, __m256 hi)
+{
+    return _mm256_packus_epi32(fpe_bf16x8_bits(lo), fpe_bf16x8_bits(hi));
+}
+
 static inline void fpe_bf16x16_store(fpe_bf16 *p, __m256 lo, __m256 hi)
 {
-    _mm256_storeu_si256((__m256i *)p,
-                        _mm256_packus_epi32(fpe_bf16x8_bits(lo), fpe_bf16x8_bits(hi)));
+    _mm256_storeu_si256((__m256i *)p, fpe_bf16x16_bits(lo, hi));
 }
 
 static inline __m256 fpe_f16x8_load(const fpe_f16 *p)
@@ -271,7 +275,7 @@ static inline __m512i fpe_bf16x16_bits_high(__m512 v)
 
 /* the top 16 bits of every lane of lo and hi, in the order fpe_bf16x32_load took them
  * apart: one two-source word permutation */
-static inline void fpe_bf16x32_store(fpe_bf16 *p, __mmask32 m, __m512 lo, __m512 hi)
+static inline __m512i fpe_bf16x32_bits(__m512 lo, __m512 hi)
 {
     /* element 8q + i (i < 4) from lane 4q + i of lo, 8q + 4 + i from lane 4q + i of hi
      * (indices 32 and up: the second source) */
@@ -279,8 +283,13 @@ static inline void fpe_bf16x32_store(fpe_bf16 *p, __mmask32 m, __m512 lo, __m512
         1, 3, 5, 7, 33, 35, 37, 39, 9, 11, 13, 15, 41, 43, 45, 47,
         17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
     const __m512i idx = _mm512_loadu_si512(order);
-    const __m512i v = _mm512_permutex2var_epi16(fpe_bf16x16_bits_high(lo), idx,
-                                                fpe_bf16x16_bits_high(hi));
+    return _mm512_permutex2var_epi16(fpe_bf16x16_bits_high(lo), idx,
+                                     fpe_bf16x16_bits_high(hi));
+}
+
+static inline void fpe_bf16x32_store(fpe_bf16 *p, __mmask32 m, __m512 lo, __m512 hi)
+{
+    const __m512i v = fpe_bf16x32_bits(lo, hi);
     if (m == 0xffffffffu)
         _mm512_storeu_si512(p, v);
     else

@@ -1,17 +1,5 @@
 # Sinusoidal encodings: write PE rows (a table) or fuse x = x * scale + PE[pos].
 
-cdef extern from *:
-    """
-    static inline void fpe_prefetch_row(const char *p, Py_ssize_t nbytes)
-    {
-    #if defined(__GNUC__) || defined(__clang__)
-        for (Py_ssize_t i = 0; i < nbytes; i += 64)
-            __builtin_prefetch(p + i, 1, 3);
-    #endif
-    }
-    """
-    void prefetch_row "fpe_prefetch_row" (const char *p, Py_ssize_t nbytes) nogil
-
 from libc.string cimport memcpy
 
 
