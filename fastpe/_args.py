@@ -247,12 +247,15 @@ def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
 _L = TypeVar("_L")
 
 
-def rope_layout(q: object, layout: _L | None) -> _L | str:
+def rope_layout(q: object, k: object, layout: _L | None) -> _L | str:
     """A call's layout: "bshd" when not given for arrays; torch tensors must give it
     (_checks.tensor_layout)."""
     if layout is not None:
         return layout
-    return _checks.tensor_layout(layout) if _checks.is_tensor(q) else "bshd"
+    for x, name in ((q, "q"), (k, "k")):
+        if _checks.is_tensor(x):
+            return _checks.tensor_layout(layout, name)
+    return "bshd"
 
 
 def rope_views(q: object, k: object, layout: object) -> tuple[np.ndarray, np.ndarray | None]:

@@ -127,6 +127,14 @@ def bump_versions(written: tuple[Any, ...]) -> None:
     bump(written if written[-1] is not None else written[:-1])
 
 
+def bump_written(*written: object) -> None:
+    """bump_versions of the torch tensors among `written` (any may be an ndarray or
+    None): for the paths that view tensors deep inside argument parsing."""
+    tensors = tuple(x for x in written if type(x) is not np.ndarray and is_tensor(x))
+    if tensors:
+        bump_versions(tensors)
+
+
 def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
     """torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False)),
     in fewer steps for the common case: q and k (or None) float32/16/64 tensors outside
@@ -150,13 +158,13 @@ def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
 _Layout = TypeVar("_Layout")
 
 
-def tensor_layout(layout: _Layout | None) -> _Layout:
+def tensor_layout(layout: _Layout | None, name: str = "q") -> _Layout:
     """The layout of a RoPE call on torch tensors, which must be given: a model's q
     and k are (batch, heads, seq, head_dim) in transformers but (batch, seq, heads,
     head_dim) in others, and a misread layout rotates by the wrong positions without
     an error whenever q and k have the same head count."""
     if layout is None:
-        raise ValueError("q is a torch tensor: pass layout= ('bhsd' for transformers' "
+        raise ValueError(f"{name} is a torch tensor: pass layout= ('bhsd' for transformers' "
                          "(batch, heads, seq, head_dim) q and k, 'bshd' for (batch, seq, "
                          "heads, head_dim), 'shd' for (tokens, heads, head_dim)); fastpe "
                          "does not guess a model tensor's layout")
@@ -203,7 +211,7 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
     bfloat16 tensors, which NumPy cannot view, are viewed as ml_dtypes' bfloat16.
     A tensor to be written (writable) follows torch's own rule for in-place
     operations: an inference tensor only inside inference mode. The caller bumps
-    a written tensor's version counter (before the write), so that autograd
+    a written tensor's version counter once it has written it, so that autograd
     refuses a backward pass that saved its old values. A tensor only read with
     its negative or conjugate bit set is read as its values (a copy)."""
     torch, bfloat16, _, inference_mode = _torch()
@@ -252,9 +260,9 @@ def in_place_view(x: object, name: str) -> np.ndarray:
     zero-copy view through DLPack (torch CPU tensors, JAX, CuPy refuse) or the
     buffer protocol. Never a copy: a copy would be written and thrown away.
 
-    A torch tensor's version counter is bumped when it is accepted (before the
-    write), so that autograd refuses a backward pass that saved its old values,
-    as it does after torch's own in-place operations."""
+    A torch tensor's version counter is not bumped here: the public function bumps
+    it once the call has written (bump_written), as torch's in-place operations do,
+    so that a refused call leaves it as it was."""
     if isinstance(x, np.ndarray):
         return x if type(x) is np.ndarray else plain_array(x, name)
     if isinstance(x, (np.generic, numbers.Number)):
@@ -262,7 +270,6 @@ def in_place_view(x: object, name: str) -> np.ndarray:
                         f"{type(x).__name__} scalar")
     if is_tensor(x):
         view: np.ndarray = torch_tensors((x, name, True))[0]
-        bump_versions((x,))
         return view
     if hasattr(x, "__dlpack__"):
         try:

@@ -91,6 +91,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
                             q_positions=q_positions, k_positions=k_positions, key_mask=key_mask,
                             dtype=dtype, out=out, num_threads=num_threads)
     _run(plan)
+    _checks.bump_written(out)
     return plan.scores if out is None else out
 
 

@@ -151,6 +151,7 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
                                   dtype=dtype, out=out, num_threads=num_threads,
                                   frequencies=frequencies, padding_idx=padding_idx)
     run_sinusoidal(plan)
+    _checks.bump_written(out)
     return plan.x[0] if out is None else out
 
 
@@ -164,6 +165,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     run_sinusoidal(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base,
                                         layout=layout, scale=scale, num_threads=num_threads,
                                         frequencies=frequencies, padding_idx=padding_idx))
+    _checks.bump_written(x)
     return x
 
 
@@ -173,6 +175,7 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
     """NumPy twin of :func:`fastpe.add_learned`."""
     run_learned(_args.add_learned(x, table, positions=positions, offset=offset,
                                   num_threads=num_threads))
+    _checks.bump_written(x)
     return x
 
 
@@ -201,8 +204,9 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     run_rope(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim,
                         freqs=freqs, base=base, scaling=scaling,
                         max_position_embeddings=max_position_embeddings, style=style,
-                        layout=_args.rope_layout(q, layout), inverse=inverse,
+                        layout=_args.rope_layout(q, k, layout), inverse=inverse,
                         num_threads=num_threads))
+    _checks.bump_written(q, k)
     return q, k
 
 
@@ -213,13 +217,14 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       num_threads: int | None = None,
                       per_token: bool | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
-    lay = _args.rope_layout(q, layout)
+    lay = _args.rope_layout(q, k, layout)
     if per_token or (per_token is None and np.ndim(cos) == 3):
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
     run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=lay, inverse=inverse, num_threads=num_threads))
+    _checks.bump_written(q, k)
     return q, k
 
 
@@ -279,6 +284,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
                             q_positions=q_positions, k_positions=k_positions, key_mask=key_mask,
                             dtype=dtype, out=out, num_threads=num_threads)
     run_alibi(plan)
+    _checks.bump_written(out)
     return plan.scores if out is None else out
 
 
@@ -291,6 +297,7 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
     run_alibi(_args.add_alibi(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
                               causal=causal, symmetric=symmetric, q_positions=q_positions,
                               k_positions=k_positions, key_mask=key_mask, num_threads=num_threads))
+    _checks.bump_written(scores)
     return scores
 
 
@@ -372,6 +379,7 @@ def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bo
                                         causal=causal, dtype=dtype, out=out,
                                         num_threads=num_threads)
     run_relative_bias(plan)
+    _checks.bump_written(out)
     return plan.scores if out is None else out
 
 
@@ -384,6 +392,7 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
     run_relative_bias(_relative_args.add_relative_bias(
         scores, table, bidirectional=bidirectional, max_distance=max_distance,
         q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
+    _checks.bump_written(scores)
     return scores
 
 
@@ -408,4 +417,5 @@ def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
     run_disentangled_bias(_relative_args.add_disentangled_bias(
         scores, c2p=c2p, p2c=p2c, position_buckets=position_buckets,
         max_relative_positions=max_relative_positions, num_threads=num_threads))
+    _checks.bump_written(scores)
     return scores

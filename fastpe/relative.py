@@ -115,6 +115,7 @@ def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bo
                                         causal=causal, dtype=dtype, out=out,
                                         num_threads=num_threads)
     _run_t5(plan)
+    _checks.bump_written(out)
     return plan.scores if out is None else out
 
 
@@ -151,6 +152,8 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
     _run_t5(_relative_args.add_relative_bias(
         scores, table, bidirectional=bidirectional, max_distance=max_distance,
         q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
+    if type(scores) is not np.ndarray:
+        _checks.bump_written(scores)
     return scores
 
 
@@ -203,6 +206,8 @@ def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
     _run_deberta(_relative_args.add_disentangled_bias(
         scores, c2p=c2p, p2c=p2c, position_buckets=position_buckets,
         max_relative_positions=max_relative_positions, num_threads=num_threads))
+    if type(scores) is not np.ndarray:
+        _checks.bump_written(scores)
     return scores
 
 

@@ -102,8 +102,8 @@ def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...
     """A RoPE call's q, k, positions and layout where q is not an ndarray and the
     compiled views declined it: torch tensors as fastpe._checks views them (refusing
     what torch would) with the layout they must give; anything else as given."""
-    if _checks.is_tensor(q):
-        layout = _checks.tensor_layout(layout)
+    if _checks.is_tensor(q) or _checks.is_tensor(k):
+        layout = _checks.tensor_layout(layout, "q" if _checks.is_tensor(q) else "k")
         return (*_checks.torch_rope(q, k, positions), layout)
     return q, k, positions, "bshd" if layout is None else layout
 
@@ -153,7 +153,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     """
     given = q, k
     kern = _backend.kernels()
-    if type(q) is not np.ndarray:
+    if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
         # a model's own torch tensors, viewed once (in C where they are plain CPU
         # tensors), then the path of NumPy arrays
         views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
@@ -174,14 +174,14 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if state is not None and kern.rope_call(
                 state, q, k, positions, offset, style, layout, inverse, num_threads, None,
                 None, _threads.SERIAL_BYTES, _threads.resolve):
-            if q is not given[0]:
+            if q is not given[0] or k is not given[1]:
                 kern.torch_bump(given)  # torch tensors, now written
             return given
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
                     style=style, layout=layout, inverse=inverse, num_threads=num_threads))
-    if q is not given[0] and _checks.is_tensor(given[0]):
-        _checks.bump_versions(given)
+    if q is not given[0] or k is not given[1]:
+        _checks.bump_written(*given)
     return given
 
 
@@ -204,8 +204,9 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
     given = q, k
-    if type(q) is not np.ndarray and _checks.is_tensor(q):
-        layout = _checks.tensor_layout(layout)
+    if ((type(q) is not np.ndarray and _checks.is_tensor(q))
+            or (type(k) is not np.ndarray and _checks.is_tensor(k))):
+        layout = _checks.tensor_layout(layout, "q" if _checks.is_tensor(q) else "k")
         q, k, cos, sin, positions = _checks.torch_tensors(
             (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
             (positions, "positions", False))
@@ -221,11 +222,11 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                                                 _threads.SERIAL_BYTES, _threads.resolve)):
         _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=layout, inverse=inverse, num_threads=num_threads))
-    if q is not given[0]:  # torch tensors, now written
+    if q is not given[0] or k is not given[1]:  # torch tensors, now written
         if kern is not None:
             kern.torch_bump(given)
         else:
-            _checks.bump_versions(given)
+            _checks.bump_written(*given)
     return given
 
 
@@ -436,7 +437,7 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         given = q, k
         kern = _backend.kernels()
-        if type(q) is not np.ndarray:
+        if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
             views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
             if views is not None:
                 q, k, positions = views
@@ -454,12 +455,12 @@ class RotaryEmbedding:
                 kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
                                num_threads, None, None, _threads.SERIAL_BYTES,
                                _threads.resolve)):
-            if q is not given[0]:
+            if q is not given[0] or k is not given[1]:
                 kern.torch_bump(given)  # torch tensors, now written
             return given
         self._rotate(q, k, positions, offset, layout, inverse, num_threads)
-        if q is not given[0] and _checks.is_tensor(given[0]):
-            _checks.bump_versions(given)
+        if q is not given[0] or k is not given[1]:
+            _checks.bump_written(*given)
         return given
 
     def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,

@@ -98,6 +98,7 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
                                   dtype=dtype, out=out, num_threads=num_threads,
                                   frequencies=frequencies, padding_idx=padding_idx)
     _run(plan)
+    _checks.bump_written(out)
     return plan.x[0] if out is None else out
 
 

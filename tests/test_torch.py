@@ -115,39 +115,55 @@ def test_every_written_tensor_has_its_version_bumped():
     assert x._version > v
 
 
-def _entries():
+def _entries(m=fastpe):
     """(name, call(written tensor, good), the tensors it writes) for every entry point
-    that takes torch tensors: good=False makes the call refuse (bad positions)."""
-    rope = fastpe.RotaryEmbedding(8)
+    of module m (fastpe or fastpe.reference) that writes torch tensors: good=False makes
+    the call refuse (bad positions, a table of the wrong head count)."""
     cos, sin = fastpe.rope_cos_sin(np.arange(16), fastpe.rope_frequencies(8))
     table = torch.zeros(16, 8)
+    t5 = torch.ones(32, 3)
 
     def bad(good):
         return torch.arange(3) if good else torch.tensor([0, -1, 2])
 
-    return {
-        "apply_rope": lambda q, k, good: fastpe.apply_rope(q, k, bad(good), layout="bshd"),
-        "RotaryEmbedding": lambda q, k, good: rope(q, k, bad(good), layout="bshd"),
-        "apply_rope_cached": lambda q, k, good: fastpe.apply_rope_cached(
+    def heads(good):
+        return t5 if good else t5[:, :2]
+
+    entries = {
+        "apply_rope": lambda q, k, good: m.apply_rope(q, k, bad(good), layout="bshd"),
+        "apply_rope of an ndarray q": lambda q, k, good: m.apply_rope(
+            q.numpy().copy(), k, bad(good), layout="bshd"),
+        "apply_rope_cached": lambda q, k, good: m.apply_rope_cached(
             q, k, torch.from_numpy(cos), torch.from_numpy(sin), bad(good), layout="bshd"),
-        "add_sinusoidal": lambda q, k, good: fastpe.add_sinusoidal(
-            q[0, :, 0], bad(good)),
-        "add_learned": lambda q, k, good: fastpe.add_learned(q[0, :, 0], table, bad(good)),
-        "add_alibi": lambda q, k, good: fastpe.add_alibi(
-            q, q_offset=0 if good else -1),
+        "add_sinusoidal": lambda q, k, good: m.add_sinusoidal(q[0, :, 0], bad(good)),
+        "add_learned": lambda q, k, good: m.add_learned(q[0, :, 0], table, bad(good)),
+        "add_alibi": lambda q, k, good: m.add_alibi(q, q_offset=0 if good else -1),
+        "add_relative_bias": lambda q, k, good: m.add_relative_bias(q, heads(good)),
+        "add_disentangled_bias": lambda q, k, good: m.add_disentangled_bias(
+            q, c2p=torch.ones(1, 3, 2, 8 if good else 7), max_relative_positions=4),
+        "sinusoidal_table": lambda q, k, good: m.sinusoidal_table(
+            3, 8, out=q[0, :, 0], offset=0 if good else -1),
+        "alibi_bias": lambda q, k, good: m.alibi_bias(
+            3, 2, 8, out=q[0], q_offset=0 if good else -1),
+        "relative_bias": lambda q, k, good: m.relative_bias(heads(good), 2, 8, out=q[0]),
     }
+    if m is fastpe:
+        rope = fastpe.RotaryEmbedding(8)
+        entries["RotaryEmbedding"] = lambda q, k, good: rope(q, k, bad(good), layout="bshd")
+    return entries
 
 
-@pytest.mark.parametrize("backend", ["cython", "numpy"])
-@pytest.mark.parametrize("entry", list(_entries()))
-def test_version_bumped_after_a_write_and_only_then(entry, backend):
+@pytest.mark.parametrize(("entry", "api"), [
+    (entry, api) for api in ("cython", "numpy", "fastpe.reference")
+    for entry in _entries(fastpe.reference if api == "fastpe.reference" else fastpe)])
+def test_version_bumped_after_a_write_and_only_then(entry, api):
     """As torch's in-place operations: a call that writes bumps the version counters of
     what it wrote; a call refused before writing leaves them (and the data) as they
     were, and the tensors it only reads are never bumped."""
-    if backend == "cython" and not fastpe._backend.compiled:
+    if api == "cython" and not fastpe._backend.compiled:
         pytest.skip("the compiled extension is not built")
-    call = _entries()[entry]
-    with fastpe.use_backend(backend):
+    call = _entries(fastpe.reference if api == "fastpe.reference" else fastpe)[entry]
+    with fastpe.use_backend("numpy" if api == "fastpe.reference" else api):
         q = _tensor((1, 3, 2, 8), "float32", 7)
         k = _tensor((1, 3, 2, 8), "float32", 8)
         before, data = (q._version, k._version), (q.clone(), k.clone())
@@ -156,9 +172,14 @@ def test_version_bumped_after_a_write_and_only_then(entry, backend):
         assert (q._version, k._version) == before, "refused, yet bumped"
         assert torch.equal(q, data[0]) and torch.equal(k, data[1])
         call(q, k, True)
-        assert q._version > before[0], "written, not bumped"
+        if entry.endswith("ndarray q"):
+            assert torch.equal(q, data[0])
+        else:
+            assert q._version > before[0], "written, not bumped"
         if entry.startswith(("apply_rope", "Rotary")):
-            assert k._version > before[1]
+            assert k._version > before[1], "k written, not bumped"
+        else:
+            assert k._version == before[1]
 
 
 def test_autograd_refuses_a_backward_through_a_rotated_tensor():
