@@ -10,6 +10,7 @@ outside a table.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import numbers
 import operator
@@ -27,10 +28,12 @@ except ImportError:  # pragma: no cover - NumPy 1.x
     _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]  # noqa: NPY201
 _TooHardError = getattr(np, "exceptions", np).TooHardError
 
-try:  # bfloat16 is an optional dtype
-    import ml_dtypes as _ml_dtypes
-except ImportError:  # pragma: no cover - depends on the environment
-    _ml_dtypes = None  # type: ignore[assignment]
+# bfloat16 is an optional dtype (ml_dtypes'), taken once ml_dtypes is imported: its
+# import takes most of a second, more than the rest of fastpe's, so fastpe imports it
+# itself only for what needs it (a bfloat16 torch tensor, the dtype named "bfloat16");
+# an array of ml_dtypes' bfloat16 exists only once its caller has imported it.
+HAS_ML_DTYPES = importlib.util.find_spec("ml_dtypes") is not None
+_ml_dtypes: Any = None
 
 # Storage codes the compiled kernels switch on (defined in fastpe._constants).
 F32, F64, F16, BF16 = (_constants.STORAGE_CODES[n]
@@ -40,11 +43,24 @@ DTYPE_CODES: dict[np.dtype, int] = {
     np.dtype(np.float64): F64,
     np.dtype(np.float16): F16,
 }
-if _ml_dtypes is not None:
-    DTYPE_CODES[np.dtype(_ml_dtypes.bfloat16)] = BF16
-    if _backend.compiled is not None:
-        _backend.compiled.register_bfloat16(np.dtype(_ml_dtypes.bfloat16).num)
-SUPPORTED_DTYPES = ", ".join(str(d) for d in DTYPE_CODES)
+SUPPORTED_DTYPES = "float32, float64, float16" + (", bfloat16" if HAS_ML_DTYPES else "")
+
+
+def ml_dtypes(load: bool) -> Any:
+    """ml_dtypes with its bfloat16 registered as a storage dtype (for the compiled
+    kernels too), once imported: by the caller, or here when `load`; None without it."""
+    global _ml_dtypes
+    if _ml_dtypes is None:
+        module = sys.modules.get("ml_dtypes")
+        if module is None and load and HAS_ML_DTYPES:
+            import ml_dtypes as module
+        if module is not None:
+            bfloat16 = np.dtype(module.bfloat16)
+            DTYPE_CODES[bfloat16] = BF16
+            if _backend.compiled is not None:
+                _backend.compiled.register_bfloat16(bfloat16.num)
+            _ml_dtypes = module
+    return _ml_dtypes
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -70,8 +86,10 @@ def dtype_code(dtype: np.dtype, name: str) -> int:
     code = DTYPE_CODES.get(dtype)
     if code is None and not dtype.isnative:
         code = DTYPE_CODES.get(dtype.newbyteorder("="))
+    if code is None and _ml_dtypes is None and ml_dtypes(load=False) is not None:
+        return dtype_code(dtype, name)  # the caller's bfloat16, now registered
     if code is None:
-        hint = "" if _ml_dtypes is not None else " (bfloat16 needs the ml_dtypes package)"
+        hint = "" if HAS_ML_DTYPES else " (bfloat16 needs the ml_dtypes package)"
         raise TypeError(f"{name} must have a floating dtype ({SUPPORTED_DTYPES}){hint}; "
                         f"got {dtype}")
     return code
@@ -84,7 +102,10 @@ def float_dtype(dtype: Any, name: str) -> np.dtype:
     try:
         dt: np.dtype = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"{name} must be a dtype ({SUPPORTED_DTYPES}), got {dtype!r}") from None
+        if not (dtype == "bfloat16" and ml_dtypes(load=True) is not None):
+            raise TypeError(f"{name} must be a dtype ({SUPPORTED_DTYPES}), "
+                            f"got {dtype!r}") from None
+        dt = np.dtype(dtype)
     dtype_code(dt, name)
     return dt
 
@@ -217,10 +238,11 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
     torch, bfloat16, _, inference_mode = _torch()
     try:
         if x.dtype is bfloat16:
-            if _ml_dtypes is None:
+            module = ml_dtypes(load=True)
+            if module is None:
                 raise TypeError(f"{name} is a bfloat16 tensor, which needs the ml_dtypes "
                                 f"package (pip install 'fastpe[bfloat16]')")
-            view: np.ndarray = x.view(torch.int16).numpy().view(_ml_dtypes.bfloat16)
+            view: np.ndarray = x.view(torch.int16).numpy().view(module.bfloat16)
         else:
             view = x.numpy()
     except (RuntimeError, TypeError) as exc:

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TextIO
 
 import fastpe
 
-from . import _bench
+from . import _bench, _checks
 
 PROG = "python -m fastpe"
 
@@ -413,7 +413,7 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     if args.plot:
         _need_matplotlib()
-    if args.dtype == "bfloat16" and not fastpe.info()["bfloat16"]:
+    if args.dtype == "bfloat16" and _checks.ml_dtypes(load=True) is None:
         raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
     _check_output_path(parser, "--json", args.json)
     _check_output_path(parser, "--plot", args.plot)

@@ -61,7 +61,7 @@ def info() -> Info:
         ),
         "compile_flags": compiled.COMPILE_FLAGS if compiled is not None else None,
         "half_conversion": compiled.HALF_CONVERSION if compiled is not None else None,
-        "bfloat16": _checks.BF16 in _checks.DTYPE_CODES.values(),
+        "bfloat16": _checks.HAS_ML_DTYPES,
         "numpy": np.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),

@@ -2,10 +2,12 @@
 protocol, never through a silent copy; and torch's OpenMP runtime beside ours."""
 
 import array
+import importlib.util
 import threading
 
 import numpy as np
 import pytest
+from conftest import run_python
 
 import fastpe
 
@@ -195,3 +197,50 @@ def test_tensor_inputs_sharing_memory_with_the_output_are_refused(torch):
     with pytest.raises(ValueError, match=r"slopes overlaps scores"):
         fastpe.add_alibi(scores, slopes=scores[0, 0, :3])
     assert (scores == 0.25).all()
+
+
+def test_bfloat16_without_importing_ml_dtypes_at_import():
+    """ml_dtypes' import takes most of a second: `import fastpe` leaves it alone, and
+    bfloat16 still works wherever it arrives: the dtype by name, an array of the
+    caller's ml_dtypes imported after fastpe (compiled kernels included, against the
+    float32 arithmetic rounded once), and a bfloat16 torch tensor."""
+    pytest.importorskip("ml_dtypes")
+    code = """
+        import sys
+        import numpy as np
+        import fastpe
+        assert "ml_dtypes" not in sys.modules, "imported by import fastpe"
+        assert fastpe.info()["bfloat16"]
+        t = fastpe.sinusoidal_table(6, 8, dtype="bfloat16")
+        want = fastpe.sinusoidal_table(6, 8, dtype="float64").astype(t.dtype)
+        assert str(t.dtype) == "bfloat16" and np.array_equal(t, want)
+        import ml_dtypes
+        x = np.zeros((3, 5, 8), ml_dtypes.bfloat16)
+        for _ in range(2):  # the first call registers the dtype, the second is compiled
+            x[:] = 0
+            fastpe.add_sinusoidal(x)
+            assert np.array_equal(x[1], want[:5])
+        try:
+            import torch
+        except ImportError:
+            print("ok, no torch")
+            raise SystemExit
+        q = torch.ones(1, 4, 2, 8, dtype=torch.bfloat16)
+        fastpe.apply_rope(q, layout="bshd")
+        r = np.ones((1, 4, 2, 8), np.float32)
+        fastpe.apply_rope(r)
+        assert np.array_equal(q.float().numpy(), r.astype(ml_dtypes.bfloat16).astype(np.float32))
+        print("ok")
+    """
+    fresh = """
+        import sys, torch, fastpe
+        q = torch.ones(1, 4, 2, 8, dtype=torch.bfloat16)
+        fastpe.apply_rope(q, layout="bshd")
+        assert "ml_dtypes" in sys.modules
+        print("ok")
+    """
+    for c in (code, fresh):
+        if c is fresh and importlib.util.find_spec("torch") is None:
+            continue
+        r = run_python(c)
+        assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr

@@ -152,7 +152,11 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
         return None
     if d.dtype.code == FPE_DL_BFLOAT and d.dtype.bits == 16 and d.dtype.lanes == 1:
         if t.bfloat16 is None:
-            return None
+            import sys
+            ml = sys.modules.get("ml_dtypes")  # imported since (fastpe._checks.ml_dtypes)
+            if ml is None:
+                return None
+            t.bfloat16 = cnp.dtype(ml.bfloat16)
         descr = t.bfloat16
     else:
         typenum = dl_typenum(d.dtype)
