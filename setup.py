@@ -7,9 +7,9 @@ on x86-64. ``fastpe._kernels`` chooses one for the CPU at import time (CPUID, an
 XGETBV for the OS's saving of the wider registers), so a wheel stays portable (no
 ``-march=native``) while still running wide vector code. Without ``FASTPE_ISA``
 that is kernels_avx512 on Intel CPUs that run it and kernels_avx2 elsewhere:
-kernels_avx512 measured faster in half precision on an Intel Xeon and no faster on an
-AMD Zen 4, which executes 512-bit vectors as two 256-bit halves (README, "Backends and
-threads").
+kernels_avx512 measured faster in half precision on an Intel Xeon, and on an AMD Zen
+4, which executes 512-bit vectors as two 256-bit halves, faster in half-precision RoPE
+but slower on a float32 ALiBi decode (README, "Backends and threads").
 
 Environment variables read here:
 

@@ -7,9 +7,10 @@ the first variant of ``AUTO`` that was built and that this CPU and OS run is imp
 kernels_avx512 comes first on Intel CPUs, which execute 512-bit vectors at full width
 (there it measured level with kernels_avx2 where the work is memory-bound and up to 22%
 faster where it is arithmetic: half-precision conversions, RoPE rows in the caches), and
-not elsewhere: on an AMD Zen 4, which executes them as two 256-bit halves,
-it measured no faster (README, "Backends and threads"), so it runs there only when asked
-for.
+not elsewhere: on an AMD Zen 4, which executes them as two 256-bit halves, it
+measured 3-19% faster in half-precision RoPE but 1.4x slower on the float32 ALiBi decode
+and unsteady on some float32 prefills (README, "Backends and threads"), so it runs
+there only when asked for.
 
 ``FASTPE_ISA=baseline|avx2|avx512`` forces one variant: an ImportError when it was not
 built or this CPU cannot run it (never a silent fallback); tests use it to check each one.
