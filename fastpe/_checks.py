@@ -102,7 +102,8 @@ def float_dtype(dtype: Any, name: str) -> np.dtype:
     try:
         dt: np.dtype = np.dtype(dtype)
     except TypeError:
-        if not (dtype == "bfloat16" and ml_dtypes(load=True) is not None):
+        if not (isinstance(dtype, str) and dtype == "bfloat16"
+                and ml_dtypes(load=True) is not None):
             raise TypeError(f"{name} must be a dtype ({SUPPORTED_DTYPES}), "
                             f"got {dtype!r}") from None
         dt = np.dtype(dtype)

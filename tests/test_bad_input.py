@@ -120,6 +120,8 @@ ROWS += [
     Row("table/dtype-complex", lambda a: ST(8, D, dtype=np.complex128), TypeError,
         r"\bdtype\b"),
     Row("table/dtype-unknown", lambda a: ST(8, D, dtype="float-ish"), TypeError, r"\bdtype\b"),
+    Row("table/dtype-an-array", lambda a: ST(8, D, dtype=np.array(["a", "b"])), TypeError,
+        r"\bdtype\b"),
     Row("table/out-list", lambda a: ST(2, 2, out=a["out"]), TypeError, r"\bout\b",
         lambda: {"out": [[0.0, 0.0], [0.0, 0.0]]}),
     Row("table/out-shape", lambda a: ST(8, D, out=a["out"]), ValueError, r"\bout\b.*shape",

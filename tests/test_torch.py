@@ -135,6 +135,9 @@ def _entries(m=fastpe):
             q.numpy().copy(), k, bad(good), layout="bshd"),
         "apply_rope_cached": lambda q, k, good: m.apply_rope_cached(
             q, k, torch.from_numpy(cos), torch.from_numpy(sin), bad(good), layout="bshd"),
+        "a memoryview k beside apply_rope_cached's tensor q": lambda q, k, good:
+            m.apply_rope_cached(q, memoryview(k.numpy().copy()), torch.from_numpy(cos),
+                                torch.from_numpy(sin), bad(good), layout="bshd"),
         "add_sinusoidal": lambda q, k, good: m.add_sinusoidal(q[0, :, 0], bad(good)),
         "add_learned": lambda q, k, good: m.add_learned(q[0, :, 0], table, bad(good)),
         "add_alibi": lambda q, k, good: m.add_alibi(q, q_offset=0 if good else -1),

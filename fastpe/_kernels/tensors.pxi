@@ -215,23 +215,26 @@ def torch_rope_views(object q, object k, object positions, object layout):
 
 
 cdef object _increment_version = None   # torch._C._increment_version, looked up once
+cdef object _tensor_type = None         # torch.Tensor
 
 
 def torch_bump(tuple written):
-    """Bump the version counters of the torch tensors a call has written (the last may
-    be None: a RoPE call without k), together, as torch's in-place operations do after
-    writing: fastpe._checks.bump_versions without a Python frame, for a decode step."""
-    global _increment_version
+    """Bump the version counters of the torch tensors among what a call has written
+    (the others: None, a RoPE call without k, or the arrays beside a tensor), together,
+    as torch's in-place operations do after writing: fastpe._checks.bump_written
+    without a Python frame, for a decode step."""
+    global _increment_version, _tensor_type
     if _increment_version is None:
         import sys
-        _increment_version = sys.modules["torch"]._C._increment_version
-    if written[len(written) - 1] is None:
-        written = written[:len(written) - 1]
+        torch = sys.modules["torch"]
+        _tensor_type = torch.Tensor
+        _increment_version = torch._C._increment_version
     for x in written:
-        if type(x) is cnp.ndarray:  # a call of an ndarray q and a tensor k
-            written = tuple([y for y in written if type(y) is not cnp.ndarray])
+        if not isinstance(x, _tensor_type):
+            written = tuple([y for y in written if isinstance(y, _tensor_type)])
             break
-    _increment_version(written)
+    if written:
+        _increment_version(written)
 
 
 def torch_views(tuple args):
