@@ -82,12 +82,17 @@ def same_storage(a: np.dtype, b: np.dtype) -> bool:
     return a.newbyteorder("=") == b.newbyteorder("=")
 
 
-def dtype_code(dtype: np.dtype, name: str) -> int:
+def _storage_code(dtype: np.dtype) -> int | None:
     code = DTYPE_CODES.get(dtype)
     if code is None and not dtype.isnative:
         code = DTYPE_CODES.get(dtype.newbyteorder("="))
+    return code
+
+
+def dtype_code(dtype: np.dtype, name: str) -> int:
+    code = _storage_code(dtype)
     if code is None and _ml_dtypes is None and ml_dtypes(load=False) is not None:
-        return dtype_code(dtype, name)  # the caller's bfloat16, now registered
+        code = _storage_code(dtype)  # the caller's bfloat16, registered now
     if code is None:
         hint = "" if HAS_ML_DTYPES else " (bfloat16 needs the ml_dtypes package)"
         raise TypeError(f"{name} must have a floating dtype ({SUPPORTED_DTYPES}){hint}; "
@@ -117,7 +122,7 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     arrays, converted once: by the compiled kernels where every tensor is a plain
     CPU tensor (through DLPack's C exchange API), else here (tensor_view). The
     caller bumps the written tensors' version counters once the call has written them
-    (bump_versions), as torch's own in-place operations do: a call refused before
+    (bump_written), as torch's own in-place operations do: a call refused before
     writing leaves them as they were."""
     kern = _backend.kernels()
     views: list[Any] | None = kern.torch_views(args) if kern is not None else None
@@ -140,21 +145,14 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     return out
 
 
-def bump_versions(written: tuple[Any, ...]) -> None:
-    """Bump the version counters of the torch tensors a call has written, together,
-    once: what torch's in-place operations do after writing. The last may be None (a
-    RoPE call without k). One call into torch: a decode step takes a few
-    microseconds."""
-    bump = (_TORCH or _torch())[2]
-    bump(written if written[-1] is not None else written[:-1])
-
-
 def bump_written(*written: object) -> None:
-    """bump_versions of the torch tensors among `written` (any may be an ndarray or
-    None): for the paths that view tensors deep inside argument parsing."""
+    """Bump the version counters of the torch tensors among what a call has written
+    (the others: None, a RoPE call without k, or ndarrays beside a tensor), together,
+    once: what torch's in-place operations do after writing. One call into torch: a
+    decode step takes a few microseconds."""
     tensors = tuple(x for x in written if type(x) is not np.ndarray and is_tensor(x))
     if tensors:
-        bump_versions(tensors)
+        (_TORCH or _torch())[2](tensors)
 
 
 def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
@@ -214,6 +212,16 @@ def is_tensor(x: object) -> bool:
     one has imported it)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def tensor_name(q: object, k: object) -> str | None:
+    """"q" or "k", whichever is a torch tensor first, or None: the argument a RoPE
+    call's messages name when it is a call on torch tensors."""
+    if type(q) is not np.ndarray and is_tensor(q):
+        return "q"
+    if type(k) is not np.ndarray and is_tensor(k):
+        return "k"
+    return None
 
 
 def _torch_usable(x: Any, name: str) -> None:

@@ -154,7 +154,7 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         add_alibi(sv, slopes=slopes, q_offset=q_offset, causal=causal, symmetric=symmetric,
                   num_threads=num_threads, q_positions=q_positions, k_positions=k_positions,
                   key_mask=key_mask, max_bias=max_bias)
-        _checks.bump_versions((scores,))  # written: its version counter, as torch does
+        _checks.bump_written(scores)  # written: its version counter, as torch does
         return scores
     kern = _backend.kernels()
     if (kern is not None and type(scores) is np.ndarray

@@ -29,7 +29,7 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
         xv, tv, pv = _checks.torch_tensors((x, "x", True), (table, "table", False),
                                            (positions, "positions", False))
         add_learned(xv, tv, pv, offset=offset, num_threads=num_threads)
-        _checks.bump_versions((x,))  # written: its version counter, as torch does
+        _checks.bump_written(x)  # written: its version counter, as torch does
         return x
     kern = _backend.kernels()
     if (kern is not None and positions is None and type(x) is np.ndarray

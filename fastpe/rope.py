@@ -102,8 +102,9 @@ def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...
     """A RoPE call's q, k, positions and layout where q is not an ndarray and the
     compiled views declined it: torch tensors as fastpe._checks views them (refusing
     what torch would) with the layout they must give; anything else as given."""
-    if _checks.is_tensor(q) or _checks.is_tensor(k):
-        layout = _checks.tensor_layout(layout, "q" if _checks.is_tensor(q) else "k")
+    tensor = _checks.tensor_name(q, k)
+    if tensor is not None:
+        layout = _checks.tensor_layout(layout, tensor)
         return (*_checks.torch_rope(q, k, positions), layout)
     return q, k, positions, "bshd" if layout is None else layout
 
@@ -204,9 +205,9 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
     given = q, k
-    if ((type(q) is not np.ndarray and _checks.is_tensor(q))
-            or (type(k) is not np.ndarray and _checks.is_tensor(k))):
-        layout = _checks.tensor_layout(layout, "q" if _checks.is_tensor(q) else "k")
+    tensor = _checks.tensor_name(q, k)
+    if tensor is not None:
+        layout = _checks.tensor_layout(layout, tensor)
         q, k, cos, sin, positions = _checks.torch_tensors(
             (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
             (positions, "positions", False))

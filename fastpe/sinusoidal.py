@@ -128,7 +128,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         add_sinusoidal(xv, pv, offset=offset, base=base, layout=layout, scale=scale,
                        num_threads=num_threads, frequencies=frequencies,
                        padding_idx=padding_idx)
-        _checks.bump_versions((x,))  # written: its version counter, as torch does
+        _checks.bump_written(x)  # written: its version counter, as torch does
         return x
     kern = _backend.kernels()
     # floats of known types only: the general path reads float(v), which a subclass's

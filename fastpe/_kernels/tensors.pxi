@@ -187,7 +187,7 @@ def torch_rope_views(object q, object k, object positions, object layout):
     tensor, layout given (not None); each tensor as its ndarray view. None, having
     touched nothing, for anything else: the Python layer then converts or refuses
     (fastpe._checks.torch_rope, tensor_layout). The caller bumps q's and k's version
-    counters once the call has written them (fastpe._checks.bump_versions).
+    counters once the call has written them (fastpe._checks.bump_written).
 
     torch_views' loop written out for these three arguments: through torch_views (the
     triples built per call) a decode call on torch tensors measured 2.0-2.1x the call
