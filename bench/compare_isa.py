@@ -77,7 +77,7 @@ def main() -> None:
             runners = {}
             for isa, mod in modules.items():
                 token = _backend._current.set(mod)
-                fastpe.rope._STATES, _backend.compiled = states[isa], mod
+                fastpe.rope._STATES, _backend.compiled = states[isa], modules[isa]
                 try:
                     run = wl.impls["fastpe"](arrays, 1)
                     once = _sample(run, arrays, 1)
@@ -93,7 +93,7 @@ def main() -> None:
                 for isa in order:
                     run, number = runners[isa]
                     token = _backend._current.set(modules[isa])
-                    fastpe.rope._STATES, _backend.compiled = states[isa], mod
+                    fastpe.rope._STATES, _backend.compiled = states[isa], modules[isa]
                     try:
                         run(arrays)
                         t[isa] = _sample(run, arrays, number)
