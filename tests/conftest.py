@@ -537,7 +537,8 @@ for dt in dtypes:
     name = np.dtype(dt).name
     for nt in (1, 2):
         for layout in ("interleaved", "split"):
-            for dim, off in ((37, 0), (64, 2**20 - 96), (8, 999_950)):
+            for dim, off in ((37, 0), (64, 2**20 - 96), (8, 999_950), (150, 7),
+                             (1024, 12_345)):
                 t = fastpe.sinusoidal_table(130, dim, offset=off, layout=layout, dtype=dt,
                                             num_threads=nt)
                 out[f"table-{name}-{layout}-{dim}-{off}-t{nt}"] = t.view(np.uint8)
