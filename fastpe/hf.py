@@ -23,11 +23,13 @@ radians (a float32 near 1e6 is a multiple of 1/16, and inv_freq is itself rounde
 bit the stock model.
 
 transformers' kernel hub (``use_kernel_forward_from_hub("rotary_pos_emb")``,
-``use_kernelized_func``, ``kernelize``) does not serve here: it needs the separate
-``kernels`` package, turns each modeling file's apply function into one module object
-shared by every model of that family (so ``kernelize`` swaps it for all of them), and
-hands the kernel float32 cos/sin rather than positions. The attention-function
-registry runs after the rotation. Hence the instance patch.
+``use_kernelized_func``, ``kernelize``) does not serve here: with the ``kernels``
+package (which transformers requires from 5.25) it turns each modeling file's apply
+function into one module object shared by every model of that family (so
+``kernelize`` swaps it for all of them), and hands the kernel float32 cos/sin rather
+than positions. The attention-function registry runs after the rotation. Hence the
+instance patch, which reads the function inside such a module object as the apply
+function it stands for.
 
 A model fastpe cannot reproduce is refused with a ValueError that says what is
 missing: no rotary module, a rotary module with another signature or without a config,
@@ -112,10 +114,31 @@ _NOT_REPRODUCED = {
 _EXTRA_PARAMS = {"unsqueeze_dim", "position_ids"}
 
 
+def _hub_function(value: Any) -> Any:
+    """The modeling file's own function behind a kernel-hub wrapper, else `value`: with
+    the `kernels` package (a dependency of transformers from 5.25),
+    ``use_kernel_forward_from_hub`` turns an apply function into an ``nn.Module`` instance
+    whose ``forward(*args, **kwargs)`` calls that function (or the kernel that
+    ``kernelize`` swapped in); the function is the one Python function its class's
+    ``forward`` closes over."""
+    if getattr(value, "kernel_layer_name", None) is None:
+        return value
+    functions = []
+    for cell in getattr(getattr(type(value), "forward", None), "__closure__", None) or ():
+        try:
+            content = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(content, types.FunctionType):
+            functions.append(content)
+    return functions[0] if len(functions) == 1 else value
+
+
 def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """fastpe's stand-in for the modeling file's apply function `original`, called as
     the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x,
     rotating in place."""
+    original = _hub_function(original)
     try:
         params = list(inspect.signature(original).parameters.values())
     except (TypeError, ValueError):

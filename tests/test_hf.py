@@ -405,3 +405,35 @@ def test_inference_mode_and_float16():
         got16 = fastpe.hf.patch(half)(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     torch.testing.assert_close(got16, want16, rtol=0, atol=2e-3)  # float16's ulp at 1: 1e-3
+
+
+def test_an_apply_function_wrapped_by_the_kernel_hub_is_read_as_its_function():
+    """transformers 5.25 and later (with `kernels`) hold each modeling file's apply
+    function as an nn.Module instance whose forward(*args, **kwargs) calls it: fastpe.hf
+    reads the function it closes over (the transformers installed here may or may not
+    wrap; this builds the wrapper's shape itself)."""
+    import inspect
+
+    from fastpe.hf import _hub_function
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return q, k
+
+    def make(func):
+        class Func(torch.nn.Module):
+            kernel_layer_name = "rotary_pos_emb"
+
+            def forward(self, *args, **kwargs):
+                return func(*args, **kwargs)
+
+        return Func()
+
+    wrapped = make(apply_rotary_pos_emb)
+    assert _hub_function(wrapped) is apply_rotary_pos_emb
+    assert _hub_function(apply_rotary_pos_emb) is apply_rotary_pos_emb
+    plain = torch.nn.Identity()   # a module that is no hub wrapper is left as it is
+    assert _hub_function(plain) is plain
+    from transformers.models.llama import modeling_llama
+
+    found = _hub_function(modeling_llama.apply_rotary_pos_emb)
+    assert list(inspect.signature(found).parameters)[:4] == ["q", "k", "cos", "sin"]
