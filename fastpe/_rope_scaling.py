@@ -11,8 +11,10 @@ why the returned arrays are read-only.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -981,6 +983,30 @@ def _hf_refuse_unchecked(model_type: str | None) -> None:
             f"model_type {model_type!r} is a model type of transformers {version} whose "
             f"positional encoding fastpe has not checked against its transformers code "
             f"(only a model type transformers {version} does not know loads as Llama's)")
+    installed = _installed_transformers_knows(model_type)
+    if installed is not None and model_type not in _hf_models.KNOWN:
+        raise ValueError(
+            f"model_type {model_type!r} is a model type of the transformers {installed} this "
+            f"process imported, newer than the transformers {version} whose model types "
+            f"fastpe has checked: its positional encoding is not checked (a model type "
+            f"transformers does not know at all loads as Llama's)")
+
+
+def _installed_transformers_knows(model_type: str | None) -> str | None:
+    """The version of the transformers this process has imported, where its config
+    mapping has `model_type`; else None. Never imports transformers itself (seconds):
+    a process that has not imported it is not asked."""
+    transformers = sys.modules.get("transformers")
+    if transformers is None or model_type is None:
+        return None
+    try:
+        auto = importlib.import_module("transformers.models.auto.configuration_auto")
+    except Exception:  # a transformers too old, too new or broken to say
+        return None
+    names = getattr(auto, "CONFIG_MAPPING_NAMES", None)
+    if not isinstance(names, Mapping) or model_type not in names:
+        return None
+    return str(getattr(transformers, "__version__", "?"))
 
 
 def _hf_whole_head(config: object, model_type: str | None, rope_type: str,

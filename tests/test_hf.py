@@ -437,3 +437,21 @@ def test_an_apply_function_wrapped_by_the_kernel_hub_is_read_as_its_function():
 
     found = _hub_function(modeling_llama.apply_rotary_pos_emb)
     assert list(inspect.signature(found).parameters)[:4] == ["q", "k", "cos", "sin"]
+
+
+def test_a_model_type_of_a_newer_transformers_is_refused(monkeypatch):
+    """A model type that the transformers this process imported knows, but fastpe's tables
+    (one transformers release) do not, is refused, not read as Llama's; a model type
+    that transformers does not know at all (a custom model) still loads as Llama's.
+    The installed transformers may be the checked release itself: the test takes one of
+    its model types out of fastpe's table of known types."""
+    from fastpe import _hf_models
+
+    monkeypatch.setattr(_hf_models, "KNOWN", _hf_models.KNOWN - {"llama"})
+    cfg = {"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0,
+           "max_position_embeddings": 2048}
+    with pytest.raises(ValueError, match=r"model_type 'llama' is a model type of the "
+                                         r"transformers .* newer than the transformers"):
+        fastpe.RotaryEmbedding.from_hf_config({**cfg, "model_type": "llama"})
+    rope = fastpe.RotaryEmbedding.from_hf_config({**cfg, "model_type": "not_a_transformers_type"})
+    assert (rope.head_dim, rope.rotary_dim, rope.style) == (64, 64, "neox")
