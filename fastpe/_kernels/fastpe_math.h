@@ -560,14 +560,24 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
 #define FPE_LOADED_FIRST(v) ((void)0)
 #endif
 
-static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_n(float *x, const float *c, const float *s,
-                                       Py_ssize_t half)
+/* Whether the avx512 variant takes float32 rotate_half rows 16 pairs at a time (else 8,
+ * as avx2 does): set at import by the CPU's vendor (kernels.pyx). On an Intel Xeon the
+ * 512-bit steps made rows in the caches faster; on an AMD Zen 5 they streamed rows from
+ * memory at 1.1-1.7x the 256-bit steps' time, whatever the alignment or the order of
+ * the loads, which no other 512-bit loop here does. The same operations on every
+ * element either way, the same bits. */
+static int fpe_rotate_half_512 = 1;
+
+/* `wide` is a constant wherever this is inlined (fpe_rotate_half_f32 below), so that a
+ * row of a fixed width unrolls whole at either step width */
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_w(float *x, const float *c, const float *s,
+                                                   Py_ssize_t half, int wide)
 {
     float *y = x + half;
     Py_ssize_t j = 0;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     /* the avx512 variant: 16 pairs at a time first, the same operations per element */
-    for (; j + 16 <= half; j += 16) {
+    for (; wide && j + 16 <= half; j += 16) {
         __m512 a = _mm512_loadu_ps(x + j);
         FPE_LOADED_FIRST(a);
         const __m512 b = _mm512_loadu_ps(y + j);
@@ -591,6 +601,21 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_n(float *x, const float *c, co
         x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
         y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
     }
+#if !(FPE_PAIRS_AVX2 && defined(__AVX512F__))
+    (void)wide;
+#endif
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_wide(float *x, const float *c, const float *s,
+                                                      Py_ssize_t half)
+{
+    fpe_rotate_half_f32_w(x, c, s, half, 1);
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_n(float *x, const float *c, const float *s,
+                                                   Py_ssize_t half)
+{
+    fpe_rotate_half_f32_w(x, c, s, half, 0);
 }
 
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f64_n(double *x, const double *c, const double *s,
@@ -673,6 +698,12 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f64_n(double *x, const double *c,
 
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
 {
+#if FPE_PAIRS_AVX2 && defined(__AVX512F__)
+    if (fpe_rotate_half_512) {
+        FPE_AT_FIXED_WIDTH(fpe_rotate_half_f32_wide, x, c, s, half, 64, 32);
+        return;
+    }
+#endif
     FPE_AT_FIXED_WIDTH(fpe_rotate_half_f32_n, x, c, s, half, 64, 32);
 }
 
