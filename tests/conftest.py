@@ -592,6 +592,12 @@ def cpu_vendor_id() -> str | None:
     return _cpuinfo("vendor_id")
 
 
+def cpu_family_id() -> int | None:
+    """The CPU's family from /proc/cpuinfo (Linux x86: 26 for AMD's Zen 5), else None."""
+    family = _cpuinfo("cpu family")
+    return None if family is None else int(family)
+
+
 def cpu_runs(isa: str) -> bool | None:
     """Whether the CPU runs a variant, from /proc/cpuinfo (None when unknown)."""
     if isa == "baseline":

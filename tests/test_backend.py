@@ -13,6 +13,7 @@ from conftest import (
     COMPILED,
     ISA_NAMES,
     REQUESTED_BACKEND,
+    cpu_family_id,
     cpu_runs,
     cpu_vendor_id,
     needs_compiled,
@@ -260,17 +261,21 @@ def test_each_isa_variant_imports_and_reports_itself(isa, isa_runs):
 
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
 def test_default_isa_is_the_first_automatic_variant_the_cpu_runs():
-    """Without FASTPE_ISA: on an Intel CPU (by /proc/cpuinfo's vendor_id) avx512 where
-    the CPU runs it, then avx2, then baseline; on any other avx2, then baseline, and
-    avx512 runs only when FASTPE_ISA asks for it (it measured faster on Intel only,
-    README)."""
+    """Without FASTPE_ISA: on an Intel CPU or an AMD one from Zen 5 (family 26; by
+    /proc/cpuinfo's vendor_id and cpu family) avx512 where the CPU runs it, then avx2,
+    then baseline; on any other avx2, then baseline, and avx512 runs only when
+    FASTPE_ISA asks for it (it measured faster only where 512-bit vectors run at full
+    width, README)."""
     from fastpe import _kernels
 
-    vendor = cpu_vendor_id()
+    vendor, family = cpu_vendor_id(), cpu_family_id()
     if vendor is not None:
         assert _kernels._baseline.cpu_vendor() == vendor
-    intel = _kernels._baseline.cpu_vendor() == "GenuineIntel"
-    assert _kernels.AUTO == (("avx512", "avx2", "baseline") if intel else ("avx2", "baseline"))
+    if family is not None:
+        assert _kernels._baseline.cpu_family() == family
+    vendor, family = _kernels._baseline.cpu_vendor(), _kernels._baseline.cpu_family()
+    wide = vendor == "GenuineIntel" or (vendor == "AuthenticAMD" and family >= 26)
+    assert _kernels.AUTO == (("avx512", "avx2", "baseline") if wide else ("avx2", "baseline"))
     assert set(_kernels.VARIANTS) >= set(ISA_NAMES), ISA_NAMES
     runnable = [v for v in _kernels.AUTO if v in ISA_NAMES and cpu_runs(v) is not False]
     proc = run_python(REPORT)
@@ -324,7 +329,7 @@ def test_avx512_without_its_half_precision_loops_is_not_the_default():
         return real(name, *args)
     _kernels._importlib.import_module = without_loops
     _kernels._baseline.cpu_supports = lambda isa: True
-    _kernels.AUTO = _kernels.AUTO_INTEL
+    _kernels.AUTO = _kernels.AUTO_WIDE
     print(_kernels._load().ISA)
     os.environ["FASTPE_ISA"] = "avx512"
     print(_kernels._load().ISA)
@@ -404,3 +409,16 @@ def test_fastpe_isa_unknown_is_an_import_error():
     """A forced variant that cannot load is never silently replaced by NumPy."""
     proc = run_python(REPORT, FASTPE_ISA="bogus")
     assert proc.returncode != 0 and "ImportError" in proc.stderr, proc.stdout
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
+@pytest.mark.parametrize("vendor, family, wide", [
+    ("GenuineIntel", 6, True), ("AuthenticAMD", 25, False), ("AuthenticAMD", 26, True),
+    ("AuthenticAMD", 23, False), ("AuthenticAMD", 27, True), ("HygonGenuine", 24, False),
+    ("", 0, False)])
+def test_avx512_first_where_512_bit_vectors_run_at_full_width(vendor, family, wide):
+    """Intel's CPUs and AMD's from Zen 5 (family 26) put avx512 first; Zen 4 (25) and
+    older, and any other vendor, avx2."""
+    from fastpe import _kernels
+
+    assert _kernels.full_width_512(vendor, family) is wide

@@ -4,13 +4,14 @@ One Cython source is built once per instruction-set level (setup.py): kernels_ba
 (SSE2 on x86-64; every other platform's only variant), kernels_avx2 (AVX2 + FMA + F16C +
 BMI2) and kernels_avx512 (those plus AVX-512 F, BW, DQ and VL). Without ``FASTPE_ISA``
 the first variant of ``AUTO`` that was built and that this CPU and OS run is imported:
-kernels_avx512 comes first on Intel CPUs, which execute 512-bit vectors at full width
-(there it measured level with kernels_avx2 where the work is memory-bound and up to 22%
-faster where it is arithmetic: half-precision conversions, RoPE rows in the caches), and
-not elsewhere: on an AMD Zen 4, which executes them as two 256-bit halves, it
+kernels_avx512 comes first on the CPUs that execute 512-bit vectors at full width, Intel's
+and AMD's from Zen 5 (family 26): there it measured level with kernels_avx2 where the
+work is memory-bound and faster where it is arithmetic (half-precision conversions, RoPE
+rows in the caches, the sinusoid of a table: up to 22% on an Intel Xeon, 39% on a Zen 5).
+Not on AMD's Zen 4 and older, which execute them as two 256-bit halves: there it
 measured 3-19% faster in half-precision RoPE but 1.4x slower on the float32 ALiBi decode
-and unsteady on some float32 prefills (README, "Backends and threads"), so it runs
-there only when asked for.
+and unsteady on some float32 prefills (README, "Backends and threads"), so it runs there
+only when asked for.
 
 ``FASTPE_ISA=baseline|avx2|avx512`` forces one variant: an ImportError when it was not
 built or this CPU cannot run it (never a silent fallback); tests use it to check each one.
@@ -24,11 +25,24 @@ from . import kernels_baseline as _baseline
 
 # every variant there is, widest first
 VARIANTS = ("avx512", "avx2", "baseline")
-# the variants chosen without FASTPE_ISA, in order of preference, by the CPU's vendor
-AUTO_INTEL = ("avx512", "avx2", "baseline")
+# the variants chosen without FASTPE_ISA, in order of preference, by the CPU
+AUTO_WIDE = ("avx512", "avx2", "baseline")
 AUTO_OTHER = ("avx2", "baseline")
-# (getattr: a stale build of the baseline variant, from before cpu_vendor, still imports)
-AUTO = (AUTO_INTEL if getattr(_baseline, "cpu_vendor", lambda: "")() == "GenuineIntel"
+# AMD's first family whose cores execute 512-bit vectors at full width (Zen 5)
+AMD_FULL_WIDTH_FAMILY = 26
+
+
+def full_width_512(vendor: str, family: int) -> bool:
+    """Whether a CPU of this vendor (CPUID's string) and family executes 512-bit vectors
+    at full width: Intel's that have AVX-512, AMD's from Zen 5."""
+    return vendor == "GenuineIntel" or (vendor == "AuthenticAMD"
+                                        and family >= AMD_FULL_WIDTH_FAMILY)
+
+
+# (getattr: a stale build of the baseline variant, from before cpu_vendor or cpu_family,
+# still imports)
+AUTO = (AUTO_WIDE if full_width_512(getattr(_baseline, "cpu_vendor", lambda: "")(),
+                                    getattr(_baseline, "cpu_family", lambda: 0)())
         else AUTO_OTHER)
 # what a variant needs of the CPU, for the error of a forced variant it cannot run
 NEEDS = {

@@ -1321,4 +1321,23 @@ static inline void fpe_cpu_vendor(char *out)
 #endif
 }
 
+/* The CPU's family as AMD and Intel number it (CPUID leaf 1: the base family, plus the
+ * extended family where the base is 15: 25 for AMD's Zen 3 and 4, 26 for Zen 5); 0
+ * where there is no CPUID. */
+static inline int fpe_cpu_family(void)
+{
+    unsigned int a = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    unsigned int b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+    int r[4];
+    __cpuid(r, 1);
+    a = (unsigned int)r[0];
+#endif
+    const unsigned int base = (a >> 8) & 0xf;
+    return (int)(base == 0xf ? base + ((a >> 20) & 0xff) : base);
+}
+
 #endif /* FASTPE_MATH_H */

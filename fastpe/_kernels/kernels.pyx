@@ -70,6 +70,12 @@ def cpu_vendor():
     return out.decode("ascii", "replace")
 
 
+def cpu_family():
+    """The CPU's family (CPUID leaf 1, base plus extended: 26 for AMD's Zen 5); 0 where
+    there is no CPUID."""
+    return fpe_cpu_family()
+
+
 def rotate_half_512(object wide=None):
     """Whether the avx512 variant takes float32 rotate_half RoPE rows 512 bits at a time
     (on Intel CPUs, chosen at import; fastpe_math.h says why); `wide` sets it, for tests
