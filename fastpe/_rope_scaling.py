@@ -983,8 +983,9 @@ def _hf_refuse_unchecked(model_type: str | None) -> None:
             f"model_type {model_type!r} is a model type of transformers {version} whose "
             f"positional encoding fastpe has not checked against its transformers code "
             f"(only a model type transformers {version} does not know loads as Llama's)")
-    installed = _installed_transformers_knows(model_type)
-    if installed is not None and model_type not in _hf_models.KNOWN:
+    installed = (None if model_type in _hf_models.KNOWN
+                 else _installed_transformers_knows(model_type))
+    if installed is not None:
         raise ValueError(
             f"model_type {model_type!r} is a model type of the transformers {installed} this "
             f"process imported, newer than the transformers {version} whose model types "

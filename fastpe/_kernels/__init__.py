@@ -7,7 +7,8 @@ the first variant of ``AUTO`` that was built and that this CPU and OS run is imp
 kernels_avx512 comes first on the CPUs that execute 512-bit vectors at full width, Intel's
 and AMD's from Zen 5 (family 26): there it measured level with kernels_avx2 where the
 work is memory-bound and faster where it is arithmetic (half-precision conversions, RoPE
-rows in the caches, the sinusoid of a table: up to 22% on an Intel Xeon, 39% on a Zen 5).
+rows in the caches, the sinusoid of a table: up to 22% less time on an Intel Xeon, 42% on
+a Zen 5).
 Not on AMD's Zen 4 and older, which execute them as two 256-bit halves: there it
 measured 3-19% faster in half-precision RoPE but 1.4x slower on the float32 ALiBi decode
 and unsteady on some float32 prefills (README, "Backends and threads"), so it runs there
