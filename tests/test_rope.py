@@ -2160,22 +2160,23 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style):
 
 
 @pytest.mark.skipif(not ON_CYTHON or fastpe.info().get("isa") != "avx512",
-                    reason="the step width of float32 rotate_half rows is the avx512 "
-                           "variant's choice")
-def test_rotate_half_rows_give_the_same_bits_at_either_step_width():
-    """The avx512 variant takes float32 rotate_half rows 16 pairs at a time on Intel CPUs
-    and 8 at a time elsewhere (fastpe_math.h: 512-bit steps streamed rows from memory
-    slower on an AMD Zen 5): both widths, on any CPU, give the same bits, and those
-    match fastpe.reference. Rows of 20, 64, 68 and 134 pairs: whole 512-bit steps only,
-    and 512-bit steps followed by 256-bit steps and single pairs."""
+                    reason="the step width of float32 RoPE rows is the avx512 variant's "
+                           "choice")
+@pytest.mark.parametrize("style", STYLES)
+def test_float32_rows_give_the_same_bits_at_either_step_width(style):
+    """The avx512 variant takes float32 RoPE rows 512 bits at a time on Intel CPUs and
+    256 elsewhere (fastpe_math.h: 512-bit steps streamed rows from memory slower on an
+    AMD Zen 5): both widths, on any CPU, give the same bits, and those match
+    fastpe.reference. Rows of 20, 64, 68 and 134 pairs: whole 512-bit steps only, and
+    512-bit steps followed by 256-bit steps and single pairs."""
     from fastpe import _backend
 
     kern = _backend.compiled
-    was = kern.rotate_half_512()
+    was = kern.rope_rows_512()
     runs = {}
     try:
         for wide in (True, False):
-            assert kern.rotate_half_512(wide) is wide
+            assert kern.rope_rows_512(wide) is wide
             out = []
             for hd in (40, 128, 136, 268):
                 rng = np.random.default_rng(hd)   # the same arrays for both widths
@@ -2183,25 +2184,25 @@ def test_rotate_half_rows_give_the_same_bits_at_either_step_width():
                 k = rng.uniform(-2, 2, (2, 37, 1, hd)).astype(F32)
                 pos = rng.integers(0, 2**20, (2, 37))
                 q0, k0 = q.copy(), k.copy()
-                fastpe.apply_rope(q, k, pos)
-                rq, rk = reference.apply_rope(q0, k0, pos)
+                fastpe.apply_rope(q, k, pos, style=style)
+                rq, rk = reference.apply_rope(q0, k0, pos, style=style)
                 assert_close(q, rq, F32, max_position=2**20, context=f"q, head_dim {hd}")
                 assert_close(k, rk, F32, max_position=2**20, context=f"k, head_dim {hd}")
                 out += [q, k]
             runs[wide] = out
     finally:
-        kern.rotate_half_512(was)
+        kern.rope_rows_512(was)
     for wide, narrow in zip(runs[True], runs[False]):
         assert_bytes_equal(wide, narrow, "512-bit vs 256-bit steps")
 
 
 @pytest.mark.skipif(not ON_CYTHON, reason="compiled kernels only")
-def test_rotate_half_step_width_follows_the_cpu_vendor():
-    """Chosen at import: 512-bit float32 rotate_half steps on Intel only."""
+def test_rope_row_step_width_follows_the_cpu_vendor():
+    """Chosen at import: 512-bit float32 RoPE steps on Intel only."""
     from conftest import cpu_vendor_id
 
     code = ("from fastpe import _backend; k = _backend.compiled; "
-            "print(k.cpu_vendor(), k.rotate_half_512())")
+            "print(k.cpu_vendor(), k.rope_rows_512())")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     vendor, wide = proc.stdout.split()

@@ -49,7 +49,7 @@ cdef extern from "fastpe_math.h" nogil:
     int fpe_cpu_has_avx512()
     void fpe_cpu_vendor(char *out)
     int fpe_cpu_family()
-    int fpe_rotate_half_512
+    int fpe_rope_rows_512
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE

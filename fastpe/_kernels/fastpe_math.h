@@ -560,13 +560,13 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
 #define FPE_LOADED_FIRST(v) ((void)0)
 #endif
 
-/* Whether the avx512 variant takes float32 rotate_half rows 16 pairs at a time (else 8,
- * as avx2 does): set at import by the CPU's vendor (kernels.pyx). On an Intel Xeon the
- * 512-bit steps made rows in the caches faster; on an AMD Zen 5 they streamed rows from
- * memory at 1.1-1.7x the 256-bit steps' time, whatever the alignment or the order of
- * the loads, which no other 512-bit loop here does. The same operations on every
- * element either way, the same bits. */
-static int fpe_rotate_half_512 = 1;
+/* Whether the avx512 variant takes float32 RoPE rows (either pairing) 512 bits at a time
+ * (else 256, as avx2 does): set at import by the CPU's vendor (kernels.pyx). On an Intel
+ * Xeon the 512-bit steps made rows in the caches faster; on an AMD Zen 5 they streamed
+ * rotate_half rows from memory at 1.1-1.7x the 256-bit steps' time (whatever the
+ * alignment or the order of the loads) and adjacent-pair rows at 1.03-1.08x. The same
+ * operations on every element either way, the same bits. */
+static int fpe_rope_rows_512 = 1;
 
 /* `wide` is a constant wherever this is inlined (fpe_rotate_half_f32 below), so that a
  * row of a fixed width unrolls whole at either step width */
@@ -640,11 +640,12 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f64_n(double *x, const double *c, 
     }
 }
 
-static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_n(float *x, const float *c, const float *s, Py_ssize_t n)
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_w(float *x, const float *c, const float *s,
+                                                    Py_ssize_t n, int wide)
 {
     Py_ssize_t i = 0;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
+    for (; wide && i + 16 <= n; i += 16) {
         const __m512 v = _mm512_loadu_ps(x + i);
         const __m512 w = _mm512_permute_ps(v, 0xB1);
         _mm512_storeu_ps(x + i, _mm512_fmadd_ps(w, _mm512_loadu_ps(s + i),
@@ -664,6 +665,21 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_n(float *x, const float *c, c
         x[i] = FPE_PAIR_MADD_F(a, c[i], b, s[i]);
         x[i + 1] = FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]);
     }
+#if !(FPE_PAIRS_AVX2 && defined(__AVX512F__))
+    (void)wide;
+#endif
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_wide(float *x, const float *c,
+                                                       const float *s, Py_ssize_t n)
+{
+    fpe_rotate_pairs_f32_w(x, c, s, n, 1);
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_n(float *x, const float *c, const float *s,
+                                                    Py_ssize_t n)
+{
+    fpe_rotate_pairs_f32_w(x, c, s, n, 0);
 }
 
 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f64_n(double *x, const double *c, const double *s,
@@ -699,7 +715,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f64_n(double *x, const double *c,
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32(float *x, const float *c, const float *s, Py_ssize_t half)
 {
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
-    if (fpe_rotate_half_512) {
+    if (fpe_rope_rows_512) {
         FPE_AT_FIXED_WIDTH(fpe_rotate_half_f32_wide, x, c, s, half, 64, 32);
         return;
     }
@@ -715,6 +731,12 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f64(double *x, const double *c, co
 
 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32(float *x, const float *c, const float *s, Py_ssize_t n)
 {
+#if FPE_PAIRS_AVX2 && defined(__AVX512F__)
+    if (fpe_rope_rows_512) {
+        FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_wide, x, c, s, n, 128, 64);
+        return;
+    }
+#endif
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_n, x, c, s, n, 128, 64);
 }
 

@@ -76,17 +76,17 @@ def cpu_family():
     return fpe_cpu_family()
 
 
-def rotate_half_512(object wide=None):
-    """Whether the avx512 variant takes float32 rotate_half RoPE rows 512 bits at a time
-    (on Intel CPUs, chosen at import; fastpe_math.h says why); `wide` sets it, for tests
-    of both step widths. The same bits either way; other variants ignore it."""
-    global fpe_rotate_half_512
+def rope_rows_512(object wide=None):
+    """Whether the avx512 variant takes float32 RoPE rows 512 bits at a time (on Intel
+    CPUs, chosen at import; fastpe_math.h says why); `wide` sets it, for tests of both
+    step widths. The same bits either way; other variants ignore it."""
+    global fpe_rope_rows_512
     if wide is not None:
-        fpe_rotate_half_512 = bool(wide)
-    return bool(fpe_rotate_half_512)
+        fpe_rope_rows_512 = bool(wide)
+    return bool(fpe_rope_rows_512)
 
 
-rotate_half_512(cpu_vendor() == "GenuineIntel")
+rope_rows_512(cpu_vendor() == "GenuineIntel")
 
 
 def openmp_max_threads():
