@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -2146,10 +2147,14 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style):
         wide = np.zeros(x.shape[:-1] + (2 * head_dim,), dtype)
         strided = wide[..., ::2]
         strided[...] = x
+        paired_q, paired_k = x.copy(), x[:, :, :1].copy()  # every head of a token at once
         fastpe.apply_rope(plain, None, pos, style=style)
         fastpe.apply_rope(strided, None, pos, style=style)
+        fastpe.apply_rope(paired_q, paired_k, pos, style=style)
         np.testing.assert_array_equal(plain.view(np.uint16),
                                       np.ascontiguousarray(strided).view(np.uint16))
+        np.testing.assert_array_equal(paired_q.view(np.uint16), plain.view(np.uint16))
+        np.testing.assert_array_equal(paired_k.view(np.uint16), plain[:, :, :1].view(np.uint16))
         assert not wide[..., 1::2].view(np.uint16).any()  # between the strided features
         values = rng.standard_normal((3, 5, 2, head_dim)).astype(dtype)
         ref = values.astype(np.float64)
@@ -2159,53 +2164,85 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style):
                                    atol=2e-2 if is_bf16(dtype) else 4e-3)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16] + ([BF16] if BF16 is not None else []))
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
+    """A call whose q and k hold more than 4 MiB takes its rows as streamed from memory
+    (256-bit float32 steps on AMD CPUs, a call per bfloat16 row), a smaller one as in
+    the caches: the same bits either way, token block by token block."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
+    k = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
+    assert q.nbytes + k.nbytes > 4 << 20
+    pos = np.arange(600) * 37
+    whole_q, whole_k = q.copy(), k.copy()
+    fastpe.apply_rope(whole_q, whole_k, pos, style=style)
+    for t in range(0, 600, 50):
+        fastpe.apply_rope(q[:, t:t + 50], k[:, t:t + 50], pos[t:t + 50], style=style)
+    assert_bytes_equal(whole_q, q, "q: one call vs blocks")
+    assert_bytes_equal(whole_k, k, "k: one call vs blocks")
+
+
 @pytest.mark.skipif(not ON_CYTHON or fastpe.info().get("isa") != "avx512",
                     reason="the step width of float32 RoPE rows is the avx512 variant's "
                            "choice")
 @pytest.mark.parametrize("style", STYLES)
 def test_float32_rows_give_the_same_bits_at_either_step_width(style):
-    """The avx512 variant takes float32 RoPE rows 512 bits at a time on Intel CPUs and
-    256 elsewhere (fastpe_math.h: 512-bit steps streamed rows from memory slower on an
-    AMD Zen 5): both widths, on any CPU, give the same bits, and those match
-    fastpe.reference. Rows of 20, 64, 68 and 134 pairs: whole 512-bit steps only, and
-    512-bit steps followed by 256-bit steps and single pairs."""
+    """The avx512 variant takes float32 RoPE rows 512 bits at a time on Intel CPUs, and
+    elsewhere in calls small enough to be in the caches (fastpe_math.h: 512-bit steps
+    streamed rows from memory slower on an AMD Zen 5): both widths, on any CPU, give the
+    same bits, and those match fastpe.reference. Rows of 20, 32, 64, 68 and 134 pairs:
+    whole 512-bit steps only, and 512-bit steps followed by 256-bit steps and single
+    pairs; q and k token by token (every head of a token in one call), head by head
+    (bhsd), a q alone, and rows of a stride (gathered)."""
     from fastpe import _backend
 
     kern = _backend.compiled
-    was = kern.rope_rows_512()
+    was = kern.rope_wide_bytes()
     runs = {}
     try:
-        for wide in (True, False):
-            assert kern.rope_rows_512(wide) is wide
+        for limit in (sys.maxsize, 0):
+            assert kern.rope_wide_bytes(limit) == limit
             out = []
-            for hd in (40, 128, 136, 268):
+            for hd in (40, 64, 128, 136, 268):
                 rng = np.random.default_rng(hd)   # the same arrays for both widths
                 q = rng.uniform(-2, 2, (2, 37, 3, hd)).astype(F32)
                 k = rng.uniform(-2, 2, (2, 37, 1, hd)).astype(F32)
+                wide = rng.uniform(-2, 2, (2, 3, 37, 2 * hd)).astype(F32)
                 pos = rng.integers(0, 2**20, (2, 37))
-                q0, k0 = q.copy(), k.copy()
-                fastpe.apply_rope(q, k, pos, style=style)
-                rq, rk = reference.apply_rope(q0, k0, pos, style=style)
-                assert_close(q, rq, F32, max_position=2**20, context=f"q, head_dim {hd}")
-                assert_close(k, rk, F32, max_position=2**20, context=f"k, head_dim {hd}")
-                out += [q, k]
-            runs[wide] = out
+                calls = [(q, k, {}), (q[:, :, :2].copy(), None, {}),
+                         (np.ascontiguousarray(q.transpose(0, 2, 1, 3)),
+                          np.ascontiguousarray(k.transpose(0, 2, 1, 3)), {"layout": "bhsd"}),
+                         (wide[..., ::2], None, {"layout": "bhsd"})]
+                for x, y, kw in calls:
+                    x0 = x.copy()
+                    y0 = None if y is None else y.copy()
+                    fastpe.apply_rope(x, y, pos, style=style, **kw)
+                    rx, ry = reference.apply_rope(x0, y0, pos, style=style, **kw)
+                    assert_close(x, rx, F32, max_position=2**20, context=f"q, head_dim {hd}")
+                    out.append(x.copy())
+                    if y is not None:
+                        assert_close(y, ry, F32, max_position=2**20,
+                                     context=f"k, head_dim {hd}")
+                        out.append(y.copy())
+            runs[limit] = out
     finally:
-        kern.rope_rows_512(was)
-    for wide, narrow in zip(runs[True], runs[False]):
+        kern.rope_wide_bytes(was)
+    for wide, narrow in zip(runs[sys.maxsize], runs[0], strict=True):
         assert_bytes_equal(wide, narrow, "512-bit vs 256-bit steps")
 
 
 @pytest.mark.skipif(not ON_CYTHON, reason="compiled kernels only")
 def test_rope_row_step_width_follows_the_cpu_vendor():
-    """Chosen at import: 512-bit float32 RoPE steps on Intel only."""
+    """Chosen at import: 512-bit float32 RoPE steps for every call on Intel, for calls of
+    q and k up to 4 MiB elsewhere."""
     from conftest import cpu_vendor_id
 
     code = ("from fastpe import _backend; k = _backend.compiled; "
-            "print(k.cpu_vendor(), k.rope_rows_512())")
+            "print(k.cpu_vendor() or '-', k.rope_wide_bytes())")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
-    vendor, wide = proc.stdout.split()
-    assert wide == str(vendor == "GenuineIntel")
+    vendor, limit = proc.stdout.split()
+    assert int(limit) == (sys.maxsize if vendor == "GenuineIntel" else 4 << 20)
     if cpu_vendor_id() is not None:
         assert vendor == cpu_vendor_id()

@@ -34,13 +34,26 @@ cdef extern from "fastpe_math.h" nogil:
     int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,
                          float *pe0, float *pe1, Py_ssize_t dim, Py_ssize_t nfreq,
                          double mult, int stream)
-    void fpe_rotate_f32(float *x, const float *c, const float *s, Py_ssize_t half, int neox)
+    void fpe_rotate_f32(float *x, const float *c, const float *s, Py_ssize_t half, int neox,
+                        int wide)
     void fpe_rotate_f64(double *x, const double *c, const double *s, Py_ssize_t half,
                         int neox)
+    void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
+                              Py_ssize_t hk, Py_ssize_t kh, const float *c, const float *s,
+                              Py_ssize_t half, int neox, int wide)
+    void fpe_rotate_heads_f64(double *q, Py_ssize_t hq, Py_ssize_t qh, double *k,
+                              Py_ssize_t hk, Py_ssize_t kh, const double *c, const double *s,
+                              Py_ssize_t half, int neox)
     void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s, Py_ssize_t half,
                         int neox)
     void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half,
                          int neox)
+    void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f16 *k,
+                              Py_ssize_t hk, Py_ssize_t kh, const float *c, const float *s,
+                              Py_ssize_t half, int neox)
+    void fpe_rotate_heads_bf16(fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_bf16 *k,
+                               Py_ssize_t hk, Py_ssize_t kh, const float *c, const float *s,
+                               Py_ssize_t half, int neox, int cached)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
@@ -49,7 +62,7 @@ cdef extern from "fastpe_math.h" nogil:
     int fpe_cpu_has_avx512()
     void fpe_cpu_vendor(char *out)
     int fpe_cpu_family()
-    int fpe_rope_rows_512
+    Py_ssize_t fpe_rope_wide_bytes
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE

@@ -22,6 +22,7 @@ cimport numpy as cnp
 from cpython.dict cimport PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.tuple cimport PyTuple_GET_ITEM
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -76,17 +77,22 @@ def cpu_family():
     return fpe_cpu_family()
 
 
-def rope_rows_512(object wide=None):
-    """Whether the avx512 variant takes float32 RoPE rows 512 bits at a time (on Intel
-    CPUs, chosen at import; fastpe_math.h says why); `wide` sets it, for tests of both
-    step widths. The same bits either way; other variants ignore it."""
-    global fpe_rope_rows_512
-    if wide is not None:
-        fpe_rope_rows_512 = bool(wide)
-    return bool(fpe_rope_rows_512)
+def rope_wide_bytes(object limit=None):
+    """The largest call (bytes of q and k) whose float32 RoPE rows the avx512 variant takes
+    512 bits at a time, larger ones 256 bits at a time (chosen at import by the CPU's
+    vendor; fastpe_math.h says why); `limit` sets it, for tests of both step widths
+    (0: 256-bit steps for every call, sys.maxsize: 512-bit for every call). The same bits
+    either way; other variants ignore it."""
+    global fpe_rope_wide_bytes
+    if limit is not None:
+        if not 0 <= limit <= PY_SSIZE_T_MAX:
+            raise ValueError(f"limit must be in 0..{PY_SSIZE_T_MAX}, got {limit}")
+        fpe_rope_wide_bytes = limit
+    return fpe_rope_wide_bytes
 
 
-rope_rows_512(cpu_vendor() == "GenuineIntel")
+# Intel: every call; elsewhere (AMD Zen 5) calls whose rows are likely in the caches
+rope_wide_bytes(PY_SSIZE_T_MAX if cpu_vendor() == "GenuineIntel" else ROPE_CACHED_BYTES)
 
 
 def openmp_max_threads():

@@ -23,6 +23,8 @@ cdef struct RopeCall:
     # the first's (HunYuan-VL; rotate_half pairing only)
     const int8_t *pair_axis2
     bint neox                       # pair j with j + half, else 2j with 2j + 1
+    bint wide                       # float32 rows 512 bits at a time (fpe_rope_wide_bytes)
+    bint cached                     # its rows likely in the caches: ROPE_CACHED_BYTES
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w
     const double *step_s
@@ -39,6 +41,10 @@ cdef struct RopeCall:
 cdef enum:
     # rows of a transposed view rotated together (rotate_across)
     ACROSS_ROWS = 32
+    # q and k rows up to this many bytes are taken to be in the caches: on an AMD Zen 5
+    # float32 calls up to 2 MiB took 512-bit steps in 0.76-0.8x the time of 256-bit steps,
+    # and 8 MiB in the same time (fpe_rope_wide_bytes there); fpe_rotate_heads_bf16
+    ROPE_CACHED_BYTES = 4 << 20
 
 
 cdef inline void expand_pairs(real_t *c, real_t *s, Py_ssize_t half) noexcept nogil:
@@ -56,7 +62,7 @@ cdef inline void expand_pairs(real_t *c, real_t *s, Py_ssize_t half) noexcept no
 
 
 cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const real_t *s,
-                            Py_ssize_t half, bint neox, real_t *tmp) noexcept nogil:
+                            Py_ssize_t half, bint neox, bint wide, real_t *tmp) noexcept nogil:
     """Rotate the first 2 * half features of one head row (stride sd): feature j with
     j + half (neox), or adjacent pairs with tables of one value per feature
     (expand_pairs: the same multiply-add on every feature, its partner's value swapped
@@ -76,7 +82,7 @@ cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const 
     else:
         gather(row, sd, tmp, 2 * half)
     if real_t is float:
-        fpe_rotate_f32(x, c, s, half, neox)
+        fpe_rotate_f32(x, c, s, half, neox, wide)
     else:
         fpe_rotate_f64(x, c, s, half, neox)
     if x == tmp:
@@ -162,7 +168,7 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
 
 cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, Py_ssize_t sd,
                                const real_t *ctab, const real_t *stab, Py_ssize_t tab_stride,
-                               Py_ssize_t half, bint neox, real_t *tmp) noexcept nogil:
+                               Py_ssize_t half, bint neox, bint wide, real_t *tmp) noexcept nogil:
     """Rotate nrows rows (stride rs) whose features lie farther apart in memory than
     the rows do (a transposed view): ACROSS_ROWS rows at a time are copied feature
     by feature, each feature's run over the rows in memory order, rotated as rows
@@ -184,7 +190,7 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
         for r in range(n):
             if real_t is float:
                 fpe_rotate_f32(tmp + r * w, ctab + (r0 + r) * tab_stride,
-                               stab + (r0 + r) * tab_stride, half, neox)
+                               stab + (r0 + r) * tab_stride, half, neox, wide)
             else:
                 fpe_rotate_f64(tmp + r * w, ctab + (r0 + r) * tab_stride,
                                stab + (r0 + r) * tab_stride, half, neox)
@@ -199,27 +205,29 @@ cdef inline void rotate_across(store_t *base, Py_ssize_t nrows, Py_ssize_t rs, P
 cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py_ssize_t ss,
                               Py_ssize_t sd, Py_ssize_t ntok, bint token_inner, bint across,
                               const real_t *ctab, const real_t *stab, Py_ssize_t half,
-                              Py_ssize_t width, bint neox, real_t *tmp) noexcept nogil:
+                              Py_ssize_t width, bint neox, bint wide,
+                              real_t *tmp) noexcept nogil:
     """Rotate heads x tokens rows starting at `base`, in the order memory runs;
     table rows of `width` values."""
     cdef Py_ssize_t h, t
     if across and token_inner:
         for h in range(heads):
-            rotate_across(base + h * sh, ntok, ss, sd, ctab, stab, width, half, neox, tmp)
+            rotate_across(base + h * sh, ntok, ss, sd, ctab, stab, width, half, neox, wide,
+                          tmp)
     elif across:
         for t in range(ntok):
             rotate_across(base + t * ss, heads, sh, sd, ctab + t * width, stab + t * width, 0,
-                          half, neox, tmp)
+                          half, neox, wide, tmp)
     elif token_inner:
         for h in range(heads):
             for t in range(ntok):
                 rotate_row(base + h * sh + t * ss, sd, ctab + t * width, stab + t * width,
-                           half, neox, tmp)
+                           half, neox, wide, tmp)
     else:
         for t in range(ntok):
             for h in range(heads):
                 rotate_row(base + h * sh + t * ss, sd, ctab + t * width, stab + t * width,
-                           half, neox, tmp)
+                           half, neox, wide, tmp)
 
 
 cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t ntok,
@@ -231,31 +239,36 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
     cdef Py_ssize_t t, h, heads = max(a.hq, a.hk)
     cdef const real_t *c
     cdef const real_t *s
-    # float32 and float64 rows of unit stride call the rotation itself, inlined here:
-    # through rotate_row, which the compiler keeps out of line, a call per row cost
-    # about 6% of a batched decode whose rows are in cache
-    cdef bint direct = (a.qd == 1 and a.kd == 1
-                        and ((store_t is float and real_t is float)
-                             or (store_t is double and real_t is double)))
+    # rows of unit stride, rotated where they are (float16 and bfloat16 widened in
+    # registers): every head of a token in one call (fastpe_math.h)
+    cdef bint unit = a.qd == 1 and a.kd == 1
+    cdef bint direct = unit and ((store_t is float and real_t is float)
+                                 or (store_t is double and real_t is double))
     for t in range(ntok):
         c = ctab + t * a.width
         s = stab + t * a.width
+        if real_t is float and direct:
+            fpe_rotate_heads_f32(<float *>(q + t * a.qs), a.hq, a.qh, <float *>(k + t * a.ks),
+                                 a.hk, a.kh, c, s, a.half, a.neox, a.wide)
+            continue
+        if real_t is double and direct:
+            fpe_rotate_heads_f64(<double *>(q + t * a.qs), a.hq, a.qh,
+                                 <double *>(k + t * a.ks), a.hk, a.kh, c, s, a.half, a.neox)
+            continue
+        if real_t is float and store_t is fpe_f16 and FPE_HALF_ROTATE and unit:
+            fpe_rotate_heads_f16(<fpe_f16 *>(q + t * a.qs), a.hq, a.qh,
+                                 <fpe_f16 *>(k + t * a.ks), a.hk, a.kh, c, s, a.half, a.neox)
+            continue
+        if real_t is float and store_t is fpe_bf16 and FPE_HALF_ROTATE and unit:
+            fpe_rotate_heads_bf16(<fpe_bf16 *>(q + t * a.qs), a.hq, a.qh,
+                                  <fpe_bf16 *>(k + t * a.ks), a.hk, a.kh, c, s, a.half,
+                                  a.neox, a.cached)
+            continue
         for h in range(heads):
-            if real_t is float and direct:
-                if h < a.hq:
-                    fpe_rotate_f32(<float *>(q + h * a.qh + t * a.qs), c, s, a.half, a.neox)
-                if h < a.hk:
-                    fpe_rotate_f32(<float *>(k + h * a.kh + t * a.ks), c, s, a.half, a.neox)
-            elif real_t is double and direct:
-                if h < a.hq:
-                    fpe_rotate_f64(<double *>(q + h * a.qh + t * a.qs), c, s, a.half, a.neox)
-                if h < a.hk:
-                    fpe_rotate_f64(<double *>(k + h * a.kh + t * a.ks), c, s, a.half, a.neox)
-            else:
-                if h < a.hq:
-                    rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, tmp)
-                if h < a.hk:
-                    rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, tmp)
+            if h < a.hq:
+                rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, a.wide, tmp)
+            if h < a.hk:
+                rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, a.wide, tmp)
 
 
 cdef inline void rotate_heads_two(store_t *base, Py_ssize_t heads, Py_ssize_t sh,
@@ -339,10 +352,10 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
                          ctab, stab, tmp)
         return
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
-                 a.q_across, ctab, stab, a.half, a.width, a.neox, tmp)
+                 a.q_across, ctab, stab, a.half, a.width, a.neox, a.wide, tmp)
     if a.hk:
         rotate_heads(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, a.k_token_inner,
-                     a.k_across, ctab, stab, a.half, a.width, a.neox, tmp)
+                     a.k_across, ctab, stab, a.half, a.width, a.neox, a.wide, tmp)
 
 
 cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
@@ -440,6 +453,11 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     cdef int nthreads = units_threads(nunits, num_threads)
     a.block = min(a.seq, <Py_ssize_t>BLOCK_TOKENS)
     a.width = a.half if a.neox else 2 * a.half
+    cdef Py_ssize_t row_bytes = (a.batch * a.seq * (a.hq + a.hk) * 2 * a.half
+                                 * (2 if code == CODE_F16 or code == CODE_BF16 else
+                                    4 if code == CODE_F32 else 8))
+    a.wide = row_bytes <= fpe_rope_wide_bytes
+    a.cached = row_bytes <= ROPE_CACHED_BYTES
     # s, c (double); cos and sin rows of a block and tmp_rows rotated rows (at most
     # double); a row of per-pair positions (double) for multi-axis positions
     cdef Py_ssize_t per_thread = round_up(
