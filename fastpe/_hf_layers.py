@@ -16,7 +16,7 @@ config says where, by layer index:
   ``prefix_dense_sliding_window_pattern`` is 1.
 
 :func:`select` checks the layers a ``from_hf_config`` call picks (``layer=``, else
-``layer_type=``, else all) against that, as each family's transformers 5.24 code
+``layer_type=``, else all) against that, as each family's transformers 5.25 code
 decides it; tests/test_hf_zoo.py holds ``from_hf_config(config, layer=i)`` to the zoo
 fixture's trace of every layer of every traced config (whether it rotated, at which
 base).
@@ -34,7 +34,7 @@ __all__ = ["LEGACY_LAYER_TYPES", "RULES", "Layer", "select"]
 
 _T = TypeVar("_T")
 
-# transformers 5.24's _LEGACY_LAYER_TYPE_REMAP: the layer type names its configs rename
+# transformers 5.25's _LEGACY_LAYER_TYPE_REMAP: the layer type names its configs rename
 # when they load (an older config.json may hold the old ones).
 LEGACY_LAYER_TYPES: dict[str, str] = {
     "mamba": "linear_attention",

@@ -4,9 +4,9 @@ A Hugging Face config holds the numbers (base, scaling, head width) but not alwa
 convention: several families pair adjacent features with no flag for it, rotate only the
 rope part of an MLA head, rotate the last features instead of the first, or rotate the
 other way. This table holds what the config cannot say, read from each family's modeling
-code in transformers 5.24 and checked against it (tests/data/make_hf_zoo_reference.py).
+code in transformers 5.25 and checked against it (tests/data/make_hf_zoo_reference.py).
 
-Coverage is by construction: ``KNOWN`` is every model type transformers 5.24 knows (its
+Coverage is by construction: ``KNOWN`` is every model type transformers 5.25 knows (its
 config mapping and the model types of the sub-configs it builds), and only those in
 ``CHECKED`` (a fixture from the code the model runs stands behind each) or in the
 multi-axis tables of :mod:`fastpe._hf_multimodal` load; every other known type raises,
@@ -26,7 +26,7 @@ __all__ = ["CHECKED", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "
            "Indexer", "convention"]
 
 # The transformers release whose model types and modeling code the tables below hold.
-TRANSFORMERS_VERSION = "5.24"
+TRANSFORMERS_VERSION = "5.25"
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ MODELS: dict[str, Convention] = {
     # repeat_interleave'd cos/sin.
     **dict.fromkeys((
         "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4",
-        "helium", "ernie4_5", "ernie4_5_moe", "llama4_text", "openai_privacy_filter",
+        "helium", "ernie4_5", "ernie4_5_moe", "llama4_text", "openai_privacy_filter", "ergo",
         "moonshine_streaming", "pe_audio_encoder", "pe_audio_video_encoder", "pe_video_encoder",
         "blt_global_transformer", "blt_local_encoder", "blt_local_decoder", "blt_patcher",
         "roformer",  # with rotary_value=True it rotates v as well: call the embedding on v too
@@ -117,9 +117,10 @@ MODELS: dict[str, Convention] = {
     # sarvam_mla has a config only: it runs DeepseekV3Model
     **dict.fromkeys(("deepseek_v3", "axk1", "glm4_moe_lite", "youtu", "mistral4",
                      "sarvam_mla"), MLA_FLAG),
+    # hy_v4: adjacent pairs from transformers 5.25 (5.24's code paired rotate_half)
     **dict.fromkeys(("deepseek_v32", "glm_moe_dsa", "longcat_flash",
-                     "mistral_large4_text", "axk2", "dots3_note_text"), MLA_GPTJ),
-    **dict.fromkeys(("minicpm3", "hy_v4"), MLA_NEOX),
+                     "mistral_large4_text", "axk2", "dots3_note_text", "hy_v4"), MLA_GPTJ),
+    "minicpm3": MLA_NEOX,
     "hy_v4_vl_text": MLA_GPTJ,  # M-RoPE (fastpe._hf_multimodal) on adjacent pairs
     # DeepSeek-V4: adjacent pairs on the trailing partial_rotary_factor of each head.
     "deepseek_v4": Convention(style="gptj", trailing=True),
@@ -176,7 +177,7 @@ REFUSED: dict[str, str] = {
 }
 
 
-# Model types of transformers 5.24 whose attention rotates nothing (learned, sinusoidal,
+# Model types of transformers 5.25 whose attention rotates nothing (learned, sinusoidal,
 # relative or ALiBi positions, or none): their modeling code has no rotary embedding, or
 # the model transformers builds from the config neither builds a rotary module nor calls
 # a rotary function (Jamba and Nemotron-H keep Llama's apply function unused, Moshi's
@@ -263,7 +264,7 @@ NO_ROPE: frozenset[str] = frozenset((
 ))
 
 
-# Model types of transformers 5.24 whose config class wraps sub-configs (its
+# Model types of transformers 5.25 whose config class wraps sub-configs (its
 # ``sub_configs``: text_config, vision_config, audio_config, ...). A real config of one
 # carries them, and is refused as composite unless it keeps rope keys of its own; a flat
 # dict of one of these types (hand-written, sub-configs dropped) is refused too rather
@@ -290,17 +291,18 @@ COMPOSITE: frozenset[str] = frozenset((
     "inkling2", "inkling2_loop", "inkling_mm_model", "instructblip", "instructblipvideo",
     "internvl", "janus", "jev", "kimi_k25", "kosmos-2", "kosmos-2.5",
     "kyutai_speech_to_text", "lasr_ctc", "lfm2_vl", "lfm3_vl", "lightglue", "lighton_ocr",
-    "llama4", "llava", "llava_next", "llava_next_video", "llava_onevision", "lw_detr",
+    "llama4", "llava", "llava_next", "llava_next_video", "llava_onevision",
+    "llava_onevision1_5", "lw_detr",
     "mask2former", "maskformer", "metaclip_2", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7",
     "minimax_m3_vl", "mistral3", "mistral_large4", "mllama", "mm-grounding-dino",
     "modernvbert", "molmo2", "moonshine_streaming", "moshi", "moss_transcribe_diarize",
     "mpt", "muse_glimmer", "muse_spark", "musicflamingo", "musicgen", "musicgen_melody",
     "nemo_speechlm", "nemotron3_5_asr", "nemotron3_5_transcribe_audio",
     "nemotron3_diarization", "nemotron_asr_streaming", "nemotron_h_omni", "neucodec",
-    "nougat", "omdet-turbo", "omniasr", "omniasr_ctc", "oneformer", "ovis2", "owlv2",
+    "nougat", "omdet-turbo", "omniasr", "omniasr_ctc", "oneformer", "ovis2", "ovis2_5", "owlv2",
     "owlvit", "paddleocr_vl", "paligemma", "parakeet_ctc", "parakeet_rnnt", "parakeet_tdt",
     "pe_audio", "pe_audio_encoder", "pe_audio_video", "pe_audio_video_encoder", "pe_video",
-    "pe_video_encoder", "perception_lm", "phi4_multimodal", "pi0", "pix2struct",
+    "pe_video_encoder", "perception_lm", "phi4_multimodal", "pi0", "pi05", "pix2struct",
     "pocket_tts", "pp_chart2table", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4",
     "pp_formulanet", "pp_ocrv5_mobile_det", "pp_ocrv5_mobile_rec", "pp_ocrv5_server_det",
     "pp_ocrv5_server_rec", "pp_ocrv6_medium_det", "pp_ocrv6_small_det",
@@ -332,7 +334,7 @@ INDEXERS: dict[str, Indexer] = {
     "deepseek_v32": Indexer("neox", False),
     "axk2": Indexer("neox", False),
     "glm_moe_dsa": Indexer("gptj", False),  # interleaved, as its main attention
-    "hy_v4": Indexer("neox", True),
+    "hy_v4": Indexer("gptj", True),  # interleaved, as its main attention (5.25)
 }
 
 
@@ -387,7 +389,7 @@ KNOWN: frozenset[str] = frozenset("""
     edgetam edgetam_mask_decoder edgetam_prompt_encoder edgetam_video
     edgetam_video_mask_decoder edgetam_video_prompt_encoder edgetam_vision_model
     efficientloftr efficientnet electra embedding_gemma2 embedding_gemma2_text emu3
-    emu3_text_model emu3_vqgan encodec encoder-decoder eomt eomt_dinov3 ernie
+    emu3_text_model emu3_vqgan encodec encoder-decoder eomt eomt_dinov3 ergo ernie
     ernie4_5 ernie4_5_moe ernie4_5_vl_moe ernie4_5_vl_moe_text
     ernie4_5_vl_moe_vision esm esmc esmfold2 eurobert evolla exaone exaone4
     exaone4_5 exaone4_5_vision exaone_moe falcon falcon_h1 falcon_mamba fast_vlm
@@ -421,42 +423,43 @@ KNOWN: frozenset[str] = frozenset("""
     instructblipvideo_qformer instructblipvideo_vision_model internlm3 internvl
     internvl_vision iquestcoder jais2 jamba janus janus_vision_model janus_vqgan
     jetmoe jev jina_embeddings_v3 kimi_k25 kimi_k25_vision kimi_linear kolibri1
-    kosmos-2 kosmos-2.5 kosmos_2_5_text_model kosmos_2_5_vision_model
+    kolibri1_1 kosmos-2 kosmos-2.5 kosmos_2_5_text_model kosmos_2_5_vision_model
     kosmos_2_text_model kosmos_2_vision_model kyutai_speech_to_text laguna lara_mini
     lasr_ctc lasr_encoder layoutlm layoutlmv2 layoutlmv3 layoutxlm led levit lfm2
     lfm2_moe lfm2_vl lfm3 lfm3_vl lfm3_vl_vision lightglue lighton_ocr lilt llama
     llama4 llama4_text llama4_vision_model llava llava_next llava_next_video
-    llava_onevision longcat_flash longformer longt5 luke lw_detr lw_detr_vit lxmert
-    m2m_100 mamba mamba2 marian markuplm mask2former maskformer maskformer-swin
-    mbart megatron-bert mellum metaclip_2 metaclip_2_text_model
-    metaclip_2_vision_model mgp-str mimi mimi_decoder mimi_encoder mimo_v2_flash
-    minicpm3 minicpm_ocr minicpm_ocr_vision minicpmv4_6 minicpmv4_6_vision
-    minicpmv4_7 minicpmv4_7_vision minimax minimax_m2 minimax_m3_vl
-    minimax_m3_vl_text minimax_m3_vl_vision ministral ministral3 mistral mistral3
-    mistral4 mistral_large4 mistral_large4_text mixtral mlcd mlcd_vision_model
-    mllama mllama_text_model mllama_vision_model mm-grounding-dino mobilebert
-    mobilenet_v1 mobilenet_v2 mobilevit mobilevitv2 modernbert modernbert-decoder
-    modernvbert molmo2 molmo2_adapter molmo2_text molmo2_vision moonshine
-    moonshine_streaming moonshine_streaming_encoder moshi moshi_depth
-    moss_transcribe_diarize moss_transcribe_diarize_audio mpnet mpt mra mt5
-    muse_glimmer muse_glimmer_assistant muse_glimmer_text muse_glimmer_vision
-    muse_spark muse_spark_audio muse_spark_text muse_spark_vision musicflamingo
-    musicgen musicgen_decoder musicgen_melody musicgen_melody_decoder mvp nanochat
+    llava_onevision llava_onevision1_5 llava_onevision1_5_vision longcat_flash
+    longformer longt5 luke lw_detr lw_detr_vit lxmert m2m_100 mamba mamba2 marian
+    markuplm mask2former maskformer maskformer-swin mbart megatron-bert mellum
+    metaclip_2 metaclip_2_text_model metaclip_2_vision_model mgp-str mimi
+    mimi_decoder mimi_encoder mimo_v2_flash minicpm3 minicpm5_moe minicpm_ocr
+    minicpm_ocr_vision minicpmv4_6 minicpmv4_6_vision minicpmv4_7 minicpmv4_7_vision
+    minimax minimax_m2 minimax_m3_vl minimax_m3_vl_text minimax_m3_vl_vision
+    ministral ministral3 mistral mistral3 mistral4 mistral_large4
+    mistral_large4_text mixtral mlcd mlcd_vision_model mllama mllama_text_model
+    mllama_vision_model mm-grounding-dino mobilebert mobilenet_v1 mobilenet_v2
+    mobilevit mobilevitv2 modernbert modernbert-decoder modernvbert molmo2
+    molmo2_adapter molmo2_text molmo2_vision moonshine moonshine_streaming
+    moonshine_streaming_encoder moshi moshi_depth moss_transcribe_diarize
+    moss_transcribe_diarize_audio mpnet mpt mra mt5 muse_glimmer
+    muse_glimmer_assistant muse_glimmer_text muse_glimmer_vision muse_spark
+    muse_spark_audio muse_spark_text muse_spark_vision musicflamingo musicgen
+    musicgen_decoder musicgen_melody musicgen_melody_decoder mvp nanochat
     nemo_speechlm nemotron nemotron3_5_asr nemotron3_5_transcribe_asr_audio
     nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp
     nemotron3_diarization nemotron3_diarization_audio nemotron_asr_streaming
     nemotron_asr_streaming_encoder nemotron_h nemotron_h_omni neomme neucodec
     nllb-moe nomic_bert nougat nystromformer olmo olmo2 olmo3 olmo_hybrid olmoe
     omdet-turbo omniasr omniasr_audio omniasr_ctc oneformer openai-gpt
-    openai_privacy_filter opt ovis2 ovis2_vision owlv2 owlv2_text_model
-    owlv2_vision_model owlvit owlvit_text_model owlvit_vision_model paddleocr_vl
-    paddleocr_vl_text paddleocr_vl_vision paligemma parakeet_ctc parakeet_encoder
-    parakeet_rnnt parakeet_tdt patchtsmixer patchtst pe_audio pe_audio_encoder
-    pe_audio_video pe_audio_video_encoder pe_video pe_video_encoder pegasus
-    pegasus_x perceiver perception_lm persimmon phi phi3 phi4_multimodal
-    phi4_multimodal_audio phi4_multimodal_vision phimoe pi0 pix2struct
-    pix2struct_text_model pix2struct_vision_model pixio pixtral plbart pocket_tts
-    pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder
+    openai_privacy_filter opt ovis2 ovis2_5 ovis2_5_vision ovis2_vision owlv2
+    owlv2_text_model owlv2_vision_model owlvit owlvit_text_model owlvit_vision_model
+    paddleocr_vl paddleocr_vl_text paddleocr_vl_vision paligemma parakeet_ctc
+    parakeet_encoder parakeet_rnnt parakeet_tdt param2moe patchtsmixer patchtst
+    pe_audio pe_audio_encoder pe_audio_video pe_audio_video_encoder pe_video
+    pe_video_encoder pegasus pegasus_x perceiver perception_lm persimmon phi phi3
+    phi4_multimodal phi4_multimodal_audio phi4_multimodal_vision phimoe pi0 pi05
+    pix2struct pix2struct_text_model pix2struct_vision_model pixio pixtral plbart
+    pocket_tts pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder
     pocket_tts_audio_tokenizer_encoder poolformer pop2piano pp_chart2table
     pp_chart2table_vision pp_doclayout_v2 pp_doclayout_v3 pp_doclayout_v4
     pp_formulanet pp_formulanet_text pp_formulanet_vision pp_lcnet pp_lcnet_v3
@@ -519,31 +522,31 @@ CHECKED: frozenset[str] = frozenset("""
     deepseek_ocr2_text deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 dia_decoder
     dia_encoder diffllama diffusion_gemma_text doge dory dots1
     dots3_note_audio_encoder dots3_note_text embedding_gemma2_text emu3_text_model
-    ernie4_5 ernie4_5_moe esm esmc eurobert evolla exaone exaone4 exaone_moe falcon
-    falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text
-    gemma4_unified_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa glmasr_encoder
-    gpt_neox gpt_neox_japanese gpt_oss gptj gradium_phonon_tts granite
-    granite4_vision_text granite_docling_text granite_swa granitemoe granitemoe_swa
-    granitemoehybrid granitemoeshared gte helium higgs_audio_v2 hrm_text
-    hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax idefics internlm3
-    iquestcoder jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text
-    laguna lara_mini lasr_encoder lfm2 lfm2_moe lfm3 llama llama4_text longcat_flash
-    mellum mimi mimi_decoder mimi_encoder mimo_v2_flash minicpm3 minimax minimax_m2
-    minimax_m3_vl_text ministral ministral3 mistral mistral4 mistral_large4_text
-    mixtral mllama_text_model modernbert modernbert-decoder molmo2_text moonshine
-    moonshine_streaming moshi muse_glimmer_assistant muse_glimmer_text
-    muse_spark_text nanochat nemotron nemotron3_5_transcribe_asr_audio
-    nemotron3_5_transcribe_word_timestamp nemotron3_diarization_audio neucodec
-    nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe openai_privacy_filter
-    pe_audio_encoder pe_audio_video_encoder pe_video_encoder persimmon phi phi3
-    phi4_multimodal phimoe pocket_tts pocket_tts_audio_tokenizer
-    pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder qwen2
-    qwen2_5_omni_dit qwen2_moe qwen3 qwen3_moe qwen3_next
-    qwen3_omni_moe_talker_code_predictor recurrent_gemma roformer sarvam_mla
-    sarvam_moe seamless_m4t seed_oss smollm3 solar_open stablelm starcoder2 step3p5
-    t5_gemma_module t5gemma2_decoder t5gemma2_text timesfm2_5 ultrabert
-    unlimited_ocr_text vaultgemma voxtral_realtime_encoder voxtral_realtime_text
-    wav2vec2-bert wav2vec2-conformer xcodec2 youtu zamba2 zaya
+    ergo ernie4_5 ernie4_5_moe esm esmc eurobert evolla exaone exaone4 exaone_moe
+    falcon falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text
+    gemma4_text gemma4_unified_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa
+    glmasr_encoder gpt_neox gpt_neox_japanese gpt_oss gptj gradium_phonon_tts
+    granite granite4_vision_text granite_docling_text granite_swa granitemoe
+    granitemoe_swa granitemoehybrid granitemoeshared gte helium higgs_audio_v2
+    hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax idefics
+    internlm3 iquestcoder jais2 jetmoe jina_embeddings_v3 kolibri1 kolibri1_1
+    kyutai_speech_to_text laguna lara_mini lasr_encoder lfm2 lfm2_moe lfm3 llama
+    llama4_text longcat_flash mellum mimi mimi_decoder mimi_encoder mimo_v2_flash
+    minicpm3 minicpm5_moe minimax minimax_m2 minimax_m3_vl_text ministral ministral3
+    mistral mistral4 mistral_large4_text mixtral mllama_text_model modernbert
+    modernbert-decoder molmo2_text moonshine moonshine_streaming moshi
+    muse_glimmer_assistant muse_glimmer_text muse_spark_text nanochat nemotron
+    nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_word_timestamp
+    nemotron3_diarization_audio neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid
+    olmoe openai_privacy_filter param2moe pe_audio_encoder pe_audio_video_encoder
+    pe_video_encoder persimmon phi phi3 phi4_multimodal phimoe pocket_tts
+    pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder
+    pocket_tts_audio_tokenizer_encoder qwen2 qwen2_5_omni_dit qwen2_moe qwen3
+    qwen3_moe qwen3_next qwen3_omni_moe_talker_code_predictor recurrent_gemma
+    roformer sarvam_mla sarvam_moe seamless_m4t seed_oss smollm3 solar_open stablelm
+    starcoder2 step3p5 t5_gemma_module t5gemma2_decoder t5gemma2_text timesfm2_5
+    ultrabert unlimited_ocr_text vaultgemma voxtral_realtime_encoder
+    voxtral_realtime_text wav2vec2-bert wav2vec2-conformer xcodec2 youtu zamba2 zaya
 """.split())
 NOPE_LAYERS: dict[str, frozenset[str]] = {
     "afmoe": frozenset(("full_attention",)),
@@ -552,11 +555,13 @@ NOPE_LAYERS: dict[str, frozenset[str]] = {
     "beam": frozenset(("full_attention",)),
     "cohere2": frozenset(("full_attention",)),
     "cohere2_moe": frozenset(("full_attention",)),
+    "ergo": frozenset(("full_attention",)),
     "exaone4": frozenset(("full_attention",)),
     "exaone_moe": frozenset(("full_attention",)),
     "flint": frozenset(("full_attention",)),
     "granitemoehybrid": frozenset(("linear_attention",)),
     "kolibri1": frozenset(("full_attention",)),
+    "kolibri1_1": frozenset(("indexed_attention",)),
     "lara_mini": frozenset(("full_attention", "linear_attention")),
     "lfm3": frozenset(("conv",)),
     "llama4_text": frozenset(("full_attention",)),
@@ -576,15 +581,15 @@ WHOLE_HEAD: frozenset[str] = frozenset("""
     blt_local_decoder blt_local_encoder blt_patcher chameleon cohere cohere2
     cohere2_moe csm csm_depth_decoder_model dbrx deepseek_ocr2_encoder
     deepseek_ocr2_text dia_decoder dia_encoder diffllama doge dory dots1
-    embedding_gemma2_text emu3_text_model ernie4_5 ernie4_5_moe esmc eurobert evolla
-    exaone exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2
+    embedding_gemma2_text emu3_text_model ergo ernie4_5 ernie4_5_moe esmc eurobert
+    evolla exaone exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2
     gemma3_text gemma3n_text gradium_phonon_tts granite granite4_vision_text
     granite_docling_text granite_swa granitemoe granitemoe_swa granitemoeshared gte
     helium hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics
-    internlm3 iquestcoder jais2 jetmoe jina_embeddings_v3 kolibri1
+    internlm3 iquestcoder jais2 jetmoe jina_embeddings_v3 kolibri1 kolibri1_1
     kyutai_speech_to_text lara_mini lasr_encoder lfm2 lfm2_moe llama llama4_text
-    mellum mimi mimi_decoder mimi_encoder minimax ministral mistral mixtral
-    mllama_text_model modernbert modernbert-decoder molmo2_text moshi
+    mellum mimi mimi_decoder mimi_encoder minicpm5_moe minimax ministral mistral
+    mixtral mllama_text_model modernbert modernbert-decoder molmo2_text moshi
     muse_glimmer_assistant muse_glimmer_text muse_spark_text nanochat neucodec
     nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe pe_audio_encoder
     pe_audio_video_encoder pe_video_encoder phimoe pocket_tts

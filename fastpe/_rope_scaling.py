@@ -367,7 +367,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     scaling = _hf_scaling(config, layer_type)
     for key in ("rope_type", "type"):
         if key in scaling and scaling[key] in (None, ""):
-            # transformers 5.24 looks the type up as given: KeyError for these
+            # transformers 5.25 looks the type up as given: KeyError for these
             raise ValueError(f"config rope parameters have {key}={scaling[key]!r}, which is "
                              f"no rope type; transformers {_hf_models.TRANSFORMERS_VERSION} "
                              "fails on it (give 'default' for plain RoPE)")

@@ -357,7 +357,7 @@ class RotaryEmbedding:
         the embedding of DeepSeek-V3.2's (and AXK2's, GLM-MoE-DSA's, HY-V4's) lightning
         indexer, whose own q and k rotate with another pairing over another slice.
 
-        Every model type of transformers 5.24 is either checked against its own code
+        Every model type of transformers 5.25 is either checked against its own code
         or refused with a ValueError naming it; so are layers that use no positional
         encoding (NoPE). Keys the family's code ignores are ignored
         (``partial_rotary_factor`` in Llama).

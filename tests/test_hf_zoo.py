@@ -139,7 +139,7 @@ def test_every_unchecked_model_type_is_refused(model_type):
 
 
 def test_unchecked_message_names_the_transformers_version():
-    with pytest.raises(ValueError, match=r"'layoutxlm'.*transformers 5\.24"):
+    with pytest.raises(ValueError, match=r"'layoutxlm'.*transformers 5\.25"):
         fastpe.RotaryEmbedding.from_hf_config({"model_type": "layoutxlm", "hidden_size": 768,
                                                "num_attention_heads": 12})
 

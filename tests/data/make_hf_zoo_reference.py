@@ -60,9 +60,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
-from transformers import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+# transformers 5.25 depends on `kernels`, whose use_kernel_forward_from_hub turns each
+# modeling file's apply function into an nn.Module instance that calls it: no longer a
+# Python function that the walks below find (by inspect.isfunction) and trace, so every
+# traced layer would read as NoPE. Hidden, transformers keeps its plain functions; the
+# numbers are the same (the wrapper calls that function unless kernelize() swaps in a hub
+# kernel, which nothing here does).
+sys.modules["kernels"] = None
+import transformers  # noqa: E402
+from transformers import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES  # noqa: E402
 
 OUTPUT = Path(__file__).with_name("hf_zoo_reference.json")
 ARRAYS = Path(__file__).with_name("hf_zoo_reference.npz")
