@@ -19,6 +19,10 @@ POSITIONS_STACK = 512
 # Position axes of multi-axis RoPE (M-RoPE, 2D vision RoPE; HunYuan-VL has 4).
 MAX_AXES = 16
 
+# Thread counts up to this are always valid requests (fastpe._threads.MAX_THREADS is
+# this or 8 per CPU, whichever is larger): the compiled RoPE entry accepts them unchecked.
+MAX_THREADS_FLOOR = 256
+
 # Dynamic NTK frequencies are formed as plain * high[i // SPLIT] * low[i % SPLIT]
 # (two short tables of exp), in the same order by both backends, hence the same bits.
 DYNAMIC_SPLIT = 8

@@ -18,7 +18,7 @@ import math
 import os
 from typing import Any
 
-from . import _backend, _checks
+from . import _backend, _checks, _constants
 
 # Waking an OpenMP team costs about a microsecond on an idle machine and several
 # on a shared 2-CPU VM, where calls touching up to 1 MiB (a (1, 32, 1, 4096) ALiBi
@@ -29,7 +29,7 @@ SERIAL_BYTES = 2 * 1024 * 1024
 # More threads than this is a mistake, not a request: OpenMP runtimes abort the
 # whole process when they cannot create a team (libgomp: "Thread creation
 # failed"), and past a few threads per CPU a memory-bound kernel only slows down.
-MAX_THREADS = max(256, 8 * (os.cpu_count() or 1))
+MAX_THREADS = max(_constants.MAX_THREADS_FLOOR, 8 * (os.cpu_count() or 1))
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -105,8 +105,9 @@ def _as_count(value: Any, name: str) -> int:
         raise ValueError(f"{name} must be a positive thread count, or negative to count back "
                          f"from the maximum (-1 = all); got 0")
     if n > MAX_THREADS:
-        raise ValueError(f"{name} must be at most {MAX_THREADS} (8 threads per CPU, 256 at "
-                         f"least): OpenMP aborts the process when it cannot start a team; "
+        raise ValueError(f"{name} must be at most {MAX_THREADS} (8 threads per CPU, "
+                         f"{_constants.MAX_THREADS_FLOOR} at least): OpenMP aborts the "
+                         f"process when it cannot start a team; "
                          f"got {n}")
     if n < 0:
         n = max(_openmp_max() + 1 + n, 1)

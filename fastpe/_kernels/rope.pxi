@@ -1039,8 +1039,6 @@ cdef class RopeStates:
 
 
 cdef enum:
-    # at most this many threads asked for is always a valid count (_threads.MAX_THREADS)
-    PLAIN_MAX_THREADS = 256
     # configurations RopeStates keeps
     ROPE_STATES_KEPT = 16
 
@@ -1081,7 +1079,7 @@ cdef bint call_checks(object q, object k, object offset, object style, object la
         return False
     off[0] = o
     if num_threads is not None and not (type(num_threads) is int
-                                        and 1 <= num_threads <= PLAIN_MAX_THREADS):
+                                        and 1 <= num_threads <= MAX_THREADS_FLOOR):
         return False
     if (not cnp.PyArray_CheckExact(q) or cnp.PyArray_NDIM(<cnp.ndarray>q) < 1
             or (k is not None and not cnp.PyArray_CheckExact(k))):
@@ -1101,8 +1099,8 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     state.frequencies raises.
 
     Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd"; offset an
-    int >= 0; inverse a bool; num_threads None or an int in 1..256; q, k and
-    positions as fast_arrays() takes them. The angles come from `state` (q's last
+    int >= 0; inverse a bool; num_threads None or an int in 1..MAX_THREADS_FLOOR; q, k
+    and positions as fast_arrays() takes them. The angles come from `state` (q's last
     axis its head_dim unless that is -1; its frequencies apart from q and k, finite,
     at most head_dim / 2 of them; the scaling a finite number > 0), or with state
     None from cos and sin as cached_rows() takes them, looked up by positions this
