@@ -41,9 +41,10 @@ cdef struct RopeCall:
 cdef enum:
     # rows of a transposed view rotated together (rotate_across)
     ACROSS_ROWS = 32
-    # q and k rows up to this many bytes are taken to be in the caches: on an AMD Zen 5
-    # float32 calls up to 2 MiB took 512-bit steps in 0.76-0.8x the time of 256-bit steps,
-    # and 8 MiB in the same time (fpe_rope_wide_bytes there); fpe_rotate_heads_bf16
+    # a call whose q and k rows hold at most this many bytes is taken to have them in the
+    # caches: its bfloat16 rows are rotated inline across heads (fpe_rotate_heads_bf16),
+    # and on AMD CPUs its float32 rows take 512-bit steps (fpe_rope_wide_bytes: on a Zen 5
+    # those took 0.76-0.8x the time of 256-bit steps up to 2 MiB, the same at 8 MiB)
     ROPE_CACHED_BYTES = 4 << 20
 
 
