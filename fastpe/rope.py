@@ -213,7 +213,9 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
             (positions, "positions", False))
     elif layout is None:
         layout = "bshd"
-    if per_token or (per_token is None and np.ndim(cos) == 3):
+    # an array's own ndim: np.ndim took 6% of a decode call
+    if per_token or (per_token is None and (
+            cos.ndim if type(cos) is np.ndarray else np.ndim(cos)) == 3):
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
