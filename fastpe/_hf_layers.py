@@ -5,7 +5,10 @@ config says where, by layer index:
 
 - by layer type (``layer_types``): Cohere 2's full attention and Qwen3-Next's linear
   attention use no positional encoding (NoPE); the types come from the layer trace of
-  tests/data/make_hf_zoo_reference.py (``fastpe._hf_models.NOPE_LAYERS``);
+  tests/data/make_hf_zoo_reference.py (``fastpe._hf_models.NOPE_LAYERS``); a config
+  without ``layer_types`` has those its config class derives from other keys
+  (``_DEFAULT_TYPES``; tests/data/make_hf_layer_types_reference.py checks them), and is
+  refused where that needs a key it lacks;
 - by a per-layer list: SmolLM3, Llama 4 and Mistral-Large-4 rotate only where
   ``no_rope_layers[layer_idx]`` is non-zero; MuseSpark and MuseGlimmer only where
   ``layer_rope_theta[layer_idx]`` is, and Granite SWA rotates each layer with that
@@ -126,6 +129,140 @@ _DERIVED_TYPES: dict[str, tuple[Callable[[object, int | None], list[str] | None]
 }
 
 
+def _period(config: object, key: str, default: int) -> int:
+    """config[key], the period of a layer type pattern that a config class derives its
+    layer_types from: its class default where the config leaves the key out; a
+    ValueError or TypeError where it is not a positive int (the class would fail)."""
+    value = _raw(config, key)
+    if value is _MISSING:
+        return default
+    if value is None:
+        raise ValueError(f"config {key} is None: the config class derives layer_types from "
+                         "it, which fails without layer_types")
+    return _checks.count(value, key, minimum=1)
+
+
+def _every(count: int, period: int, other: str, every: str) -> list[str]:
+    """``every`` for each period-th layer (the period-th, 2 * period-th, ...), else ``other``."""
+    return [every if (i + 1) % period == 0 else other for i in range(count)]
+
+
+def _beam_types(config: object, count: int) -> list[str]:
+    kinds = _every(count, 6, "sliding_attention", "full_attention")
+    return kinds[:-1] + ["full_attention"] if kinds else kinds
+
+
+def _cohere2_moe_types(config: object, count: int) -> list[str]:
+    first = _raw(config, "first_k_dense_replace")
+    first = 0 if first is _MISSING else _checks.count(first, "first_k_dense_replace")
+    if first > count:
+        raise ValueError(f"config first_k_dense_replace={first} exceeds num_hidden_layers="
+                         f"{count}: the layer_types its config class derives would not match")
+    prefix = _every(first, _period(config, "prefix_dense_sliding_window_pattern", 1),
+                    "sliding_attention", "full_attention")
+    return prefix + _every(count - first, _period(config, "sliding_window_pattern", 4),
+                           "sliding_attention", "full_attention")
+
+
+def _exaone_types(config: object, count: int) -> list[str]:
+    if _raw(config, "sliding_window") is None and count:
+        raise ValueError("config sets sliding_window None: its config class then takes a "
+                         "sliding_window_pattern of 0, and deriving layer_types from it fails")
+    pattern = _raw(config, "sliding_window_pattern")
+    if isinstance(pattern, str):
+        raise ValueError(f"config sliding_window_pattern={pattern!r}: its config class "
+                         "derives layer_types from an int pattern only, and fails on a string")
+    return _every(count, _period(config, "sliding_window_pattern", 4),
+                  "sliding_attention", "full_attention")
+
+
+def _olmo_hybrid_types(config: object, count: int) -> list[str]:
+    kinds = _every(count, 4, "linear_attention", "full_attention")
+    if kinds and "full_attention" not in kinds:
+        kinds[-1] = "full_attention"
+    return kinds
+
+
+_ZAMBA2 = (["linear_attention"] + (["linear_attention"] * 5 + ["hybrid"]) * 7
+           + ["linear_attention"] * 4 + ["hybrid"] + ["linear_attention"] * 3 + ["hybrid"]
+           + ["linear_attention"] * 2)
+
+
+def _zamba2_types(config: object, count: int) -> list[str]:
+    if count != len(_ZAMBA2):
+        raise ValueError(f"config has no layers_block_type, whose class default has "
+                         f"{len(_ZAMBA2)} entries, and num_hidden_layers={count}: its config "
+                         "class fails on that")
+    return list(_ZAMBA2)
+
+
+def _lfm3_type(i: int) -> str:
+    if i % 4 == 2:
+        return "full_attention"
+    return "sliding_attention" if i % 4 == 0 and i > 0 else "conv"
+
+
+_LARA_MINI = ["linear_attention", "sliding_attention", "linear_attention", "full_attention",
+              "sliding_attention"]
+
+
+def _interval(linear: str, other: str) -> Callable[[object, int], list[str]]:
+    """Qwen3-Next, Qwen3.5, Qwen4-Exp: every full_attention_interval-th layer (4) ``other``."""
+    return lambda config, count: _every(count, _period(config, "full_attention_interval", 4),
+                                        linear, other)
+
+
+def _sliding_every(key: str, default: int) -> Callable[[object, int], list[str]]:
+    """Every ``key``-th layer (its class default ``default``) full attention, else sliding."""
+    return lambda config, count: _every(count, _period(config, key, default),
+                                        "sliding_attention", "full_attention")
+
+
+# model type -> (the layer_types its config class fills in where the config has none, from
+# num_hidden_layers and the keys named; the keys): transformers 5.25's __post_init__ of each
+# (tests/data/make_hf_layer_types_reference.py checks them against it)
+_DEFAULT_TYPES: dict[str, tuple[Callable[[object, int], list[str]], str]] = {
+    "afmoe": (_sliding_every("global_attn_every_n_layers", 4), "global_attn_every_n_layers"),
+    "bailing_hybrid": (lambda c, n: _every(n, _period(c, "layer_group_size", 6),
+                                           "linear_attention", "full_attention"),
+                       "layer_group_size"),
+    "beam": (_beam_types, "every 6th and the last layer full attention"),
+    "cohere2": (_sliding_every("sliding_window_pattern", 4), "sliding_window_pattern"),
+    "cohere2_moe": (_cohere2_moe_types, "first_k_dense_replace, sliding_window_pattern and "
+                                        "prefix_dense_sliding_window_pattern"),
+    "ergo": (_sliding_every("global_attention_every_n_layers", 4),
+             "global_attention_every_n_layers"),
+    "exaone4": (_exaone_types, "sliding_window and sliding_window_pattern"),
+    "exaone_moe": (_exaone_types, "sliding_window and sliding_window_pattern"),
+    "flint": (lambda c, n: ["full_attention" if i < 2 or i % 4 == 1 or i == n - 1
+                            else "sliding_attention" for i in range(n)],
+              "layers 0, 1, the last and every 4th from 1 full attention"),
+    "granitemoehybrid": (lambda c, n: ["linear_attention"] * n, "every layer linear attention"),
+    "kolibri1": (lambda c, n: _every(n, 5, "sliding_attention", "full_attention"),
+                 "every 5th layer full attention"),
+    "kolibri1_1": (lambda c, n: _every(n, 5, "sliding_attention", "indexed_attention"),
+                   "every 5th layer indexed attention"),
+    "lara_mini": (lambda c, n: [_LARA_MINI[i % 5] for i in range(n)],
+                  "its pattern of 5 layer types"),
+    "lfm3": (lambda c, n: [_lfm3_type(i) for i in range(n)], "its pattern of 4 layer types"),
+    "minimax": (lambda c, n: _every(n, 2, "full_attention", "linear_attention"),
+                "every 2nd layer linear attention"),
+    "olmo_hybrid": (_olmo_hybrid_types, "every 4th layer full attention, else the last"),
+    "qwen3_next": (_interval("linear_attention", "full_attention"), "full_attention_interval"),
+    "qwen3_5_text": (_interval("linear_attention", "full_attention"), "full_attention_interval"),
+    "qwen3_5_moe_text": (_interval("linear_attention", "full_attention"),
+                         "full_attention_interval"),
+    "qwen4_exp_text": (_interval("linear_attention", "indexed_attention"),
+                       "full_attention_interval"),
+    "zamba2": (_zamba2_types, "its class default of 54 layer types"),
+}
+
+# Families whose layers differ in whether or how they rotate by their layer type, so that
+# a config must list the types or let fastpe derive them as its class does (Llama 4 and
+# the Muse models decide it by their no_rope_layers / layer_rope_theta instead).
+_NEEDS_TYPES = frozenset(_DEFAULT_TYPES) | frozenset(_DERIVED_TYPES)
+
+
 def _layer_types(config: object, model_type: str | None,
                  count: int | None) -> tuple[list[str] | None, str]:
     """(the config's layer type of each layer, the key it comes from): ``layer_types``,
@@ -142,7 +279,10 @@ def _layer_types(config: object, model_type: str | None,
         if kinds is None and alias == "layer_types":
             kinds, name = _hf_get(config, key), key
     if kinds is None:
-        return None, name
+        default = _DEFAULT_TYPES.get(model_type or "")
+        if default is None or count is None:
+            return None, name
+        return default[0](config, count), f"{name} as its config class derives them"
     if isinstance(kinds, (str, bytes, Mapping)) or not isinstance(kinds, Sequence) or not all(
             isinstance(k, str) for k in kinds):
         raise TypeError(f"config {name} must be a list of layer type names, one per layer, "
@@ -225,12 +365,8 @@ def _sliding_rule(rotate_all_without_window: bool, dense_prefix: bool = False) -
     default, a window."""
     def rule(config: object, kinds: list[str] | None, count: int | None) -> list[Layer] | None:
         no_window = _raw(config, "sliding_window") is None
-        if kinds is None:
-            # without layer types only a missing window says anything: no layer rotates
-            # (Cohere 2) or every layer does (EXAONE 4)
-            if not no_window or count is None or dense_prefix:
-                return None
-            return [Layer(None, rotate_all_without_window)] * count
+        if kinds is None:  # refused before: their config classes derive the types
+            return None
         kind, _ = _per_layer(kinds, count, kinds, "layer_types")
         sliding = [k == "sliding_attention" for k in kind]
         if rotate_all_without_window:
@@ -305,6 +441,14 @@ def _layers(config: object, model_type: str | None) -> tuple[list[Layer] | None,
     in whether or how they rotate."""
     count = _count(config, model_type)
     kinds, key = _kinds(config, model_type, count)
+    if kinds is None and model_type in _NEEDS_TYPES:
+        default = _DEFAULT_TYPES.get(model_type or "")
+        what = (f"no {key} and no num_hidden_layers, from which its config class derives "
+                f"them ({default[1]})" if default is not None else
+                f"no num_hidden_layers, over which {key} gives its layer types")
+        raise ValueError(f"model_type {model_type!r}: config has {what}: some of its layers "
+                         "use no positional encoding (NoPE) or another RoPE, and fastpe "
+                         "cannot tell which")
     rule = RULES.get(model_type or "")
     if rule is not None:
         found = rule[0](config, kinds, count)
@@ -351,6 +495,10 @@ def select(config: object, model_type: str | None, layer: object,
     found, source = _layers(config, model_type)
     kinds = [x.kind for x in found] if found is not None else _kinds(
         config, model_type, count)[0]
+    if layer is not None and kinds is None and layer_type is None and _per_type_rope(config):
+        raise ValueError(f"model_type {model_type!r}: config has no layer_types, and its rope "
+                         "parameters have one entry per layer type: fastpe cannot tell which "
+                         f"layer type layer {layer} is; add layer_types or pass layer_type=")
     if layer is not None:
         layer = _checks.count(layer, "layer", minimum=0)
         known = count if count is not None else (len(kinds) if kinds is not None else None)
@@ -417,6 +565,15 @@ def select(config: object, model_type: str | None, layer: object,
     if thetas:
         config = _with_theta(config, thetas[0])
     return config, layer_type
+
+
+def _per_type_rope(config: object) -> bool:
+    """Whether the config's rope parameters hold one dict per layer type (Gemma 3)."""
+    for name in ("rope_scaling", "rope_parameters"):
+        rope = _hf_get(config, name)
+        if isinstance(rope, Mapping) and rope:
+            return all(v is None or isinstance(v, Mapping) for v in rope.values())
+    return False
 
 
 def _with_theta(config: object, theta: float) -> dict[str, Any]:
