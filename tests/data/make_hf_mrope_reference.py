@@ -14,7 +14,10 @@ Cases:
 - ``text``: a vision-language model's text rotary embedding (M-RoPE) and its
   ``apply_rotary_pos_emb``, on (axes, batch, seq) position_ids; q, k are (batch, heads,
   seq, head_dim); ``layer``: the layer index whose rotation it is, where some layers of
-  the config apply none (linear attention);
+  the config apply none (linear attention); ``hf_order`` "deinterleaved" where the
+  model's apply function pairs adjacent features and also moves them to [even | odd]
+  (HY-V4-VL's ``apply_rotary_pos_emb_interleave`` from transformers 5.25), which the
+  q.k products do not see;
 - ``vision``: a vision tower's rotary module and ``apply_rotary_pos_emb_vision``, on its
   own patch grid positions; q, k are (tokens, heads, head_dim);
 - ``unsupported``: configs from_hf_config must refuse (stored without outputs);
@@ -29,11 +32,17 @@ patched while a case runs), so every step is the model's own, in double precisio
 import contextlib
 import importlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
+
+# transformers 5.25 depends on `kernels`, whose use_kernel_forward_from_hub can wrap a
+# modeling file's apply function in an nn.Module; hidden, the modules keep their plain
+# functions (the same numbers: the wrapper calls them), as make_hf_zoo_reference.py does.
+sys.modules["kernels"] = None
+import transformers  # noqa: E402
 
 HERE = Path(__file__).parent
 JSON_OUT = HERE / "hf_mrope_reference.json"
@@ -194,8 +203,12 @@ def run_text(case, seed):
         x = torch.zeros(1, dtype=torch.float64)
         args = (layer_type,) if layer_type else ()
         cos, sin = rot(x, torch.from_numpy(pos), *args)
-        qo, ko = mod.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k),
-                                          cos.double(), sin.double())
+        # the function the text attention applies: HY-V4-VL's (transformers 5.25) pairs
+        # adjacent features and returns them as [even | odd]
+        apply = getattr(mod, "apply_rotary_pos_emb", None)
+        order = "same" if apply is not None else "deinterleaved"
+        apply = apply or mod.apply_rotary_pos_emb_interleave
+        qo, ko = apply(torch.from_numpy(q), torch.from_numpy(k), cos.double(), sin.double())
     assert qo.dtype == torch.float64
     # Qwen3.5's and Qwen4-Exp's linear-attention layers (a gated delta net) apply no RoPE:
     # the case is the rotation of the first attention layer
@@ -204,7 +217,7 @@ def run_text(case, seed):
              if "linear_attention" in kinds else None)
     return ({"name": name, "kind": "text", "config": config_json(cfg), "layer_type": layer_type,
              "layer": layer, "positions": pos.tolist(), "seed": seed, "q_shape": list(q.shape),
-             "k_shape": list(k.shape), "layout": "bhsd"},
+             "k_shape": list(k.shape), "layout": "bhsd", "hf_order": order},
             {f"{name}/q": qo.numpy(), f"{name}/k": ko.numpy()})
 
 
