@@ -6,7 +6,7 @@ attention of SAM 2's video model, SAM 3's tracker and EdgeTAM rotates by the (ro
 column) of its feature map (``fastpe.sam2_memory_positions``), SAM 3's ViT by its patch
 grid, rescaled in its global layers (``fastpe.sam3_vit_positions``); EfficientLoFTR by
 its coarse feature map's cells (``fastpe.efficientloftr_positions``). Each loader
-here reads what that model's own transformers 5.24 code reads from the config and
+here reads what that model's own transformers 5.25 code reads from the config and
 builds the :class:`fastpe.RotaryEmbedding` that reproduces its rotary module and apply
 function; tests/data/make_hf_realrope_reference.py checks them against that code.
 """

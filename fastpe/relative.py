@@ -30,7 +30,7 @@ from ._typing import ArrayLike, DTypeLike, InPlace
 __all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_relative_bias",
            "deberta_relative_positions", "relative_bias", "relative_position_bucket"]
 
-TRANSFORMERS_CHECKED = "5.24"
+TRANSFORMERS_CHECKED = "5.25"
 
 
 def _run_t5(plan: _relative_args.T5Plan) -> None:

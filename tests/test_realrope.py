@@ -37,8 +37,8 @@ def fixture(name: str, key: str) -> np.ndarray:
     return ARRAYS[f"{name}/{key}"]
 
 
-def test_fixture_is_transformers_524():
-    assert FIXTURE["transformers_version"].startswith("5.24")
+def test_fixture_is_transformers_525():
+    assert FIXTURE["transformers_version"].startswith("5.25")
     assert {c["model_type"] for c in CASES.values()} >= {
         "dinov3_vit", "eomt_dinov3", "sapiens2", "sam2_video", "sam3_tracker_video",
         "edgetam_video", "sam3_vit_model", "efficientloftr"}

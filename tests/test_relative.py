@@ -42,6 +42,12 @@ def cases(kind):
     return [c for c in fixtures()[0]["cases"] if c["kind"] == kind]
 
 
+def test_checked_version_is_the_fixtures():
+    # the version the refusal messages name is the one the fixture was generated with
+    version = fixtures()[0]["transformers_version"]
+    assert ".".join(version.split(".")[:2]) == fastpe.relative.TRANSFORMERS_CHECKED
+
+
 def ids(kind):
     return [c["name"] for c in cases(kind)]
 

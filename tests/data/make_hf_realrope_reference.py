@@ -3,7 +3,7 @@ transformers' own code applies it (DINOv3 and the models on its backbone; the me
 attention of SAM 2, SAM 3's tracker and EdgeTAM; SAM 3's ViT; EfficientLoFTR).
 
 Run by hand, never by the test suite, with a scratch virtualenv holding torch (CPU) and
-transformers 5.24:
+transformers 5.25:
 
     /path/to/venv/bin/python tests/data/make_hf_realrope_reference.py
 
@@ -42,7 +42,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
+
+# transformers 5.25's `kernels` package hidden, as make_hf_mrope_reference.py does
+sys.modules["kernels"] = None
+import transformers  # noqa: E402
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
