@@ -27,6 +27,23 @@ cdef extern from *:
         fpe_dl_from_py dltensor_from_py_object_no_sync;
         void *current_work_stream;
     } fpe_dl_exchange_api;
+    /* An attribute of torch.Tensor read through its getset descriptor's C getter, found
+       once: without the lookup of the name through the type's MRO at every read (a
+       decode call on torch tensors reads three per tensor). get is NULL where the
+       attribute is not such a descriptor: the caller then reads it by name. */
+    typedef struct { getter get; void *closure; } fpe_getset;
+    static void fpe_getset_of(PyObject *descr, fpe_getset *out)
+    {
+        PyGetSetDef *def = NULL;
+        if (Py_IS_TYPE(descr, &PyGetSetDescr_Type))
+            def = ((PyGetSetDescrObject *)descr)->d_getset;
+        out->get = def == NULL ? NULL : def->get;
+        out->closure = def == NULL ? NULL : def->closure;
+    }
+    static PyObject *fpe_getset_read(const fpe_getset *g, PyObject *x)
+    {
+        return g->get(x, g->closure);
+    }
     #define FPE_DL_CPU 1
     #define FPE_DL_INT 0
     #define FPE_DL_UINT 1
@@ -55,6 +72,10 @@ cdef extern from *:
         fpe_dl_version version
         fpe_dl_from_py dltensor_from_py_object_no_sync
     int FPE_DL_CPU, FPE_DL_INT, FPE_DL_UINT, FPE_DL_FLOAT, FPE_DL_BFLOAT, FPE_DL_BOOL
+    ctypedef struct fpe_getset:
+        void *get
+    void fpe_getset_of(object descr, fpe_getset *out)
+    object fpe_getset_read(const fpe_getset *g, object x)
 
 cdef extern from "numpy/arrayobject.h":
     # declared here with obj a pointer, so that it can be NULL; descr is stolen
@@ -73,6 +94,11 @@ cdef class _TorchViews:
     cdef object strided
     cdef cnp.dtype bfloat16        # ml_dtypes' bfloat16, or None
     cdef fpe_dl_from_py view
+    # torch.Tensor's own is_cpu, layout and requires_grad getters (tensor_attr), and its
+    # is_neg and is_inference methods: their descriptors, called with the tensor, or None
+    # (then called by name)
+    cdef fpe_getset is_cpu, layout, requires_grad
+    cdef object is_neg, is_inference
 
 
 cdef object _torch_views = None    # a _TorchViews, False where unusable, None before
@@ -86,7 +112,9 @@ cdef object torch_views_of():
     cdef const fpe_dl_exchange_api *api
     if _torch_views is not None:
         return _torch_views or None
+    import inspect
     import sys
+    from types import MethodDescriptorType
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -101,6 +129,16 @@ cdef object torch_views_of():
         t = _TorchViews()
         t.tensor_type = torch.Tensor
         t.strided = torch.strided
+        static = inspect.getattr_static
+        fpe_getset_of(static(torch.Tensor, "is_cpu", None), &t.is_cpu)
+        fpe_getset_of(static(torch.Tensor, "layout", None), &t.layout)
+        fpe_getset_of(static(torch.Tensor, "requires_grad", None), &t.requires_grad)
+        t.is_neg = static(torch.Tensor, "is_neg", None)
+        t.is_inference = static(torch.Tensor, "is_inference", None)
+        if type(t.is_neg) is not MethodDescriptorType:
+            t.is_neg = None
+        if type(t.is_inference) is not MethodDescriptorType:
+            t.is_inference = None
         t.view = api.dltensor_from_py_object_no_sync
         t.bfloat16 = None
         ml = sys.modules.get("ml_dtypes")
@@ -110,6 +148,16 @@ cdef object torch_views_of():
         return None
     _torch_views = t
     return t
+
+
+cdef inline object tensor_attr(const fpe_getset *g, object x, str name):
+    """x.<name>, through the getter found once where there is one."""
+    return fpe_getset_read(g, x) if g.get != NULL else getattr(x, name)
+
+
+cdef inline object tensor_method(object descr, object x, str name):
+    """x.<name>(), through the method's descriptor where there is one."""
+    return descr(x) if descr is not None else getattr(x, name)()
 
 
 cdef int dl_typenum(fpe_dl_dtype d) noexcept:
@@ -143,7 +191,8 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
     if type(x) is not t.tensor_type:
         return None
     # the exchange API assumes a strided CPU tensor (a meta tensor crashes it)
-    if not x.is_cpu or x.layout is not t.strided:
+    if (tensor_attr(&t.is_cpu, x, "is_cpu") is not True
+            or tensor_attr(&t.layout, x, "layout") is not t.strided):
         return None
     if t.view(<void *>x, &d) != 0:
         PyErr_Clear()
@@ -164,9 +213,11 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
             return None
         descr = cnp.PyArray_DescrFromType(typenum)
     # an integer tensor never requires grad
-    if (d.dtype.code != FPE_DL_INT and x.requires_grad) or x.is_neg():
+    if ((d.dtype.code != FPE_DL_INT
+         and tensor_attr(&t.requires_grad, x, "requires_grad") is not False)
+            or tensor_method(t.is_neg, x, "is_neg") is not False):
         return None
-    if written and x.is_inference():
+    if written and tensor_method(t.is_inference, x, "is_inference") is not False:
         return None
     for i in range(d.ndim):
         dims[i] = <cnp.npy_intp>d.shape[i]
