@@ -58,7 +58,7 @@ def main() -> None:
         modules[isa] = importlib.import_module(f"fastpe._kernels.kernels_{isa}")
         # apply_rope's cache of parsed settings (and the states it builds through
         # _backend.compiled) holds one variant's states
-        states[isa] = modules[isa].RopeStates(fastpe.rope._parse_state, STATE_TYPES)
+        states[isa] = modules[isa].RopeStates(STATE_TYPES)
         if BFLOAT16 is not None:  # registered at import with the variant loaded only
             modules[isa].register_bfloat16(BFLOAT16.num)
     print(f"fastpe {fastpe.__version__}: time / {base}'s, one thread, median of "

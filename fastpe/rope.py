@@ -78,24 +78,32 @@ def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> A
                 past = None  # raised, with its message, by a call that gets there
     kern = _backend.compiled
     assert kern is not None
-    return kern.RopeState(head_dim, flip, low.inv_freq, low.attention_scaling, switch, past,
-                          spec.frequencies)
+    return kern.RopeState(head_dim, flip, low.inv_freq, low.attention_scaling, switch, past)
 
 
-def _parse_state(head_dim: int, rotary_dim: object, base: object, scaling: object,
-                 max_position_embeddings: object) -> Any:
+def _new_state(q: np.ndarray, rotary_dim: object, base: object, scaling: object,
+               max_position_embeddings: object) -> Any:
+    """apply_rope's RopeState for arguments _STATES does not hold, kept there when they
+    are plain values; None when they cannot be parsed (the validating path raises, in
+    its own order)."""
+    if type(scaling) is dict:
+        # parsed and kept from a copy no other thread can change in between
+        scaling = {key: list(v) if type(v) is list else v for key, v in dict(scaling).items()}
+    head_dim = q.shape[-1]
     try:
         spec = _args.rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)[1]
     except Exception:
-        return None  # the validating path raises, in its own order
-    return _state(spec, head_dim)
+        return None
+    state = _state(spec, head_dim)
+    if state is not None:
+        _STATES.keep(head_dim, rotary_dim, base, scaling, max_position_embeddings, state)
+    return state
 
 
 # the states of apply_rope's arguments, by value: arguments of these immutable types,
 # whose == is a plain comparison (an array's would be an array), are compared and kept
 _STATES: Any = None if _backend.compiled is None else _backend.compiled.RopeStates(
-    _parse_state, frozenset({type(None), bool, int, float, str, np.float64, np.float32,
-                             np.int64, np.int32}))
+    frozenset({type(None), bool, int, float, str, np.float64, np.float32, np.int64, np.int32}))
 
 
 def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...]:
@@ -168,16 +176,23 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         state = None
         if freqs is None:
             state = _STATES.get(q, rotary_dim, base, scaling, max_position_embeddings)
+            if state is None and type(q) is np.ndarray and q.ndim >= 3:
+                state = _new_state(q, rotary_dim, base, scaling, max_position_embeddings)
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
               and rotary_dim is None and max_position_embeddings is None
               and type(freqs.attention_scaling) is float):
             state = kern.RopeState(-1, False, freqs.inv_freq, freqs.attention_scaling)
-        if state is not None and kern.rope_call(
-                state, q, k, positions, offset, style, layout, inverse, num_threads, None,
-                None, _threads.SERIAL_BYTES, _threads.resolve):
-            if q is not given[0] or k is not given[1]:
-                kern.torch_bump(given)  # torch tensors, now written
-            return given
+        if state is not None:
+            done = kern.rope_call(state, q, k, positions, offset, style, layout, inverse,
+                                  num_threads, None, None, _threads.SERIAL_BYTES, 0)
+            if done > 1:  # a large call: the thread policy sizes its team
+                done = kern.rope_call(state, q, k, positions, offset, style, layout, inverse,
+                                      num_threads, None, None, _threads.SERIAL_BYTES,
+                                      _threads.resolve(num_threads, done))
+            if done:
+                if q is not given[0] or k is not given[1]:
+                    kern.torch_bump(given)  # torch tensors, now written
+                return given
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
                     style=style, layout=layout, inverse=inverse, num_threads=num_threads))
@@ -220,9 +235,15 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
     kern = _backend.kernels()
-    if not (kern is not None and kern.rope_call(None, q, k, positions, offset, style, layout,
-                                                inverse, num_threads, cos, sin,
-                                                _threads.SERIAL_BYTES, _threads.resolve)):
+    done = 0
+    if kern is not None:
+        done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
+                              num_threads, cos, sin, _threads.SERIAL_BYTES, 0)
+        if done > 1:  # a large call: the thread policy sizes its team
+            done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
+                                  num_threads, cos, sin, _threads.SERIAL_BYTES,
+                                  _threads.resolve(num_threads, done))
+    if not done:
         _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=layout, inverse=inverse, num_threads=num_threads))
     if q is not given[0] or k is not given[1]:  # torch tensors, now written
@@ -454,13 +475,17 @@ class RotaryEmbedding:
         if state is None:
             state = self._compiled_state = self._make_state()
         # positions of one axis, or none: every axis of M-RoPE takes the same position
-        if state and (self.axes == 1 or positions is None) and kern is not None and (
-                kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
-                               num_threads, None, None, _threads.SERIAL_BYTES,
-                               _threads.resolve)):
-            if q is not given[0] or k is not given[1]:
-                kern.torch_bump(given)  # torch tensors, now written
-            return given
+        if state and (self.axes == 1 or positions is None) and kern is not None:
+            done = kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
+                                  num_threads, None, None, _threads.SERIAL_BYTES, 0)
+            if done > 1:  # a large call: the thread policy sizes its team
+                done = kern.rope_call(state, q, k, positions, offset, self.style, layout,
+                                      inverse, num_threads, None, None,
+                                      _threads.SERIAL_BYTES, _threads.resolve(num_threads, done))
+            if done:
+                if q is not given[0] or k is not given[1]:
+                    kern.torch_bump(given)  # torch tensors, now written
+                return given
         self._rotate(q, k, positions, offset, layout, inverse, num_threads)
         if q is not given[0] or k is not given[1]:
             _checks.bump_written(*given)

@@ -86,7 +86,7 @@ def fast_path(name: str, enabled: bool, log: list | None = None):
 
     def spy(*args):
         done = real(*args) if enabled else False
-        if log is not None:
+        if log is not None and done in (0, 1):  # rope_call's larger value asks for a team
             log.append("fast" if done else "declined")
         return done
 

@@ -171,8 +171,8 @@ def twins(make_fn):
 @pytest.fixture
 def path_spy(monkeypatch):
     """Records, per rotation call, which compiled path ran: 'fast' (the front door
-    kernels.rope_call rotated), 'declined' (it returned False) and 'general' (the
-    validating path's _run)."""
+    kernels.rope_call rotated), 'declined' (it returned 0), 'team' (it asked for the
+    team of a large call) and 'general' (the validating path's _run)."""
     events: list[str] = []
     if not ON_CYTHON:
         pytest.skip("the compiled backend is not the one under test")
@@ -181,7 +181,8 @@ def path_spy(monkeypatch):
 
     def call(*args):
         done = real_call(*args)
-        events.append("fast" if done else "declined")
+        # 1: rotated; 0: declined; more: the bytes of a large call, asking for a team
+        events.append("fast" if done == 1 else "declined" if not done else "team")
         return done
 
     def run(plan):
@@ -738,7 +739,7 @@ def test_sequence_dependent_fast_path_refuses_bad_arguments(name):
 def test_dynamic_ntk_decode_loop_matches_the_general_path(head_dim):
     """A decode loop across the original length (16): past it, every step has a length,
     and dynamic NTK frequencies, of its own, which the compiled decode path forms itself
-    (up to 512 pairs; wider heads ask rope_frequencies, and one pair never changes).
+    (up to 512 pairs; wider heads take the general path, and one pair never changes).
     Each spelling of the step (offset, int64 / int32 / list positions, apply_rope with
     the dict, a (batch, 1) batch at two positions) gives the bits of the general path
     (byte-swapped positions: frequencies from rope_frequencies) and fastpe.reference's
@@ -805,6 +806,39 @@ def test_dynamic_ntk_decode_steps_take_the_fast_path(path_spy):
             rope(q3, None, positions.astype(positions.dtype.newbyteorder()))
             assert took(path_spy, "general")[0]
             assert_bytes_equal(q3, q, context=f"batch {batch} at {p}")
+
+
+@pytest.mark.skipif(not ON_CYTHON, reason="the compiled entry")
+def test_the_compiled_entry_asks_for_the_team_of_a_large_call(monkeypatch):
+    """The compiled entry never calls back into fastpe's Python: given no team for a call
+    past the serial size, it returns the bytes the call touches having written nothing,
+    and apply_rope asks the thread policy for that many bytes and calls again."""
+    kern = fastpe._backend.compiled
+    q0 = rng_floats((4, 64, HQ, D), F32, 1)
+    k0 = rng_floats((4, 64, HK, D), F32, 2)
+    state = kern.RopeState(D, False, fastpe.rope_frequencies(D).inv_freq, 1.0)
+    q, k = q0.copy(), k0.copy()
+    touched = 2 * (q.nbytes + k.nbytes)
+    args = (state, q, k, None, 0, "neox", "bshd", False, None, None, None)
+    assert kern.rope_call(*args, touched, 0) == touched
+    assert kern.rope_call(*args, touched + 1, 0) == 1   # below the serial size: one thread
+    q1, k1 = q.copy(), k.copy()
+    q[:], k[:] = q0, k0
+    assert kern.rope_call(*args, 1, 0) == touched
+    assert_bytes_equal(q, q0)
+    assert_bytes_equal(k, k0)
+    teams = []
+
+    def resolve(num_threads, nbytes):
+        teams.append((num_threads, nbytes))
+        return 2
+
+    monkeypatch.setattr(fastpe._threads, "SERIAL_BYTES", 1)
+    monkeypatch.setattr(fastpe._threads, "resolve", resolve)
+    fastpe.apply_rope(q, k, num_threads=3)
+    assert teams == [(3, touched)]
+    assert_bytes_equal(q, q1)
+    assert_bytes_equal(k, k1)
 
 
 def test_dynamic_ntk_decode_refuses_frequencies_out_of_range():

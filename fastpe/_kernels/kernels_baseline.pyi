@@ -13,7 +13,6 @@ having written nothing, for anything but the plain case they document. None of t
 raises on data.
 """
 
-from collections.abc import Callable
 from typing import Any, Final, final
 
 import numpy as np
@@ -58,8 +57,6 @@ class RopeState:
     def switch(self) -> int: ...
     @property
     def past(self) -> object: ...
-    @property
-    def frequencies(self) -> object: ...
     def __init__(
         self,
         head_dim: int,
@@ -68,14 +65,13 @@ class RopeState:
         att: float,
         switch: int = -1,
         past: object = None,
-        frequencies: object = None,
     ) -> None: ...
 
 @final
 class RopeStates:
     """RopeStates by the arguments that define them, compared by value."""
 
-    def __init__(self, parse: Callable[..., RopeState | None], plain: frozenset[type]) -> None: ...
+    def __init__(self, plain: frozenset[type]) -> None: ...
     def get(
         self,
         q: object,
@@ -84,6 +80,15 @@ class RopeStates:
         scaling: object,
         max_position_embeddings: object,
     ) -> RopeState | None: ...
+    def keep(
+        self,
+        head_dim: int,
+        rotary_dim: object,
+        base: object,
+        scaling: object,
+        max_position_embeddings: object,
+        state: RopeState,
+    ) -> None: ...
 
 def rope_call(
     state: RopeState | None,
@@ -98,8 +103,8 @@ def rope_call(
     cos: object,
     sin: object,
     serial_bytes: int,
-    threads_for: Callable[[int | None, int], int],
-) -> bool: ...
+    threads: int,
+) -> int: ...
 def torch_rope_views(
     q: object, k: object, positions: object, layout: object
 ) -> list[Any] | None: ...

@@ -908,7 +908,8 @@ cdef class RopeState:
     length, past which n = max(positions) + 1 (as Hugging Face's dynamic NTK and
     LongRoPE) selects `past`: dynamic NTK's factor (a float: the frequencies are formed
     here from inv_freq, the same bits as fastpe._rope_scaling), a (inv_freq, att) pair
-    (LongRoPE's long factors), or None for frequencies(n).
+    (LongRoPE's long factors, dynamic NTK's single pair), or None when they could not be
+    formed (rope_call then declines the calls past the original length).
     """
     cdef readonly Py_ssize_t head_dim
     cdef readonly bint flip
@@ -916,12 +917,11 @@ cdef class RopeState:
     cdef readonly double att
     cdef readonly int64_t switch
     cdef readonly object past
-    cdef readonly object frequencies
 
     def __init__(self, Py_ssize_t head_dim, bint flip, object inv_freq, double att,
-                 int64_t switch=-1, object past=None, object frequencies=None):
+                 int64_t switch=-1, object past=None):
         self.head_dim, self.flip, self.inv_freq, self.att = head_dim, flip, inv_freq, att
-        self.switch, self.past, self.frequencies = switch, past, frequencies
+        self.switch, self.past = switch, past
 
 
 cdef bint same_value(object a, object b, frozenset plain):
@@ -984,23 +984,20 @@ cdef bint same_items(dict d, tuple items, frozenset plain):
 cdef class RopeStates:
     """RopeStates by the arguments that define them (q's head_dim, rotary_dim, base, a
     scaling dict, max_position_embeddings), compared by value (same_value: values of
-    the immutable types `plain` only; a call with anything else parses afresh), the
-    most recent first: a decode loop's call finds its state in a few comparisons,
-    without hashing a dict. A miss parses through parse(head_dim, rotary_dim, base, scaling,
-    max_position_embeddings), which returns a RopeState or None (refused: not kept)."""
+    the immutable types `plain` only), the most recent first: a decode loop's call
+    finds its state in a few comparisons, without hashing a dict. fastpe.rope parses a
+    configuration that get() does not find and hands the state to keep()."""
     cdef list entries
-    cdef object parse
     cdef frozenset plain
 
-    def __init__(self, parse, frozenset plain):
+    def __init__(self, frozenset plain):
         self.entries = []
-        self.parse = parse
         self.plain = plain
 
     def get(self, object q, object rotary_dim, object base, object scaling,
             object max_position_embeddings):
-        """The state for heads as wide as q's last axis; None for a q that is not an
-        exact array of three or more axes."""
+        """The state kept for heads as wide as q's last axis and these arguments; None
+        when there is none, or q is not an exact array of three or more axes."""
         cdef tuple e
         cdef frozenset plain = self.plain
         cdef Py_ssize_t head_dim
@@ -1015,28 +1012,26 @@ cdef class RopeStates:
                         type(scaling) is dict and e[4] is not None
                         and same_items(<dict>scaling, <tuple>e[4], plain)))):
                 return e[5]
-        return self.miss(head_dim, rotary_dim, base, scaling, max_position_embeddings)
+        return None
 
-    cdef object miss(self, Py_ssize_t head_dim, object rotary_dim, object base,
-                     object scaling, object max_position_embeddings):
+    def keep(self, Py_ssize_t head_dim, object rotary_dim, object base, object scaling,
+             object max_position_embeddings, RopeState state):
+        """Keep `state`, parsed from these arguments, when every one is a value of the
+        plain types (a scaling dict's keys and values, or a list value's elements): a
+        dict or an array inside may change in place. `scaling` must be a dict no
+        other thread holds (fastpe.rope parses from a copy)."""
         cdef object items = None
-        cdef bint keep = all(type(x) in self.plain
-                             for x in (rotary_dim, base, max_position_embeddings))
+        if not all(type(x) in self.plain for x in (rotary_dim, base, max_position_embeddings)):
+            return
         if type(scaling) is dict:
             items = items_snapshot(<dict>scaling, self.plain)
             if items is None:
-                keep = False
-            else:
-                # parsed from the snapshot, so that what is kept is what was parsed
-                scaling = {key: list(v) if type(v) is tuple else v for key, v in items}
+                return
         elif scaling is not None:
-            keep = False
-        state = self.parse(head_dim, rotary_dim, base, scaling, max_position_embeddings)
-        if state is not None and keep:
-            # replaced whole: a thread walking the old list sees a consistent one
-            self.entries = [(head_dim, rotary_dim, base, max_position_embeddings, items,
-                             state)] + self.entries[:ROPE_STATES_KEPT - 1]
-        return state
+            return
+        # replaced whole: a thread walking the old list sees a consistent one
+        self.entries = [(head_dim, rotary_dim, base, max_position_embeddings, items,
+                         state)] + self.entries[:ROPE_STATES_KEPT - 1]
 
 
 cdef enum:
@@ -1092,12 +1087,14 @@ cdef bint call_checks(object q, object k, object offset, object style, object la
 
 def rope_call(RopeState state, object q, object k, object positions, object offset,
               object style, object layout, object inverse, object num_threads,
-              object cos, object sin, Py_ssize_t serial_bytes, object threads_for):
+              object cos, object sin, Py_ssize_t serial_bytes, int threads):
     """The compiled entry of apply_rope, apply_rope_cached and RotaryEmbedding: the
-    caller's arguments as given, checked here. True when it rotated; False, having
-    touched nothing, when the call is not the plain case, and fastpe.rope's
-    validating path then handles it or names what is wrong. Raises only what
-    state.frequencies raises.
+    caller's arguments as given, checked here. 1 when it rotated; 0, having touched
+    nothing, when the call is not the plain case, and fastpe.rope's validating path
+    then handles it or names what is wrong; the bytes the call touches, having touched
+    nothing, when that is at least serial_bytes and `threads` is 0: the caller asks
+    its thread policy (fastpe._threads.resolve) for a team and calls again with it.
+    A smaller call runs on one thread. Never raises for the caller's values.
 
     Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd"; offset an
     int >= 0; inverse a bool; num_threads None or an int in 1..MAX_THREADS_FLOOR; q, k
@@ -1105,10 +1102,9 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     axis its head_dim unless that is -1; its frequencies apart from q and k, finite,
     at most head_dim / 2 of them; the scaling a finite number > 0), or with state
     None from cos and sin as cached_rows() takes them, looked up by positions this
-    call owns. A call touching fewer than serial_bytes bytes runs on one thread, a
-    larger one on threads_for(num_threads, bytes) (fastpe._threads.resolve).
+    call owns.
     """
-    cdef int lay, code, threads = 1
+    cdef int lay, code
     cdef bint neox, inv
     cdef int64_t off, hi, n
     cdef Py_ssize_t nbytes, half = 0
@@ -1121,9 +1117,11 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     cdef double att
     if (not call_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off,
                         &nbytes) or (state is None and cos is None)):
-        return False
-    if nbytes >= serial_bytes:
-        threads = threads_for(num_threads, nbytes)
+        return 0
+    if nbytes < serial_bytes:
+        threads = 1
+    elif threads < 1:
+        return nbytes
     inv = inverse is True
     if state is None:
         # the cache's rows are looked up by position: positions the call owns, so that a
@@ -1131,20 +1129,20 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
         code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf, &heap)
         try:
             if code < 0 or not cached_rows(&a, cos, sin, q, k, hi):
-                return False
+                return 0
             a.neox = neox
             a.invert_cache = inv
             rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
                          threads)
         finally:
             free(heap)
-        return True
+        return 1
     if (state.head_dim >= 0 and cnp.PyArray_DIMS(<cnp.ndarray>q)[
             cnp.PyArray_NDIM(<cnp.ndarray>q) - 1] != state.head_dim):
-        return False
+        return 0
     code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
     if code < 0 or hi >= MAX_ANGLE_POSITION:
-        return False
+        return 0
     inv = inv != state.flip
     inv_freq = state.inv_freq
     att = state.att
@@ -1155,24 +1153,23 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
             if type(freqs) is float:
                 # a decode loop's every step has a length, and frequencies, of its own
                 half = dynamic_ntk_pairs(inv_freq, <double>freqs, state.switch, n, grown)
-                w = grown if half else NULL
-                freqs = None
-            if w == NULL:
-                if freqs is None:
-                    freqs = state.frequencies(n)
+                if not half:
+                    return 0
+                w = grown
+            else:
                 if not isinstance(freqs, tuple) or len(<tuple>freqs) != 2:
-                    return False
+                    return 0
                 inv_freq, scaling = freqs
                 if type(scaling) is not float:
-                    return False
+                    return 0
                 att = scaling
     if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
-        return False
+        return 0
     if inv:
         att = 1.0 / att
     if w == NULL:
         w = frequency_data(inv_freq, q, k, &half)
         if w == NULL:
-            return False
+            return 0
     return rope_with_frequencies(&a, code, q, k, neox, w, half, att,
-                                 -att if inv else att, threads) == 1
+                                 -att if inv else att, threads)
