@@ -167,7 +167,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         # tensors), then the path of NumPy arrays
         views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
         if views is not None:
-            q, k, positions = views
+            q, k, positions, _, _ = views
         else:
             q, k, positions, layout = _tensor_views(q, k, positions, layout)
     elif layout is None:
@@ -220,12 +220,21 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
     given = q, k
-    tensor = _checks.tensor_name(q, k)
-    if tensor is not None:
-        layout = _checks.tensor_layout(layout, tensor)
-        q, k, cos, sin, positions = _checks.torch_tensors(
-            (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
-            (positions, "positions", False))
+    kern = _backend.kernels()
+    if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
+        views = (kern.torch_rope_views(q, k, positions, layout, cos, sin)
+                 if kern is not None else None)
+        if views is not None:
+            q, k, positions, cos, sin = views
+        else:
+            tensor = _checks.tensor_name(q, k)
+            if tensor is not None:
+                layout = _checks.tensor_layout(layout, tensor)
+                q, k, cos, sin, positions = _checks.torch_tensors(
+                    (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
+                    (positions, "positions", False))
+            elif layout is None:
+                layout = "bshd"
     elif layout is None:
         layout = "bshd"
     # an array's own ndim: np.ndim took 6% of a decode call
@@ -234,7 +243,6 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
-    kern = _backend.kernels()
     done = 0
     if kern is not None:
         done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
@@ -464,7 +472,7 @@ class RotaryEmbedding:
         if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
             views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
             if views is not None:
-                q, k, positions = views
+                q, k, positions, _, _ = views
             else:
                 q, k, positions, layout = _tensor_views(q, k, positions, layout)
         elif layout is None:

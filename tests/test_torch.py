@@ -196,18 +196,34 @@ def test_autograd_refuses_a_backward_through_a_rotated_tensor():
 
 
 def test_inference_tensors_are_written_only_in_inference_mode():
-    """torch refuses in-place updates of inference tensors outside inference mode."""
+    """torch refuses in-place updates of inference tensors outside inference mode, and
+    reads them anywhere: q or k to be rotated by each RoPE entry, x to be added to."""
     with torch.inference_mode():
         q = _tensor((1, 3, 2, 8), "float32", 10)
-    before = q.clone()
-    with pytest.raises(TypeError, match=r"\bq\b is an inference tensor"):
-        fastpe.apply_rope(q, layout="bshd")
+        cos, sin = (torch.from_numpy(a) for a in
+                    fastpe.rope_cos_sin(np.arange(4), fastpe.rope_frequencies(8)))
+    plain = _tensor((1, 3, 2, 8), "float32", 11)
+    calls = {"apply_rope": lambda q, k: fastpe.apply_rope(q, k, layout="bshd"),
+             "RotaryEmbedding": lambda q, k: fastpe.RotaryEmbedding(8)(q, k, layout="bshd"),
+             "apply_rope_cached": lambda q, k: fastpe.apply_rope_cached(q, k, cos, sin,
+                                                                        layout="bshd")}
+    before = q.clone(), plain.clone()
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=r"\bq\b is an inference tensor"):
+            call(q, plain)
+        with pytest.raises(TypeError, match=r"\bk\b is an inference tensor"):
+            call(plain, q)
+        assert torch.equal(q, before[0]) and torch.equal(plain, before[1]), name
     with pytest.raises(TypeError, match=r"\bx\b is an inference tensor"):
         fastpe.add_sinusoidal(q[0, :, 0])
-    assert torch.equal(q, before)
+    assert torch.equal(q, before[0])
+    expected = plain.numpy().copy()
+    fastpe.apply_rope_cached(expected, None, cos.numpy(), sin.numpy())
+    fastpe.apply_rope_cached(plain, None, cos, sin, layout="bshd")  # inference tensors read
+    np.testing.assert_array_equal(plain.numpy(), expected)
     with torch.inference_mode():
         fastpe.apply_rope(q, layout="bshd")
-    assert not torch.equal(q, before)
+    assert not torch.equal(q, before[0])
 
 
 @pytest.mark.parametrize("what", ["q", "table"])
@@ -310,7 +326,7 @@ def test_compiled_views_are_the_tensors_memory(dtype):
     k = qkv[..., 32:].view(2, 3, 1, 16)
     pos = torch.tensor([[0, 1, 2]], dtype=torch.int32)
     versions = q._version, k._version
-    views = kern.torch_rope_views(q, k, pos, "bhsd")
+    views = kern.torch_rope_views(q, k, pos, "bhsd")[:3]
     if views is None:
         pytest.skip("this torch has no DLPack C exchange API (torch before 2.10)")
     for v, t in zip(views, (q, k, pos)):

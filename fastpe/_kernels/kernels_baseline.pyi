@@ -106,7 +106,12 @@ def rope_call(
     threads: int,
 ) -> int: ...
 def torch_rope_views(
-    q: object, k: object, positions: object, layout: object
+    q: object,
+    k: object,
+    positions: object,
+    layout: object,
+    cos: object = None,
+    sin: object = None,
 ) -> list[Any] | None: ...
 def torch_views(args: tuple[tuple[object, str, bool], ...]) -> list[Any] | None: ...
 def torch_bump(written: tuple[Any, ...]) -> None: ...

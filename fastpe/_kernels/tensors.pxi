@@ -94,11 +94,11 @@ cdef class _TorchViews:
     cdef object strided
     cdef cnp.dtype bfloat16        # ml_dtypes' bfloat16, or None
     cdef fpe_dl_from_py view
-    # torch.Tensor's own is_cpu, layout and requires_grad getters (tensor_attr), and its
-    # is_neg and is_inference methods: their descriptors, called with the tensor, or None
-    # (then called by name)
-    cdef fpe_getset is_cpu, layout, requires_grad
-    cdef object is_neg, is_inference
+    # torch.Tensor's own is_cpu, layout, requires_grad and _version getters (tensor_attr),
+    # and its is_neg method: its descriptor, called with the tensor, or None (then called
+    # by name)
+    cdef fpe_getset is_cpu, layout, requires_grad, version
+    cdef object is_neg
 
 
 cdef object _torch_views = None    # a _TorchViews, False where unusable, None before
@@ -133,12 +133,10 @@ cdef object torch_views_of():
         fpe_getset_of(static(torch.Tensor, "is_cpu", None), &t.is_cpu)
         fpe_getset_of(static(torch.Tensor, "layout", None), &t.layout)
         fpe_getset_of(static(torch.Tensor, "requires_grad", None), &t.requires_grad)
+        fpe_getset_of(static(torch.Tensor, "_version", None), &t.version)
         t.is_neg = static(torch.Tensor, "is_neg", None)
-        t.is_inference = static(torch.Tensor, "is_inference", None)
         if type(t.is_neg) is not MethodDescriptorType:
             t.is_neg = None
-        if type(t.is_inference) is not MethodDescriptorType:
-            t.is_inference = None
         t.view = api.dltensor_from_py_object_no_sync
         t.bfloat16 = None
         ml = sys.modules.get("ml_dtypes")
@@ -217,8 +215,14 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
          and tensor_attr(&t.requires_grad, x, "requires_grad") is not False)
             or tensor_method(t.is_neg, x, "is_neg") is not False):
         return None
-    if written and tensor_method(t.is_inference, x, "is_inference") is not False:
-        return None
+    if written:
+        # an inference tensor, whose writes outside inference mode torch refuses, has no
+        # version counter: reading it raises (a getter, where is_inference() is a method
+        # call that releases the GIL: 2.5x the time)
+        try:
+            tensor_attr(&t.version, x, "_version")
+        except Exception:
+            return None
     for i in range(d.ndim):
         dims[i] = <cnp.npy_intp>d.shape[i]
         strides[i] = <cnp.npy_intp>d.strides[i] * (d.dtype.bits // 8)
@@ -232,18 +236,38 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
     return arr
 
 
-def torch_rope_views(object q, object k, object positions, object layout):
-    """[q, k, positions] of a RoPE call on torch tensors: q and k (or None) plain torch
-    CPU tensors to be written, positions None, an ndarray or a plain torch CPU integer
-    tensor, layout given (not None); each tensor as its ndarray view. None, having
-    touched nothing, for anything else: the Python layer then converts or refuses
-    (fastpe._checks.torch_rope, tensor_layout). The caller bumps q's and k's version
-    counters once the call has written them (fastpe._checks.bump_written).
+cdef inline bint read_view(_TorchViews t, object x, list out) except -1:
+    """Append x, an argument read (not written), to out: a torch tensor as its ndarray
+    view, anything else as it is; False where x is a tensor tensor_array does not view
+    (the caller declines)."""
+    if x is None or type(x) is cnp.ndarray:
+        out.append(x)
+        return True
+    if type(x) is t.tensor_type:
+        x = tensor_array(t, x, False)
+        if x is None:
+            return False
+    elif isinstance(x, t.tensor_type):
+        return False
+    out.append(x)
+    return True
 
-    torch_views' loop written out for these three arguments: through torch_views (the
+
+def torch_rope_views(object q, object k, object positions, object layout, object cos=None,
+                     object sin=None):
+    """[q, k, positions, cos, sin] of a RoPE call on torch tensors: q and k (or None)
+    plain torch CPU tensors to be written; positions, cos and sin None, ndarrays or
+    plain torch CPU tensors to be read; layout given (not None); each tensor as its
+    ndarray view. None, having touched nothing, for anything else: the Python layer
+    then converts or refuses (fastpe._checks.torch_rope, torch_tensors, tensor_layout).
+    The caller bumps q's and k's version counters once the call has written them
+    (torch_bump).
+
+    torch_views' loop written out for these arguments: through torch_views (the
     triples built per call) a decode call on torch tensors measured 2.0-2.1x the call
     on their .numpy() views, against 1.7-1.8x this way, in interleaved runs."""
     cdef _TorchViews t
+    cdef list out
     if layout is None:
         return None
     t = torch_views_of()
@@ -257,12 +281,11 @@ def torch_rope_views(object q, object k, object positions, object layout):
         kv = tensor_array(t, k, True)
         if kv is None:
             return None
-    pv = positions
-    if positions is not None and type(positions) is not cnp.ndarray:
-        pv = tensor_array(t, positions, False)
-        if pv is None:
-            return None
-    return [qv, kv, pv]
+    out = [qv, kv]
+    if (read_view(t, positions, out) and read_view(t, cos, out)
+            and read_view(t, sin, out)):
+        return out
+    return None
 
 
 cdef object _increment_version = None   # torch._C._increment_version, looked up once
