@@ -25,6 +25,9 @@ from ._typing import (
     Style,
 )
 
+# the compiled kernel module while the cython backend is active (fastpe._backend.kernels)
+_kernels = _backend.kernels
+
 __all__ = ["RopeFrequencies", "RotaryEmbedding", "apply_rope", "apply_rope_cached",
            "rope_cos_sin", "rope_frequencies"]
 
@@ -107,9 +110,11 @@ _STATES: Any = None if _backend.compiled is None else _backend.compiled.RopeStat
 
 
 def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...]:
-    """A RoPE call's q, k, positions and layout where q is not an ndarray and the
-    compiled views declined it: torch tensors as fastpe._checks views them (refusing
-    what torch would) with the layout they must give; anything else as given."""
+    """A RoPE call's q, k, positions and layout for the validating path: torch tensors
+    as fastpe._checks views them (refusing what torch would) with the layout they must
+    give; anything else as given, "bshd" unless the layout is given."""
+    if type(q) is np.ndarray and (k is None or type(k) is np.ndarray):
+        return q, k, positions, "bshd" if layout is None else layout
     tensor = _checks.tensor_name(q, k)
     if tensor is not None:
         layout = _checks.tensor_layout(layout, tensor)
@@ -467,33 +472,25 @@ class RotaryEmbedding:
                  inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
-        given = q, k
-        kern = _backend.kernels()
-        if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
-            views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
-            if views is not None:
-                q, k, positions, _, _ = views
-            else:
-                q, k, positions, layout = _tensor_views(q, k, positions, layout)
-        elif layout is None:
-            layout = "bshd"
-        if type(inverse) is not bool:
-            inverse = _checks.flag(inverse, "inverse")
         state = self._compiled_state
         if state is None:
             state = self._compiled_state = self._make_state()
+        kern = _kernels()
+        # arrays and a model's own torch tensors alike, checked and viewed once in C;
         # positions of one axis, or none: every axis of M-RoPE takes the same position
-        if state and (self.axes == 1 or positions is None) and kern is not None:
+        if state and kern is not None and (positions is None or self.axes == 1):
             done = kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
                                   num_threads, None, None, _threads.SERIAL_BYTES, 0)
-            if done > 1:  # a large call: the thread policy sizes its team
-                done = kern.rope_call(state, q, k, positions, offset, self.style, layout,
-                                      inverse, num_threads, None, None,
-                                      _threads.SERIAL_BYTES, _threads.resolve(num_threads, done))
-            if done:
-                if q is not given[0] or k is not given[1]:
-                    kern.torch_bump(given)  # torch tensors, now written
-                return given
+            if done == 1:
+                return q, k
+            if done:  # a large call: the thread policy sizes its team
+                if kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
+                                  num_threads, None, None, _threads.SERIAL_BYTES,
+                                  _threads.resolve(num_threads, done)):
+                    return q, k
+        given = q, k
+        inverse = _checks.flag(inverse, "inverse")
+        q, k, positions, layout = _tensor_views(q, k, positions, layout)
         self._rotate(q, k, positions, offset, layout, inverse, num_threads)
         if q is not given[0] or k is not given[1]:
             _checks.bump_written(*given)

@@ -1096,14 +1096,37 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     its thread policy (fastpe._threads.resolve) for a team and calls again with it.
     A smaller call runs on one thread. Never raises for the caller's values.
 
-    Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd"; offset an
-    int >= 0; inverse a bool; num_threads None or an int in 1..MAX_THREADS_FLOOR; q, k
-    and positions as fast_arrays() takes them. The angles come from `state` (q's last
-    axis its head_dim unless that is -1; its frequencies apart from q and k, finite,
-    at most head_dim / 2 of them; the scaling a finite number > 0), or with state
-    None from cos and sin as cached_rows() takes them, looked up by positions this
-    call owns.
+    Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd" (None: "bshd"
+    for arrays); offset an int >= 0; inverse a bool; num_threads None or an int in
+    1..MAX_THREADS_FLOOR; q, k and positions as fast_arrays() takes them, or plain
+    torch CPU tensors (rope_tensor_views; the layout given), viewed once here, whose
+    version counters q's and k's are bumped once written. The angles come from `state`
+    (q's last axis its head_dim unless that is -1; its frequencies apart from q and k,
+    finite, at most head_dim / 2 of them; the scaling a finite number > 0), or with
+    state None from cos and sin as cached_rows() takes them, looked up by positions
+    this call owns.
     """
+    cdef list views
+    cdef Py_ssize_t done
+    if cnp.PyArray_CheckExact(q) and (k is None or cnp.PyArray_CheckExact(k)):
+        return rope_arrays(state, q, k, positions, offset, style,
+                           "bshd" if layout is None else layout, inverse, num_threads, cos,
+                           sin, serial_bytes, threads)
+    views = rope_tensor_views(q, k, positions, layout, cos, sin)
+    if views is None:
+        return 0
+    done = rope_arrays(state, views[0], views[1], views[2], offset, style, layout, inverse,
+                       num_threads, views[3], views[4], serial_bytes, threads)
+    if done == 1:
+        bump_tensors((q, k))
+    return done
+
+
+cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object positions,
+                            object offset, object style, object layout, object inverse,
+                            object num_threads, object cos, object sin,
+                            Py_ssize_t serial_bytes, int threads) except -1:
+    """rope_call on arrays."""
     cdef int lay, code
     cdef bint neox, inv
     cdef int64_t off, hi, n

@@ -253,19 +253,19 @@ cdef inline bint read_view(_TorchViews t, object x, list out) except -1:
     return True
 
 
-def torch_rope_views(object q, object k, object positions, object layout, object cos=None,
-                     object sin=None):
+cdef list rope_tensor_views(object q, object k, object positions, object layout,
+                            object cos, object sin):
     """[q, k, positions, cos, sin] of a RoPE call on torch tensors: q and k (or None)
     plain torch CPU tensors to be written; positions, cos and sin None, ndarrays or
     plain torch CPU tensors to be read; layout given (not None); each tensor as its
     ndarray view. None, having touched nothing, for anything else: the Python layer
     then converts or refuses (fastpe._checks.torch_rope, torch_tensors, tensor_layout).
     The caller bumps q's and k's version counters once the call has written them
-    (torch_bump).
+    (bump_tensors).
 
-    torch_views' loop written out for these arguments: through torch_views (the
-    triples built per call) a decode call on torch tensors measured 2.0-2.1x the call
-    on their .numpy() views, against 1.7-1.8x this way, in interleaved runs."""
+    Written out for these arguments: through torch_views (the triples built per call)
+    a decode call on torch tensors measured 2.0-2.1x the call on their .numpy() views,
+    against 1.7-1.8x this way, in interleaved runs."""
     cdef _TorchViews t
     cdef list out
     if layout is None:
@@ -288,15 +288,20 @@ def torch_rope_views(object q, object k, object positions, object layout, object
     return None
 
 
+def torch_rope_views(object q, object k, object positions, object layout, object cos=None,
+                     object sin=None):
+    """rope_tensor_views, for fastpe.rope's calls that look at the views first."""
+    return rope_tensor_views(q, k, positions, layout, cos, sin)
+
+
 cdef object _increment_version = None   # torch._C._increment_version, looked up once
 cdef object _tensor_type = None         # torch.Tensor
 
 
-def torch_bump(tuple written):
+cdef int bump_tensors(tuple written) except -1:
     """Bump the version counters of the torch tensors among what a call has written
     (the others: None, a RoPE call without k, or the arrays beside a tensor), together,
-    as torch's in-place operations do after writing: fastpe._checks.bump_written
-    without a Python frame, for a decode step."""
+    as torch's in-place operations do after writing."""
     global _increment_version, _tensor_type
     if _increment_version is None:
         import sys
@@ -309,6 +314,13 @@ def torch_bump(tuple written):
             break
     if written:
         _increment_version(written)
+    return 0
+
+
+def torch_bump(tuple written):
+    """bump_tensors: fastpe._checks.bump_written without a Python frame, for a decode
+    step."""
+    bump_tensors(written)
 
 
 def torch_views(tuple args):
