@@ -84,11 +84,13 @@ def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> A
     return kern.RopeState(head_dim, flip, low.inv_freq, low.attention_scaling, switch, past)
 
 
-def _new_state(q: np.ndarray, rotary_dim: object, base: object, scaling: object,
+def _new_state(q: Any, rotary_dim: object, base: object, scaling: object,
                max_position_embeddings: object) -> Any:
     """apply_rope's RopeState for arguments _STATES does not hold, kept there when they
-    are plain values; None when they cannot be parsed (the validating path raises, in
-    its own order)."""
+    are plain values; None for a q that is not an array of three or more axes, or
+    arguments that cannot be parsed (the validating path raises, in its own order)."""
+    if type(q) is not np.ndarray or q.ndim < 3:
+        return None
     if type(scaling) is dict:
         # parsed and kept from a copy no other thread can change in between
         scaling = {key: list(v) if type(v) is list else v for key, v in dict(scaling).items()}
@@ -181,7 +183,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         state = None
         if freqs is None:
             state = _STATES.get(q, rotary_dim, base, scaling, max_position_embeddings)
-            if state is None and type(q) is np.ndarray and q.ndim >= 3:
+            if state is None:
                 state = _new_state(q, rotary_dim, base, scaling, max_position_embeddings)
         elif (type(freqs) is RopeFrequencies and base is None and scaling is None
               and rotary_dim is None and max_position_embeddings is None
