@@ -32,20 +32,29 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
         _checks.bump_written(x)  # written: its version counter, as torch does
         return x
     kern = _backend.kernels()
-    if (kern is not None and positions is None and type(x) is np.ndarray
+    if (kern is not None and type(x) is np.ndarray
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
-        # the plain common case, checked in C (False: nothing written, take the
-        # general path, which also produces every error message)
+        # the common case, checked in C (False: nothing written, take the general
+        # path, which also produces every error message)
         arr: Any = x
-        if kern.learned_fast(arr, table, offset, _threads.resolve(num_threads, 2 * arr.nbytes)):
+        if kern.learned_fast(arr, table, positions, offset,
+                             _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
     plan = _args.add_learned(x, table, positions=positions, offset=offset,
                              num_threads=num_threads)
     if kern is None:
         reference.run_learned(plan)
-        return x
-    with _checks.kernel_views(plan.x) as (work,):
-        kern.learned(work, _checks.dtype_code(work.dtype, "x"), _checks.kernel_view(plan.table),
-                     positions=plan.positions.array, offset=plan.positions.offset,
-                     num_threads=_threads.resolve(plan.num_threads, 2 * plan.x.nbytes))
+    else:
+        _run(kern, plan)
     return x
+
+
+def _run(kern: Any, plan: _args.LearnedPlan) -> None:
+    """The validated, normalised call, through the same compiled entry."""
+    with _checks.kernel_views(plan.x) as (work,):
+        done = kern.learned_fast(work, _checks.kernel_view(plan.table), plan.positions.array,
+                                 plan.positions.offset,
+                                 _threads.resolve(plan.num_threads, 2 * plan.x.nbytes))
+    if not done:
+        raise RuntimeError("fastpe: the compiled add_learned declined a validated call "
+                           "(a bug: please report it)")

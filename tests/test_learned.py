@@ -414,7 +414,7 @@ def test_fast_path_declines_without_writing():
     }
     for name, (x, tab, offset, error) in cases.items():
         before = snapshot(x)
-        assert kern.learned_fast(x, tab, offset, 1) is False, name
+        assert kern.learned_fast(x, tab, None, offset, 1) is False, name
         assert snapshot(x) == before, name
         if error is None:
             want = as_f64(x) + as_f64(np.asarray(tab))[int(offset):int(offset) + x.shape[-2]]
@@ -440,5 +440,64 @@ def test_fast_path_takes_plain_calls_with_the_general_paths_bits(dtype):
     ]:
         general = np.array(x)
         fastpe.reference.add_learned(general, table, offset=offset)
-        assert kern.learned_fast(x, table, offset, 1) is True, name
+        assert kern.learned_fast(x, table, None, offset, 1) is True, name
         assert_bytes_equal(x, general, name)
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_compiled_entry_takes_position_arrays_and_declines_the_rest(dtype):
+    """Position arrays of any integer dtype, shared (seq,) / (1, seq) or per batch row
+    (batch, seq), stack-sized or not, are added by the compiled entry itself with
+    fastpe.reference's bits; anything it cannot prove in range and apart from x is
+    declined with x untouched, and add_learned then gives the reference's result or
+    its error."""
+    kern = fastpe._backend.compiled
+    table = awkward_values((700, 12), dtype, seed=6)
+    x0 = awkward_values((3, 600, 12), dtype, seed=7)
+    rng = np.random.default_rng(8)
+    per_row = rng.integers(0, 700, (3, 600))
+    taken = {
+        "int64 per row": per_row,
+        "int32 shared": per_row[0].astype(np.int32),
+        "uint16 (1, seq)": per_row[:1].astype(np.uint16),
+        "int8 short": np.arange(5, dtype=np.int8),
+        "uint64 last row": np.full((3, 600), 699, np.uint64),
+    }
+    for name, pos in taken.items():
+        x = x0[:, :pos.shape[-1]].copy()
+        want = x.copy()
+        fastpe.reference.add_learned(want, table, pos)
+        assert kern.learned_fast(x, table, pos, 0, 1) is True, name
+        assert_bytes_equal(x, want, name)
+    declined = {
+        "negative": (-per_row, ValueError),
+        "past the end": (per_row + 1, IndexError),
+        "past int64": (np.full(600, 2**63, np.uint64), ValueError),
+        "float": (per_row.astype(np.float64), TypeError),
+        "byte-swapped": (per_row.astype(">i8"), None),
+        "strided": (np.repeat(per_row, 2, axis=1)[:, ::2], None),
+        "with an offset": (per_row, ValueError),
+        "two rows for three": (per_row[:2], ValueError),
+    }
+    for name, (pos, error) in declined.items():
+        x = x0.copy()
+        offset = 3 if name == "with an offset" else 0
+        assert kern.learned_fast(x, table, pos, offset, 1) is False, name
+        assert_bytes_equal(x, x0, name)
+        if error is None:
+            want = x0.copy()
+            fastpe.reference.add_learned(want, table, pos)
+            fastpe.add_learned(x, table, pos)
+            assert_bytes_equal(x, want, name)
+        else:
+            with pytest.raises(error):
+                fastpe.add_learned(x, table, pos, offset=offset)
+            assert_bytes_equal(x, x0, name)
+    # positions in x's own memory: declined, and the general path refuses them by name
+    buf = np.zeros(3 * 600 * 12 + 600, dtype)
+    x = buf[:3 * 600 * 12].reshape(3, 600, 12)
+    inside = buf.view(np.uint8)[:600 * 8].view(np.int64)
+    assert kern.learned_fast(x, table, inside, 0, 1) is False
+    with pytest.raises(ValueError, match="positions"):
+        fastpe.add_learned(x, table, inside)

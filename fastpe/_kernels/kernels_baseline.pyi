@@ -145,15 +145,9 @@ def sinusoidal(
 def sinusoidal_fast(
     x: object, inv_freq: object, offset: object, scale: float, num_threads: int
 ) -> bool: ...
-def learned(
-    x: NDArray[Any],
-    code: int,
-    table: NDArray[Any],
-    positions: NDArray[np.int64] | None,
-    offset: int,
-    num_threads: int,
-) -> None: ...
-def learned_fast(x: object, table: object, offset: object, num_threads: int) -> bool: ...
+def learned_fast(
+    x: object, table: object, positions: object, offset: object, num_threads: int
+) -> bool: ...
 def rope(
     q: NDArray[Any],
     k: NDArray[Any] | None,

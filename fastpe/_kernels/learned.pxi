@@ -152,58 +152,83 @@ cdef void learned_run(const LearnedCall *a, store_t *x, const store_t *table,
             learned_unit(a, x, table, u)
 
 
-def learned(cnp.ndarray x, int code, cnp.ndarray table, object positions, int64_t offset,
-            int num_threads):
-    """x[b, t] += table[pos[b, t]], in place.
-
-    x: writable (batch, seq, dim) view of storage `code`; table: (rows, dim) of
-    the same storage, every position already checked to be < rows; positions:
-    None (offset + t) or C-contiguous int64 (1 or batch, seq).
-    """
-    cdef LearnedCall a
-    a.batch, a.seq, a.dim = x.shape[0], x.shape[1], x.shape[2]
-    a.sb, a.ss, a.sd = elem_stride(x, 0), elem_stride(x, 1), elem_stride(x, 2)
-    a.tr, a.td = elem_stride(table, 0), elem_stride(table, 1)
-    a.pos = positions_ptr(positions)
-    a.pos_rows = 1 if positions is None else (<cnp.ndarray>positions).shape[0]
-    a.offset = offset
-    learned_execute(&a, code, <char *>cnp.PyArray_DATA(x),
-                    <const char *>cnp.PyArray_DATA(table), cnp.PyArray_ITEMSIZE(table),
-                    num_threads)
-
-
-def learned_fast(object x, object table, object offset, int num_threads):
-    """add_learned's fast path: x += table[offset : offset + seq] and True for the plain
-    common case, checked here in C (a mid-sized add is then one call, not a dozen
-    Python checks whose code the add itself has evicted from the caches); False,
-    with nothing written, for anything else: the general path validates and raises.
+def learned_fast(object x, object table, object positions, object offset, int num_threads):
+    """add_learned's compiled entry: x += table[positions] (positions None: rows offset
+    to offset + seq) and True for the common case, checked here in C (a mid-sized add
+    is then one call, not a dozen Python checks whose code the add itself has evicted
+    from the caches); False, with nothing written, for anything else: the general path
+    validates, raises or normalises, and calls this again.
 
     Common case: x an exact, writable, aligned, native float array of 2 or 3
     dimensions with whole-element strides and disjoint elements; table an exact,
     aligned, native 2-D array of the same dtype and width, apart from x, with whole-
-    element strides; offset an int with offset + seq <= the table's rows.
+    element strides; positions None and offset an int with offset + seq <= the
+    table's rows, or offset 0 and positions an exact, aligned, native, C-contiguous
+    integer array (seq,) or (1 or batch, seq), apart from x, every value in [0, rows).
+    Positions are copied before they are checked (up to POSITIONS_STACK on the stack,
+    more on the heap): a rewrite by another thread cannot move a read past the table.
     """
     cdef LearnedCall a
     cdef Py_ssize_t dims[3]
     cdef Py_ssize_t strides[3]
+    cdef int64_t posbuf[POSITIONS_STACK]
+    cdef int64_t *pos = NULL
+    cdef Py_ssize_t i, n, pos_rows = 1
     cdef int code = fast_rows(x, dims, strides)
     if code < 0 or not cnp.PyArray_CheckExact(table) or type(offset) is not int:
         return False
     cdef cnp.ndarray xa = <cnp.ndarray>x
     cdef cnp.ndarray ta = <cnp.ndarray>table
+    cdef cnp.ndarray pa
     if (cnp.PyArray_NDIM(ta) != 2 or cnp.PyArray_TYPE(ta) != cnp.PyArray_TYPE(xa)
             or not (cnp.PyArray_ISALIGNED(ta) and cnp.PyArray_ISNOTSWAPPED(ta))
             or not whole_element_strides(ta) or ta.shape[1] != dims[2]
-            or not (0 <= offset <= ta.shape[0] - dims[1]) or extents_overlap(xa, ta)):
+            or extents_overlap(xa, ta)):
         return False
-    a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
-    a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
-    a.tr, a.td = elem_stride(ta, 0), elem_stride(ta, 1)
-    a.pos = NULL
-    a.pos_rows = 1
-    a.offset = offset
-    learned_execute(&a, code, <char *>cnp.PyArray_DATA(xa),
-                    <const char *>cnp.PyArray_DATA(ta), cnp.PyArray_ITEMSIZE(ta), num_threads)
+    if positions is None:
+        if not (0 <= offset <= ta.shape[0] - dims[1]):
+            return False
+    else:
+        if offset != 0 or not cnp.PyArray_CheckExact(positions):
+            return False
+        pa = <cnp.ndarray>positions
+        if (not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(pa))
+                or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
+                or not cnp.PyArray_ISNOTSWAPPED(pa) or extents_overlap(xa, pa)):
+            return False
+        if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == dims[1]:
+            pos_rows = 1
+        elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == dims[1]
+              and (pa.shape[0] == 1 or pa.shape[0] == dims[0])):
+            pos_rows = pa.shape[0]
+        else:
+            return False
+        n = cnp.PyArray_SIZE(pa)
+        if n <= POSITIONS_STACK:
+            pos = &posbuf[0]
+        else:
+            pos = <int64_t *>malloc(n * sizeof(int64_t))
+            if pos == NULL:
+                return False
+    try:
+        if pos != NULL:
+            if not read_positions(pa, pos):
+                return False
+            for i in range(n):
+                if not 0 <= pos[i] < ta.shape[0]:
+                    return False
+        a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
+        a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
+        a.tr, a.td = elem_stride(ta, 0), elem_stride(ta, 1)
+        a.pos = pos
+        a.pos_rows = pos_rows
+        a.offset = offset if pos == NULL else 0
+        learned_execute(&a, code, <char *>cnp.PyArray_DATA(xa),
+                        <const char *>cnp.PyArray_DATA(ta), cnp.PyArray_ITEMSIZE(ta),
+                        num_threads)
+    finally:
+        if pos != &posbuf[0]:
+            free(pos)
     return True
 
 
