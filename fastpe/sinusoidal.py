@@ -133,7 +133,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
     kern = _backend.kernels()
     # floats of known types only: the general path reads float(v), which a subclass's
     # __float__ may answer differently from the value the compiled call would read
-    if (kern is not None and positions is None and padding_idx is None
+    if (kern is not None and padding_idx is None
             and type(x) is np.ndarray and type(base) in _FLOATS and 1.0 <= base < math.inf
             and type(scale) in _FLOATS and type(layout) is str and layout == "interleaved"
             and type(frequencies) is str and frequencies == "transformer"
@@ -143,7 +143,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         # frequencies of at most 1, which sinusoidal_inv_freq never refuses
         arr: Any = x
         if arr.ndim in (2, 3) and kern.sinusoidal_fast(
-                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base), offset, scale,
+                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base), positions, offset, scale,
                 _threads.resolve(num_threads, arr.nbytes)):
             return x
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,

@@ -849,7 +849,7 @@ def test_fast_path_declines_without_writing():
     }
     for name, (x, w, offset, scale, error) in cases.items():
         before = snapshot(x)
-        assert kern.sinusoidal_fast(x, w, offset, scale, 1) is False, name
+        assert kern.sinusoidal_fast(x, w, None, offset, scale, 1) is False, name
         assert snapshot(x) == before, name
         if error is None:
             continue
@@ -862,7 +862,8 @@ def test_fast_path_declines_without_writing():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_fast_path_gives_the_general_paths_bits(dtype):
     """Plain calls (the README's np.sqrt(d) scale, the last positions below 2**32, 2-D and
-    3-D, strided and transposed x) take the fast path, with the general path's bits."""
+    3-D, strided and transposed x, position arrays of any integer dtype) take the fast
+    path, with the general path's bits."""
     kern = fastpe._backend.compiled
     real = kern.sinusoidal_fast
     taken = []
@@ -872,11 +873,18 @@ def test_fast_path_gives_the_general_paths_bits(dtype):
         return taken[-1]
 
     base = awkward_values((3, 40, 24), dtype, seed=9)
+    # a first call registers ml_dtypes' bfloat16 with the kernels (until then the fast
+    # path declines it: the general path does that)
+    fastpe.add_sinusoidal(base.copy())
     for name, view, kw in [
         ("3-D, sqrt(d) scale", lambda b: b, {"scale": np.sqrt(24)}),
         ("2-D, last positions", lambda b: b[0], {"offset": 2**32 - 40}),
         ("strided", lambda b: b[:, ::2, 1:21], {"base": 500.0, "scale": -2.0}),
         ("transposed", lambda b: b.transpose(0, 2, 1)[:, :, :24], {"offset": 7}),
+        ("positions per row", lambda b: b,
+         {"positions": (np.arange(120).reshape(3, 40) * 7919 % 4099).astype(np.int32)}),
+        ("shared positions, the last below 2**32", lambda b: b[:, :5],
+         {"positions": np.array([2**32 - 1, 0, 2**31, 12345, 2**32 - 2], np.uint64)}),
     ]:
         fast, general = base.copy(), base.copy()
         with fastpe.use_backend("cython"):
@@ -892,3 +900,36 @@ def test_fast_path_gives_the_general_paths_bits(dtype):
             finally:
                 kern.sinusoidal_fast = real
         assert_bytes_equal(fast, general, name)
+
+
+@needs_compiled
+def test_fast_path_declines_positions_it_cannot_prove():
+    """Position arrays out of range, in x's own memory, byte-swapped or beside an offset
+    are declined with x untouched; add_sinusoidal then raises the general path's error
+    or adds as it does."""
+    kern = fastpe._backend.compiled
+    x0 = awkward_values((2, 6, 16), F32, seed=3)
+    w = fastpe._math.sinusoidal_inv_freq(16, 10000.0)
+    pos = np.arange(12).reshape(2, 6)
+    buf = np.zeros(2 * 6 * 16 + 12, np.float32)
+    inside = buf[:2 * 6 * 16].reshape(2, 6, 16)
+    for name, x, positions, offset, error in [
+        ("negative", x0.copy(), -pos, 0, ValueError),
+        ("at 2**32", x0.copy(), pos + 2**32 - 6, 0, ValueError),
+        ("in x's memory", inside, buf.view(np.uint8)[:96].view(np.int64).reshape(2, 6), 0,
+         ValueError),
+        ("with an offset", x0.copy(), pos, 1, ValueError),
+        ("byte-swapped", x0.copy(), pos.astype(">i8"), 0, None),
+    ]:
+        before = x.copy()
+        assert kern.sinusoidal_fast(x, w, positions, offset, 1.0, 1) is False, name
+        assert_bytes_equal(x, before, name)
+        if error is not None:
+            with pytest.raises(error, match=r"positions|offset"):
+                fastpe.add_sinusoidal(x, positions, offset=offset)
+            assert_bytes_equal(x, before, name)
+        else:
+            want = x.copy()
+            fastpe.reference.add_sinusoidal(want, positions)
+            fastpe.add_sinusoidal(x, positions)
+            assert_close(x, want, np.dtype(np.float32), magnitude=4.0, context=name)

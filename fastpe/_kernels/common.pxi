@@ -455,3 +455,74 @@ cdef inline void angles_for_token(double *s, double *c, const double *w,
         fpe_sincos_row(<double>p, w, s, c, n, 1.0)
     else:
         advance_angles(s, c, step_s, step_c, n)
+
+
+cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
+    """Integer positions of any width and signedness into out as int64; False when
+    one is past the int64 range (a uint64 above 2**63 - 1)."""
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(pa)
+    cdef const char *p = <const char *>cnp.PyArray_DATA(pa)
+    cdef int size = <int>cnp.PyArray_ITEMSIZE(pa)
+    cdef bint unsigned = cnp.PyTypeNum_ISUNSIGNED(cnp.PyArray_TYPE(pa))
+    for i in range(n):
+        if unsigned:
+            if size == 1:
+                out[i] = (<const uint8_t *>p)[i]
+            elif size == 2:
+                out[i] = (<const uint16_t *>p)[i]
+            elif size == 4:
+                out[i] = (<const uint32_t *>p)[i]
+            elif (<const uint64_t *>p)[i] > <uint64_t>INT64_MAX_VALUE:
+                return False
+            else:
+                out[i] = <int64_t>(<const uint64_t *>p)[i]
+        elif size == 1:
+            out[i] = (<const int8_t *>p)[i]
+        elif size == 2:
+            out[i] = (<const int16_t *>p)[i]
+        elif size == 4:
+            out[i] = (<const int32_t *>p)[i]
+        else:
+            out[i] = (<const int64_t *>p)[i]
+    return True
+
+
+cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
+                              Py_ssize_t seq, int64_t limit, int64_t *buf,
+                              Py_ssize_t *rows) noexcept:
+    """The positions of a (batch, seq, ...) call on x, owned by the call: `positions` an
+    exact, aligned, native, C-contiguous integer array (seq,) or (1 or batch, seq)
+    whose bytes are apart from x's, copied into buf (up to POSITIONS_STACK values) or
+    a malloc'd block (the caller frees what is not buf), then checked: every value in
+    [0, limit). The copy, with its rows in *rows; NULL, nothing allocated, otherwise.
+    Copied before checked: a rewrite by another thread cannot move a read past a table."""
+    cdef cnp.ndarray pa
+    cdef int64_t *out
+    cdef Py_ssize_t i, n
+    if not cnp.PyArray_CheckExact(positions):
+        return NULL
+    pa = <cnp.ndarray>positions
+    if (not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(pa))
+            or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
+            or not cnp.PyArray_ISNOTSWAPPED(pa) or extents_overlap(x, pa)):
+        return NULL
+    if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == seq:
+        rows[0] = 1
+    elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == seq
+          and (pa.shape[0] == 1 or pa.shape[0] == batch)):
+        rows[0] = pa.shape[0]
+    else:
+        return NULL
+    n = cnp.PyArray_SIZE(pa)
+    out = buf if n <= POSITIONS_STACK else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    if out == NULL:
+        return NULL
+    if read_positions(pa, out):
+        for i in range(n):
+            if not 0 <= out[i] < limit:
+                break
+        else:
+            return out
+    if out != buf:
+        free(out)
+    return NULL

@@ -143,7 +143,12 @@ def sinusoidal(
     cos_first: bool = ...,
 ) -> None: ...
 def sinusoidal_fast(
-    x: object, inv_freq: object, offset: object, scale: float, num_threads: int
+    x: object,
+    inv_freq: object,
+    positions: object,
+    offset: object,
+    scale: float,
+    num_threads: int,
 ) -> bool: ...
 def learned_fast(
     x: object, table: object, positions: object, offset: object, num_threads: int

@@ -173,13 +173,12 @@ def learned_fast(object x, object table, object positions, object offset, int nu
     cdef Py_ssize_t strides[3]
     cdef int64_t posbuf[POSITIONS_STACK]
     cdef int64_t *pos = NULL
-    cdef Py_ssize_t i, n, pos_rows = 1
+    cdef Py_ssize_t pos_rows = 1
     cdef int code = fast_rows(x, dims, strides)
     if code < 0 or not cnp.PyArray_CheckExact(table) or type(offset) is not int:
         return False
     cdef cnp.ndarray xa = <cnp.ndarray>x
     cdef cnp.ndarray ta = <cnp.ndarray>table
-    cdef cnp.ndarray pa
     if (cnp.PyArray_NDIM(ta) != 2 or cnp.PyArray_TYPE(ta) != cnp.PyArray_TYPE(xa)
             or not (cnp.PyArray_ISALIGNED(ta) and cnp.PyArray_ISNOTSWAPPED(ta))
             or not whole_element_strides(ta) or ta.shape[1] != dims[2]
@@ -188,41 +187,19 @@ def learned_fast(object x, object table, object positions, object offset, int nu
     if positions is None:
         if not (0 <= offset <= ta.shape[0] - dims[1]):
             return False
+    elif offset != 0:
+        return False
     else:
-        if offset != 0 or not cnp.PyArray_CheckExact(positions):
+        pos = owned_positions(positions, xa, dims[0], dims[1], ta.shape[0], posbuf, &pos_rows)
+        if pos == NULL:
             return False
-        pa = <cnp.ndarray>positions
-        if (not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(pa))
-                or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
-                or not cnp.PyArray_ISNOTSWAPPED(pa) or extents_overlap(xa, pa)):
-            return False
-        if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == dims[1]:
-            pos_rows = 1
-        elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == dims[1]
-              and (pa.shape[0] == 1 or pa.shape[0] == dims[0])):
-            pos_rows = pa.shape[0]
-        else:
-            return False
-        n = cnp.PyArray_SIZE(pa)
-        if n <= POSITIONS_STACK:
-            pos = &posbuf[0]
-        else:
-            pos = <int64_t *>malloc(n * sizeof(int64_t))
-            if pos == NULL:
-                return False
+    a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
+    a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
+    a.tr, a.td = elem_stride(ta, 0), elem_stride(ta, 1)
+    a.pos = pos
+    a.pos_rows = pos_rows
+    a.offset = offset if pos == NULL else 0
     try:
-        if pos != NULL:
-            if not read_positions(pa, pos):
-                return False
-            for i in range(n):
-                if not 0 <= pos[i] < ta.shape[0]:
-                    return False
-        a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
-        a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
-        a.tr, a.td = elem_stride(ta, 0), elem_stride(ta, 1)
-        a.pos = pos
-        a.pos_rows = pos_rows
-        a.offset = offset if pos == NULL else 0
         learned_execute(&a, code, <char *>cnp.PyArray_DATA(xa),
                         <const char *>cnp.PyArray_DATA(ta), cnp.PyArray_ITEMSIZE(ta),
                         num_threads)

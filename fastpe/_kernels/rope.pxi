@@ -560,36 +560,6 @@ def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bi
     rope_execute(&a, code, <char *>cnp.PyArray_DATA(q), kp, num_threads)
 
 
-cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
-    """Integer positions of any width and signedness into out as int64; False when
-    one is past the int64 range (a uint64 above 2**63 - 1)."""
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(pa)
-    cdef const char *p = <const char *>cnp.PyArray_DATA(pa)
-    cdef int size = <int>cnp.PyArray_ITEMSIZE(pa)
-    cdef bint unsigned = cnp.PyTypeNum_ISUNSIGNED(cnp.PyArray_TYPE(pa))
-    for i in range(n):
-        if unsigned:
-            if size == 1:
-                out[i] = (<const uint8_t *>p)[i]
-            elif size == 2:
-                out[i] = (<const uint16_t *>p)[i]
-            elif size == 4:
-                out[i] = (<const uint32_t *>p)[i]
-            elif (<const uint64_t *>p)[i] > <uint64_t>INT64_MAX_VALUE:
-                return False
-            else:
-                out[i] = <int64_t>(<const uint64_t *>p)[i]
-        elif size == 1:
-            out[i] = (<const int8_t *>p)[i]
-        elif size == 2:
-            out[i] = (<const int16_t *>p)[i]
-        elif size == 4:
-            out[i] = (<const int32_t *>p)[i]
-        else:
-            out[i] = (<const int64_t *>p)[i]
-    return True
-
-
 cdef bint read_ints(object seq_, Py_ssize_t n, int64_t *out) noexcept:
     """A list or tuple of n Python ints >= 0 into out; False for anything else."""
     cdef Py_ssize_t i

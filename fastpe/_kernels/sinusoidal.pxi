@@ -390,42 +390,60 @@ def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
     sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(x), num_threads)
 
 
-def sinusoidal_fast(object x, object inv_freq, object offset, double scale, int num_threads):
-    """add_sinusoidal's fast path: x = x * scale + PE[offset + t] (interleaved) and True
-    for the plain common case, checked here in C (a mid-sized add is then one call,
-    not a dozen Python checks whose code the add itself has evicted from the caches);
-    False, with nothing written, for anything else: the general path validates and
-    raises.
+def sinusoidal_fast(object x, object inv_freq, object positions, object offset, double scale,
+                    int num_threads):
+    """add_sinusoidal's fast path: x = x * scale + PE[positions] (interleaved; positions
+    None: offset + t) and True for the plain common case, checked here in C (a
+    mid-sized add is then one call, not a dozen Python checks whose code the add
+    itself has evicted from the caches); False, with nothing written, for anything
+    else: the general path validates and raises.
 
     Common case: x an exact, writable, aligned, native float array of 2 or 3
     dimensions with whole-element strides and disjoint elements; inv_freq the
-    C-contiguous float64 (ceil(dim / 2),) frequencies; offset an int with every
-    position below 2**32; scale finite.
+    C-contiguous float64 (ceil(dim / 2),) frequencies; scale finite; positions None
+    and offset an int with every position below 2**32, or offset 0 and positions as
+    owned_positions() takes them, each below 2**32.
     """
     cdef SinusoidalCall a
     cdef Py_ssize_t dims[3]
     cdef Py_ssize_t strides[3]
+    cdef int64_t posbuf[POSITIONS_STACK]
+    cdef int64_t *pos = NULL
+    cdef Py_ssize_t pos_rows = 1
     cdef int code = fast_rows(x, dims, strides)
     if (code < 0 or type(offset) is not int or not (scale - scale == 0)
             or not cnp.PyArray_CheckExact(inv_freq)):
         return False
     cdef cnp.ndarray wa = <cnp.ndarray>inv_freq
     if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] != (dims[2] + 1) // 2
-            or not (0 <= offset and offset + dims[1] <= (<int64_t>1 << 32))):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or wa.shape[0] != (dims[2] + 1) // 2):
         return False
+    if positions is None:
+        if not (0 <= offset and offset + dims[1] <= MAX_ANGLE_POSITION):
+            return False
+    elif offset != 0:
+        return False
+    else:
+        pos = owned_positions(positions, <cnp.ndarray>x, dims[0], dims[1], MAX_ANGLE_POSITION,
+                              posbuf, &pos_rows)
+        if pos == NULL:
+            return False
     a.x = <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
     a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]
     a.sb, a.ss, a.sd = strides[0], strides[1], strides[2]
-    a.pos = NULL
-    a.pos_rows = 1
-    a.offset = offset
+    a.pos = pos
+    a.pos_rows = pos_rows
+    a.offset = offset if pos == NULL else 0
     a.w = <const double *>cnp.PyArray_DATA(wa)
     a.nfreq = wa.shape[0]
     a.split = a.cos_first = False
     a.accumulate = True
     a.scale = scale
-    sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(<cnp.ndarray>x), num_threads)
+    try:
+        sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(<cnp.ndarray>x), num_threads)
+    finally:
+        if pos != &posbuf[0]:
+            free(pos)
     return True
 
 
