@@ -6,11 +6,11 @@ kernels_avx512.pyi re-export it.
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-The loops (rope, sinusoidal, learned, alibi) trust their arguments: fastpe's Python
-layer has validated and normalised them (fastpe._checks). The front doors (rope_call
-and the *_fast entries) take the caller's objects, check them in C and return False,
-having written nothing, for anything but the plain case they document. None of them
-raises on data.
+The loops (rope, sinusoidal, alibi) trust their arguments: fastpe's Python layer has
+validated and normalised them (fastpe._checks). The front doors (rope_call and the *_fast
+entries) take the caller's objects, check them in C and return False (0), having written
+nothing, for anything but the case they document; learned_fast is add_learned's only
+entry. None of them raises on data or calls back into fastpe's Python.
 """
 
 from typing import Any, Final, final
