@@ -111,6 +111,17 @@ _STATES: Any = None if _backend.compiled is None else _backend.compiled.RopeStat
     frozenset({type(None), bool, int, float, str, np.float64, np.float32, np.int64, np.int32}))
 
 
+def _with_team(kern: Any, nbytes: int, state: Any, q: Any, k: Any, positions: Any,
+               offset: Any, style: Any, layout: Any, inverse: Any, num_threads: Any, cos: Any,
+               sin: Any) -> int:
+    """The compiled entry again for a call it found to touch `nbytes` bytes, past the
+    serial size: with the team the thread policy gives it."""
+    done: int = kern.rope_call(state, q, k, positions, offset, style, layout, inverse,
+                               num_threads, cos, sin, _threads.SERIAL_BYTES,
+                               _threads.resolve(num_threads, nbytes))
+    return done
+
+
 def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...]:
     """A RoPE call's q, k, positions and layout for the validating path: torch tensors
     as fastpe._checks views them (refusing what torch would) with the layout they must
@@ -192,10 +203,9 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         if state is not None:
             done = kern.rope_call(state, q, k, positions, offset, style, layout, inverse,
                                   num_threads, None, None, _threads.SERIAL_BYTES, 0)
-            if done > 1:  # a large call: the thread policy sizes its team
-                done = kern.rope_call(state, q, k, positions, offset, style, layout, inverse,
-                                      num_threads, None, None, _threads.SERIAL_BYTES,
-                                      _threads.resolve(num_threads, done))
+            if done > 1:
+                done = _with_team(kern, done, state, q, k, positions, offset, style, layout,
+                                  inverse, num_threads, None, None)
             if done:
                 if q is not given[0] or k is not given[1]:
                     kern.torch_bump(given)  # torch tensors, now written
@@ -254,10 +264,9 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     if kern is not None:
         done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
                               num_threads, cos, sin, _threads.SERIAL_BYTES, 0)
-        if done > 1:  # a large call: the thread policy sizes its team
-            done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
-                                  num_threads, cos, sin, _threads.SERIAL_BYTES,
-                                  _threads.resolve(num_threads, done))
+        if done > 1:
+            done = _with_team(kern, done, None, q, k, positions, offset, style, layout,
+                              inverse, num_threads, cos, sin)
     if not done:
         _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=layout, inverse=inverse, num_threads=num_threads))
@@ -483,13 +492,10 @@ class RotaryEmbedding:
         if state and kern is not None and (positions is None or self.axes == 1):
             done = kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
                                   num_threads, None, None, _threads.SERIAL_BYTES, 0)
-            if done == 1:
+            if done == 1 or (done and _with_team(kern, done, state, q, k, positions, offset,
+                                                 self.style, layout, inverse, num_threads,
+                                                 None, None)):
                 return q, k
-            if done:  # a large call: the thread policy sizes its team
-                if kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
-                                  num_threads, None, None, _threads.SERIAL_BYTES,
-                                  _threads.resolve(num_threads, done)):
-                    return q, k
         given = q, k
         inverse = _checks.flag(inverse, "inverse")
         q, k, positions, layout = _tensor_views(q, k, positions, layout)
