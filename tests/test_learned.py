@@ -501,3 +501,55 @@ def test_compiled_entry_takes_position_arrays_and_declines_the_rest(dtype):
     assert kern.learned_fast(x, table, inside, 0, 1) is False
     with pytest.raises(ValueError, match="positions"):
         fastpe.add_learned(x, table, inside)
+
+
+@needs_compiled
+def test_entry_takes_what_the_validator_proves():
+    """Calls the validator accepts run, as fastpe.reference runs them: no tokens with an
+    offset past the table (nothing to add); x and table interleaved in one buffer with
+    no element in common, whether the compiled entry's own proof follows it (columns
+    side by side) or only the validator's exact one does."""
+    kern = fastpe._backend.compiled
+    table = np.ones((4, 8), np.float32)
+    for offset in (10, 2**62):
+        x = np.zeros((2, 0, 8), np.float32)
+        assert fastpe.add_learned(x, table, offset=offset) is x
+        assert kern.learned_fast(x, table, None, offset, 1) is True
+    buf = np.arange(128, dtype=np.float32).reshape(8, 16)
+    for name, (x_of, table_of) in {
+        "columns side by side": (lambda b: b[:4, :8], lambda b: b[:, 8:]),
+        "alternate columns": (lambda b: b[:, 1::2], lambda b: b[:, ::2]),
+        "alternate rows": (lambda b: b[1::2, :8], lambda b: b[::2, :8]),
+    }.items():
+        seq, rows = x_of(buf).shape[0], table_of(buf).shape[0]
+        for positions in (None, np.arange(seq)[::-1] % rows):
+            b, want = buf.copy(), buf.copy()
+            fastpe.reference.add_learned(x_of(want), table_of(want), positions)
+            fastpe.add_learned(x_of(b), table_of(b), positions)
+            assert_bytes_equal(b, want, f"{name}, positions {positions}")
+
+
+@needs_compiled
+def test_validated_call_falls_back_to_a_copy_of_the_table(monkeypatch):
+    """Where the validator proves x and the table apart and the compiled entry's bounded
+    proof cannot (here: made to decline the table it is given), the validated call adds
+    from a copy of the table, with the same bits; the caller's table is not written."""
+    kern = fastpe._backend.compiled
+    real = kern.learned_fast
+    seen = []
+
+    table = awkward_values((40, 6), F32, seed=2)
+
+    def declines_the_callers_table(x, tab, *args):
+        seen.append(tab)
+        return False if np.shares_memory(tab, table) else real(x, tab, *args)
+
+    x0 = awkward_values((3, 5, 6), F32, seed=3)
+    want = x0.copy()
+    fastpe.reference.add_learned(want, table, offset=4)
+    x, before = x0.copy(), table.copy()
+    monkeypatch.setattr(kern, "learned_fast", declines_the_callers_table)
+    fastpe.add_learned(x, table, offset=4)
+    assert len(seen) == 3 and seen[-1] is not table   # front door, validated, copy
+    assert_bytes_equal(x, want)
+    assert_bytes_equal(table, before)

@@ -161,12 +161,12 @@ def learned_fast(object x, object table, object positions, object offset, int nu
 
     Common case: x an exact, writable, aligned, native float array of 2 or 3
     dimensions with whole-element strides and disjoint elements; table an exact,
-    aligned, native 2-D array of the same dtype and width, apart from x, with whole-
-    element strides; positions None and offset an int with offset + seq <= the
-    table's rows, or offset 0 and positions an exact, aligned, native, C-contiguous
-    integer array (seq,) or (1 or batch, seq), apart from x, every value in [0, rows).
-    Positions are copied before they are checked (up to POSITIONS_STACK on the stack,
-    more on the heap): a rewrite by another thread cannot move a read past the table.
+    aligned, native 2-D array of the same dtype and width with whole-element strides,
+    provably apart from x (views_apart); positions None and offset an int >= 0 with
+    offset + seq <= the table's rows (any offset when there are no rows to add), or
+    offset 0 and positions as owned_positions() takes them, every value in [0, rows):
+    copied before they are checked (up to POSITIONS_STACK on the stack, more on the
+    heap), so that a rewrite by another thread cannot move a read past the table.
     """
     cdef LearnedCall a
     cdef Py_ssize_t dims[3]
@@ -182,10 +182,12 @@ def learned_fast(object x, object table, object positions, object offset, int nu
     if (cnp.PyArray_NDIM(ta) != 2 or cnp.PyArray_TYPE(ta) != cnp.PyArray_TYPE(xa)
             or not (cnp.PyArray_ISALIGNED(ta) and cnp.PyArray_ISNOTSWAPPED(ta))
             or not whole_element_strides(ta) or ta.shape[1] != dims[2]
-            or extents_overlap(xa, ta)):
+            or not views_apart(xa, ta)):
         return False
     if positions is None:
-        if not (0 <= offset <= ta.shape[0] - dims[1]):
+        # every row from offset to offset + seq - 1 in the table (none: any offset)
+        if not (0 <= offset <= INT64_MAX_VALUE) or (
+                dims[0] and dims[1] and offset > ta.shape[0] - dims[1]):
             return False
     elif offset != 0:
         return False
