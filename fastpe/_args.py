@@ -550,7 +550,6 @@ class AlibiPlan(NamedTuple):
     causal: bool
     symmetric: bool
     accumulate: bool               # scores += bias, else scores = bias
-    max_position: int              # largest position of any query or key, -1 when none
     num_threads: int | None
 
 
@@ -597,11 +596,11 @@ def _per_sequence(value: object, name: str, lead: tuple[int, ...], batch: int,
 
 
 def _alibi_positions(value: object, name: str, lead: tuple[int, ...], batch: int,
-                     length: int) -> tuple[np.ndarray, int]:
+                     length: int) -> np.ndarray:
     converted = _checks.as_array(value, name)
     rows = _per_sequence(converted, name, lead, batch, length, f"{length} positions")
-    pos, hi = _checks.position_array(value, name, converted)
-    return pos.reshape(rows, length), hi
+    pos, _ = _checks.position_array(value, name, converted)
+    return pos.reshape(rows, length)
 
 
 def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
@@ -646,16 +645,14 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
         raise ValueError(f"give either q_positions or q_offset, not both (q_offset={offset})")
     mask = None if key_mask is None else _alibi_key_mask(key_mask, lead, batch, k)
     kpos = qpos = None
-    k_hi = k - 1
     if k_positions is not None:
-        kpos, k_hi = _alibi_positions(k_positions, "k_positions", lead, batch, k)
+        kpos = _alibi_positions(k_positions, "k_positions", lead, batch, k)
     elif mask is not None:
         # BLOOM's positions of a padded batch: real keys count 0, 1, 2, ...;
         # padding gets 0 (it is masked anyway)
         kpos = (np.cumsum(mask, axis=1, dtype=np.int64) - 1) * mask
-        k_hi = int(kpos.max()) if kpos.size else -1
     if q_positions is not None:
-        qpos, q_hi = _alibi_positions(q_positions, "q_positions", lead, batch, q)
+        qpos = _alibi_positions(q_positions, "q_positions", lead, batch, q)
     elif kpos is not None:
         # query i is the token at key index q_offset + i: it takes that key's position
         off = k - q if offset is None else offset
@@ -669,7 +666,6 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
                 f"pass q_positions")
         else:
             qpos = np.ascontiguousarray(kpos[:, off:off + q])
-        q_hi = int(qpos.max()) if qpos.size else -1
     else:
         if offset is None:
             if q > k > 0:
@@ -679,13 +675,11 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
             offset = max(k - q, 0)
         if q and offset + q - 1 > _checks.INT64_MAX:
             raise ValueError(f"q_offset {offset} + q_len {q} is past the int64 range")
-        q_hi = offset + q - 1
     name = "scores" if accumulate else "out"
     _checks.disjoint(scores, name, (slopes, "slopes"), (q_positions, "q_positions"),
                      (k_positions, "k_positions"), (key_mask, "key_mask"))
     return AlibiPlan(scores, batch, slope_values, qpos, offset or 0, kpos, mask,
-                     causal, symmetric, accumulate,
-                     max(q_hi if q else -1, k_hi if k else -1), num_threads)
+                     causal, symmetric, accumulate, num_threads)
 
 
 def add_alibi(scores: object, *, slopes: object, max_bias: object, q_offset: object,

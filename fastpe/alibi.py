@@ -26,18 +26,21 @@ from ._typing import ArrayLike, DTypeLike, InPlace, PositionsLike
 __all__ = ["add_alibi", "alibi_bias", "alibi_slopes"]
 
 def _run(plan: _args.AlibiPlan) -> None:
+    """The validated, normalised call, through the same compiled entry."""
     kern = _backend.kernels()
     if kern is None:
         reference.run_alibi(plan)
         return
-    nbytes = plan.scores.nbytes * (2 if plan.accumulate else 1)
+    threads = _threads.resolve(plan.num_threads,
+                               plan.scores.nbytes * (2 if plan.accumulate else 1))
     with _checks.kernel_views(plan.scores) as (work,):
-        kern.alibi(work, _checks.dtype_code(work.dtype, "scores"), slopes=plan.slopes,
-                   q_positions=plan.q_positions, q_offset=plan.q_offset,
-                   k_positions=plan.k_positions, key_mask=plan.key_mask, causal=plan.causal,
-                   symmetric=plan.symmetric, accumulate=plan.accumulate,
-                   max_position=plan.max_position,
-                   num_threads=_threads.resolve(plan.num_threads, nbytes))
+        done = kern.alibi_call(work, plan.slopes, plan.q_positions,
+                               None if plan.q_positions is not None else plan.q_offset,
+                               plan.k_positions, plan.key_mask, plan.causal, plan.symmetric,
+                               plan.accumulate, threads)
+    if not done:
+        raise RuntimeError("fastpe: the compiled ALiBi entry declined a validated call "
+                           "(a bug: please report it)")
 
 
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,
@@ -157,17 +160,15 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         _checks.bump_written(scores)  # written: its version counter, as torch does
         return scores
     kern = _backend.kernels()
-    if (kern is not None and type(scores) is np.ndarray
-            and slopes is max_bias is q_positions is k_positions is key_mask is None
-            and type(causal) is bool and type(symmetric) is bool
+    if (kern is not None and type(scores) is np.ndarray and max_bias is None
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
-        # the plain common case, checked in C (False: nothing written, take the
-        # general path, which also produces every error message)
+        # the compiled entry checks the call in C (False: nothing written, take the
+        # validating path, which also produces every error message)
         x: Any = scores
         if x.ndim >= 3:
-            sl = _math.cached_alibi_slopes(x.shape[-3], 8.0)
-            if kern.alibi_fast(x, sl, q_offset, causal, symmetric,
-                               _threads.resolve(num_threads, 2 * x.nbytes)):
+            sl = _math.cached_alibi_slopes(x.shape[-3], 8.0) if slopes is None else slopes
+            if kern.alibi_call(x, sl, q_positions, q_offset, k_positions, key_mask, causal,
+                               symmetric, True, _threads.resolve(num_threads, 2 * x.nbytes)):
                 return scores
     _run(_args.add_alibi(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
                          causal=causal, symmetric=symmetric, q_positions=q_positions,

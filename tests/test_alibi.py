@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -808,28 +809,77 @@ BAD_BIAS = [
 
 
 @needs_compiled
-def test_fast_path_declines_without_writing():
-    """The C fast path returns False (nothing written) for whatever is not the plain case,
-    and the general path then decides: these all still work, or raise."""
+def test_compiled_entry_declines_without_writing():
+    """The compiled entry returns False (nothing written) for whatever it does not take,
+    and the validating path then decides: these all still work, or raise."""
     kern = fastpe._backend.compiled
     slopes = fastpe.alibi_slopes(3)
-    for scores, q_offset in [
-        (np.zeros(S, ">f4"), None),                             # byte-swapped
-        (np.zeros((2, 3, 7, 6), np.float32), None),             # q > k
-        (np.zeros(S, np.float32), -1),                          # negative offset
-        (np.zeros(S, np.float32), 2**63),                       # past int64
-        (np.zeros((2, 4, 4, 6), np.float32), None),             # 4 heads, 3 slopes
-        (np.zeros((4, 6), np.float32), None),                   # 2-D
-        (_strided_zero(), None),                                # zero stride
-        (_read_only(), None),                                   # read-only
+    two_rows = np.array([[0, 1, 2, 3], [1, 2, 3, 4]])
+    mask = np.ones((2, 6), np.uint8)
+    for scores, q_offset, extra in [
+        (np.zeros(S, ">f4"), None, {}),                            # byte-swapped
+        (np.zeros((2, 3, 7, 6), np.float32), None, {}),            # q > k
+        (np.zeros(S, np.float32), -1, {}),                         # negative offset
+        (np.zeros(S, np.float32), 2**63, {}),                      # past int64
+        (np.zeros((2, 4, 4, 6), np.float32), None, {}),            # 4 heads, 3 slopes
+        (np.zeros((4, 6), np.float32), None, {}),                  # 2-D
+        (_strided_zero(), None, {}),                               # zero stride
+        (_read_only(), None, {}),                                  # read-only
+        (np.zeros(S, np.float32), 0, {"q_positions": two_rows}),   # offset and positions
+        (np.zeros(S, np.float32), None, {"q_positions": two_rows.tolist()}),  # a list
+        (np.zeros(S, np.float32), None, {"q_positions": -two_rows}),          # negative
+        (np.zeros(S, np.float32), None, {"q_positions": two_rows[:, :3]}),    # short
+        (np.zeros(S, np.float32), None, {"q_positions": np.zeros((3, 4), int)}),  # 3 rows
+        (np.zeros(S, np.float32), None, {"key_mask": mask * 2}),   # not 0/1
+        (np.zeros(S, np.float32), None, {"key_mask": mask.astype(np.float32)}),  # floats
+        (np.zeros(S, np.float32), 3, {"key_mask": mask}),          # query 3 past the keys
+        (np.zeros((1, 2, 3, 4, 6), np.float32), None,              # lead-shaped positions
+         {"k_positions": np.zeros((1, 2, 6), int)}),
     ]:
         before = snapshot(scores)
-        assert kern.alibi_fast(scores, slopes, q_offset, True, False, 1) is False
+        kw = {"q_positions": None, "k_positions": None, "key_mask": None, **extra}
+        heads = scores.shape[-3] if scores.ndim >= 3 else 3
+        sl = slopes if heads == 3 else fastpe.alibi_slopes(4)[:3]
+        assert kern.alibi_call(scores, sl, kw["q_positions"], q_offset, kw["k_positions"],
+                               kw["key_mask"], True, False, True, 1) is False
         assert snapshot(scores) == before
     x = np.zeros(S, ">f4")
     fastpe.add_alibi(x, causal=True)
     assert_bytes_equal(x.astype(np.float32), fastpe.add_alibi(np.zeros(S, np.float32),
                                                               causal=True), "byte-swapped")
+
+
+@needs_compiled
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o != "max_bias"])
+def test_per_sequence_calls_take_the_compiled_entry_directly(option, monkeypatch):
+    """Positions, masks and slopes a decode step passes are taken by the compiled entry
+    from the caller's own arrays, with no validating pass first; the bits are those of
+    the validating path's call (any rounding the same) and near the reference's."""
+    kern = fastpe._backend.compiled
+    real = kern.alibi_call
+    callers: list[tuple[str, bool]] = []
+
+    def spy(*args):
+        done = real(*args)
+        callers.append((sys._getframe(1).f_code.co_name, done))
+        return done
+
+    shape = (2, 3, 5, 11)
+    kw = option_kwargs(option, 2, 3, 5, 11, seed=4)
+    scores = awkward_values(shape, F32, seed=2, low=-4, high=4)
+    validated = scores.copy()
+    want = scores.copy()
+    monkeypatch.setattr(kern, "alibi_call", spy)
+    fastpe.add_alibi(scores, **kw)
+    assert callers == [("add_alibi", True)], option
+    fastpe.alibi._run(fastpe._args.add_alibi(
+        validated, slopes=kw.get("slopes"), max_bias=None, q_offset=kw.get("q_offset"),
+        causal=kw.get("causal", False), symmetric=kw.get("symmetric", False),
+        q_positions=kw.get("q_positions"), k_positions=kw.get("k_positions"),
+        key_mask=kw.get("key_mask"), num_threads=1))
+    assert_bytes_equal(scores, validated, option)
+    fastpe.reference.add_alibi(want, **kw)
+    assert_same_scores(scores, want, F32, magnitude(as_f64(want), kw, 5, 11), option)
 
 
 @pytest.mark.parametrize("dtype", [d for d in FLOAT_DTYPES if d.itemsize == 2], ids=str)

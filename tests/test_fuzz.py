@@ -79,7 +79,7 @@ def serial_bytes(n: int):
 
 @contextlib.contextmanager
 def fast_path(name: str, enabled: bool, log: list | None = None):
-    """Leave the compiled C fast path `name` ("rope_call", "alibi_fast", "learned_fast",
+    """Leave the compiled C fast path `name` ("rope_call", "alibi_call", "learned_fast",
     "sinusoidal_fast") as it is, or make it decline every call (False: the general path
     runs). `log` records, per call, "fast" or "declined"."""
     kern = fastpe._backend.compiled
@@ -769,7 +769,7 @@ def test_add_alibi(case, dtype, seed, nt, data):
     with fastpe.use_backend("numpy"):
         _, exc_r = outcome(lambda: fastpe.add_alibi(ref, **kw))
     log: list[str] = []
-    with serial_bytes(0), fast_path("alibi_fast", True, log):
+    with serial_bytes(0), fast_path("alibi_call", True, log):
         ret, exc_c = outcome(lambda: fastpe.add_alibi(x, num_threads=nt, **kw))
     assert_same_error(exc_c, exc_r, ctx)
     placed.untouched_outside(before, ctx)
@@ -779,7 +779,7 @@ def test_add_alibi(case, dtype, seed, nt, data):
     assert ret is x
     event(f"alibi path: {log[-1] if log else 'general only'}")
     general = np.array(x0)
-    with fast_path("alibi_fast", False):
+    with fast_path("alibi_call", False):
         fastpe.add_alibi(general, num_threads=1, **kw)
     assert_bytes_equal(x, general, ctx + ": fast path / nt threads vs general path / 1 thread")
     assert_same_scores(x, ref, dtype, alibi_magnitude(x0, kw, shape[-2], shape[-1]), ctx)

@@ -108,6 +108,20 @@ def test_slopes_aliasing_scores_through_array_are_refused():
     assert (scores == 0.5).all()
 
 
+@pytest.mark.parametrize("name", ["slopes", "key_mask", "q_positions", "k_positions"])
+def test_alibi_arrays_inside_the_scores_are_refused(name):
+    """Plain arrays that are part of the scores' own memory, given as the slopes, the
+    mask or positions: refused as the reference refuses them, scores untouched (the
+    compiled entry takes these arguments from the caller's arrays itself)."""
+    scores = np.zeros((1, 2, 3, 8))
+    inside = {"slopes": scores[0, 0, 0, :2], "key_mask": scores[0, 0, 0].view(np.int64),
+              "q_positions": scores[0, 0, 0, :3].view(np.int64),
+              "k_positions": scores[0, 0, 0].view(np.int64)}[name]
+    with pytest.raises(ValueError, match=rf"{name} overlaps scores"):
+        fastpe.add_alibi(scores, **{name: inside})
+    assert not scores.any()
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_float_subclass_is_read_through_its_float(fast):
     """Both paths take float(x): the compiled fast path may not read the raw value."""

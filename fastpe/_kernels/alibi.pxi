@@ -1074,88 +1074,215 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
     return 0
 
 
-def alibi(cnp.ndarray scores, int code, cnp.ndarray slopes, object q_positions,
-          int64_t q_offset, object k_positions, object key_mask, bint causal, bint symmetric,
-          bint accumulate, int64_t max_position, int num_threads):
-    """scores[..., h, i, j] += bias (accumulate), else = bias, in place.
-
-    scores: writable (..., heads, q, k) array of storage `code` with
-    whole-element strides, none zero on an axis longer than 1; slopes:
-    C-contiguous float64 (heads,); q_positions: None (q_offset + i) or
-    C-contiguous int64 (1 or batch, q); k_positions: None (j) or C-contiguous
-    int64 (1 or batch, k); key_mask: None or C-contiguous uint8 (1 or batch, k)
-    of 0/1; batch is the product of the leading dims, rows of the position
-    arrays follow them in C order; max_position: the largest position of any
-    query or key. Arguments are validated by the caller.
-    """
-    cdef AlibiCall a
-    a.slopes = <const double *>cnp.PyArray_DATA(slopes)
-    a.qpos = positions_ptr(q_positions)
-    a.qrows = 1 if q_positions is None else (<cnp.ndarray>q_positions).shape[0]
-    a.q_offset = q_offset
-    a.kpos = positions_ptr(k_positions)
-    a.krows = 1 if k_positions is None else (<cnp.ndarray>k_positions).shape[0]
-    a.mask = NULL
-    a.mrows = 1
-    if key_mask is not None:
-        a.mask = <const unsigned char *>cnp.PyArray_DATA(<cnp.ndarray>key_mask)
-        a.mrows = (<cnp.ndarray>key_mask).shape[0]
-    a.causal, a.symmetric, a.accumulate = causal, symmetric, accumulate
-    alibi_execute(&a, scores, code, max_position, num_threads)
+cdef struct AlibiOwned:
+    # what an alibi_call reads without the GIL, copied from the caller's objects:
+    # stack buffers for a decode-sized call, malloc'd blocks past them
+    double sbuf[64]
+    int64_t qbuf[POSITIONS_STACK]
+    int64_t kbuf[POSITIONS_STACK]
+    unsigned char mbuf[POSITIONS_STACK]
+    double *slopes
+    int64_t *qpos
+    int64_t *kpos
+    unsigned char *mask
 
 
-def alibi_fast(object scores, object slopes, object q_offset, bint causal, bint symmetric,
-               int num_threads):
-    """add_alibi's fast path: add the bias and return True when the call is the plain
-    common case (checked here in C, cheaply); return False having touched nothing
-    otherwise, and the caller takes the general, fully validating path.
+cdef void alibi_owned_free(AlibiOwned *o) noexcept:
+    if o.slopes != NULL and o.slopes != &o.sbuf[0]:
+        free(o.slopes)
+    if o.qpos != NULL and o.qpos != &o.qbuf[0]:
+        free(o.qpos)
+    if o.kpos != NULL and o.kpos != &o.kbuf[0]:
+        free(o.kpos)
+    if o.mask != NULL and o.mask != &o.mbuf[0]:
+        free(o.mask)
 
-    Common case: scores an exact, writable, aligned, native float array of at
-    least 3 dimensions with whole-element strides and disjoint elements; slopes a
-    C-contiguous float64 vector of one finite value per head;
-    q_offset None (k_len - q_len, which must not be negative) or an int >= 0;
-    no per-sequence positions and no mask.
-    """
-    cdef int code = fast_code(scores)
-    if code < 0 or not cnp.PyArray_CheckExact(slopes):
+
+cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
+                       Py_ssize_t heads) noexcept:
+    """slopes an exact, C-contiguous, aligned, native float64 vector of `heads` finite
+    values whose bytes are apart from x's, copied into o.slopes."""
+    if not cnp.PyArray_CheckExact(slopes):
         return False
-    cdef cnp.ndarray x = <cnp.ndarray>scores
     cdef cnp.ndarray s = <cnp.ndarray>slopes
-    cdef int nd = cnp.PyArray_NDIM(x)
-    if nd < 3:
-        return False
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
-    cdef Py_ssize_t i, q = dims[nd - 2], k = dims[nd - 1]
-    cdef const double *sp
-    cdef int64_t off
-    if not whole_element_strides(x) or not elements_disjoint(x):
-        return False
     if (cnp.PyArray_TYPE(s) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(s) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(s) or s.shape[0] != dims[nd - 3]):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(s) or not cnp.PyArray_ISALIGNED(s)
+            or not cnp.PyArray_ISNOTSWAPPED(s) or s.shape[0] != heads
+            or extents_overlap(x, s)):
         return False
-    sp = <const double *>cnp.PyArray_DATA(s)
-    for i in range(s.shape[0]):
-        if not (sp[i] - sp[i] == 0):  # NaN or infinite
+    o.slopes = &o.sbuf[0] if heads <= 64 else <double *>malloc(max(heads, 1) * sizeof(double))
+    if o.slopes == NULL:
+        return False
+    memcpy(o.slopes, cnp.PyArray_DATA(s), heads * sizeof(double))
+    cdef Py_ssize_t h
+    for h in range(heads):
+        if not (o.slopes[h] - o.slopes[h] == 0):  # NaN or infinite
             return False
-    if q_offset is None:
-        if k < q:
-            return False
-        off = k - q
-    elif type(q_offset) is int:
-        if not (0 <= q_offset <= INT64_MAX_VALUE - q):
-            return False
-        off = q_offset
+    return True
+
+
+cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t batch,
+                     Py_ssize_t k, Py_ssize_t *rows) noexcept:
+    """key_mask an exact, aligned, native, C-contiguous bool or integer array (k,) or
+    (1 or batch, k) whose bytes are apart from x's, copied into o.mask as 0/1 (a
+    bool's every non-zero byte is True); an integer other than 0 and 1 is not taken."""
+    if not cnp.PyArray_CheckExact(key_mask):
+        return False
+    cdef cnp.ndarray m = <cnp.ndarray>key_mask
+    cdef int t = cnp.PyArray_TYPE(m)
+    cdef Py_ssize_t size = cnp.PyArray_ITEMSIZE(m)
+    if ((t != cnp.NPY_BOOL and not cnp.PyTypeNum_ISINTEGER(t))
+            or not cnp.PyArray_IS_C_CONTIGUOUS(m) or not cnp.PyArray_ISALIGNED(m)
+            or not cnp.PyArray_ISNOTSWAPPED(m) or extents_overlap(x, m)):
+        return False
+    if cnp.PyArray_NDIM(m) == 1 and m.shape[0] == k:
+        rows[0] = 1
+    elif (cnp.PyArray_NDIM(m) == 2 and m.shape[1] == k
+          and (m.shape[0] == 1 or m.shape[0] == batch)):
+        rows[0] = m.shape[0]
     else:
         return False
-    cdef AlibiCall a
-    a.slopes = sp
-    a.qpos = NULL
-    a.qrows = 1
-    a.q_offset = off
-    a.kpos = NULL
-    a.krows = 1
-    a.mask = NULL
-    a.mrows = 1
-    a.causal, a.symmetric, a.accumulate = causal, symmetric, True
-    alibi_execute(&a, x, code, max(off + q - 1, k - 1), num_threads)
+    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(m)
+    cdef const char *p = <const char *>cnp.PyArray_DATA(m)
+    cdef uint64_t v
+    o.mask = &o.mbuf[0] if n <= POSITIONS_STACK else <unsigned char *>malloc(max(n, 1))
+    if o.mask == NULL:
+        return False
+    for i in range(n):
+        if size == 1:
+            v = (<const uint8_t *>p)[i]
+        elif size == 2:
+            v = (<const uint16_t *>p)[i]
+        elif size == 4:
+            v = (<const uint32_t *>p)[i]
+        elif size == 8:
+            v = (<const uint64_t *>p)[i]
+        else:
+            return False
+        if v > 1:
+            if t != cnp.NPY_BOOL:
+                return False
+            v = 1
+        o.mask[i] = <unsigned char>v
     return True
+
+
+cdef int64_t *owned_block(int64_t *buf, Py_ssize_t n) noexcept:
+    return buf if n <= POSITIONS_STACK else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+
+
+cdef int64_t largest(const int64_t *v, Py_ssize_t n, int64_t hi) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if v[i] > hi:
+            hi = v[i]
+    return hi
+
+
+def alibi_call(object scores, object slopes, object q_positions, object q_offset,
+               object k_positions, object key_mask, object causal, object symmetric,
+               object accumulate, int num_threads):
+    """The ALiBi entry of add_alibi and alibi_bias: scores[..., h, i, j] += bias
+    (accumulate), else = bias, in place, and True; False, with nothing written, for any
+    argument outside what it takes (the Python layer then validates the call in full,
+    names what is wrong or normalises it, and calls this again).
+
+    It takes: scores an exact, writable, aligned, native float array of at least 3
+    dimensions (..., heads, q, k) with whole-element strides and disjoint elements;
+    slopes an exact, aligned, native, C-contiguous float64 (heads,) of finite values;
+    q_positions and k_positions None or integer arrays as owned_positions() takes
+    them for (batch, q) and (batch, k) calls, batch the product of the leading dims;
+    key_mask None or an aligned, native, C-contiguous bool or integer array (k,) or
+    (1 or batch, k) of 0/1; slopes, positions and mask with byte ranges apart from
+    the scores'; q_offset None or an int >= 0, not with q_positions; causal, symmetric and
+    accumulate bools. As add_alibi documents: with q_positions None, query i is at
+    q_offset + i (default k - q) or, when key positions are given or derived from
+    key_mask as BLOOM does, at the position of key q_offset + i. Slopes, positions
+    and mask are copied before they are checked and read.
+    """
+    cdef int code = fast_code(scores)
+    if (code < 0 or type(causal) is not bool or type(symmetric) is not bool
+            or type(accumulate) is not bool):
+        return False
+    cdef cnp.ndarray x = <cnp.ndarray>scores
+    cdef int ax, nd = cnp.PyArray_NDIM(x)
+    if nd < 3 or not whole_element_strides(x) or not elements_disjoint(x):
+        return False
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
+    cdef Py_ssize_t heads = dims[nd - 3], q = dims[nd - 2], k = dims[nd - 1]
+    cdef Py_ssize_t batch = 1, j, r, i
+    for ax in range(nd - 3):
+        batch *= dims[ax]
+    cdef AlibiCall a
+    cdef AlibiOwned o
+    cdef int64_t off = 0, hi = -1, count
+    cdef bint given_offset = q_offset is not None
+    o.slopes = NULL
+    o.qpos = NULL
+    o.kpos = NULL
+    o.mask = NULL
+    a.qrows = a.krows = a.mrows = 1
+    if given_offset:
+        if type(q_offset) is not int or q_positions is not None:
+            return False
+        if not (0 <= q_offset <= INT64_MAX_VALUE - max(q - 1, 0)):
+            return False
+        off = q_offset
+    try:
+        if not owned_slopes(&o, slopes, x, heads):
+            return False
+        if key_mask is not None and not owned_mask(&o, key_mask, x, batch, k, &a.mrows):
+            return False
+        if k_positions is not None:
+            o.kpos = owned_positions(k_positions, x, batch, k, INT64_MAX_VALUE, &o.kbuf[0],
+                                     &a.krows)
+            if o.kpos == NULL:
+                return False
+        elif o.mask != NULL:
+            # BLOOM's positions of a padded batch: real keys count 0, 1, 2, ...;
+            # padding gets 0 (it is masked anyway)
+            a.krows = a.mrows
+            o.kpos = owned_block(&o.kbuf[0], a.krows * k)
+            if o.kpos == NULL:
+                return False
+            for r in range(a.krows):
+                count = 0
+                for j in range(k):
+                    count += o.mask[r * k + j]
+                    o.kpos[r * k + j] = (count - 1) * o.mask[r * k + j]
+        if q_positions is not None:
+            o.qpos = owned_positions(q_positions, x, batch, q, INT64_MAX_VALUE, &o.qbuf[0],
+                                     &a.qrows)
+            if o.qpos == NULL:
+                return False
+        elif o.kpos != NULL and k > 0:
+            # query i is the token at key index q_offset + i: it takes that key's position
+            if not given_offset:
+                off = k - q
+            if off < 0 or off > k - q:
+                return False
+            a.qrows = a.krows
+            o.qpos = owned_block(&o.qbuf[0], a.qrows * q)
+            if o.qpos == NULL:
+                return False
+            for r in range(a.qrows):
+                memcpy(o.qpos + r * q, o.kpos + r * k + off, q * sizeof(int64_t))
+            off = 0
+        elif not given_offset:
+            if q > k > 0:
+                return False
+            off = max(k - q, 0)
+        if o.qpos != NULL:
+            hi = largest(o.qpos, a.qrows * q, hi) if q else -1
+        elif q:
+            hi = off + q - 1
+        if k:
+            hi = largest(o.kpos, a.krows * k, hi) if o.kpos != NULL else max(hi, k - 1)
+        a.slopes = o.slopes
+        a.qpos, a.q_offset = o.qpos, off
+        a.kpos, a.mask = o.kpos, o.mask
+        a.causal, a.symmetric, a.accumulate = causal, symmetric, accumulate
+        alibi_execute(&a, x, code, hi, num_threads)
+        return True
+    finally:
+        alibi_owned_free(&o)

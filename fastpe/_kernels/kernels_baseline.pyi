@@ -6,11 +6,12 @@ kernels_avx512.pyi re-export it.
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-The loops (rope, sinusoidal, alibi) trust their arguments: fastpe's Python layer has
-validated and normalised them (fastpe._checks). The front doors (rope_call and the *_fast
-entries) take the caller's objects, check them in C and return False (0), having written
-nothing, for anything but the case they document; learned_fast is add_learned's only
-entry. None of them raises on data or calls back into fastpe's Python.
+The loops (rope, sinusoidal) trust their arguments: fastpe's Python layer has validated
+and normalised them (fastpe._checks). The front doors (rope_call, alibi_call and the
+*_fast entries) take the caller's objects, check them in C and return False (0), having
+written nothing, for anything but the case they document; learned_fast and alibi_call
+are their operations' only entries. None of them raises on data or calls back into
+fastpe's Python.
 """
 
 from typing import Any, Final, final
@@ -171,26 +172,16 @@ def rope(
     pair_axis: NDArray[np.int8] | None = None,
     pair_axis2: NDArray[np.int8] | None = None,
 ) -> None: ...
-def alibi(
-    scores: NDArray[Any],
-    code: int,
-    slopes: NDArray[np.float64],
-    q_positions: NDArray[np.int64] | None,
-    q_offset: int,
-    k_positions: NDArray[np.int64] | None,
-    key_mask: NDArray[np.uint8] | None,
-    causal: bool,
-    symmetric: bool,
-    accumulate: bool,
-    max_position: int,
-    num_threads: int,
-) -> None: ...
-def alibi_fast(
+def alibi_call(
     scores: object,
     slopes: object,
+    q_positions: object,
     q_offset: object,
-    causal: bool,
-    symmetric: bool,
+    k_positions: object,
+    key_mask: object,
+    causal: object,
+    symmetric: object,
+    accumulate: object,
     num_threads: int,
 ) -> bool: ...
 def t5_relative(

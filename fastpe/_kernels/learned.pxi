@@ -192,7 +192,8 @@ def learned_fast(object x, object table, object positions, object offset, int nu
     elif offset != 0:
         return False
     else:
-        pos = owned_positions(positions, xa, dims[0], dims[1], ta.shape[0], posbuf, &pos_rows)
+        pos = owned_positions(positions, xa, dims[0], dims[1], ta.shape[0] - 1, posbuf,
+                              &pos_rows)
         if pos == NULL:
             return False
     a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]

@@ -424,8 +424,8 @@ def sinusoidal_fast(object x, object inv_freq, object positions, object offset, 
     elif offset != 0:
         return False
     else:
-        pos = owned_positions(positions, <cnp.ndarray>x, dims[0], dims[1], MAX_ANGLE_POSITION,
-                              posbuf, &pos_rows)
+        pos = owned_positions(positions, <cnp.ndarray>x, dims[0], dims[1],
+                              MAX_ANGLE_POSITION - 1, posbuf, &pos_rows)
         if pos == NULL:
             return False
     a.x = <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
