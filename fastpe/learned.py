@@ -37,7 +37,7 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
         # the common case, checked in C (False: nothing written, take the general
         # path, which also produces every error message)
         arr: Any = x
-        if kern.learned_fast(arr, table, positions, offset,
+        if kern.learned_call(arr, table, positions, offset,
                              _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
     plan = _args.add_learned(x, table, positions=positions, offset=offset,
@@ -54,12 +54,12 @@ def _run(kern: Any, plan: _args.LearnedPlan) -> None:
     threads = _threads.resolve(plan.num_threads, 2 * plan.x.nbytes)
     table = _checks.kernel_view(plan.table)
     with _checks.kernel_views(plan.x) as (work,):
-        done = kern.learned_fast(work, table, plan.positions.array, plan.positions.offset,
+        done = kern.learned_call(work, table, plan.positions.array, plan.positions.offset,
                                  threads)
         if not done:
             # x and the table proven apart exactly by the validator, in a way the entry's
             # bounded proof does not follow: a copy of the table is apart from x
-            done = kern.learned_fast(work, np.array(table), plan.positions.array,
+            done = kern.learned_call(work, np.array(table), plan.positions.array,
                                      plan.positions.offset, threads)
     if not done:
         raise RuntimeError("fastpe: the compiled add_learned declined a validated call "

@@ -294,10 +294,11 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     # One sinusoidal table in the "split" layout is [sin | cos] per row.
     table = np.empty(pos.shape + (2 * half,), dtype=dt)
     rows = table.reshape(1, pos.size, 2 * half)
-    kern.sinusoidal(rows, _checks.dtype_code(dt, "dtype"), positions=pos.reshape(1, -1),
-                    offset=0, inv_freq=freqs.inv_freq, split=True, accumulate=False,
-                    scale=freqs.attention_scaling,
-                    num_threads=_threads.resolve(None, table.nbytes))
+    if not kern.sinusoidal_call(rows, freqs.inv_freq, pos.reshape(1, -1), 0,
+                                freqs.attention_scaling, True, False, False,
+                                _threads.resolve(None, table.nbytes)):
+        raise RuntimeError("fastpe: the compiled sinusoidal entry declined a validated "
+                           "call (a bug: please report it)")
     return table[..., half:], table[..., :half]
 
 

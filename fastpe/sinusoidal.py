@@ -30,6 +30,7 @@ from ._typing import (
 
 
 def _run(plan: _args.SinusoidalPlan) -> None:
+    """The validated, normalised call, through the same compiled entry."""
     kern = _backend.kernels()
     if kern is None:
         reference.run_sinusoidal(plan)
@@ -38,12 +39,13 @@ def _run(plan: _args.SinusoidalPlan) -> None:
     if plan.zero_tail:  # fairseq's odd dim: the kernel fills the even-width part
         x = plan.x[..., :-1]
     with _checks.kernel_views(x) as (work,):
-        kern.sinusoidal(work, _checks.dtype_code(work.dtype, "x"),
-                        positions=plan.positions.array, offset=plan.positions.offset,
-                        inv_freq=plan.inv_freq, split=plan.split, accumulate=plan.accumulate,
-                        scale=plan.scale,
-                        num_threads=_threads.resolve(plan.num_threads, plan.x.nbytes),
-                        cos_first=plan.cos_first)
+        done = kern.sinusoidal_call(work, plan.inv_freq, plan.positions.array,
+                                    plan.positions.offset, plan.scale, plan.split,
+                                    plan.cos_first, plan.accumulate,
+                                    _threads.resolve(plan.num_threads, plan.x.nbytes))
+    if not done:
+        raise RuntimeError("fastpe: the compiled sinusoidal entry declined a validated "
+                           "call (a bug: please report it)")
     if plan.zero_tail:
         tail = plan.x[..., -1]
         if plan.accumulate:
@@ -138,13 +140,13 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
             and type(scale) in _FLOATS and type(layout) is str and layout == "interleaved"
             and type(frequencies) is str and frequencies == "transformer"
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
-        # the plain common case, checked in C (False: nothing written, take the general
-        # path, which also produces every error message); a base of at least 1 gives
-        # frequencies of at most 1, which sinusoidal_inv_freq never refuses
+        # the compiled entry checks the call in C (False: nothing written, take the
+        # validating path, which also produces every error message); a base of at
+        # least 1 gives frequencies of at most 1, which sinusoidal_inv_freq never refuses
         arr: Any = x
-        if arr.ndim in (2, 3) and kern.sinusoidal_fast(
+        if arr.ndim in (2, 3) and kern.sinusoidal_call(
                 arr, _math.sinusoidal_inv_freq(arr.shape[-1], base), positions, offset, scale,
-                _threads.resolve(num_threads, arr.nbytes)):
+                False, False, True, _threads.resolve(num_threads, arr.nbytes)):
             return x
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,
                               scale=scale, num_threads=num_threads, frequencies=frequencies,

@@ -79,8 +79,8 @@ def serial_bytes(n: int):
 
 @contextlib.contextmanager
 def fast_path(name: str, enabled: bool, log: list | None = None):
-    """Leave the compiled C fast path `name` ("rope_call", "alibi_call", "learned_fast",
-    "sinusoidal_fast") as it is, or make it decline every call (False: the general path
+    """Leave the compiled C fast path `name` ("rope_call", "alibi_call", "learned_call",
+    "sinusoidal_call") as it is, or make it decline every call (False: the general path
     runs). `log` records, per call, "fast" or "declined"."""
     kern = fastpe._backend.compiled
     real = getattr(kern, name)
@@ -333,7 +333,7 @@ def test_add_sinusoidal(case, dtype, seed, nt, data, layout, scale, base):
     with fastpe.use_backend("numpy"):
         _, exc_r = outcome(lambda: fastpe.add_sinusoidal(ref, positions, **kw))
     log: list[str] = []
-    with serial_bytes(0), fast_path("sinusoidal_fast", True, log):
+    with serial_bytes(0), fast_path("sinusoidal_call", True, log):
         ret, exc_c = outcome(lambda: fastpe.add_sinusoidal(x, positions, num_threads=nt, **kw))
     assert_same_error(exc_c, exc_r, ctx)
     placed.untouched_outside(before, ctx)
@@ -343,7 +343,7 @@ def test_add_sinusoidal(case, dtype, seed, nt, data, layout, scale, base):
     assert ret is x
     event(f"sinusoidal path: {log[-1] if log else 'general only'}")
     one = np.array(vals.astype(x.dtype))
-    with fast_path("sinusoidal_fast", False):
+    with fast_path("sinusoidal_call", False):
         fastpe.add_sinusoidal(one, positions, num_threads=1, **kw)
     assert_bytes_equal(x, one, ctx + ": fast path / nt threads vs general path / 1 thread")
     mag = float(np.abs(as_f64(vals)).max() * abs(scale)) + 1.0 if vals.size else 1.0
@@ -391,7 +391,7 @@ def test_add_learned(case, dtype, t_layout, data, table_kind, seed, nt):
     with fastpe.use_backend("numpy"):
         _, exc_r = outcome(lambda: fastpe.add_learned(ref, table, positions, offset=offset))
     log: list[str] = []
-    with serial_bytes(0), fast_path("learned_fast", True, log):
+    with serial_bytes(0), fast_path("learned_call", True, log):
         ret, exc_c = outcome(lambda: fastpe.add_learned(x, table, positions, offset=offset,
                                                         num_threads=nt))
     assert_same_error(exc_c, exc_r, ctx)
@@ -407,7 +407,7 @@ def test_add_learned(case, dtype, t_layout, data, table_kind, seed, nt):
     else:
         assert_close(x, ref, dtype, magnitude=4.0, context=ctx)
     general = np.array(x0)
-    with fast_path("learned_fast", False):
+    with fast_path("learned_call", False):
         fastpe.add_learned(general, table, positions, offset=offset, num_threads=1)
     assert_bytes_equal(x, general, ctx + ": fast path / nt threads vs general path / 1 thread")
 

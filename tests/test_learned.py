@@ -414,7 +414,7 @@ def test_fast_path_declines_without_writing():
     }
     for name, (x, tab, offset, error) in cases.items():
         before = snapshot(x)
-        assert kern.learned_fast(x, tab, None, offset, 1) is False, name
+        assert kern.learned_call(x, tab, None, offset, 1) is False, name
         assert snapshot(x) == before, name
         if error is None:
             want = as_f64(x) + as_f64(np.asarray(tab))[int(offset):int(offset) + x.shape[-2]]
@@ -440,7 +440,7 @@ def test_fast_path_takes_plain_calls_with_the_general_paths_bits(dtype):
     ]:
         general = np.array(x)
         fastpe.reference.add_learned(general, table, offset=offset)
-        assert kern.learned_fast(x, table, None, offset, 1) is True, name
+        assert kern.learned_call(x, table, None, offset, 1) is True, name
         assert_bytes_equal(x, general, name)
 
 
@@ -468,7 +468,7 @@ def test_compiled_entry_takes_position_arrays_and_declines_the_rest(dtype):
         x = x0[:, :pos.shape[-1]].copy()
         want = x.copy()
         fastpe.reference.add_learned(want, table, pos)
-        assert kern.learned_fast(x, table, pos, 0, 1) is True, name
+        assert kern.learned_call(x, table, pos, 0, 1) is True, name
         assert_bytes_equal(x, want, name)
     declined = {
         "negative": (-per_row, ValueError),
@@ -483,7 +483,7 @@ def test_compiled_entry_takes_position_arrays_and_declines_the_rest(dtype):
     for name, (pos, error) in declined.items():
         x = x0.copy()
         offset = 3 if name == "with an offset" else 0
-        assert kern.learned_fast(x, table, pos, offset, 1) is False, name
+        assert kern.learned_call(x, table, pos, offset, 1) is False, name
         assert_bytes_equal(x, x0, name)
         if error is None:
             want = x0.copy()
@@ -498,7 +498,7 @@ def test_compiled_entry_takes_position_arrays_and_declines_the_rest(dtype):
     buf = np.zeros(3 * 600 * 12 + 600, dtype)
     x = buf[:3 * 600 * 12].reshape(3, 600, 12)
     inside = buf.view(np.uint8)[:600 * 8].view(np.int64)
-    assert kern.learned_fast(x, table, inside, 0, 1) is False
+    assert kern.learned_call(x, table, inside, 0, 1) is False
     with pytest.raises(ValueError, match="positions"):
         fastpe.add_learned(x, table, inside)
 
@@ -514,7 +514,7 @@ def test_entry_takes_what_the_validator_proves():
     for offset in (10, 2**62):
         x = np.zeros((2, 0, 8), np.float32)
         assert fastpe.add_learned(x, table, offset=offset) is x
-        assert kern.learned_fast(x, table, None, offset, 1) is True
+        assert kern.learned_call(x, table, None, offset, 1) is True
     buf = np.arange(128, dtype=np.float32).reshape(8, 16)
     for name, (x_of, table_of) in {
         "columns side by side": (lambda b: b[:4, :8], lambda b: b[:, 8:]),
@@ -535,7 +535,7 @@ def test_validated_call_falls_back_to_a_copy_of_the_table(monkeypatch):
     proof cannot (here: made to decline the table it is given), the validated call adds
     from a copy of the table, with the same bits; the caller's table is not written."""
     kern = fastpe._backend.compiled
-    real = kern.learned_fast
+    real = kern.learned_call
     seen = []
 
     table = awkward_values((40, 6), F32, seed=2)
@@ -548,7 +548,7 @@ def test_validated_call_falls_back_to_a_copy_of_the_table(monkeypatch):
     want = x0.copy()
     fastpe.reference.add_learned(want, table, offset=4)
     x, before = x0.copy(), table.copy()
-    monkeypatch.setattr(kern, "learned_fast", declines_the_callers_table)
+    monkeypatch.setattr(kern, "learned_call", declines_the_callers_table)
     with fastpe.use_backend("cython"):
         fastpe.add_learned(x, table, offset=4)
     assert len(seen) == 3 and seen[-1] is not table   # front door, validated, copy

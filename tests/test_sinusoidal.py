@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import platform
+import sys
 
 import numpy as np
 import pytest
@@ -849,7 +850,7 @@ def test_fast_path_declines_without_writing():
     }
     for name, (x, w, offset, scale, error) in cases.items():
         before = snapshot(x)
-        assert kern.sinusoidal_fast(x, w, None, offset, scale, 1) is False, name
+        assert kern.sinusoidal_call(x, w, None, offset, scale, False, False, True, 1) is False, name
         assert snapshot(x) == before, name
         if error is None:
             continue
@@ -862,10 +863,11 @@ def test_fast_path_declines_without_writing():
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_fast_path_gives_the_general_paths_bits(dtype):
     """Plain calls (the README's np.sqrt(d) scale, the last positions below 2**32, 2-D and
-    3-D, strided and transposed x, position arrays of any integer dtype) take the fast
-    path, with the general path's bits."""
+    3-D, strided and transposed x, position arrays of any integer dtype) are taken by the
+    compiled entry from the caller's objects, with the bits of the validating path's
+    call (normalised arguments: int64 copies of the positions, a float scale)."""
     kern = fastpe._backend.compiled
-    real = kern.sinusoidal_fast
+    real = kern.sinusoidal_call
     taken = []
 
     def spy(*args):
@@ -888,17 +890,19 @@ def test_fast_path_gives_the_general_paths_bits(dtype):
     ]:
         fast, general = base.copy(), base.copy()
         with fastpe.use_backend("cython"):
-            kern.sinusoidal_fast = spy
+            kern.sinusoidal_call = spy
             try:
                 fastpe.add_sinusoidal(view(fast), **kw)
             finally:
-                kern.sinusoidal_fast = real
+                kern.sinusoidal_call = real
             assert taken.pop() is True, name
-            kern.sinusoidal_fast = lambda *args: False
+            # declined from add_sinusoidal itself: the validating path's own call runs
+            kern.sinusoidal_call = lambda *args: (
+                sys._getframe(1).f_code.co_name == "_run" and real(*args))
             try:
                 fastpe.add_sinusoidal(view(general), **kw)
             finally:
-                kern.sinusoidal_fast = real
+                kern.sinusoidal_call = real
         assert_bytes_equal(fast, general, name)
 
 
@@ -922,7 +926,7 @@ def test_fast_path_declines_positions_it_cannot_prove():
         ("byte-swapped", x0.copy(), pos.astype(">i8"), 0, None),
     ]:
         before = x.copy()
-        assert kern.sinusoidal_fast(x, w, positions, offset, 1.0, 1) is False, name
+        assert kern.sinusoidal_call(x, w, positions, offset, 1.0, False, False, True, 1) is False, name
         assert_bytes_equal(x, before, name)
         if error is not None:
             with pytest.raises(error, match=r"positions|offset"):

@@ -6,12 +6,12 @@ kernels_avx512.pyi re-export it.
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-The loops (rope, sinusoidal) trust their arguments: fastpe's Python layer has validated
-and normalised them (fastpe._checks). The front doors (rope_call, alibi_call and the
-*_fast entries) take the caller's objects, check them in C and return False (0), having
-written nothing, for anything but the case they document; learned_fast and alibi_call
-are their operations' only entries. None of them raises on data or calls back into
-fastpe's Python.
+The loop entry rope trusts its arguments: fastpe's Python layer has validated and
+normalised them (fastpe._checks). The front doors (rope_call, alibi_call, learned_call,
+sinusoidal_call) take the caller's objects, check them in C and return False (0), having
+written nothing, for anything but the case they document; learned_call, alibi_call and
+sinusoidal_call are their operations' only entries. None of them raises on data or
+calls back into fastpe's Python.
 """
 
 from typing import Any, Final, final
@@ -131,27 +131,18 @@ def stream_reads(
     fused: bool = ...,
     mask: int = ...,
 ) -> int: ...
-def sinusoidal(
-    x: NDArray[Any],
-    code: int,
-    positions: NDArray[np.int64] | None,
-    offset: int,
-    inv_freq: NDArray[np.float64],
-    split: bool,
-    accumulate: bool,
-    scale: float,
-    num_threads: int,
-    cos_first: bool = ...,
-) -> None: ...
-def sinusoidal_fast(
+def sinusoidal_call(
     x: object,
     inv_freq: object,
     positions: object,
     offset: object,
     scale: float,
+    split: bool,
+    cos_first: bool,
+    accumulate: bool,
     num_threads: int,
 ) -> bool: ...
-def learned_fast(
+def learned_call(
     x: object, table: object, positions: object, offset: object, num_threads: int
 ) -> bool: ...
 def rope(

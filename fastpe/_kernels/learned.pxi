@@ -152,7 +152,7 @@ cdef void learned_run(const LearnedCall *a, store_t *x, const store_t *table,
             learned_unit(a, x, table, u)
 
 
-def learned_fast(object x, object table, object positions, object offset, int num_threads):
+def learned_call(object x, object table, object positions, object offset, int num_threads):
     """add_learned's compiled entry: x += table[positions] (positions None: rows offset
     to offset + seq) and True for the common case, checked here in C (a mid-sized add
     is then one call, not a dozen Python checks whose code the add itself has evicted

@@ -365,44 +365,22 @@ cdef void sinusoidal_run(const SinusoidalCall *a, store_t *x, Work work,
             sinusoidal_unit(a, x, u, work_for(work, 0))
 
 
-def sinusoidal(cnp.ndarray x, int code, object positions, int64_t offset,
-               cnp.ndarray inv_freq, bint split, bint accumulate, double scale,
-               int num_threads, bint cos_first=False):
-    """x[b, t] = x[b, t] * scale + PE[pos[b, t]] (accumulate), else scale * PE[pos[b, t]].
-
-    x: writable (batch, seq, dim) view of storage `code`; positions: None
-    (offset + t) or C-contiguous int64 (1 or batch, seq); inv_freq:
-    C-contiguous float64 (ceil(dim / 2),). Arguments are validated by the caller.
-    """
-    cdef SinusoidalCall a
-    a.x = <char *>cnp.PyArray_DATA(x)
-    a.batch, a.seq, a.dim = x.shape[0], x.shape[1], x.shape[2]
-    a.sb, a.ss, a.sd = elem_stride(x, 0), elem_stride(x, 1), elem_stride(x, 2)
-    a.pos = positions_ptr(positions)
-    a.pos_rows = 1 if positions is None else (<cnp.ndarray>positions).shape[0]
-    a.offset = offset
-    a.w = <const double *>cnp.PyArray_DATA(inv_freq)
-    a.nfreq = inv_freq.shape[0]
-    a.split = split
-    a.cos_first = cos_first
-    a.accumulate = accumulate
-    a.scale = scale
-    sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(x), num_threads)
-
-
-def sinusoidal_fast(object x, object inv_freq, object positions, object offset, double scale,
+def sinusoidal_call(object x, object inv_freq, object positions, object offset,
+                    double scale, bint split, bint cos_first, bint accumulate,
                     int num_threads):
-    """add_sinusoidal's fast path: x = x * scale + PE[positions] (interleaved; positions
-    None: offset + t) and True for the plain common case, checked here in C (a
-    mid-sized add is then one call, not a dozen Python checks whose code the add
-    itself has evicted from the caches); False, with nothing written, for anything
-    else: the general path validates and raises.
+    """The sinusoidal entry of add_sinusoidal, sinusoidal_table and rope_cos_sin:
+    x[b, t] = x[b, t] * scale + PE[pos[b, t]] (accumulate), else scale * PE[pos[b, t]],
+    in place, and True; False, with nothing written, for any argument outside what it
+    takes (the Python layer then validates the call in full, names what is wrong or
+    normalises it, and calls this again). PE rows are interleaved (sin, cos) pairs, or
+    split halves [sin | cos] ([cos | sin] with cos_first).
 
-    Common case: x an exact, writable, aligned, native float array of 2 or 3
-    dimensions with whole-element strides and disjoint elements; inv_freq the
-    C-contiguous float64 (ceil(dim / 2),) frequencies; scale finite; positions None
-    and offset an int with every position below 2**32, or offset 0 and positions as
-    owned_positions() takes them, each below 2**32.
+    It takes: x an exact, writable, aligned, native float array of 2 or 3 dimensions
+    ((seq, dim) or (batch, seq, dim)) with whole-element strides and disjoint elements;
+    inv_freq fastpe's C-contiguous float64 (ceil(dim / 2),) frequencies (not checked:
+    they come from fastpe, never from a caller); scale finite; positions None and
+    offset an int with every position below 2**32, or offset 0 and positions as
+    owned_positions() takes them, each below 2**32 (copied before they are checked).
     """
     cdef SinusoidalCall a
     cdef Py_ssize_t dims[3]
@@ -436,8 +414,9 @@ def sinusoidal_fast(object x, object inv_freq, object positions, object offset, 
     a.offset = offset if pos == NULL else 0
     a.w = <const double *>cnp.PyArray_DATA(wa)
     a.nfreq = wa.shape[0]
-    a.split = a.cos_first = False
-    a.accumulate = True
+    a.split = split
+    a.cos_first = cos_first
+    a.accumulate = accumulate
     a.scale = scale
     try:
         sinusoidal_execute(&a, code, cnp.PyArray_NBYTES(<cnp.ndarray>x), num_threads)
