@@ -132,11 +132,10 @@ class RopePlan(NamedTuple):
     positions: _checks.Positions
     neox: bool
     inv_freq: NDArray[np.float64] | None  # computed angles: float64 (rotary_dim // 2,) ...
-    cos_scale: float               # ... with cos and sin multiplied by these
-    sin_scale: float
+    att: float                     # ... with cos and sin multiplied by this
     cos: np.ndarray | None         # or a (rows, rotary_dim // 2) cos/sin cache
     sin: np.ndarray | None
-    invert_cache: bool
+    inverse: bool                  # rotate by -angle: cos * 1 / att, sin * -1 / att
     num_threads: int | None
     # multi-axis positions: positions.array is int64 (axes, 1 or batch, seq) and
     # pair i rotates by the position on axis pair_axis[i] (int8, (rotary_dim // 2,))
@@ -403,10 +402,9 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
         raise ValueError("inverse=True: this embedding turns the two features of a pair by "
                          "different angles (not a rotation), whose inverse fastpe does not "
                          "apply")
-    cos_scale, sin_scale = (1.0 / att, -1.0 / att) if inverse else (att, att)
     inv_freq = given.inv_freq if pair_freq is None else given.inv_freq[pair_freq]
-    return RopePlan(q4, k4, pos, neox, inv_freq, cos_scale, sin_scale, None, None,
-                    False, _threads.check(num_threads), pair_axis if multi else None,
+    return RopePlan(q4, k4, pos, neox, inv_freq, att, None, None, inverse,
+                    _threads.check(num_threads), pair_axis if multi else None,
                     pair_axis2 if multi else None)
 
 
@@ -463,7 +461,7 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
     cos = (np.cos(angles) * att).reshape(n, -1)
     sin = (np.sin(angles) * att).reshape(n, -1)
     rows_pos = np.arange(n, dtype=np.int64).reshape(-1, seq)
-    return RopePlan(q4, k4, _checks.Positions(rows_pos, 0, n - 1), neox, None, 1.0, 1.0,
+    return RopePlan(q4, k4, _checks.Positions(rows_pos, 0, n - 1), neox, None, 1.0,
                     cos, sin, _checks.flag(inverse, "inverse"), _threads.check(num_threads))
 
 
@@ -487,7 +485,7 @@ def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: ob
     if pos.max >= cos.shape[0]:
         raise IndexError(f"position {pos.max} is past the end of the cos/sin cache "
                          f"({cos.shape[0]} rows)")
-    return RopePlan(q4, k4, pos, neox, None, 1.0, 1.0, cos, sin,
+    return RopePlan(q4, k4, pos, neox, None, 1.0, cos, sin,
                     _checks.flag(inverse, "inverse"),
                     _threads.check(num_threads))
 

@@ -101,14 +101,15 @@ def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype,
         pos = pos[..., None]
     if plan.inv_freq is not None:
         angles = pos.astype(np.float64) * plan.inv_freq
-        cos = np.cos(angles) * plan.cos_scale
-        sin = np.sin(angles) * plan.sin_scale
+        scale = 1.0 / plan.att if plan.inverse else plan.att
+        cos = np.cos(angles) * scale
+        sin = np.sin(angles) * (-scale if plan.inverse else scale)
     else:
         assert plan.cos is not None and plan.sin is not None
         cos = plan.cos[pos[..., 0]].astype(np.float64)
         sin = plan.sin[pos[..., 0]].astype(np.float64)
     cos, sin = cos.astype(work), sin.astype(work)
-    if plan.invert_cache:
+    if plan.inverse and plan.inv_freq is None:
         norm = cos * cos + sin * sin
         cos, sin = cos / norm, -sin / norm
     return cos[:, :, None, :], sin[:, :, None, :]

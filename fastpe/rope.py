@@ -33,23 +33,35 @@ __all__ = ["RopeFrequencies", "RotaryEmbedding", "apply_rope", "apply_rope_cache
 
 
 def _run(plan: _args.RopePlan) -> None:
+    """The validated, normalised call, through the same compiled entry."""
     kern = _backend.kernels()
     if kern is None:
         reference.run_rope(plan)
         return
-    cos = sin = None
-    cache_code = 0
-    if plan.cos is not None and plan.sin is not None:
+    state = cos = sin = None
+    if plan.inv_freq is not None:
+        pos = plan.positions.array  # multi-axis: (axes, rows, seq)
+        axes = pos.shape[0] if plan.pair_axis is not None and pos is not None else 1
+        state = kern.RopeState(-1, False, plan.inv_freq, plan.att, -1, None, plan.pair_axis,
+                               plan.pair_axis2, axes)
+    elif plan.cos is not None and plan.sin is not None:
         cos, sin = _checks.kernel_view(plan.cos), _checks.kernel_view(plan.sin)
-        cache_code = _checks.dtype_code(cos.dtype, "cos")
     nbytes = 2 * (plan.q.nbytes + (0 if plan.k is None else plan.k.nbytes))
+    args = (plan.positions.array, plan.positions.offset, "neox" if plan.neox else "gptj",
+            "bshd", plan.inverse, None)
+    team = _threads.resolve(plan.num_threads, nbytes)
     with _checks.kernel_views(plan.q, plan.k) as (qw, kw):
-        kern.rope(qw, kw, _checks.dtype_code(qw.dtype, "q"), positions=plan.positions.array,
-                  offset=plan.positions.offset, neox=plan.neox, inv_freq=plan.inv_freq,
-                  cos_scale=plan.cos_scale, sin_scale=plan.sin_scale, cos_cache=cos,
-                  sin_cache=sin, cache_code=cache_code, invert_cache=plan.invert_cache,
-                  num_threads=_threads.resolve(plan.num_threads, nbytes),
-                  pair_axis=plan.pair_axis, pair_axis2=plan.pair_axis2)
+        done = kern.rope_call(state, qw, kw, *args, cos, sin, 0, team)
+        if not done:
+            # q, k and the cache proven apart by the validator in a way the entry's
+            # bounded proof does not follow: one array at a time, from a copy of the cache
+            if cos is not None:
+                cos, sin = np.array(cos), np.array(sin)
+            done = kern.rope_call(state, qw, None, *args, cos, sin, 0, team) and (
+                kw is None or kern.rope_call(state, kw, None, *args, cos, sin, 0, team))
+    if not done:
+        raise RuntimeError("fastpe: the compiled RoPE entry declined a validated call "
+                           "(a bug: please report it)")
 
 
 def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> Any:

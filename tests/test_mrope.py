@@ -652,3 +652,47 @@ def _hunyuan(**rope):
 def test_loaders_name_the_key_they_cannot_read(config, error, pattern):
     with pytest.raises(error, match=pattern):
         fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+@pytest.mark.skipif(fastpe._backend.compiled is None, reason="needs the compiled kernels")
+def test_the_compiled_entry_takes_per_axis_positions_only_as_its_state_says():
+    """rope_call with a multi-axis RopeState: (axes, rows, seq) int64 positions of exactly
+    the state's axes, each below 2**32, pair axes below that count, no offset, and no
+    inverse for a pairing that turns a pair's two features by different angles. It
+    declines (0, nothing written) anything else; what it takes matches the reference."""
+    kern = fastpe._backend.compiled
+    inv_freq = fastpe.rope_frequencies(8).inv_freq
+    pair_axis = np.array([0, 1, 2, 2], np.int8)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 5, 3, 8))
+    pos = rng.integers(0, 1000, (3, 2, 5))
+
+    def call(state, positions, offset=0, inverse=False, x=None):
+        x = q.copy() if x is None else x
+        before = x.copy()
+        done = kern.rope_call(state, x, None, positions, offset, "neox", "bshd", inverse, None,
+                              None, None, 0, 1)
+        if not done:
+            assert_bytes_equal(x, before)
+        return done, x
+
+    state = kern.RopeState(-1, False, inv_freq, 1.0, -1, None, pair_axis, None, 3)
+    done, got = call(state, pos)
+    assert done == 1
+    # the formula: pair i (features i, i + 4) turns by the position on its axis
+    angle = np.moveaxis(pos[pair_axis], 0, -1) * inv_freq              # (2, 5, 4)
+    c, s = np.cos(angle)[:, :, None], np.sin(angle)[:, :, None]
+    a, b = q[..., :4], q[..., 4:]
+    want = np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+    assert_close(got, want, np.dtype(np.float64), context="per-axis positions")
+    assert call(state, pos[:2])[0] == 0                                 # 2 axes, not 3
+    assert call(state, pos[0])[0] == 0                                  # text positions
+    assert call(state, pos.astype(np.int32))[0] == 0                    # not int64
+    assert call(state, np.where(pos == pos.max(), 2**32, pos))[0] == 0  # past 2**32
+    assert call(state, pos, offset=1)[0] == 0                           # with an offset
+    assert call(kern.RopeState(-1, False, inv_freq, 1.0, -1, None,
+                               np.array([0, 1, 3, 2], np.int8), None, 3), pos)[0] == 0
+    two = kern.RopeState(-1, False, inv_freq, 1.0, -1, None, pair_axis,
+                         np.array([1, 1, 2, 0], np.int8), 3)
+    assert call(two, pos)[0] == 1
+    assert call(two, pos, inverse=True)[0] == 0                         # no inverse

@@ -420,12 +420,6 @@ cdef inline Py_ssize_t magnitude(Py_ssize_t n) noexcept nogil:
     return -n if n < 0 else n
 
 
-cdef inline const int64_t *positions_ptr(object positions):
-    if positions is None:
-        return NULL
-    return <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>positions)
-
-
 cdef inline int64_t position_at(const int64_t *pos, Py_ssize_t row, Py_ssize_t s,
                                 Py_ssize_t t, int64_t offset) noexcept nogil:
     """Position of token t of row `row` of a (rows, s) positions array, or offset + t."""

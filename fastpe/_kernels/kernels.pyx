@@ -1,20 +1,16 @@
 # cython: language_level=3
 """Compiled loops of fastpe.
 
-Two kinds of entry. The loop entry rope takes arguments that fastpe's Python layer
-has validated and normalised (shapes, dtypes as storage codes, element-aligned
-strides, the call's own int64 positions in range, float64 frequencies). The front
-doors (rope_call, learned_call, sinusoidal_call, alibi_call) take the caller's
-objects and check them here, in C: each either runs the case it documents and
-returns True (rope_call: 1, or a large call's byte count asking for a team), or
-returns False having written nothing, and the Python layer then validates the call
-in full (and names what is wrong). learned_call, alibi_call and sinusoidal_call are
-their operations' only entries: the validating path calls them again with the
+One front door per operation: rope_call, learned_call, sinusoidal_call and
+alibi_call take the caller's objects and check them here, in C. Each either runs the
+case it documents and returns True (rope_call: 1, or a large call's byte count asking
+for a team), or returns False having written nothing; the Python layer then validates
+the call in full (and names what is wrong) and calls the same entry again with the
 normalised arguments. None of them raises on data, calls back into fastpe's Python,
 or writes outside the views it is given; positions, masks and slopes they read
 without the GIL are their own copies. rope_call views plain torch CPU tensors itself
-(tensors.pxi); torch_rope_views and torch_views do it for the Python layer,
-declining anything else to it.
+(tensors.pxi); torch_rope_views and torch_views do it for the Python layer, declining
+anything else to it.
 
 This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 and kernels_avx512 on x86-64); fastpe._kernels imports the

@@ -6,12 +6,11 @@ kernels_avx512.pyi re-export it.
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-The loop entry rope trusts its arguments: fastpe's Python layer has validated and
-normalised them (fastpe._checks). The front doors (rope_call, alibi_call, learned_call,
-sinusoidal_call) take the caller's objects, check them in C and return False (0), having
-written nothing, for anything but the case they document; learned_call, alibi_call and
-sinusoidal_call are their operations' only entries. None of them raises on data or
-calls back into fastpe's Python.
+One front door per operation (rope_call, alibi_call, learned_call, sinusoidal_call)
+takes the caller's objects, checks them in C and returns False (0), having written
+nothing, for anything but the case it documents; fastpe's Python layer then validates
+the call in full and calls the same entry again with the normalised arguments. None of
+them raises on data or calls back into fastpe's Python.
 """
 
 from typing import Any, Final, final
@@ -58,6 +57,12 @@ class RopeState:
     def switch(self) -> int: ...
     @property
     def past(self) -> object: ...
+    @property
+    def pair_axis(self) -> object: ...
+    @property
+    def pair_axis2(self) -> object: ...
+    @property
+    def axes(self) -> int: ...
     def __init__(
         self,
         head_dim: int,
@@ -66,6 +71,9 @@ class RopeState:
         att: float,
         switch: int = -1,
         past: object = None,
+        pair_axis: object = None,
+        pair_axis2: object = None,
+        axes: int = 1,
     ) -> None: ...
 
 @final
@@ -145,24 +153,6 @@ def sinusoidal_call(
 def learned_call(
     x: object, table: object, positions: object, offset: object, num_threads: int
 ) -> bool: ...
-def rope(
-    q: NDArray[Any],
-    k: NDArray[Any] | None,
-    code: int,
-    positions: NDArray[np.int64] | None,
-    offset: int,
-    neox: bool,
-    inv_freq: NDArray[np.float64] | None,
-    cos_scale: float,
-    sin_scale: float,
-    cos_cache: NDArray[Any] | None,
-    sin_cache: NDArray[Any] | None,
-    cache_code: int,
-    invert_cache: bool,
-    num_threads: int,
-    pair_axis: NDArray[np.int8] | None = None,
-    pair_axis2: NDArray[np.int8] | None = None,
-) -> None: ...
 def alibi_call(
     scores: object,
     slopes: object,

@@ -497,69 +497,6 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     return 0
 
 
-def rope(cnp.ndarray q, object k, int code, object positions, int64_t offset, bint neox,
-         object inv_freq, double cos_scale, double sin_scale,
-         object cos_cache, object sin_cache, int cache_code, bint invert_cache,
-         int num_threads, object pair_axis=None, object pair_axis2=None):
-    """Rotate q (and k) in place.
-
-    q, k: writable (batch, seq, heads, head_dim) views of storage `code` (k may
-    be None; head counts may differ). positions: None (offset + t) or
-    C-contiguous int64 (1 or batch, seq). Angles come either from inv_freq
-    (C-contiguous float64 (half,)), with cos and sin multiplied by cos_scale and
-    sin_scale, or from cos_cache/sin_cache ((rows, half) of storage
-    cache_code, every position < rows), inverted when invert_cache.
-    Only the first 2 * half features of each head rotate.
-    pair_axis: None, or with inv_freq a C-contiguous int8 (half,) array of
-    axes (each < MAX_AXES) and positions C-contiguous int64 (axes, 1 or
-    batch, seq): pair i rotates by the position on axis pair_axis[i].
-    pair_axis2: None, or with pair_axis and neox the axis of each pair's second
-    feature (its first takes pair_axis[i]).
-    """
-    cdef RopeCall a
-    cdef Py_ssize_t qshape[4]
-    cdef Py_ssize_t qstr[4]
-    cdef Py_ssize_t kshape[4]
-    cdef Py_ssize_t kstr[4]
-    cdef cnp.ndarray cc, sc
-    cdef char *kp = NULL
-    head_view(q, LAYOUT_BSHD, qshape, qstr)
-    a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
-    a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
-    a.hk = a.kb = a.ks = a.kh = a.kd = 0
-    if k is not None:
-        head_view(<cnp.ndarray>k, LAYOUT_BSHD, kshape, kstr)
-        a.hk = kshape[2]
-        a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
-        kp = <char *>cnp.PyArray_DATA(<cnp.ndarray>k)
-    if pair_axis is None:
-        rope_setup(&a, 0, positions_ptr(positions),
-                   1 if positions is None else (<cnp.ndarray>positions).shape[0],
-                   offset, neox, cos_scale, sin_scale)
-    else:
-        rope_setup(&a, 0, positions_ptr(positions), (<cnp.ndarray>positions).shape[1],
-                   offset, neox, cos_scale, sin_scale)
-        a.axes = (<cnp.ndarray>positions).shape[0]
-        a.pair_axis = <const int8_t *>cnp.PyArray_DATA(<cnp.ndarray>pair_axis)
-        if pair_axis2 is not None:
-            a.pair_axis2 = <const int8_t *>cnp.PyArray_DATA(<cnp.ndarray>pair_axis2)
-    if inv_freq is not None:
-        a.w = <const double *>cnp.PyArray_DATA(<cnp.ndarray>inv_freq)
-        a.half = (<cnp.ndarray>inv_freq).shape[0]
-    else:
-        cc = cos_cache
-        sc = sin_cache
-        a.half = cc.shape[1]
-        a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
-        a.sin_cache = <const char *>cnp.PyArray_DATA(sc)
-        a.cache_code = cache_code
-        a.invert_cache = invert_cache
-        # byte strides along rows: a row is addressed before its type is known
-        a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
-        a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
-    rope_execute(&a, code, <char *>cnp.PyArray_DATA(q), kp, num_threads)
-
-
 cdef bint read_ints(object seq_, Py_ssize_t n, int64_t *out) noexcept:
     """A list or tuple of n Python ints >= 0 into out; False for anything else."""
     cdef Py_ssize_t i
@@ -808,10 +745,8 @@ cdef int rope_with_frequencies(RopeCall *a, int code, object q, object k,
     MAX_ANGLE_POSITION: 1 when it rotated, 0 having touched nothing when the
     frequencies or the scaling are not the plain case."""
     cdef Py_ssize_t i
-    # the validating path refuses what the angles or the float32 scaling cannot hold
-    if (not FLT_MIN <= fabs(cos_scale) <= FLT_MAX
-            or half == 0 or 2 * half > cnp.PyArray_DIMS(
-                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]):
+    if half == 0 or 2 * half > cnp.PyArray_DIMS(
+            <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]:
         return 0
     for i in range(half):
         if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
@@ -880,6 +815,13 @@ cdef class RopeState:
     here from inv_freq, the same bits as fastpe._rope_scaling), a (inv_freq, att) pair
     (LongRoPE's long factors, dynamic NTK's single pair), or None when they could not be
     formed (rope_call then declines the calls past the original length).
+    pair_axis: None, or for multi-axis positions (M-RoPE, 2D vision RoPE) the axis of
+    each frequency pair, int8, C-contiguous, one per frequency; positions are then
+    (axes, 1 or batch, seq) and pair i rotates by the position on axis pair_axis[i].
+    pair_axis2: None, or with pair_axis and the neox style the axis of each pair's second
+    feature (HunYuan-VL; its first takes pair_axis[i]); such a state does not rotate by
+    -angle (its two features turn by different angles: no rotation to invert).
+    axes: the position axes, pair_axis's positions' first dimension.
     """
     cdef readonly Py_ssize_t head_dim
     cdef readonly bint flip
@@ -887,11 +829,16 @@ cdef class RopeState:
     cdef readonly double att
     cdef readonly int64_t switch
     cdef readonly object past
+    cdef readonly object pair_axis
+    cdef readonly object pair_axis2
+    cdef readonly Py_ssize_t axes
 
     def __init__(self, Py_ssize_t head_dim, bint flip, object inv_freq, double att,
-                 int64_t switch=-1, object past=None):
+                 int64_t switch=-1, object past=None, object pair_axis=None,
+                 object pair_axis2=None, Py_ssize_t axes=1):
         self.head_dim, self.flip, self.inv_freq, self.att = head_dim, flip, inv_freq, att
         self.switch, self.past = switch, past
+        self.pair_axis, self.pair_axis2, self.axes = pair_axis, pair_axis2, axes
 
 
 cdef bint same_value(object a, object b, frozenset plain):
@@ -1055,6 +1002,63 @@ cdef bint call_checks(object q, object k, object offset, object style, object la
     return True
 
 
+cdef bint axis_positions(RopeCall *a, RopeState state, object positions, object q,
+                         object k, int64_t *hi, int64_t *buf, int64_t **heap) noexcept:
+    """Multi-axis positions into `a`: positions an exact, aligned, native, C-contiguous
+    int64 array (axes, 1 or batch, seq), state.axes <= MAX_AXES of them, its byte range apart
+    from q's and k's, copied (into buf up to POSITIONS_STACK values, else into a
+    malloc'd *heap the caller frees) and checked below MAX_ANGLE_POSITION, the largest
+    into hi; state's pair_axis (and pair_axis2) int8 C-contiguous vectors of one axis
+    per frequency, each below axes. False, `a` unchanged, otherwise."""
+    cdef cnp.ndarray pa, ax
+    cdef object axes_of
+    cdef Py_ssize_t i, n, axes, half
+    cdef int64_t *out
+    cdef const int8_t *pair[2]
+    if not cnp.PyArray_CheckExact(positions) or not cnp.PyArray_CheckExact(state.inv_freq):
+        return False
+    pa = <cnp.ndarray>positions
+    half = cnp.PyArray_SIZE(<cnp.ndarray>state.inv_freq)
+    if (cnp.PyArray_TYPE(pa) != cnp.NPY_INT64 or cnp.PyArray_NDIM(pa) != 3
+            or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
+            or not cnp.PyArray_ISNOTSWAPPED(pa) or pa.shape[2] != a.seq
+            or not (pa.shape[1] == 1 or pa.shape[1] == a.batch)
+            or pa.shape[0] != state.axes or not 1 <= pa.shape[0] <= MAX_AXES
+            or not apart(pa, q, k)):
+        return False
+    axes = pa.shape[0]
+    pair[1] = NULL
+    for i, axes_of in enumerate((state.pair_axis, state.pair_axis2)):
+        if axes_of is None:
+            continue
+        if not cnp.PyArray_CheckExact(axes_of):
+            return False
+        ax = <cnp.ndarray>axes_of
+        if (cnp.PyArray_TYPE(ax) != cnp.NPY_INT8 or cnp.PyArray_NDIM(ax) != 1
+                or not cnp.PyArray_IS_C_CONTIGUOUS(ax) or ax.shape[0] != half):
+            return False
+        pair[i] = <const int8_t *>cnp.PyArray_DATA(ax)
+        for n in range(half):
+            if not 0 <= pair[i][n] < axes:
+                return False
+    n = cnp.PyArray_SIZE(pa)
+    out = buf
+    if n > POSITIONS_STACK:
+        heap[0] = out = <int64_t *>malloc(n * sizeof(int64_t))
+        if out == NULL:
+            return False
+    memcpy(out, cnp.PyArray_DATA(pa), n * sizeof(int64_t))
+    hi[0] = -1
+    for i in range(n):
+        if not 0 <= out[i] < MAX_ANGLE_POSITION:
+            return False
+        hi[0] = max(hi[0], out[i])
+    a.pos, a.pos_rows, a.offset = out, pa.shape[1], 0
+    a.axes = axes
+    a.pair_axis, a.pair_axis2 = pair[0], pair[1]
+    return True
+
+
 def rope_call(RopeState state, object q, object k, object positions, object offset,
               object style, object layout, object inverse, object num_threads,
               object cos, object sin, Py_ssize_t serial_bytes, int threads):
@@ -1072,9 +1076,11 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     torch CPU tensors (rope_tensor_views; the layout given), viewed once here, whose
     version counters q's and k's are bumped once written. The angles come from `state`
     (q's last axis its head_dim unless that is -1; its frequencies apart from q and k,
-    finite, at most head_dim / 2 of them; the scaling a finite number > 0), or with
-    state None from cos and sin as cached_rows() takes them, looked up by positions
-    this call owns.
+    finite, at most head_dim / 2 of them; the scaling a normal float32 > 0; with its
+    pair_axis, offset 0 and positions of every axis as axis_positions() takes them), or
+    with state None from cos and sin as cached_rows() takes them, looked up by
+    positions this call owns. fastpe.rope's validating path calls this again with the
+    normalised arguments: the only way to the loops.
     """
     cdef list views
     cdef Py_ssize_t done
@@ -1099,15 +1105,11 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
     """rope_call on arrays."""
     cdef int lay, code
     cdef bint neox, inv
-    cdef int64_t off, hi, n
-    cdef Py_ssize_t nbytes, half = 0
+    cdef int64_t off, hi
+    cdef Py_ssize_t nbytes
     cdef RopeCall a
     cdef int64_t posbuf[POSITIONS_STACK]
     cdef int64_t *heap = NULL
-    cdef double grown[DYNAMIC_PAIRS_STACK]
-    cdef const double *w = NULL
-    cdef object inv_freq, freqs, scaling
-    cdef double att
     if (not call_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off,
                         &nbytes) or (state is None and cos is None)):
         return 0
@@ -1133,10 +1135,37 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
     if (state.head_dim >= 0 and cnp.PyArray_DIMS(<cnp.ndarray>q)[
             cnp.PyArray_NDIM(<cnp.ndarray>q) - 1] != state.head_dim):
         return 0
-    code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
-    if code < 0 or hi >= MAX_ANGLE_POSITION:
+    if state.pair_axis is None:
+        code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
+        if code < 0 or hi >= MAX_ANGLE_POSITION:
+            return 0
+        return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
+    # multi-axis: q and k as fast_arrays takes them, then positions of every axis
+    code = fast_arrays(&a, q, k, None, 0, lay, &hi, posbuf)
+    if (code < 0 or off != 0 or state.switch >= 0
+            or (state.pair_axis2 is not None and not neox)):
         return 0
+    try:
+        if not axis_positions(&a, state, positions, q, k, &hi, posbuf, &heap):
+            return 0
+        return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
+    finally:
+        free(heap)
+
+
+cdef int rope_by_state(RopeCall *a, int code, RopeState state, object q, object k,
+                       bint neox, bint inv, int64_t hi, int threads) except -1:
+    """rope_arrays with angles from `state`, once `a` holds q, k and positions whose
+    largest is hi (below MAX_ANGLE_POSITION): 1 when it rotated, else 0."""
+    cdef int64_t n
+    cdef Py_ssize_t half = 0
+    cdef double grown[DYNAMIC_PAIRS_STACK]
+    cdef const double *w = NULL
+    cdef object inv_freq, freqs, scaling
+    cdef double att
     inv = inv != state.flip
+    if inv and a.pair_axis2 != NULL:
+        return 0
     inv_freq = state.inv_freq
     att = state.att
     if state.switch >= 0:
@@ -1156,7 +1185,8 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
                 if type(scaling) is not float:
                     return 0
                 att = scaling
-    if not (att - att == 0 and att > 0):  # NaN, infinite or not positive
+    # the validating path refuses what the float32 scaling cannot hold
+    if not FLT_MIN <= att <= FLT_MAX:  # NaN, infinite, not positive or not normal
         return 0
     if inv:
         att = 1.0 / att
@@ -1164,5 +1194,5 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
         w = frequency_data(inv_freq, q, k, &half)
         if w == NULL:
             return 0
-    return rope_with_frequencies(&a, code, q, k, neox, w, half, att,
+    return rope_with_frequencies(a, code, q, k, neox, w, half, att,
                                  -att if inv else att, threads)
