@@ -611,10 +611,11 @@ def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
     if m.dtype.kind not in "iu":
         raise TypeError(f"key_mask must be booleans (or integers 0/1; True = attend), got "
                         f"dtype {m.dtype}")
+    m = np.array(m)  # the call's own, checked: another thread may rewrite the caller's
     if m.size and not ((m == 0) | (m == 1)).all():
         raise ValueError("key_mask must hold only 0 and 1 (1 = a real key to attend to, "
                          "0 = padding)")
-    return np.array(m, dtype=np.uint8).reshape(rows, length)
+    return m.astype(np.uint8).reshape(rows, length)
 
 
 def _alibi_target(scores: object, name: str) -> np.ndarray:
@@ -655,7 +656,7 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
         # query i is the token at key index q_offset + i: it takes that key's position
         off = k - q if offset is None else offset
         if k == 0:  # no keys: nothing to add, any query positions do
-            qpos = np.zeros((kpos.shape[0], q), np.int64)
+            qpos = np.zeros((1, q), np.int64)
         elif off < 0 or off + q > k:
             raise ValueError(
                 f"q_offset must be in [0, k_len - q_len] = [0, {k - q}] when query positions "

@@ -1005,3 +1005,22 @@ def test_half_rows_in_one_pass_are_the_strided_path(dtype, mode, shape):
     assert_bytes_equal(table, np.ascontiguousarray(base[..., ::2]), f"alibi_bias {dtype} {mode}")
     want = fastpe.reference.alibi_bias(heads, q, k, dtype=dtype, **kw)
     assert_bytes_equal(table, want, f"alibi_bias {dtype} {mode} vs reference")
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_calls_with_nothing_to_write_take_any_offset_and_any_rows(backend):
+    """No queries: an offset past int64 writes nothing, as no keys with a billion
+    sequences do (no (rows, q) work space is made for them); an offset past the keys
+    when query positions come from them is still the ValueError it is with queries."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("needs the compiled kernels")
+    with fastpe.use_backend(backend):
+        for big in (2**63, 2**64):
+            fastpe.add_alibi(np.zeros((1, 2, 0, 4), np.float32), q_offset=big)
+            assert fastpe.alibi_bias(2, 0, 4, q_offset=big).shape == (2, 0, 4)
+        many = np.zeros((2**30, 1, 3, 0), np.float32)
+        fastpe.add_alibi(many, key_mask=np.zeros((2**30, 0), bool))
+        fastpe.add_alibi(many, k_positions=np.zeros((2**30, 0), np.int64))
+        with pytest.raises(ValueError, match=r"q_offset must be in \[0, k_len - q_len\]"):
+            fastpe.add_alibi(np.zeros((1, 2, 0, 4), np.float32), q_offset=2**63,
+                             key_mask=np.ones(4, bool))

@@ -443,7 +443,7 @@ cdef enum:
     SELECT_CHUNK = 512                # float16 rows convert in chunks of this many keys
     HEAD_GROUP = 4                    # heads per unit of work: their rows share distances
     # decode-sized calls run on a stack buffer: no allocation at all
-    ALIBI_STACK_BYTES = 32768
+    ALIBI_STACK_BYTES = 24576
 
 
 cdef inline Py_ssize_t aligned_from(const void *row, Py_ssize_t j0, Py_ssize_t j1,
@@ -1074,13 +1074,19 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
     return 0
 
 
+cdef enum:
+    # values of each of the slopes, positions and mask an alibi_call copies onto the
+    # stack (a decode step's queries and heads), past which it mallocs: a small stack
+    # on top of alibi_execute's work space, for threads with small stacks
+    OWNED_STACK = 64
+
+
 cdef struct AlibiOwned:
-    # what an alibi_call reads without the GIL, copied from the caller's objects:
-    # stack buffers for a decode-sized call, malloc'd blocks past them
-    double sbuf[64]
-    int64_t qbuf[POSITIONS_STACK]
-    int64_t kbuf[POSITIONS_STACK]
-    unsigned char mbuf[POSITIONS_STACK]
+    # what an alibi_call reads without the GIL, copied from the caller's objects
+    double sbuf[OWNED_STACK]
+    int64_t qbuf[OWNED_STACK]
+    int64_t kbuf[OWNED_STACK]
+    unsigned char mbuf[OWNED_STACK]
     double *slopes
     int64_t *qpos
     int64_t *kpos
@@ -1110,7 +1116,7 @@ cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
             or not cnp.PyArray_ISNOTSWAPPED(s) or s.shape[0] != heads
             or extents_overlap(x, s)):
         return False
-    o.slopes = &o.sbuf[0] if heads <= 64 else <double *>malloc(max(heads, 1) * sizeof(double))
+    o.slopes = &o.sbuf[0] if heads <= OWNED_STACK else <double *>malloc(max(heads, 1) * sizeof(double))
     if o.slopes == NULL:
         return False
     memcpy(o.slopes, cnp.PyArray_DATA(s), heads * sizeof(double))
@@ -1145,7 +1151,7 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
     cdef Py_ssize_t i, n = cnp.PyArray_SIZE(m)
     cdef const char *p = <const char *>cnp.PyArray_DATA(m)
     cdef uint64_t v
-    o.mask = &o.mbuf[0] if n <= POSITIONS_STACK else <unsigned char *>malloc(max(n, 1))
+    o.mask = &o.mbuf[0] if n <= OWNED_STACK else <unsigned char *>malloc(max(n, 1))
     if o.mask == NULL:
         return False
     for i in range(n):
@@ -1168,7 +1174,7 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
 
 
 cdef int64_t *owned_block(int64_t *buf, Py_ssize_t n) noexcept:
-    return buf if n <= POSITIONS_STACK else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    return buf if n <= OWNED_STACK else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
 
 
 cdef int64_t largest(const int64_t *v, Py_ssize_t n, int64_t hi) noexcept:
@@ -1217,6 +1223,7 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
     cdef AlibiOwned o
     cdef int64_t off = 0, hi = -1, count
     cdef bint given_offset = q_offset is not None
+    cdef bint past_int64 = False            # an offset past int64 for no queries
     o.slopes = NULL
     o.qpos = NULL
     o.kpos = NULL
@@ -1225,9 +1232,14 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
     if given_offset:
         if type(q_offset) is not int or q_positions is not None:
             return False
-        if not (0 <= q_offset <= INT64_MAX_VALUE - max(q - 1, 0)):
+        if q_offset < 0:
             return False
-        off = q_offset
+        if q_offset > INT64_MAX_VALUE - max(q - 1, 0):
+            if q:
+                return False
+            past_int64 = True
+        else:
+            off = q_offset
     try:
         if not owned_slopes(&o, slopes, x, heads):
             return False
@@ -1235,7 +1247,7 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
             return False
         if k_positions is not None:
             o.kpos = owned_positions(k_positions, x, batch, k, INT64_MAX_VALUE, &o.kbuf[0],
-                                     &a.krows)
+                                     OWNED_STACK, &a.krows)
             if o.kpos == NULL:
                 return False
         elif o.mask != NULL:
@@ -1252,14 +1264,14 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
                     o.kpos[r * k + j] = (count - 1) * o.mask[r * k + j]
         if q_positions is not None:
             o.qpos = owned_positions(q_positions, x, batch, q, INT64_MAX_VALUE, &o.qbuf[0],
-                                     &a.qrows)
+                                     OWNED_STACK, &a.qrows)
             if o.qpos == NULL:
                 return False
         elif o.kpos != NULL and k > 0:
             # query i is the token at key index q_offset + i: it takes that key's position
             if not given_offset:
                 off = k - q
-            if off < 0 or off > k - q:
+            if off < 0 or off > k - q or past_int64:
                 return False
             a.qrows = a.krows
             o.qpos = owned_block(&o.qbuf[0], a.qrows * q)

@@ -482,11 +482,11 @@ cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
 
 
 cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
-                              Py_ssize_t seq, int64_t top, int64_t *buf,
+                              Py_ssize_t seq, int64_t top, int64_t *buf, Py_ssize_t cap,
                               Py_ssize_t *rows) noexcept:
     """The positions of a (batch, seq, ...) call on x, owned by the call: `positions` an
     exact, aligned, native, C-contiguous integer array (seq,) or (1 or batch, seq)
-    whose bytes are apart from x's, copied into buf (up to POSITIONS_STACK values) or
+    whose bytes are apart from x's, copied into buf (up to its cap values) or
     a malloc'd block (the caller frees what is not buf), then checked: every value in
     [0, top]. The copy, with its rows in *rows; NULL, nothing allocated, otherwise.
     Copied before checked: a rewrite by another thread cannot move a read past a table."""
@@ -508,7 +508,7 @@ cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
     else:
         return NULL
     n = cnp.PyArray_SIZE(pa)
-    out = buf if n <= POSITIONS_STACK else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    out = buf if n <= cap else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
     if out == NULL:
         return NULL
     if read_positions(pa, out):

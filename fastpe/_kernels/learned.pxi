@@ -193,7 +193,7 @@ def learned_call(object x, object table, object positions, object offset, int nu
         return False
     else:
         pos = owned_positions(positions, xa, dims[0], dims[1], ta.shape[0] - 1, posbuf,
-                              &pos_rows)
+                              POSITIONS_STACK, &pos_rows)
         if pos == NULL:
             return False
     a.batch, a.seq, a.dim = dims[0], dims[1], dims[2]

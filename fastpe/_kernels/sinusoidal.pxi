@@ -403,7 +403,8 @@ def sinusoidal_call(object x, object inv_freq, object positions, object offset,
         return False
     else:
         pos = owned_positions(positions, <cnp.ndarray>x, dims[0], dims[1],
-                              MAX_ANGLE_POSITION - 1, posbuf, &pos_rows)
+                              MAX_ANGLE_POSITION - 1, posbuf, POSITIONS_STACK,
+                              &pos_rows)
         if pos == NULL:
             return False
     a.x = <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
