@@ -532,31 +532,28 @@ cdef Py_ssize_t read_position_list(object positions, Py_ssize_t batch, Py_ssize_
 
 cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t offset,
                      int layout, int64_t *max_position, int64_t *buf,
-                     int64_t **heap=NULL) noexcept:
+                     int64_t **heap) noexcept:
     """The storage code of q when q, k and positions are the plain common case
     (below), with their shapes, strides and positions filled into `a` and the
     largest position into max_position; -1, having touched nothing, otherwise.
 
     Common case: q and k exact, writable, aligned, native float arrays of one
     dtype in `layout` with whole-element strides and disjoint elements, whose
-    memory is provably apart from each other's (views_apart) and whose byte
-    ranges are apart from positions', matching in
-    batch, seq and head_dim; positions None with offset >= 0, or a C-contiguous
-    integer array (seq,) or (1 or batch, seq) of values >= 0: int64, or another
-    integer dtype of at most POSITIONS_STACK values, converted into buf.
-    Positions are read from the caller's memory only when heap is NULL and
-    there are more than POSITIONS_STACK of them (a rewrite by another thread then
-    changes angles, never an address); else they are copied into buf, or into a
-    malloc'd *heap the caller frees, before they are checked.
+    memory is provably apart from each other's (views_apart), matching in batch,
+    seq and head_dim; positions None with offset >= 0, a list or tuple of at most
+    POSITIONS_STACK ints >= 0 (read_position_list), or an integer array as
+    owned_positions() takes it, its byte range apart from k's too. Positions are
+    copied before they are checked: into buf, or past POSITIONS_STACK values into a
+    malloc'd *heap the caller frees.
     """
     cdef Py_ssize_t qshape[4]
     cdef Py_ssize_t qstr[4]
     cdef Py_ssize_t kshape[4]
     cdef Py_ssize_t kstr[4]
     cdef int code = fast_code(q)
-    cdef cnp.ndarray qa, ka, pa
-    cdef const int64_t *pos = NULL
-    cdef Py_ssize_t pos_rows = 1, i, n
+    cdef cnp.ndarray qa, ka
+    cdef int64_t *pos = NULL
+    cdef Py_ssize_t pos_rows = 1
     if code < 0:
         return -1
     qa = <cnp.ndarray>q
@@ -584,42 +581,17 @@ cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t 
             pos_rows = read_position_list(positions, qshape[0], qshape[1], buf)
             if pos_rows == 0:
                 return -1
-            return fast_finish(a, qshape, qstr, kshape, kstr, k, buf, pos_rows, 0,
-                               max_position, code)
-        if not cnp.PyArray_CheckExact(positions):
-            return -1
-        pa = <cnp.ndarray>positions
-        if (not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(pa))
-                or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
-                or not cnp.PyArray_ISNOTSWAPPED(pa)):
-            return -1
-        if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == qshape[1]:
-            pos_rows = 1
-        elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == qshape[1]
-              and (pa.shape[0] == 1 or pa.shape[0] == qshape[0])):
-            pos_rows = pa.shape[0]
-        else:
-            return -1
-        if extents_overlap(qa, pa) or (k is not None and extents_overlap(ka, pa)):
-            return -1
-        n = cnp.PyArray_SIZE(pa)
-        if n <= POSITIONS_STACK:
-            if not read_positions(pa, buf):
-                return -1
             pos = buf
-        elif cnp.PyArray_TYPE(pa) != cnp.NPY_INT64:
-            return -1
-        elif heap == NULL:
-            pos = <const int64_t *>cnp.PyArray_DATA(pa)
         else:
-            heap[0] = <int64_t *>malloc(n * sizeof(int64_t))
-            if heap[0] == NULL:
+            if (k is not None and cnp.PyArray_CheckExact(positions)
+                    and extents_overlap(ka, <cnp.ndarray>positions)):
                 return -1
-            memcpy(heap[0], cnp.PyArray_DATA(pa), n * sizeof(int64_t))
-            pos = heap[0]
-        for i in range(n):
-            if pos[i] < 0:
+            pos = owned_positions(positions, qa, qshape[0], qshape[1], INT64_MAX_VALUE, buf,
+                                  POSITIONS_STACK, &pos_rows)
+            if pos == NULL:
                 return -1
+            if pos != buf:
+                heap[0] = pos
     return fast_finish(a, qshape, qstr, kshape, kstr, k, pos, pos_rows, offset,
                        max_position, code)
 
@@ -1135,17 +1107,17 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
     if (state.head_dim >= 0 and cnp.PyArray_DIMS(<cnp.ndarray>q)[
             cnp.PyArray_NDIM(<cnp.ndarray>q) - 1] != state.head_dim):
         return 0
-    if state.pair_axis is None:
-        code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf)
-        if code < 0 or hi >= MAX_ANGLE_POSITION:
-            return 0
-        return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
-    # multi-axis: q and k as fast_arrays takes them, then positions of every axis
-    code = fast_arrays(&a, q, k, None, 0, lay, &hi, posbuf)
-    if (code < 0 or off != 0 or state.switch >= 0
-            or (state.pair_axis2 is not None and not neox)):
-        return 0
     try:
+        if state.pair_axis is None:
+            code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf, &heap)
+            if code < 0 or hi >= MAX_ANGLE_POSITION:
+                return 0
+            return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
+        # multi-axis: q and k as fast_arrays takes them, then positions of every axis
+        code = fast_arrays(&a, q, k, None, 0, lay, &hi, posbuf, &heap)
+        if (code < 0 or off != 0 or state.switch >= 0
+                or (state.pair_axis2 is not None and not neox)):
+            return 0
         if not axis_positions(&a, state, positions, q, k, &hi, posbuf, &heap):
             return 0
         return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
