@@ -502,7 +502,14 @@ class RotaryEmbedding:
         kern = _kernels()
         # arrays and a model's own torch tensors alike, checked and viewed once in C;
         # positions of one axis, or none: every axis of M-RoPE takes the same position
-        if state and kern is not None and (positions is None or self.axes == 1):
+        if kern is not None and not (positions is None or self.axes == 1):
+            # M-RoPE's and 2D RoPE's (axes, 1 or batch, seq) positions, one per axis
+            state = self._compiled_axes_state
+            if state is None:
+                state = self._compiled_axes_state = self._make_axes_state()
+            if getattr(positions, "ndim", 0) != 3:
+                state = False
+        if state and kern is not None:
             done = kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
                                   num_threads, None, None, _threads.SERIAL_BYTES, 0)
             if done == 1 or (done and _with_team(kern, done, state, q, k, positions, offset,
@@ -538,6 +545,7 @@ class RotaryEmbedding:
     # is not one pairing of one position per token), formed on the first call after any
     # attribute changes; never pickled
     _compiled_state: Any = None
+    _compiled_axes_state: Any = None  # the same for positions of every axis
 
     # leading tokens the model leaves unrotated (DINOv3's CLS and registers): the
     # caller passes q[:, prefix_tokens:]
@@ -545,12 +553,14 @@ class RotaryEmbedding:
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name != "_compiled_state":
+        if not name.startswith("_compiled_"):
             object.__setattr__(self, "_compiled_state", None)
+            object.__setattr__(self, "_compiled_axes_state", None)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_compiled_state", None)
+        state.pop("_compiled_axes_state", None)
         return state
 
     def _make_state(self) -> Any:
@@ -558,6 +568,21 @@ class RotaryEmbedding:
                 or self._halves is not None or self._pair_axis2 is not None):
             return False
         return _state(self._spec, self.head_dim, bool(self.reverse)) or False
+
+    def _make_axes_state(self) -> Any:
+        """The RopeState of calls with positions of every axis: each pair's frequency
+        and axis (False: none, for frequencies that depend on the call's length or a
+        head split in halves)."""
+        kern = _backend.compiled
+        if kern is None or self._halves is not None or self._pair_axis is None:
+            return False
+        base = _state(self._spec, self.head_dim, bool(self.reverse))
+        if not base or base.switch >= 0:
+            return False
+        inv_freq = base.inv_freq if self._pair_freq is None else np.ascontiguousarray(
+            base.inv_freq[self._pair_freq])
+        return kern.RopeState(self.head_dim, base.flip, inv_freq, base.att, -1, None,
+                              self._pair_axis, self._pair_axis2, self.axes)
 
     def _half_plans(self, q: object, k: object, positions: object, offset: object,
                     layout: object, inverse: object,

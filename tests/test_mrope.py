@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -696,3 +697,42 @@ def test_the_compiled_entry_takes_per_axis_positions_only_as_its_state_says():
                          np.array([1, 1, 2, 0], np.int8), 3)
     assert call(two, pos)[0] == 1
     assert call(two, pos, inverse=True)[0] == 0                         # no inverse
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs the compiled kernels")
+@pytest.mark.parametrize("interleaved", [False, True], ids=["contiguous", "interleaved"])
+def test_positions_of_every_axis_take_the_compiled_entry_directly(interleaved, monkeypatch):
+    """A decode step's (axes, batch, seq) position ids, as arrays or as a model's torch
+    tensors, are rotated by the compiled entry from the caller's objects, no validating
+    pass first; the result is the formula's, and an attribute changed after a call (the
+    rotation's direction) is honoured by the next."""
+    kern = fastpe._backend.compiled
+    real = kern.rope_call
+    callers: list[tuple[str, int]] = []
+
+    def spy(*args):
+        done = real(*args)
+        callers.append((sys._getframe(1).f_code.co_name, done))
+        return done
+
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS, mrope_interleaved=interleaved)
+    pos = vl_positions(B, 3)
+    q0 = make("contiguous", (B, 3, HQ, D), F64, seed=5)
+    want = rotate_axes(q0, pos, inv_freq(D), rope._pair_axis)
+    monkeypatch.setattr(kern, "rope_call", spy)
+    q = q0.copy()
+    rope(q, None, pos)
+    assert callers == [("__call__", 1)]
+    check(q, want, F64, pos, "arrays")
+    rope.reverse = True
+    rope(q, None, pos)
+    assert_close(q, q0, F64, atol=1e-12, context="reverse after a call: rotated back")
+    torch = pytest.importorskip("torch")
+    rope.reverse = False
+    callers.clear()
+    qt = torch.from_numpy(q0.copy())
+    version = qt._version
+    rope(qt, None, torch.from_numpy(pos), layout="bshd")
+    assert callers == [("__call__", 1)]
+    assert qt._version == version + 1
+    check(qt.numpy(), want, F64, pos, "torch tensors")
