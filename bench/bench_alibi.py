@@ -1,11 +1,13 @@
 """ALiBi (Press et al., 2022): add_alibi into causal (1, 32, 2048, 2048) scores, alibi_bias(32, 2048,
-2048) into a buffer, decode add_alibi into (1, 32, 1, 4096), against the best NumPy,
+2048) into a buffer, decode add_alibi into (1, 32, 1, 4096) and into a left-padded batch's
+(4, 32, 1, 4096) with its attention mask, against the best NumPy,
 BLOOM's torch code and a hand-written numba kernel when installed, and one streaming pass
 (a fill for the table).
 
 torch: transformers' BLOOM ``build_alibi_tensor`` (the key-position form
 ``slope_h * k_pos``, (batch * heads, 1, k_len)) added with broadcasting in place, then
-BLOOM's causal mask (``masked_fill_`` with -inf) for prefill. It equals fastpe's bias up
+BLOOM's causal mask (``masked_fill_`` with -inf) for prefill, its padding mask for the
+padded batch. It equals fastpe's bias up
 to a constant per row (softmax ignores it), so its check allows that constant. The bias
 is built per call, as BLOOM's forward does.
 """
@@ -29,13 +31,16 @@ PEERS_SKIPPED = _bench.attach_peers(WORKLOADS, ("numba",))
 def _torch_alibi(wl: _bench.Workload):
     import torch
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
-    causal = wl.params["causal"]
+    causal = wl.params.get("causal", False)
+    key_mask = wl.params.get("key_mask")
 
     def prepare(arrays, threads):
         torch.set_num_threads(threads)
         batch, heads, q_len, k_len = arrays["scores"].shape
-        mask = torch.ones(batch, k_len, dtype=torch.int64)
+        mask = (torch.ones(batch, k_len, dtype=torch.int64) if key_mask is None
+                else torch.from_numpy(key_mask))
         future = torch.ones(q_len, k_len, dtype=torch.bool).triu(1 + k_len - q_len)
+        padding = (mask == 0)[:, None, None, :]
 
         def run(a):
             s = torch.from_numpy(a["scores"])
@@ -43,6 +48,8 @@ def _torch_alibi(wl: _bench.Workload):
             s.add_(alibi)
             if causal:
                 s.masked_fill_(future, float("-inf"))
+            if key_mask is not None:
+                s.masked_fill_(padding, float("-inf"))
             return (a["scores"],)
         return run
     return prepare

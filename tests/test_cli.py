@@ -314,9 +314,9 @@ def test_bench_list():
         assert wl.name in proc.stdout
     expected = {"rope-prefill-neox", "rope-prefill-gptj", "rope-decode", "rope-scaled-decode",
                 "rope-embedding-decode", "rope-cached-decode", "rope-batched-decode",
-                "rope-llama3", "rope-prefill-mrope", "sinusoidal-table", "sinusoidal-add",
-                "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode", "deberta-bias",
-                "llama-decode"}
+                "rope-llama3", "rope-prefill-mrope", "rope-vl-decode", "sinusoidal-table",
+                "sinusoidal-add", "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode",
+                "alibi-padded-decode", "deberta-bias", "llama-decode"}
     assert {w.name for w in _bench.workloads()} == expected
 
 

@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 
 import fastpe
 
-from .common import Arrays, Result, Runner, work_dtype
+from .common import Arrays, Prepare, Result, Runner, work_dtype
 
 
 def chunked_add(x: np.ndarray, addend: np.ndarray, work: np.dtype, buf: np.ndarray,
@@ -254,6 +254,35 @@ def numpy_alibi_decode(arrays: Arrays, threads: int) -> Runner:
         np.add(scores, bias[:, None, :kk], out=scores, casting="same_kind")
         return (scores,)
     return run
+
+
+def numpy_alibi_padded_decode(key_mask: np.ndarray) -> Prepare:
+    """The best NumPy for one query per sequence of a left-padded batch (BLOOM): per
+    call the keys' positions from the mask, (cumsum(mask) - 1) * mask, their distances
+    from the query's (the last key's), times the slopes into a preallocated (batch,
+    heads, k_len) bias, one add, then -inf written where the mask is 0."""
+    def prepare(arrays: Arrays, threads: int) -> Runner:
+        x0 = arrays["scores"]
+        batch, heads, _, k = x0.shape
+        work = work_dtype(x0.dtype)
+        slopes = slopes_in(heads, work)[None, :, None]
+        counts = np.empty((batch, k), np.int64)
+        dist = np.empty((batch, k), work)
+        bias = np.empty((batch, heads, k), work)
+        padding = (key_mask == 0)[:, None, None, :]
+
+        def run(a: Arrays) -> Result:
+            scores = a["scores"]
+            np.cumsum(key_mask, axis=1, out=counts)
+            np.subtract(counts, 1, out=counts)
+            np.multiply(counts, key_mask, out=counts)
+            np.subtract(counts, counts[:, -1:], out=dist, casting="unsafe")
+            np.multiply(slopes, dist[:, None, :], out=bias)
+            np.add(scores, bias[:, :, None, :], out=scores, casting="same_kind")
+            np.copyto(scores, -np.inf, where=padding)
+            return (scores,)
+        return run
+    return prepare
 
 
 def numpy_alibi_bias(arrays: Arrays, threads: int) -> Runner:

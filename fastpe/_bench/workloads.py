@@ -20,6 +20,7 @@ from .baselines import (
     numpy_add_sinusoidal,
     numpy_alibi_bias,
     numpy_alibi_decode,
+    numpy_alibi_padded_decode,
     numpy_alibi_prefill,
     prepare_numpy_disentangled,
     prepare_numpy_table,
@@ -293,6 +294,48 @@ def mrope_prefill_workload(size: Size) -> Workload:
         params=dict(positions=positions, mrope_section=sections, head_dim=d))
 
 
+def mrope_decode_workload(size: Size) -> Workload:
+    """Qwen2-VL-like decode: one token after an image prompt, q and k (1, 1, heads,
+    head_dim), M-RoPE sections as the prefill's, its (3, 1, 1) position ids (the text
+    token's three axes past the image's)."""
+    h, d, pos = size["heads"], size["head_dim"], size["decode_pos"]
+    shape = (1, 1, h, d)
+    positions = np.array([pos, pos - 40, pos - 40], np.int64).reshape(3, 1, 1)
+    sections = [d // 8, 3 * d // 16, d // 2 - d // 8 - 3 * d // 16]
+    rope = fastpe.RotaryEmbedding(d, base=1e6, mrope_section=sections)
+    per_pair = positions[:, 0][rope._pair_axis].T[None].astype(np.float64)  # (1, 1, half)
+
+    def make(dtype: np.dtype) -> Arrays:
+        return {"q": random_array(shape, dtype), "k": random_array(shape, dtype, 0.5)}
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return rope(a["q"], a["k"], positions, layout="bshd", num_threads=threads)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            with fastpe.use_backend("numpy"):
+                return rope(a["q"], a["k"], positions)
+        return run
+
+    def numpy_(arrays: Arrays, threads: int) -> Runner:
+        impl = NumpyRope(arrays["q"], arrays["k"], rope.frequencies().inv_freq, neox=True)
+
+        def run(a: Arrays) -> Result:
+            return impl(a["q"], a["k"], per_pair)
+        return run
+
+    return Workload(
+        name="rope-vl-decode", family="rope",
+        title=f"M-RoPE decode q,k {shape}, (3, 1, 1) position ids (Qwen2-VL)",
+        make=make, inplace=("q", "k"), result=("q", "k"), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
+        numpy_note="the plain baseline on each pair's own position, gathered once",
+        per_call=True, check_index=EVERY_4TH_HEAD,
+        params=dict(positions=positions, mrope_section=sections, head_dim=d))
+
+
 # ---- ALiBi --------------------------------------------------------------------------------
 
 def _make_scores(shape: tuple[int, ...]) -> Callable[[np.dtype], Arrays]:
@@ -378,9 +421,39 @@ def alibi_decode_workload(size: Size) -> Workload:
         per_call=True, params=dict(causal=False))
 
 
+def alibi_padded_decode_workload(size: Size) -> Workload:
+    """A left-padded batch's decode step (BLOOM): four sequences of different lengths,
+    one query each, the keys' positions and padding from the attention mask."""
+    h, k = size["alibi_heads"], size["alibi_keys"]
+    shape = (4, h, 1, k)
+    key_mask = np.ones((4, k), np.int64)
+    for row, pad in enumerate((0, k // 8, k // 3, k // 2)):
+        key_mask[row, :pad] = 0
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return (fastpe.add_alibi(a["scores"], key_mask=key_mask, num_threads=threads),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return (fastpe.reference.add_alibi(a["scores"], key_mask=key_mask),)
+        return run
+
+    return Workload(
+        name="alibi-padded-decode", family="alibi",
+        title=f"add_alibi(scores {shape}, key_mask=left padding)",
+        make=_make_scores(shape), inplace=("scores",), result=("scores",), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference,
+               "numpy": numpy_alibi_padded_decode(key_mask)},
+        numpy_note="key positions from the mask's cumsum, distances to the last key times "
+                   "the slopes, one add, -inf where padded",
+        per_call=True, params=dict(key_mask=key_mask))
+
+
 def alibi_workloads(size: Size) -> list[Workload]:
     return [alibi_prefill_workload(size), alibi_bias_workload(size),
-            alibi_decode_workload(size)]
+            alibi_decode_workload(size), alibi_padded_decode_workload(size)]
 
 
 # ---- relative positions --------------------------------------------------------------------
@@ -447,7 +520,7 @@ def llama_decode_workload(size: Size) -> Workload:
 def workloads(size: str = "full") -> list[Workload]:
     """Every workload, in the order the command line prints them."""
     sz = SIZES[size]
-    rope = [*rope_workloads(sz), mrope_prefill_workload(sz)]
+    rope = [*rope_workloads(sz), mrope_prefill_workload(sz), mrope_decode_workload(sz)]
     return [*rope, _table_workload(sz), _add_sinusoidal_workload(sz), _learned_workload(sz),
             *alibi_workloads(sz), deberta_workload(sz), llama_decode_workload(sz)]
 
