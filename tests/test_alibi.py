@@ -1024,3 +1024,23 @@ def test_calls_with_nothing_to_write_take_any_offset_and_any_rows(backend):
         with pytest.raises(ValueError, match=r"q_offset must be in \[0, k_len - q_len\]"):
             fastpe.add_alibi(np.zeros((1, 2, 0, 4), np.float32), q_offset=2**63,
                              key_mask=np.ones(4, bool))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_groups_of_four_heads_match_reference(option, dtype, both_threads):
+    """Heads four at a time (one load of key positions per four rows), masked and
+    positioned keys among them, with a fifth head left over; added and as a table."""
+    shape = (2, 9, 3, 70)
+    scores = awkward_values(shape, dtype, seed=11, low=-4, high=4)
+    kw = option_kwargs(option, 2, 9, 3, 70, seed=2)
+    want = scores.copy()
+    fastpe.add_alibi(scores, num_threads=both_threads, **kw)
+    fastpe.reference.add_alibi(want, **kw)
+    ctx = f"add_alibi(9 heads, {option}, {dtype})"
+    assert_same_scores(scores, want, dtype, magnitude(as_f64(want), kw, 3, 70), ctx)
+    shared = {n: (np.asarray(v)[:1] if n in ("q_positions", "k_positions", "key_mask")
+                  and np.ndim(v) > 1 else v) for n, v in kw.items()}
+    table = fastpe.alibi_bias(9, 3, 70, dtype=dtype, num_threads=both_threads, **shared)
+    want_table = fastpe.reference.alibi_bias(9, 3, 70, dtype=dtype, **shared)
+    assert_same_scores(table, want_table, dtype, 200.0, ctx + " table")

@@ -97,6 +97,40 @@ cdef extern from *:
     }
     FPE_ALIBI_NINF4(fpe_alibi_ninf4_f32, float, uint32_t, 0xff800000u)
     FPE_ALIBI_NINF4(fpe_alibi_ninf4_f64, double, uint64_t, 0xfff0000000000000u)
+    /* Four rows of keys at any positions (select_unit's rule on four heads): key j is
+     * kept where kf[j] <= lim (never for a masked key's NaN), its bias computed for
+     * every key and selected on the bits; one load of kf serves four rows. */
+    #define FPE_ALIBI_KEEP(T, U, NINF, r, v)                                              \
+        { T v_ = (v); U b_; memcpy(&b_, &v_, sizeof b_);                                  \
+          b_ = (b_ & m) | ((U)NINF & ~m); memcpy(&v_, &b_, sizeof v_); r[j] = v_; }
+    #define FPE_ALIBI_SELECT4_BODY(T, U, NINF, BIAS)                                      \
+        for (j = j0; j < j1; j++) {                                                       \
+            const T kj = kf[j];                                                           \
+            T d = kj - qf, nd = qf - kj;                                                  \
+            if (symmetric) d = d < nd ? d : nd;                                           \
+            const U m = (U)0 - (U)(kj <= lim);                                            \
+            FPE_ALIBI_KEEP(T, U, NINF, r0, BIAS(r0, s0))                                  \
+            FPE_ALIBI_KEEP(T, U, NINF, r1, BIAS(r1, s1))                                  \
+            FPE_ALIBI_KEEP(T, U, NINF, r2, BIAS(r2, s2))                                  \
+            FPE_ALIBI_KEEP(T, U, NINF, r3, BIAS(r3, s3))                                  \
+        }
+    #define FPE_ALIBI_ADD(r, s) (r[j] + s * d)
+    #define FPE_ALIBI_SET(r, s) (s * d)
+    #define FPE_ALIBI_SELECT4(NAME, T, U, NINF)                                           \
+    static FPE_ALIBI_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,          \
+                                        Py_ssize_t j0, Py_ssize_t j1, T qf, const T *s,   \
+                                        T lim, int symmetric, int accumulate)             \
+    {                                                                                     \
+        const T s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];                               \
+        Py_ssize_t j;                                                                     \
+        if (accumulate) {                                                                 \
+            FPE_ALIBI_SELECT4_BODY(T, U, NINF, FPE_ALIBI_ADD)                             \
+        } else {                                                                          \
+            FPE_ALIBI_SELECT4_BODY(T, U, NINF, FPE_ALIBI_SET)                             \
+        }                                                                                 \
+    }
+    FPE_ALIBI_SELECT4(fpe_alibi_select4_f32, float, uint32_t, 0xff800000u)
+    FPE_ALIBI_SELECT4(fpe_alibi_select4_f64, double, uint64_t, 0xfff0000000000000u)
     /* the alignment the vector loops start at: their vector's width (the avx512
      * variant's loops are 512 bits wide, and from a 32-byte boundary every other
      * 64-byte store of a table split a line: 1.3x the avx2 variant's time) */
@@ -410,6 +444,13 @@ cdef extern from *:
                              Py_ssize_t j1, uint32_t keep) nogil
     void fpe_alibi_ninf4_f64(double *r0, double *r1, double *r2, double *r3, Py_ssize_t j0,
                              Py_ssize_t j1, uint64_t keep) nogil
+    void fpe_alibi_select4_f32(float *r0, float *r1, float *r2, float *r3, const float *kf,
+                               Py_ssize_t j0, Py_ssize_t j1, float qf, const float *s,
+                               float lim, int symmetric, int accumulate) nogil
+    void fpe_alibi_select4_f64(double *r0, double *r1, double *r2, double *r3,
+                               const double *kf, Py_ssize_t j0, Py_ssize_t j1, double qf,
+                               const double *s, double lim, int symmetric,
+                               int accumulate) nogil
 
 
 cdef struct AlibiCall:
@@ -697,6 +738,26 @@ cdef inline void rows4_plain(const AlibiCall *a, real_t **rows, const real_t *kf
             seg4(rows, split, a.k, kf, qf, sl, True, a.accumulate, a.stream)
 
 
+cdef inline void rows4_select(const AlibiCall *a, real_t **rows, const real_t *kf,
+                              int64_t qp, const real_t *sl) noexcept nogil:
+    """row_select on four unit-stride rows of float32/float64 storage at once, from the
+    first VECTOR_BYTES aligned element of the first row: one load of key positions per
+    four rows."""
+    cdef real_t qf = <real_t>qp
+    cdef real_t lim = qf if a.causal else <real_t>INFINITY
+    cdef Py_ssize_t jm = aligned_from(rows[0], 0, a.k, sizeof(real_t))
+    if real_t is float:
+        fpe_alibi_select4_f32(rows[0], rows[1], rows[2], rows[3], kf, 0, jm, qf, sl, lim,
+                              a.symmetric, a.accumulate)
+        fpe_alibi_select4_f32(rows[0], rows[1], rows[2], rows[3], kf, jm, a.k, qf, sl, lim,
+                              a.symmetric, a.accumulate)
+    else:
+        fpe_alibi_select4_f64(rows[0], rows[1], rows[2], rows[3], kf, 0, jm, qf, sl, lim,
+                              a.symmetric, a.accumulate)
+        fpe_alibi_select4_f64(rows[0], rows[1], rows[2], rows[3], kf, jm, a.k, qf, sl, lim,
+                              a.symmetric, a.accumulate)
+
+
 cdef inline real_t keep_or_ninf(real_t v, bint keep) noexcept nogil:
     """v where keep, else -inf: a select on the bits, as a branch (or a ternary) on a
     float comparison does not vectorise under GCC's default -ftrapping-math."""
@@ -901,6 +962,11 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
         elif a.plain:
             for t in range(nh):
                 row_plain(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
+        elif (store_t is float or store_t is double) and a.sk == 1 and nh == HEAD_GROUP:
+            for t in range(HEAD_GROUP):
+                rows[t] = <real_t *>(row0 + t * a.sh)
+                sl[t] = <real_t>a.slopes[h0 + t]
+            rows4_select(a, rows, kf, qp, sl)
         else:
             for t in range(nh):
                 row_select(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
@@ -1148,29 +1214,42 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
         rows[0] = m.shape[0]
     else:
         return False
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(m)
-    cdef const char *p = <const char *>cnp.PyArray_DATA(m)
-    cdef uint64_t v
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(m)
+    cdef const void *p = cnp.PyArray_DATA(m)
+    cdef uint64_t above
     o.mask = &o.mbuf[0] if n <= OWNED_STACK else <unsigned char *>malloc(max(n, 1))
     if o.mask == NULL:
         return False
+    # one loop per width, each a vector loop: the flags, and whether any was above 1
+    if size == 1:
+        above = mask_flags(<const uint8_t *>p, n, o.mask)
+    elif size == 2:
+        above = mask_flags(<const uint16_t *>p, n, o.mask)
+    elif size == 4:
+        above = mask_flags(<const uint32_t *>p, n, o.mask)
+    elif size == 8:
+        above = mask_flags(<const uint64_t *>p, n, o.mask)
+    else:
+        return False
+    return t == cnp.NPY_BOOL or not above
+
+
+ctypedef fused mask_word:
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
+
+
+cdef uint64_t mask_flags(const mask_word *p, Py_ssize_t n, unsigned char *out) noexcept nogil:
+    """out[i] = p[i] != 0; non-zero when a value (as unsigned: a negative one too) is
+    above 1."""
+    cdef Py_ssize_t i
+    cdef mask_word above = 0
     for i in range(n):
-        if size == 1:
-            v = (<const uint8_t *>p)[i]
-        elif size == 2:
-            v = (<const uint16_t *>p)[i]
-        elif size == 4:
-            v = (<const uint32_t *>p)[i]
-        elif size == 8:
-            v = (<const uint64_t *>p)[i]
-        else:
-            return False
-        if v > 1:
-            if t != cnp.NPY_BOOL:
-                return False
-            v = 1
-        o.mask[i] = <unsigned char>v
-    return True
+        out[i] = p[i] != 0
+        above |= p[i] & <mask_word>~<mask_word>1
+    return above
 
 
 cdef int64_t *owned_block(int64_t *buf, Py_ssize_t n) noexcept:
