@@ -202,6 +202,22 @@ def assert_close(actual, expected, dtype, *, magnitude: float = 1.0, context: st
         f"first bad indices {[tuple(map(int, b)) for b in bad[:5]]}")
 
 
+def entry_callers(monkeypatch, name: str) -> list[tuple[str, object]]:
+    """Spy on the compiled entry `name` for the test: the list, filled as calls come, of
+    (the calling function's name, what the entry returned)."""
+    kern = fastpe._backend.compiled
+    real = getattr(kern, name)
+    callers: list[tuple[str, object]] = []
+
+    def spy(*args):
+        done = real(*args)
+        callers.append((sys._getframe(1).f_code.co_name, done))
+        return done
+
+    monkeypatch.setattr(kern, name, spy)
+    return callers
+
+
 def assert_bytes_equal(actual: np.ndarray, expected: np.ndarray, context: str = "") -> None:
     """Bit-identical values (NaN payloads and signed zeros included)."""
     a, e = np.ascontiguousarray(actual), np.ascontiguousarray(expected)

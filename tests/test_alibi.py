@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from conftest import (
     awkward_params,
     awkward_values,
     describe,
+    entry_callers,
     is_bf16,
     make_awkward,
     needs_compiled,
@@ -855,21 +855,12 @@ def test_per_sequence_calls_take_the_compiled_entry_directly(option, monkeypatch
     """Positions, masks and slopes a decode step passes are taken by the compiled entry
     from the caller's own arrays, with no validating pass first; the bits are those of
     the validating path's call (any rounding the same) and near the reference's."""
-    kern = fastpe._backend.compiled
-    real = kern.alibi_call
-    callers: list[tuple[str, bool]] = []
-
-    def spy(*args):
-        done = real(*args)
-        callers.append((sys._getframe(1).f_code.co_name, done))
-        return done
-
     shape = (2, 3, 5, 11)
     kw = option_kwargs(option, 2, 3, 5, 11, seed=4)
     scores = awkward_values(shape, F32, seed=2, low=-4, high=4)
     validated = scores.copy()
     want = scores.copy()
-    monkeypatch.setattr(kern, "alibi_call", spy)
+    callers = entry_callers(monkeypatch, "alibi_call")
     fastpe.add_alibi(scores, **kw)
     assert callers == [("add_alibi", True)], option
     fastpe.alibi._run(fastpe._args.add_alibi(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from conftest import (
     as_f64,
     assert_bytes_equal,
     assert_close,
+    entry_callers,
     run_python,
     snapshot,
     tolerance,
@@ -706,20 +706,11 @@ def test_positions_of_every_axis_take_the_compiled_entry_directly(interleaved, m
     tensors, are rotated by the compiled entry from the caller's objects, no validating
     pass first; the result is the formula's, and an attribute changed after a call (the
     rotation's direction) is honoured by the next."""
-    kern = fastpe._backend.compiled
-    real = kern.rope_call
-    callers: list[tuple[str, int]] = []
-
-    def spy(*args):
-        done = real(*args)
-        callers.append((sys._getframe(1).f_code.co_name, done))
-        return done
-
     rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS, mrope_interleaved=interleaved)
     pos = vl_positions(B, 3)
     q0 = make("contiguous", (B, 3, HQ, D), F64, seed=5)
     want = rotate_axes(q0, pos, inv_freq(D), rope._pair_axis)
-    monkeypatch.setattr(kern, "rope_call", spy)
+    callers = entry_callers(monkeypatch, "rope_call")
     q = q0.copy()
     rope(q, None, pos)
     assert callers == [("__call__", 1)]

@@ -247,66 +247,19 @@ def rope_workloads(size: Size) -> list[Workload]:
     ]
 
 
-def mrope_prefill_workload(size: Size) -> Workload:
-    """Qwen2-VL-like prefill: the plain prefill's shapes (GQA k), M-RoPE sections
-    [16, 24, 24] (scaled to the head), positions of a prompt that is mostly one image
-    (text, a merged patch grid, text), as get_rope_index gives them."""
-    b, s, h, kvh, d = size["batch"], size["seq"], size["heads"], size["kv_heads"], size["head_dim"]
-    q_shape, k_shape = (b, s, h, d), (b, s, kvh, d)
-    text = max(1, s // 32)
-    w = min(32, s - 2 * text)
-    rows = (s - 2 * text) // w
-    positions = fastpe.mrope_positions([text, (1, 2 * rows, 2 * w), s - text - rows * w],
-                                       spatial_merge_size=2)
+def _mrope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...],
+                    positions: np.ndarray, per_call: bool = False) -> Workload:
+    """RoPE of a Qwen2-VL-like model (M-RoPE sections [16, 24, 24] scaled to the head)
+    on (3, seq) or (3, 1, seq) position ids, against the plain NumPy baseline on each
+    pair's own position, gathered once."""
+    d = q_shape[-1]
     sections = [d // 8, 3 * d // 16, d // 2 - d // 8 - 3 * d // 16]
     rope = fastpe.RotaryEmbedding(d, base=1e6, mrope_section=sections)
-    pair_axis = rope._pair_axis
+    # (1, seq, half): each pair's position on its own axis
+    per_pair = positions.reshape(3, -1)[rope._pair_axis].T[None].astype(np.float64)
 
     def make(dtype: np.dtype) -> Arrays:
         return {"q": random_array(q_shape, dtype), "k": random_array(k_shape, dtype, 0.5)}
-
-    def fastpe_(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> Result:
-            return rope(a["q"], a["k"], positions, layout="bshd", num_threads=threads)
-        return run
-
-    def reference(arrays: Arrays, threads: int) -> Runner:
-        def run(a: Arrays) -> Result:
-            with fastpe.use_backend("numpy"):
-                return rope(a["q"], a["k"], positions)
-        return run
-
-    def numpy_(arrays: Arrays, threads: int) -> Runner:
-        impl = NumpyRope(arrays["q"], arrays["k"], rope.frequencies().inv_freq, neox=True)
-
-        def run(a: Arrays) -> Result:
-            # each pair's own axis: (1, seq, half) positions
-            return impl(a["q"], a["k"], positions[pair_axis].T[None].astype(np.float64))
-        return run
-
-    return Workload(
-        name="rope-prefill-mrope", family="rope",
-        title=f"M-RoPE prefill q {q_shape} k {k_shape}, 3-axis image prompt (Qwen2-VL)",
-        make=make, inplace=("q", "k"), result=("q", "k"), floor="stream",
-        impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
-        numpy_note="the plain baseline on (seq, half) per-pair positions",
-        check_index=EVERY_4TH_HEAD,
-        params=dict(positions=positions, mrope_section=sections, head_dim=d))
-
-
-def mrope_decode_workload(size: Size) -> Workload:
-    """Qwen2-VL-like decode: one token after an image prompt, q and k (1, 1, heads,
-    head_dim), M-RoPE sections as the prefill's, its (3, 1, 1) position ids (the text
-    token's three axes past the image's)."""
-    h, d, pos = size["heads"], size["head_dim"], size["decode_pos"]
-    shape = (1, 1, h, d)
-    positions = np.array([pos, pos - 40, pos - 40], np.int64).reshape(3, 1, 1)
-    sections = [d // 8, 3 * d // 16, d // 2 - d // 8 - 3 * d // 16]
-    rope = fastpe.RotaryEmbedding(d, base=1e6, mrope_section=sections)
-    per_pair = positions[:, 0][rope._pair_axis].T[None].astype(np.float64)  # (1, 1, half)
-
-    def make(dtype: np.dtype) -> Arrays:
-        return {"q": random_array(shape, dtype), "k": random_array(shape, dtype, 0.5)}
 
     def fastpe_(arrays: Arrays, threads: int) -> Runner:
         def run(a: Arrays) -> Result:
@@ -327,13 +280,40 @@ def mrope_decode_workload(size: Size) -> Workload:
         return run
 
     return Workload(
-        name="rope-vl-decode", family="rope",
-        title=f"M-RoPE decode q,k {shape}, (3, 1, 1) position ids (Qwen2-VL)",
-        make=make, inplace=("q", "k"), result=("q", "k"), floor="stream",
+        name=name, family="rope", title=title, make=make, inplace=("q", "k"),
+        result=("q", "k"), floor="stream",
         impls={"fastpe": fastpe_, "reference": reference, "numpy": numpy_},
         numpy_note="the plain baseline on each pair's own position, gathered once",
-        per_call=True, check_index=EVERY_4TH_HEAD,
+        per_call=per_call, check_index=EVERY_4TH_HEAD,
         params=dict(positions=positions, mrope_section=sections, head_dim=d))
+
+
+def mrope_prefill_workload(size: Size) -> Workload:
+    """Qwen2-VL-like prefill: the plain prefill's shapes (GQA k), positions of a prompt
+    that is mostly one image (text, a merged patch grid, text), as get_rope_index gives
+    them."""
+    b, s, h, kvh, d = size["batch"], size["seq"], size["heads"], size["kv_heads"], size["head_dim"]
+    q_shape, k_shape = (b, s, h, d), (b, s, kvh, d)
+    text = max(1, s // 32)
+    w = min(32, s - 2 * text)
+    rows = (s - 2 * text) // w
+    positions = fastpe.mrope_positions([text, (1, 2 * rows, 2 * w), s - text - rows * w],
+                                       spatial_merge_size=2)
+    return _mrope_workload(
+        "rope-prefill-mrope",
+        f"M-RoPE prefill q {q_shape} k {k_shape}, 3-axis image prompt (Qwen2-VL)",
+        q_shape, k_shape, positions)
+
+
+def mrope_decode_workload(size: Size) -> Workload:
+    """Qwen2-VL-like decode: one token after an image prompt, its (3, 1, 1) position ids
+    (the text token's three axes past the image's)."""
+    h, d, pos = size["heads"], size["head_dim"], size["decode_pos"]
+    shape = (1, 1, h, d)
+    positions = np.array([pos, pos - 40, pos - 40], np.int64).reshape(3, 1, 1)
+    return _mrope_workload(
+        "rope-vl-decode", f"M-RoPE decode q,k {shape}, (3, 1, 1) position ids (Qwen2-VL)",
+        shape, shape, positions, per_call=True)
 
 
 # ---- ALiBi --------------------------------------------------------------------------------
