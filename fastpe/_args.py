@@ -212,6 +212,8 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     True and the array is (axes, rows, seq)); None, (seq,) and (1 or batch,
     seq) are text positions that every axis shares. A 2-D array that reads
     both ways (batch == axes) is refused."""
+    if not 1 <= axes <= MAX_AXES:
+        raise ValueError(f"axes must be in [1, {MAX_AXES}], got {axes}")
     if positions is None:
         return _checks.positions(None, offset, batch, seq), False
     # converted once: an __array__ may return another array each time it is asked
@@ -231,7 +233,8 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     if offset:
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
     pos, hi = _checks.position_array(positions, "positions", converted)
-    return _checks.Positions(pos.reshape(axes, -1, seq), 0, hi, converted), True
+    rows = shape[1] if len(shape) == 3 else 1
+    return _checks.Positions(pos.reshape(axes, rows, seq), 0, hi, converted), True
 
 
 def _rope_view(x: np.ndarray, layout: str) -> np.ndarray:
@@ -392,12 +395,20 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
         pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     else:
         pos, multi = axis_positions(positions, offset, q4.shape[0], q4.shape[1], axes)
+        for pairs in (pair_axis, pair_axis2):
+            if multi and pairs is not None and pairs.size and int(pairs.max()) >= axes:
+                raise ValueError(f"a frequency pair takes position axis {int(pairs.max())}, "
+                                 f"but there are {axes} axes")
     _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
     if spec is not None:
         given = spec.frequencies(pos.max + 1 if spec.depends_on_seq_len else None)
     rope_disjoint(q4, k4, (pos.source, "positions"), (given.inv_freq, "freqs"))
     att = given.attention_scaling
     inverse = _checks.flag(inverse, "inverse")
+    if multi and pair_axis2 is not None and not neox:
+        raise ValueError(f"style={style!r}: this embedding turns the two features of a "
+                         f"rotate_half pair by different axes' angles ('neox' pairing); "
+                         f"fastpe does not run it another way")
     if inverse and multi and pair_axis2 is not None:
         raise ValueError("inverse=True: this embedding turns the two features of a pair by "
                          "different angles (not a rotation), whose inverse fastpe does not "
@@ -452,15 +463,15 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
     inv_freq = given.inv_freq if pair_freq is None else given.inv_freq[pair_freq]
     if per_axis:
         assert pair_axis is not None
-        rows = pos.reshape(axes, -1, seq)
+        rows = pos.reshape(axes, shape[1] if len(shape) == 3 else 1, seq)
         angles = np.moveaxis(rows[pair_axis.astype(np.intp)], 0, -1) * inv_freq
     else:
-        angles = pos.reshape(-1, seq)[..., None] * inv_freq
+        angles = pos.reshape(shape[0] if len(shape) == 2 else 1, seq)[..., None] * inv_freq
     att = given.attention_scaling
     n = angles.shape[0] * seq
-    cos = (np.cos(angles) * att).reshape(n, -1)
-    sin = (np.sin(angles) * att).reshape(n, -1)
-    rows_pos = np.arange(n, dtype=np.int64).reshape(-1, seq)
+    cos = (np.cos(angles) * att).reshape(n, inv_freq.size)
+    sin = (np.sin(angles) * att).reshape(n, inv_freq.size)
+    rows_pos = np.arange(n, dtype=np.int64).reshape(angles.shape[0], seq)
     return RopePlan(q4, k4, _checks.Positions(rows_pos, 0, n - 1), neox, None, 1.0,
                     cos, sin, _checks.flag(inverse, "inverse"), _threads.check(num_threads))
 

@@ -53,10 +53,14 @@ def _run(plan: _args.RopePlan) -> None:
     with _checks.kernel_views(plan.q, plan.k) as (qw, kw):
         done = kern.rope_call(state, qw, kw, *args, cos, sin, 0, team)
         if not done:
-            # q, k and the cache proven apart by the validator in a way the entry's
-            # bounded proof does not follow: one array at a time, from a copy of the cache
+            # q, k, the frequencies and the cache proven apart by the validator in a way
+            # the entry's bounded proof does not follow: one array at a time, from copies
+            # of the frequencies and the cache
             if cos is not None:
                 cos, sin = np.array(cos), np.array(sin)
+            else:
+                state = kern.RopeState(-1, False, np.array(state.inv_freq), state.att, -1,
+                                       None, state.pair_axis, state.pair_axis2, state.axes)
             done = kern.rope_call(state, qw, None, *args, cos, sin, 0, team) and (
                 kw is None or kern.rope_call(state, kw, None, *args, cos, sin, 0, team))
     if not done:
@@ -498,7 +502,7 @@ class RotaryEmbedding:
         """apply_rope with this model's frequencies, rotary_dim and style."""
         state = self._compiled_state
         if state is None:
-            state = self._compiled_state = self._make_state()
+            state = self._keep_state("_compiled_state", self._make_state)
         kern = _kernels()
         # arrays and a model's own torch tensors alike, checked and viewed once in C;
         # positions of one axis, or none: every axis of M-RoPE takes the same position
@@ -506,7 +510,7 @@ class RotaryEmbedding:
             # M-RoPE's and 2D RoPE's (axes, 1 or batch, seq) positions, one per axis
             state = self._compiled_axes_state
             if state is None:
-                state = self._compiled_axes_state = self._make_axes_state()
+                state = self._keep_state("_compiled_axes_state", self._make_axes_state)
             if getattr(positions, "ndim", 0) != 3:
                 state = False
         if state and kern is not None:
@@ -546,6 +550,17 @@ class RotaryEmbedding:
     # attribute changes; never pickled
     _compiled_state: Any = None
     _compiled_axes_state: Any = None  # the same for positions of every axis
+    _compiled_generation = 0          # attribute changes so far
+
+    def _keep_state(self, name: str, make: Any) -> Any:
+        """make(), kept as the cached state `name` unless an attribute changed (another
+        thread) while it was made: such a state may hold the old value."""
+        generation = self._compiled_generation
+        state = make()
+        object.__setattr__(self, name, state)
+        if self._compiled_generation != generation:
+            object.__setattr__(self, name, None)
+        return state
 
     # leading tokens the model leaves unrotated (DINOv3's CLS and registers): the
     # caller passes q[:, prefix_tokens:]
@@ -554,13 +569,14 @@ class RotaryEmbedding:
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         if not name.startswith("_compiled_"):
+            object.__setattr__(self, "_compiled_generation", self._compiled_generation + 1)
             object.__setattr__(self, "_compiled_state", None)
             object.__setattr__(self, "_compiled_axes_state", None)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_compiled_state", None)
-        state.pop("_compiled_axes_state", None)
+        for name in ("_compiled_state", "_compiled_axes_state", "_compiled_generation"):
+            state.pop(name, None)
         return state
 
     def _make_state(self) -> Any:

@@ -294,3 +294,22 @@ def test_huge_inverse_frequencies_do_not_differ_between_backends():
     with fastpe.use_backend("numpy"):
         fastpe.apply_rope(r, base=1e-320)
     assert math.isclose(float(np.abs(q - r).max()), 0.0, abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_frequencies_in_a_gap_of_q_or_k_are_read_from_a_copy(where):
+    """Frequencies in the gaps between q's (or k's) strided elements share no memory with
+    them: the validating path proves it, the compiled entry's bounded proof does not, and
+    the call rotates from a copy of them (before: a RuntimeError, q already rotated)."""
+    base = np.random.default_rng(0).standard_normal(28)
+    inside = base[:26].reshape(1, 2, 1, 13)[..., :12:3]     # elements 0, 3, 6, 9, 13, ...
+    freqs = base[1:3]
+    freqs[...] = [1.0, 0.01]                                 # in the first gap
+    other = np.random.default_rng(1).standard_normal((1, 2, 1, 4))
+    q, k = (inside, other) if where == "q" else (other, inside)
+    want_q, want_k = q.copy(), k.copy()
+    fastpe.reference.apply_rope(want_q, want_k, freqs=freqs.copy())
+    fastpe.apply_rope(q, k, freqs=freqs)
+    np.testing.assert_allclose(q, want_q, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(k, want_k, rtol=1e-13, atol=1e-13)
+    assert np.array_equal(freqs, [1.0, 0.01])

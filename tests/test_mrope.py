@@ -727,3 +727,67 @@ def test_positions_of_every_axis_take_the_compiled_entry_directly(interleaved, m
     assert callers == [("__call__", 1)]
     assert qt._version == version + 1
     check(qt.numpy(), want, F64, pos, "torch tensors")
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_attributes_set_after_construction_are_checked_at_the_call(backend):
+    """A RotaryEmbedding's public attributes may change after it is made: axes past what
+    the kernels hold and a pairing HunYuan-VL's per-axis features cannot take are
+    refused at the call, by both backends alike, q untouched."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("needs the compiled kernels")
+    q0 = np.random.default_rng(0).standard_normal((1, 3, 2, 8))
+    rope = fastpe.RotaryEmbedding(8, mrope_section=[2, 1, 1])
+    rope.axes = 17
+    q = q0.copy()
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"axes must be in"):
+        rope(q, None, np.zeros((17, 1, 3), np.int64))
+    assert_bytes_equal(q, q0)
+    rope.axes = 2        # pair axes up to 2 need three
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"takes position axis 2"):
+        rope(q, None, np.zeros((2, 1, 3), np.int64))
+    assert_bytes_equal(q, q0)
+    hunyuan = fastpe.RotaryEmbedding(8, mrope_section=[2, 1, 1])
+    hunyuan._pair_axis2 = np.array([1, 0, 2, 0], np.int8)   # the second feature's axes
+    hunyuan.style = "gptj"
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"style='gptj'"):
+        hunyuan(q, None, np.zeros((3, 1, 3), np.int64))
+    assert_bytes_equal(q, q0)
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("positions", [np.zeros((3, 1, 0), np.int64),
+                                       np.zeros((3, 0), np.int32),
+                                       np.zeros((3, 1, 0))], ids=["3-D", "2-D", "real"])
+def test_no_tokens_with_positions_of_every_axis(positions, backend):
+    if backend == "cython" and not COMPILED:
+        pytest.skip("needs the compiled kernels")
+    rope = fastpe.RotaryEmbedding(8, mrope_section=[2, 1, 1])
+    with fastpe.use_backend(backend):
+        q, _ = rope(np.zeros((1, 0, 2, 8)), None, positions)
+    assert q.shape == (1, 0, 2, 8)
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs the compiled kernels")
+def test_a_state_made_while_an_attribute_changes_is_not_kept(monkeypatch):
+    """Another thread sets an attribute while a call makes the embedding's compiled
+    state from the old value: that state serves the call under way only."""
+    rope = fastpe.RotaryEmbedding(8, mrope_section=[2, 1, 1])
+    real = fastpe.rope._state
+
+    def racing(*args, **kwargs):
+        state = real(*args, **kwargs)
+        rope.reverse = True          # "another thread", after the state was made
+        return state
+
+    monkeypatch.setattr(fastpe.rope, "_state", racing)
+    q0 = np.random.default_rng(0).standard_normal((1, 3, 1, 8))
+    positions = np.arange(9).reshape(3, 1, 3)
+    rope(q0.copy(), None, positions)
+    monkeypatch.setattr(fastpe.rope, "_state", real)
+    assert rope._compiled_state is None and rope._compiled_axes_state is None
+    got, want = q0.copy(), q0.copy()
+    rope(got, None, positions)
+    with fastpe.use_backend("numpy"):
+        rope(want, None, positions)
+    assert_close(got, want, F64, context="the next call, with reverse=True")
