@@ -39,9 +39,9 @@ def _run(plan: _args.RopePlan) -> None:
         reference.run_rope(plan)
         return
     state = cos = sin = None
+    pos = plan.positions.array  # multi-axis: (axes, rows, seq)
+    axes = pos.shape[0] if plan.pair_axis is not None and pos is not None else 1
     if plan.inv_freq is not None:
-        pos = plan.positions.array  # multi-axis: (axes, rows, seq)
-        axes = pos.shape[0] if plan.pair_axis is not None and pos is not None else 1
         state = kern.RopeState(-1, False, plan.inv_freq, plan.att, -1, None, plan.pair_axis,
                                plan.pair_axis2, axes)
     elif plan.cos is not None and plan.sin is not None:
@@ -59,8 +59,8 @@ def _run(plan: _args.RopePlan) -> None:
             if cos is not None:
                 cos, sin = np.array(cos), np.array(sin)
             else:
-                state = kern.RopeState(-1, False, np.array(state.inv_freq), state.att, -1,
-                                       None, state.pair_axis, state.pair_axis2, state.axes)
+                state = kern.RopeState(-1, False, np.array(plan.inv_freq), plan.att, -1,
+                                       None, plan.pair_axis, plan.pair_axis2, axes)
             done = kern.rope_call(state, qw, None, *args, cos, sin, 0, team) and (
                 kw is None or kern.rope_call(state, kw, None, *args, cos, sin, 0, team))
     if not done:
