@@ -598,6 +598,13 @@ def output(out: object, shape: tuple[int, ...], dtype: object) -> np.ndarray:
     return out
 
 
+def entry_declined(entry: str) -> RuntimeError:
+    """The error of a compiled entry that declined the call its validating path made:
+    a bug in fastpe, never the caller's input."""
+    return RuntimeError(f"fastpe: the compiled {entry} entry declined a validated call "
+                        f"(a bug: please report it)")
+
+
 def kernel_view(x: np.ndarray) -> np.ndarray:
     """x itself when the compiled loops can address it (native byte order,
     aligned, strides a multiple of the item size), else an aligned native copy

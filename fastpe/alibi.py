@@ -39,8 +39,7 @@ def _run(plan: _args.AlibiPlan) -> None:
                                plan.k_positions, plan.key_mask, plan.causal, plan.symmetric,
                                plan.accumulate, threads)
     if not done:
-        raise RuntimeError("fastpe: the compiled ALiBi entry declined a validated call "
-                           "(a bug: please report it)")
+        raise _checks.entry_declined("ALiBi")
 
 
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,

@@ -62,5 +62,4 @@ def _run(kern: Any, plan: _args.LearnedPlan) -> None:
             done = kern.learned_call(work, np.array(table), plan.positions.array,
                                      plan.positions.offset, threads)
     if not done:
-        raise RuntimeError("fastpe: the compiled add_learned declined a validated call "
-                           "(a bug: please report it)")
+        raise _checks.entry_declined("add_learned")

@@ -64,8 +64,7 @@ def _run(plan: _args.RopePlan) -> None:
             done = kern.rope_call(state, qw, None, *args, cos, sin, 0, team) and (
                 kw is None or kern.rope_call(state, kw, None, *args, cos, sin, 0, team))
     if not done:
-        raise RuntimeError("fastpe: the compiled RoPE entry declined a validated call "
-                           "(a bug: please report it)")
+        raise _checks.entry_declined("RoPE")
 
 
 def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> Any:
@@ -313,8 +312,7 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     if not kern.sinusoidal_call(rows, freqs.inv_freq, pos.reshape(1, -1), 0,
                                 freqs.attention_scaling, True, False, False,
                                 _threads.resolve(None, table.nbytes)):
-        raise RuntimeError("fastpe: the compiled sinusoidal entry declined a validated "
-                           "call (a bug: please report it)")
+        raise _checks.entry_declined("sinusoidal")
     return table[..., half:], table[..., :half]
 
 

@@ -44,8 +44,7 @@ def _run(plan: _args.SinusoidalPlan) -> None:
                                     plan.cos_first, plan.accumulate,
                                     _threads.resolve(plan.num_threads, plan.x.nbytes))
     if not done:
-        raise RuntimeError("fastpe: the compiled sinusoidal entry declined a validated "
-                           "call (a bug: please report it)")
+        raise _checks.entry_declined("sinusoidal")
     if plan.zero_tail:
         tail = plan.x[..., -1]
         if plan.accumulate:

@@ -1207,12 +1207,7 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
             or not cnp.PyArray_IS_C_CONTIGUOUS(m) or not cnp.PyArray_ISALIGNED(m)
             or not cnp.PyArray_ISNOTSWAPPED(m) or extents_overlap(x, m)):
         return False
-    if cnp.PyArray_NDIM(m) == 1 and m.shape[0] == k:
-        rows[0] = 1
-    elif (cnp.PyArray_NDIM(m) == 2 and m.shape[1] == k
-          and (m.shape[0] == 1 or m.shape[0] == batch)):
-        rows[0] = m.shape[0]
-    else:
+    if not per_sequence_rows(m, batch, k, rows):
         return False
     cdef Py_ssize_t n = cnp.PyArray_SIZE(m)
     cdef const void *p = cnp.PyArray_DATA(m)

@@ -481,6 +481,20 @@ cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
     return True
 
 
+cdef bint per_sequence_rows(cnp.ndarray a, Py_ssize_t batch, Py_ssize_t length,
+                            Py_ssize_t *rows) noexcept:
+    """Whether a is (length,), shared by every sequence, or (1 or batch, length); its
+    rows (1 or batch) into *rows."""
+    if cnp.PyArray_NDIM(a) == 1 and a.shape[0] == length:
+        rows[0] = 1
+        return True
+    if (cnp.PyArray_NDIM(a) == 2 and a.shape[1] == length
+            and (a.shape[0] == 1 or a.shape[0] == batch)):
+        rows[0] = a.shape[0]
+        return True
+    return False
+
+
 cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
                               Py_ssize_t seq, int64_t top, int64_t *buf, Py_ssize_t cap,
                               Py_ssize_t *rows) noexcept:
@@ -500,12 +514,7 @@ cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
             or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
             or not cnp.PyArray_ISNOTSWAPPED(pa) or extents_overlap(x, pa)):
         return NULL
-    if cnp.PyArray_NDIM(pa) == 1 and pa.shape[0] == seq:
-        rows[0] = 1
-    elif (cnp.PyArray_NDIM(pa) == 2 and pa.shape[1] == seq
-          and (pa.shape[0] == 1 or pa.shape[0] == batch)):
-        rows[0] = pa.shape[0]
-    else:
+    if not per_sequence_rows(pa, batch, seq, rows):
         return NULL
     n = cnp.PyArray_SIZE(pa)
     out = buf if n <= cap else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
