@@ -135,7 +135,7 @@ class RopePlan(NamedTuple):
     att: float                     # ... with cos and sin multiplied by this
     cos: np.ndarray | None         # or a (rows, rotary_dim // 2) cos/sin cache
     sin: np.ndarray | None
-    inverse: bool                  # rotate by -angle: cos * 1 / att, sin * -1 / att
+    inverse: bool                  # the inverse rotation: cos / att and -sin / att, or the cache's
     num_threads: int | None
     # multi-axis positions: positions.array is int64 (axes, 1 or batch, seq) and
     # pair i rotates by the position on axis pair_axis[i] (int8, (rotary_dim // 2,))
