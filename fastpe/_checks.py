@@ -214,6 +214,13 @@ def is_tensor(x: object) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def is_plain_tensor(x: object) -> bool:
+    """Whether x is a torch.Tensor, not a subclass (whose attributes may answer
+    otherwise)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and type(x) is torch.Tensor
+
+
 def tensor_name(q: object, k: object) -> str | None:
     """"q" or "k", whichever is a torch tensor first, or None: the argument a RoPE
     call's messages name when it is a call on torch tensors."""

@@ -102,14 +102,26 @@ def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> A
 def _new_state(q: Any, rotary_dim: object, base: object, scaling: object,
                max_position_embeddings: object) -> Any:
     """apply_rope's RopeState for arguments _STATES does not hold, kept there when they
-    are plain values; None for a q that is not an array of three or more axes, or
-    arguments that cannot be parsed (the validating path raises, in its own order)."""
-    if type(q) is not np.ndarray or q.ndim < 3:
+    are plain values; None for a q that is not an array or torch tensor of three or
+    more axes, or arguments that cannot be parsed (the validating path raises, in its
+    own order)."""
+    if type(q) is np.ndarray:
+        if q.ndim < 3:
+            return None
+        head_dim = q.shape[-1]
+    elif _checks.is_plain_tensor(q):
+        try:
+            shape = q.shape
+        except Exception:  # a nested tensor has none: the validating path refuses it
+            return None
+        if len(shape) < 3:
+            return None
+        head_dim = shape[-1]
+    else:
         return None
     if type(scaling) is dict:
         # parsed and kept from a copy no other thread can change in between
         scaling = {key: list(v) if type(v) is list else v for key, v in dict(scaling).items()}
-    head_dim = q.shape[-1]
     try:
         spec = _args.rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)[1]
     except Exception:
@@ -195,17 +207,8 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     """
     given = q, k
     kern = _backend.kernels()
-    if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
-        # a model's own torch tensors, viewed once (in C where they are plain CPU
-        # tensors), then the path of NumPy arrays
-        views = kern.torch_rope_views(q, k, positions, layout) if kern is not None else None
-        if views is not None:
-            q, k, positions, _, _ = views
-        else:
-            q, k, positions, layout = _tensor_views(q, k, positions, layout)
-    elif layout is None:
-        layout = "bshd"
     if kern is not None:
+        # arrays and a model's own torch tensors alike, checked and viewed once in C
         state = None
         if freqs is None:
             state = _STATES.get(q, rotary_dim, base, scaling, max_position_embeddings)
@@ -222,9 +225,9 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
                 done = _with_team(kern, done, state, q, k, positions, offset, style, layout,
                                   inverse, num_threads, None, None)
             if done:
-                if q is not given[0] or k is not given[1]:
-                    kern.torch_bump(given)  # torch tensors, now written
                 return given
+    # torch tensors the entry did not take, viewed (or refused) here
+    q, k, positions, layout = _tensor_views(q, k, positions, layout)
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
                     style=style, layout=layout, inverse=inverse, num_threads=num_threads))
@@ -253,6 +256,20 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     """
     given = q, k
     kern = _backend.kernels()
+    # an array's own ndim: np.ndim took 6% of a decode call
+    cos_obj: Any = cos
+    ndim = (cos_obj.ndim if type(cos) is np.ndarray or _checks.is_plain_tensor(cos)
+            else np.ndim(cos))
+    token_rows = per_token or (per_token is None and ndim == 3)
+    if kern is not None and not token_rows:
+        # rows looked up by position: arrays and torch tensors alike, viewed once in C
+        done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
+                              num_threads, cos, sin, _threads.SERIAL_BYTES, 0)
+        if done > 1:
+            done = _with_team(kern, done, None, q, k, positions, offset, style, layout,
+                              inverse, num_threads, cos, sin)
+        if done:
+            return given
     if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
         views = (kern.torch_rope_views(q, k, positions, layout, cos, sin)
                  if kern is not None else None)
@@ -269,14 +286,13 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                 layout = "bshd"
     elif layout is None:
         layout = "bshd"
-    # an array's own ndim: np.ndim took 6% of a decode call
-    if per_token or (per_token is None and (
-            cos.ndim if type(cos) is np.ndarray else np.ndim(cos)) == 3):
+    if token_rows:
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     elif per_token is not None:
         _checks.flag(per_token, "per_token")
     done = 0
-    if kern is not None:
+    if kern is not None and (token_rows or q is not given[0] or k is not given[1]):
+        # what the entry declined above, now as arrays or rows by position
         done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
                               num_threads, cos, sin, _threads.SERIAL_BYTES, 0)
         if done > 1:

@@ -1198,7 +1198,9 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
     """key_mask an exact, aligned, native, C-contiguous bool or integer array (k,) or
     (1 or batch, k) whose bytes are apart from x's, copied into o.mask as 0/1 (a
     bool's every non-zero byte is True); an integer other than 0 and 1 is not taken."""
-    if not cnp.PyArray_CheckExact(key_mask):
+    cdef View mv
+    if (not cnp.PyArray_CheckExact(key_mask)
+            or not array_view(<cnp.ndarray>key_mask, &mv)):
         return False
     cdef cnp.ndarray m = <cnp.ndarray>key_mask
     cdef int t = cnp.PyArray_TYPE(m)
@@ -1207,7 +1209,7 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
             or not cnp.PyArray_IS_C_CONTIGUOUS(m) or not cnp.PyArray_ISALIGNED(m)
             or not cnp.PyArray_ISNOTSWAPPED(m) or extents_overlap(x, m)):
         return False
-    if not per_sequence_rows(m, batch, k, rows):
+    if not per_sequence_rows(&mv, batch, k, rows):
         return False
     cdef Py_ssize_t n = cnp.PyArray_SIZE(m)
     cdef const void *p = cnp.PyArray_DATA(m)

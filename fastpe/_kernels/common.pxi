@@ -254,21 +254,91 @@ cdef inline Py_ssize_t elem_stride(cnp.ndarray a, int axis) noexcept:
     return cnp.PyArray_STRIDES(a)[axis] // cnp.PyArray_ITEMSIZE(a)
 
 
-cdef void byte_extent(cnp.ndarray x, size_t *lo, size_t *hi) noexcept:
-    """[lo, hi) of the bytes x can touch."""
-    cdef size_t start = <size_t>cnp.PyArray_DATA(x)
-    cdef Py_ssize_t low = 0, high = cnp.PyArray_ITEMSIZE(x), n
+cdef enum:
+    # dimensions a View holds: more than any compiled entry's plain case takes
+    VIEW_DIMS = 8
+
+
+cdef struct View:
+    # an operand's memory as the compiled entries check and read it: an ndarray's
+    # (array_view) or a torch CPU tensor's, read without making an ndarray (tensor_view)
+    char *data
+    int ndim
+    int typenum                        # NumPy's type number (bfloat16: ml_dtypes')
+    Py_ssize_t itemsize
+    Py_ssize_t size                    # elements
+    bint writable
+    bint aligned                       # data and strides multiples of the item size
+    bint native                        # native byte order
+    bint c_contiguous
+    Py_ssize_t shape[VIEW_DIMS]
+    Py_ssize_t strides[VIEW_DIMS]      # in bytes
+
+
+cdef bint array_view(cnp.ndarray a, View *v) noexcept:
+    """a's View; False for more than VIEW_DIMS dimensions."""
+    cdef int i, nd = cnp.PyArray_NDIM(a)
+    if nd > VIEW_DIMS:
+        return False
+    v.data = <char *>cnp.PyArray_DATA(a)
+    v.ndim = nd
+    v.typenum = cnp.PyArray_TYPE(a)
+    v.itemsize = cnp.PyArray_ITEMSIZE(a)
+    v.size = cnp.PyArray_SIZE(a)
+    v.writable = cnp.PyArray_ISWRITEABLE(a)
+    v.aligned = cnp.PyArray_ISALIGNED(a)
+    v.native = cnp.PyArray_ISNOTSWAPPED(a)
+    v.c_contiguous = cnp.PyArray_IS_C_CONTIGUOUS(a)
+    for i in range(nd):
+        v.shape[i] = cnp.PyArray_DIMS(a)[i]
+        v.strides[i] = cnp.PyArray_STRIDES(a)[i]
+    return True
+
+
+cdef inline bint view_whole_strides(const View *v) noexcept:
+    """Whether every stride of v is a whole number of elements."""
     cdef int i
-    for i in range(cnp.PyArray_NDIM(x)):
-        n = cnp.PyArray_DIMS(x)[i]
+    for i in range(v.ndim):
+        if v.strides[i] % v.itemsize:
+            return False
+    return True
+
+
+cdef void byte_extent(const View *x, size_t *lo, size_t *hi) noexcept:
+    """[lo, hi) of the bytes x can touch."""
+    cdef size_t start = <size_t>x.data
+    cdef Py_ssize_t low = 0, high = x.itemsize, n
+    cdef int i
+    for i in range(x.ndim):
+        n = x.shape[i]
         if n == 0:
             lo[0] = hi[0] = start
             return
-        if cnp.PyArray_STRIDES(x)[i] < 0:
-            low += (n - 1) * cnp.PyArray_STRIDES(x)[i]
+        if x.strides[i] < 0:
+            low += (n - 1) * x.strides[i]
         else:
-            high += (n - 1) * cnp.PyArray_STRIDES(x)[i]
+            high += (n - 1) * x.strides[i]
     lo[0], hi[0] = start + low, start + high
+
+
+cdef int float_code(int typenum) noexcept:
+    """Storage code of a float type number, else -1."""
+    if typenum == cnp.NPY_FLOAT:
+        return CODE_F32
+    if typenum == cnp.NPY_DOUBLE:
+        return CODE_F64
+    if typenum == NPY_HALF:
+        return CODE_F16
+    if typenum == bfloat16_typenum and typenum >= 0:
+        return CODE_BF16
+    return -1
+
+
+cdef int view_code(const View *v) noexcept:
+    """Storage code of a writable, aligned, native float view, else -1."""
+    if not (v.writable and v.aligned and v.native):
+        return -1
+    return float_code(v.typenum)
 
 
 cdef int fast_code(object x) noexcept:
@@ -278,16 +348,7 @@ cdef int fast_code(object x) noexcept:
     cdef cnp.ndarray a = <cnp.ndarray>x
     if not (cnp.PyArray_ISWRITEABLE(a) and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)):
         return -1
-    cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT:
-        return CODE_F32
-    if t == cnp.NPY_DOUBLE:
-        return CODE_F64
-    if t == NPY_HALF:
-        return CODE_F16
-    if t == bfloat16_typenum and t >= 0:
-        return CODE_BF16
-    return -1
+    return float_code(cnp.PyArray_TYPE(a))
 
 
 cdef bint whole_element_strides(cnp.ndarray x) noexcept:
@@ -317,12 +378,20 @@ cdef int fast_rows(object x, Py_ssize_t *dims, Py_ssize_t *strides) noexcept:
     return code
 
 
-cdef bint extents_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
+cdef bint views_overlap(const View *a, const View *b) noexcept:
     """Whether the byte ranges of a and b intersect (they may share memory)."""
     cdef size_t alo, ahi, blo, bhi
     byte_extent(a, &alo, &ahi)
     byte_extent(b, &blo, &bhi)
     return alo < bhi and blo < ahi
+
+
+cdef bint extents_overlap(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """views_overlap of two arrays (True, maybe overlapping, past VIEW_DIMS)."""
+    cdef View va, vb
+    if not (array_view(a, &va) and array_view(b, &vb)):
+        return True
+    return views_overlap(&va, &vb)
 
 
 cdef inline Py_ssize_t gcd(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -331,35 +400,33 @@ cdef inline Py_ssize_t gcd(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
     return a
 
 
-cdef bint lattice_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
+cdef bint lattice_apart(const View *a, const View *b) noexcept:
     """Whether no byte of an element of a is a byte of an element of b, proven on
-    a period R that every stride of both arrays longer than some threshold is a
-    multiple of, when the shorter strides of each array span less than R: the
-    bytes of each array then fall, modulo R, in one interval, and two disjoint
-    intervals prove the arrays apart. This is what q and k sliced from one fused
+    a period R that every stride of both views longer than some threshold is a
+    multiple of, when the shorter strides of each view span less than R: the
+    bytes of each view then fall, modulo R, in one interval, and two disjoint
+    intervals prove the views apart. This is what q and k sliced from one fused
     QKV row (each token's row holding both) are; False when no threshold proves it
     (which does not mean they overlap). fastpe._checks.lattice_apart in Python."""
-    cdef cnp.ndarray x
-    cdef Py_ssize_t st[2][32]
-    cdef Py_ssize_t sz[2][32]
+    cdef const View *x
+    cdef Py_ssize_t st[2][VIEW_DIMS]
+    cdef Py_ssize_t sz[2][VIEW_DIMS]
     cdef int m[2]
     cdef size_t lo[2]
     cdef size_t hi
-    cdef int side, i, c, nd
-    cdef Py_ssize_t s, n, threshold, period, span[2], d
+    cdef int side, i, c
+    cdef Py_ssize_t span[2]
+    cdef Py_ssize_t s, n, threshold, period, d
     for side in range(2):
         x = a if side == 0 else b
-        nd = cnp.PyArray_NDIM(x)
         m[side] = 0
-        if nd > 32:
-            return False
         byte_extent(x, &lo[side], &hi)
-        for i in range(nd):
-            n = cnp.PyArray_DIMS(x)[i]
+        for i in range(x.ndim):
+            n = x.shape[i]
             if n == 0:
                 return True  # no elements: nothing to share
             if n > 1:
-                s = magnitude(cnp.PyArray_STRIDES(x)[i])
+                s = magnitude(x.strides[i])
                 st[side][m[side]], sz[side][m[side]] = s, n
                 m[side] += 1
     # each stride in turn is the threshold between the outer and inner axes
@@ -367,7 +434,7 @@ cdef bint lattice_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
         threshold = st[0][c] if c < m[0] else st[1][c - m[0]]
         period = 0
         for side in range(2):
-            span[side] = cnp.PyArray_ITEMSIZE(a if side == 0 else b)
+            span[side] = (a if side == 0 else b).itemsize
             for i in range(m[side]):
                 if st[side][i] >= threshold:
                     period = gcd(period, st[side][i])
@@ -383,27 +450,32 @@ cdef bint lattice_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
     return False
 
 
-cdef bint views_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
+cdef bint apart_views(const View *a, const View *b) noexcept:
     """Whether a and b provably share no memory: byte ranges apart, or the
     lattice proof (lattice_apart)."""
-    return not extents_overlap(a, b) or lattice_apart(a, b)
+    return not views_overlap(a, b) or lattice_apart(a, b)
 
 
-cdef bint elements_disjoint(cnp.ndarray x) noexcept:
+cdef bint views_apart(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """apart_views of two arrays (False, not proven, past VIEW_DIMS)."""
+    cdef View va, vb
+    return array_view(a, &va) and array_view(b, &vb) and apart_views(&va, &vb)
+
+
+cdef bint view_elements_disjoint(const View *x) noexcept:
     """fastpe._checks.elements_disjoint in C: sorted by stride, each axis steps
     past everything the smaller axes span (so no two elements share memory)."""
-    cdef int nd = cnp.PyArray_NDIM(x), i, j, m = 0
-    cdef Py_ssize_t strides[64]
-    cdef Py_ssize_t sizes[64]
-    cdef Py_ssize_t s, n, span = cnp.PyArray_ITEMSIZE(x)
-    if cnp.PyArray_SIZE(x) == 0:
+    cdef int i, j, m = 0
+    cdef Py_ssize_t strides[VIEW_DIMS]
+    cdef Py_ssize_t sizes[VIEW_DIMS]
+    cdef Py_ssize_t s, n, span = x.itemsize
+    if x.size == 0:
         return True
-    for i in range(nd):
-        n = cnp.PyArray_DIMS(x)[i]
+    for i in range(x.ndim):
+        n = x.shape[i]
         if n > 1:
-            s = cnp.PyArray_STRIDES(x)[i]
-            s = -s if s < 0 else s
-            j = m  # insertion sort: at most 64 axes (NumPy 2)
+            s = magnitude(x.strides[i])
+            j = m  # insertion sort: at most VIEW_DIMS axes
             while j > 0 and strides[j - 1] > s:
                 strides[j], sizes[j] = strides[j - 1], sizes[j - 1]
                 j -= 1
@@ -414,6 +486,12 @@ cdef bint elements_disjoint(cnp.ndarray x) noexcept:
             return False
         span += strides[i] * (sizes[i] - 1)
     return True
+
+
+cdef bint elements_disjoint(cnp.ndarray x) noexcept:
+    """view_elements_disjoint of an array (False, not proven, past VIEW_DIMS)."""
+    cdef View v
+    return array_view(x, &v) and view_elements_disjoint(&v)
 
 
 cdef inline Py_ssize_t magnitude(Py_ssize_t n) noexcept nogil:
@@ -451,13 +529,13 @@ cdef inline void angles_for_token(double *s, double *c, const double *w,
         advance_angles(s, c, step_s, step_c, n)
 
 
-cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
+cdef bint read_positions(const View *pa, int64_t *out) noexcept:
     """Integer positions of any width and signedness into out as int64; False when
     one is past the int64 range (a uint64 above 2**63 - 1)."""
-    cdef Py_ssize_t i, n = cnp.PyArray_SIZE(pa)
-    cdef const char *p = <const char *>cnp.PyArray_DATA(pa)
-    cdef int size = <int>cnp.PyArray_ITEMSIZE(pa)
-    cdef bint unsigned = cnp.PyTypeNum_ISUNSIGNED(cnp.PyArray_TYPE(pa))
+    cdef Py_ssize_t i, n = pa.size
+    cdef const char *p = pa.data
+    cdef Py_ssize_t size = pa.itemsize
+    cdef bint unsigned = cnp.PyTypeNum_ISUNSIGNED(pa.typenum)
     for i in range(n):
         if unsigned:
             if size == 1:
@@ -481,42 +559,36 @@ cdef bint read_positions(cnp.ndarray pa, int64_t *out) noexcept:
     return True
 
 
-cdef bint per_sequence_rows(cnp.ndarray a, Py_ssize_t batch, Py_ssize_t length,
+cdef bint per_sequence_rows(const View *a, Py_ssize_t batch, Py_ssize_t length,
                             Py_ssize_t *rows) noexcept:
     """Whether a is (length,), shared by every sequence, or (1 or batch, length); its
     rows (1 or batch) into *rows."""
-    if cnp.PyArray_NDIM(a) == 1 and a.shape[0] == length:
+    if a.ndim == 1 and a.shape[0] == length:
         rows[0] = 1
         return True
-    if (cnp.PyArray_NDIM(a) == 2 and a.shape[1] == length
-            and (a.shape[0] == 1 or a.shape[0] == batch)):
+    if a.ndim == 2 and a.shape[1] == length and (a.shape[0] == 1 or a.shape[0] == batch):
         rows[0] = a.shape[0]
         return True
     return False
 
 
-cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
-                              Py_ssize_t seq, int64_t top, int64_t *buf, Py_ssize_t cap,
-                              Py_ssize_t *rows) noexcept:
-    """The positions of a (batch, seq, ...) call on x, owned by the call: `positions` an
-    exact, aligned, native, C-contiguous integer array (seq,) or (1 or batch, seq)
-    whose bytes are apart from x's, copied into buf (up to its cap values) or
-    a malloc'd block (the caller frees what is not buf), then checked: every value in
-    [0, top]. The copy, with its rows in *rows; NULL, nothing allocated, otherwise.
-    Copied before checked: a rewrite by another thread cannot move a read past a table."""
-    cdef cnp.ndarray pa
+cdef int64_t *owned_view_positions(const View *pa, const View *x, Py_ssize_t batch,
+                                   Py_ssize_t seq, int64_t top, int64_t *buf, Py_ssize_t cap,
+                                   Py_ssize_t *rows) noexcept:
+    """The positions of a (batch, seq, ...) call on x, owned by the call: pa an
+    aligned, native, C-contiguous integer view (seq,) or (1 or batch, seq) whose bytes
+    are apart from x's, copied into buf (up to its cap values) or a malloc'd block
+    (the caller frees what is not buf), then checked: every value in [0, top]. The
+    copy, with its rows in *rows; NULL, nothing allocated, otherwise. Copied before
+    checked: a rewrite by another thread cannot move a read past a table."""
     cdef int64_t *out
     cdef Py_ssize_t i, n
-    if not cnp.PyArray_CheckExact(positions):
-        return NULL
-    pa = <cnp.ndarray>positions
-    if (not cnp.PyTypeNum_ISINTEGER(cnp.PyArray_TYPE(pa))
-            or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
-            or not cnp.PyArray_ISNOTSWAPPED(pa) or extents_overlap(x, pa)):
+    if (not cnp.PyTypeNum_ISINTEGER(pa.typenum) or not pa.c_contiguous or not pa.aligned
+            or not pa.native or views_overlap(x, pa)):
         return NULL
     if not per_sequence_rows(pa, batch, seq, rows):
         return NULL
-    n = cnp.PyArray_SIZE(pa)
+    n = pa.size
     out = buf if n <= cap else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
     if out == NULL:
         return NULL
@@ -529,3 +601,14 @@ cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
     if out != buf:
         free(out)
     return NULL
+
+
+cdef int64_t *owned_positions(object positions, cnp.ndarray x, Py_ssize_t batch,
+                              Py_ssize_t seq, int64_t top, int64_t *buf, Py_ssize_t cap,
+                              Py_ssize_t *rows) noexcept:
+    """owned_view_positions of `positions`, an exact array, on the array x."""
+    cdef View pv, xv
+    if (not cnp.PyArray_CheckExact(positions)
+            or not array_view(<cnp.ndarray>positions, &pv) or not array_view(x, &xv)):
+        return NULL
+    return owned_view_positions(&pv, &xv, batch, seq, top, buf, cap, rows)

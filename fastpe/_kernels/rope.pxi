@@ -384,13 +384,14 @@ cdef enum:
     STACK_WORK_BYTES = 16384
 
 
-cdef bint head_view(cnp.ndarray x, int layout, Py_ssize_t *shape, Py_ssize_t *strides) noexcept:
+cdef bint head_view(const View *x, int layout, Py_ssize_t *shape,
+                    Py_ssize_t *strides) noexcept:
     """(batch, seq, heads, head_dim) sizes and element strides of x in `layout`;
     False when its strides are not whole elements."""
-    cdef int ndim = cnp.PyArray_NDIM(x)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x)
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
-    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(x)
+    cdef int ndim = x.ndim
+    cdef Py_ssize_t itemsize = x.itemsize
+    cdef const Py_ssize_t *dims = x.shape
+    cdef const Py_ssize_t *st = x.strides
     cdef int i, src
     # axis of x holding batch, seq, heads, head_dim
     cdef int order[4]
@@ -530,19 +531,19 @@ cdef Py_ssize_t read_position_list(object positions, Py_ssize_t batch, Py_ssize_
     return rows
 
 
-cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t offset,
-                     int layout, int64_t *max_position, int64_t *buf,
-                     int64_t **heap) noexcept:
-    """The storage code of q when q, k and positions are the plain common case
-    (below), with their shapes, strides and positions filled into `a` and the
+cdef int fast_arrays(RopeCall *a, const View *q, const View *k, object positions,
+                     const View *pv, int64_t offset, int layout, int64_t *max_position,
+                     int64_t *buf, int64_t **heap) noexcept:
+    """The storage code of q when q, k (or NULL) and positions are the plain common
+    case (below), with their shapes, strides and positions filled into `a` and the
     largest position into max_position; -1, having touched nothing, otherwise.
 
-    Common case: q and k exact, writable, aligned, native float arrays of one
-    dtype in `layout` with whole-element strides and disjoint elements, whose
-    memory is provably apart from each other's (views_apart), matching in batch,
-    seq and head_dim; positions None with offset >= 0, a list or tuple of at most
-    POSITIONS_STACK ints >= 0 (read_position_list), or an integer array as
-    owned_positions() takes it, its byte range apart from k's too. Positions are
+    Common case: q and k writable, aligned, native float views of one dtype in
+    `layout` with whole-element strides and disjoint elements, whose memory is
+    provably apart from each other's (apart_views), matching in batch, seq and
+    head_dim; positions None with offset >= 0, a list or tuple of at most
+    POSITIONS_STACK ints >= 0 (read_position_list), or an integer view pv as
+    owned_view_positions() takes it, its byte range apart from k's too. Positions are
     copied before they are checked: into buf, or past POSITIONS_STACK values into a
     malloc'd *heap the caller frees.
     """
@@ -550,24 +551,21 @@ cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t 
     cdef Py_ssize_t qstr[4]
     cdef Py_ssize_t kshape[4]
     cdef Py_ssize_t kstr[4]
-    cdef int code = fast_code(q)
-    cdef cnp.ndarray qa, ka
+    cdef int code = view_code(q)
     cdef int64_t *pos = NULL
     cdef Py_ssize_t pos_rows = 1
     if code < 0:
         return -1
-    qa = <cnp.ndarray>q
-    if not head_view(qa, layout, qshape, qstr) or not elements_disjoint(qa):
+    if not head_view(q, layout, qshape, qstr) or not view_elements_disjoint(q):
         return -1
-    if k is not None:
-        if fast_code(k) != code or k is q:
+    if k != NULL:
+        if view_code(k) != code:
             return -1
-        ka = <cnp.ndarray>k
-        if not head_view(ka, layout, kshape, kstr) or not elements_disjoint(ka):
+        if not head_view(k, layout, kshape, kstr) or not view_elements_disjoint(k):
             return -1
         if kshape[0] != qshape[0] or kshape[1] != qshape[1] or kshape[3] != qshape[3]:
             return -1
-        if not views_apart(qa, ka):
+        if not apart_views(q, k):
             return -1  # maybe overlapping: the general path decides exactly
     if positions is None:
         if offset < 0 or offset > INT64_MAX_VALUE - qshape[1]:
@@ -575,7 +573,7 @@ cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t 
     else:
         if offset != 0:
             return -1
-        if type(positions) is list or type(positions) is tuple:
+        if pv == NULL:
             if qshape[1] > POSITIONS_STACK:
                 return -1
             pos_rows = read_position_list(positions, qshape[0], qshape[1], buf)
@@ -583,21 +581,20 @@ cdef int fast_arrays(RopeCall *a, object q, object k, object positions, int64_t 
                 return -1
             pos = buf
         else:
-            if (k is not None and cnp.PyArray_CheckExact(positions)
-                    and extents_overlap(ka, <cnp.ndarray>positions)):
+            if k != NULL and views_overlap(k, pv):
                 return -1
-            pos = owned_positions(positions, qa, qshape[0], qshape[1], INT64_MAX_VALUE, buf,
-                                  POSITIONS_STACK, &pos_rows)
+            pos = owned_view_positions(pv, q, qshape[0], qshape[1], INT64_MAX_VALUE, buf,
+                                       POSITIONS_STACK, &pos_rows)
             if pos == NULL:
                 return -1
             if pos != buf:
                 heap[0] = pos
-    return fast_finish(a, qshape, qstr, kshape, kstr, k, pos, pos_rows, offset,
+    return fast_finish(a, qshape, qstr, kshape, kstr, k != NULL, pos, pos_rows, offset,
                        max_position, code)
 
 
 cdef int fast_finish(RopeCall *a, Py_ssize_t *qshape, Py_ssize_t *qstr, Py_ssize_t *kshape,
-                     Py_ssize_t *kstr, object k, const int64_t *pos, Py_ssize_t pos_rows,
+                     Py_ssize_t *kstr, bint has_k, const int64_t *pos, Py_ssize_t pos_rows,
                      int64_t offset, int64_t *max_position, int code) noexcept:
     """fast_arrays' last step: fill in `a` and the largest position; returns code."""
     cdef Py_ssize_t i, n = pos_rows * qshape[1]
@@ -609,7 +606,7 @@ cdef int fast_finish(RopeCall *a, Py_ssize_t *qshape, Py_ssize_t *qstr, Py_ssize
     a.batch, a.seq, a.hq = qshape[0], qshape[1], qshape[2]
     a.qb, a.qs, a.qh, a.qd = qstr[0], qstr[1], qstr[2], qstr[3]
     a.hk = a.kb = a.ks = a.kh = a.kd = 0
-    if k is not None:
+    if has_k:
         a.hk = kshape[2]
         a.kb, a.ks, a.kh, a.kd = kstr[0], kstr[1], kstr[2], kstr[3]
     rope_setup(a, 0, pos, pos_rows, offset, False, 1.0, 1.0)
@@ -617,28 +614,12 @@ cdef int fast_finish(RopeCall *a, Py_ssize_t *qshape, Py_ssize_t *qstr, Py_ssize
     return code
 
 
-cdef int cache_code_of(object x) noexcept:
-    """Storage code of an exact, aligned, native float array with whole-element
-    strides (read-only is fine), else -1."""
-    if not cnp.PyArray_CheckExact(x):
+cdef int cache_code_of(const View *x) noexcept:
+    """Storage code of an aligned, native float view with whole-element strides
+    (read-only is fine), else -1."""
+    if not (x.aligned and x.native and view_whole_strides(x)):
         return -1
-    cdef cnp.ndarray a = <cnp.ndarray>x
-    cdef int i
-    if not (cnp.PyArray_ISALIGNED(a) and cnp.PyArray_ISNOTSWAPPED(a)):
-        return -1
-    for i in range(cnp.PyArray_NDIM(a)):
-        if cnp.PyArray_STRIDES(a)[i] % cnp.PyArray_ITEMSIZE(a):
-            return -1
-    cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT:
-        return CODE_F32
-    if t == cnp.NPY_DOUBLE:
-        return CODE_F64
-    if t == NPY_HALF:
-        return CODE_F16
-    if t == bfloat16_typenum and t >= 0:
-        return CODE_BF16
-    return -1
+    return float_code(x.typenum)
 
 
 cdef bint dynamic_ntk_inv_freq(const double *plain, Py_ssize_t half, double factor,
@@ -700,16 +681,16 @@ def dynamic_ntk_frequencies(object plain, double factor, int64_t original, int64
                              <double *>cnp.PyArray_DATA(out)) > 0
 
 
-cdef inline char *data_or_null(object x) noexcept:
-    return NULL if x is None else <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
+cdef inline char *data_or_null(const View *x) noexcept:
+    return NULL if x == NULL else x.data
 
 
-cdef bint apart(cnp.ndarray x, object q, object k) noexcept:
+cdef bint apart(const View *x, const View *q, const View *k) noexcept:
     """Whether x's bytes are apart from q's and (when there is one) k's."""
-    return views_apart(<cnp.ndarray>q, x) and (k is None or views_apart(<cnp.ndarray>k, x))
+    return apart_views(q, x) and (k == NULL or apart_views(k, x))
 
 
-cdef int rope_with_frequencies(RopeCall *a, int code, object q, object k,
+cdef int rope_with_frequencies(RopeCall *a, int code, const View *q, const View *k,
                                bint neox, const double *w, Py_ssize_t half, double cos_scale,
                                double sin_scale, int num_threads) except -1:
     """Rotate with the frequencies w[:half] (not in q or k), once fast_arrays() has
@@ -717,8 +698,7 @@ cdef int rope_with_frequencies(RopeCall *a, int code, object q, object k,
     MAX_ANGLE_POSITION: 1 when it rotated, 0 having touched nothing when the
     frequencies or the scaling are not the plain case."""
     cdef Py_ssize_t i
-    if half == 0 or 2 * half > cnp.PyArray_DIMS(
-            <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]:
+    if half == 0 or 2 * half > q.shape[q.ndim - 1]:
         return 0
     for i in range(half):
         if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
@@ -727,50 +707,46 @@ cdef int rope_with_frequencies(RopeCall *a, int code, object q, object k,
     a.w = w
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
-    rope_execute(a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
-                 num_threads)
+    rope_execute(a, code, q.data, data_or_null(k), num_threads)
     return 1
 
 
-cdef const double *frequency_data(object inv_freq, object q, object k,
+cdef const double *frequency_data(object inv_freq, const View *q, const View *k,
                                   Py_ssize_t *half) noexcept:
     """inv_freq's values when it is an exact C-contiguous float64 vector apart from q
     and k (its length into half), else NULL."""
-    cdef cnp.ndarray wa
-    if not cnp.PyArray_CheckExact(inv_freq):
+    cdef View wv
+    if not cnp.PyArray_CheckExact(inv_freq) or not array_view(<cnp.ndarray>inv_freq, &wv):
         return NULL
-    wa = <cnp.ndarray>inv_freq
-    if (cnp.PyArray_TYPE(wa) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(wa) != 1
-            or not cnp.PyArray_IS_C_CONTIGUOUS(wa) or not apart(wa, q, k)):
+    if (wv.typenum != cnp.NPY_DOUBLE or wv.ndim != 1 or not wv.c_contiguous
+            or not apart(&wv, q, k)):
         return NULL
-    half[0] = wa.shape[0]
-    return <const double *>cnp.PyArray_DATA(wa)
+    half[0] = wv.shape[0]
+    return <const double *>wv.data
 
 
-cdef bint cached_rows(RopeCall *a, object cos, object sin, object q, object k,
-                      int64_t hi) noexcept:
-    """Fill `a` with the cos/sin cache when cos and sin are exact 2-D arrays of one
-    shape (rows, half) and one float dtype (any of q's), aligned, native, with
-    whole-element strides, apart from q and k, 2 * half <= head_dim and every
-    position (the largest is hi) < rows; False otherwise."""
-    cdef cnp.ndarray cc, sc
+cdef bint cached_rows(RopeCall *a, const View *cos, const View *sin, const View *q,
+                      const View *k, int64_t hi) noexcept:
+    """Fill `a` with the cos/sin cache when cos and sin are 2-D views of one shape
+    (rows, half) and one float dtype (any of q's), aligned, native, with whole-element
+    strides, apart from q and k, 2 * half <= head_dim and every position (the largest
+    is hi) < rows; False otherwise."""
+    if cos == NULL or sin == NULL:
+        return False
     cdef int cache_code = cache_code_of(cos)
     if cache_code < 0 or cache_code_of(sin) != cache_code:
         return False
-    cc = <cnp.ndarray>cos
-    sc = <cnp.ndarray>sin
-    if (cnp.PyArray_NDIM(cc) != 2 or cnp.PyArray_NDIM(sc) != 2 or cc.shape[1] == 0
-            or cc.shape[0] != sc.shape[0] or cc.shape[1] != sc.shape[1]
-            or 2 * cc.shape[1] > cnp.PyArray_DIMS(
-                <cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
-            or hi >= cc.shape[0] or not apart(cc, q, k) or not apart(sc, q, k)):
+    if (cos.ndim != 2 or sin.ndim != 2 or cos.shape[1] == 0
+            or cos.shape[0] != sin.shape[0] or cos.shape[1] != sin.shape[1]
+            or 2 * cos.shape[1] > q.shape[q.ndim - 1]
+            or hi >= cos.shape[0] or not apart(cos, q, k) or not apart(sin, q, k)):
         return False
-    a.half = cc.shape[1]
-    a.cos_cache = <const char *>cnp.PyArray_DATA(cc)
-    a.sin_cache = <const char *>cnp.PyArray_DATA(sc)
+    a.half = cos.shape[1]
+    a.cos_cache = cos.data
+    a.sin_cache = sin.data
     a.cache_code = cache_code
-    a.cc0, a.sc0 = cnp.PyArray_STRIDES(cc)[0], cnp.PyArray_STRIDES(sc)[0]
-    a.cc1, a.sc1 = elem_stride(cc, 1), elem_stride(sc, 1)
+    a.cc0, a.sc0 = cos.strides[0], sin.strides[0]
+    a.cc1, a.sc1 = cos.strides[1] // cos.itemsize, sin.strides[1] // sin.itemsize
     return True
 
 
@@ -886,13 +862,26 @@ cdef class RopeStates:
     def get(self, object q, object rotary_dim, object base, object scaling,
             object max_position_embeddings):
         """The state kept for heads as wide as q's last axis and these arguments; None
-        when there is none, or q is not an exact array of three or more axes."""
+        when there is none, or q is not an exact array or torch tensor of three or more
+        axes (rope_call checks the width again on what it reads)."""
         cdef tuple e
         cdef frozenset plain = self.plain
         cdef Py_ssize_t head_dim
-        if not cnp.PyArray_CheckExact(q) or cnp.PyArray_NDIM(<cnp.ndarray>q) < 3:
-            return None
-        head_dim = cnp.PyArray_DIMS(<cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
+        if cnp.PyArray_CheckExact(q):
+            if cnp.PyArray_NDIM(<cnp.ndarray>q) < 3:
+                return None
+            head_dim = cnp.PyArray_DIMS(<cnp.ndarray>q)[cnp.PyArray_NDIM(<cnp.ndarray>q) - 1]
+        else:
+            t = torch_views_of()
+            if t is None or type(q) is not (<_TorchViews>t).tensor_type:
+                return None
+            try:
+                shape = q.shape
+            except Exception:  # a nested tensor has none
+                return None
+            if len(shape) < 3 or type(shape[len(shape) - 1]) is not int:
+                return None
+            head_dim = shape[len(shape) - 1]
         for e in self.entries:
             if (<Py_ssize_t>e[0] == head_dim and same_value(e[1], rotary_dim, plain)
                     and same_value(e[2], base, plain)
@@ -940,12 +929,12 @@ cdef int layout_code_of(object layout) noexcept:
     return -1
 
 
-cdef bint call_checks(object q, object k, object offset, object style, object layout,
-                      object inverse, object num_threads, int *lay, bint *neox,
-                      int64_t *off, Py_ssize_t *nbytes) noexcept:
-    """rope_call's checks of the caller's scalar arguments and array types: True with
-    the layout code, pairing, offset and bytes touched filled in when they are the
-    plain case; False, having touched nothing, otherwise."""
+cdef bint call_checks(const View *q, const View *k, object offset, object style,
+                      object layout, object inverse, object num_threads, int *lay,
+                      bint *neox, int64_t *off, Py_ssize_t *nbytes) noexcept:
+    """rope_call's checks of the caller's scalar arguments: True with the layout code,
+    pairing, offset and bytes touched filled in when they are the plain case; False,
+    having touched nothing, otherwise."""
     cdef int overflow = 0
     cdef long long o
     lay[0] = layout_code_of(layout)
@@ -966,34 +955,30 @@ cdef bint call_checks(object q, object k, object offset, object style, object la
     if num_threads is not None and not (type(num_threads) is int
                                         and 1 <= num_threads <= MAX_THREADS_FLOOR):
         return False
-    if (not cnp.PyArray_CheckExact(q) or cnp.PyArray_NDIM(<cnp.ndarray>q) < 1
-            or (k is not None and not cnp.PyArray_CheckExact(k))):
+    if q.ndim < 1:
         return False
-    nbytes[0] = 2 * (cnp.PyArray_NBYTES(<cnp.ndarray>q)
-                     + (0 if k is None else cnp.PyArray_NBYTES(<cnp.ndarray>k)))
+    nbytes[0] = 2 * (q.size * q.itemsize + (0 if k == NULL else k.size * k.itemsize))
     return True
 
 
-cdef bint axis_positions(RopeCall *a, RopeState state, object positions, object q,
-                         object k, int64_t *hi, int64_t *buf, int64_t **heap) noexcept:
-    """Multi-axis positions into `a`: positions an exact, aligned, native, C-contiguous
-    int64 array (axes, 1 or batch, seq), state.axes <= MAX_AXES of them, its byte range apart
+cdef bint axis_positions(RopeCall *a, RopeState state, const View *pa, const View *q,
+                         const View *k, int64_t *hi, int64_t *buf, int64_t **heap) noexcept:
+    """Multi-axis positions into `a`: pa an aligned, native, C-contiguous int64 view
+    (axes, 1 or batch, seq), state.axes <= MAX_AXES of them, its byte range apart
     from q's and k's, copied (into buf up to POSITIONS_STACK values, else into a
     malloc'd *heap the caller frees) and checked below MAX_ANGLE_POSITION, the largest
     into hi; state's pair_axis (and pair_axis2) int8 C-contiguous vectors of one axis
     per frequency, each below axes. False, `a` unchanged, otherwise."""
-    cdef cnp.ndarray pa, ax
+    cdef cnp.ndarray ax
     cdef object axes_of
     cdef Py_ssize_t i, n, axes, half
     cdef int64_t *out
     cdef const int8_t *pair[2]
-    if not cnp.PyArray_CheckExact(positions) or not cnp.PyArray_CheckExact(state.inv_freq):
+    if pa == NULL or not cnp.PyArray_CheckExact(state.inv_freq):
         return False
-    pa = <cnp.ndarray>positions
     half = cnp.PyArray_SIZE(<cnp.ndarray>state.inv_freq)
-    if (cnp.PyArray_TYPE(pa) != cnp.NPY_INT64 or cnp.PyArray_NDIM(pa) != 3
-            or not cnp.PyArray_IS_C_CONTIGUOUS(pa) or not cnp.PyArray_ISALIGNED(pa)
-            or not cnp.PyArray_ISNOTSWAPPED(pa) or pa.shape[2] != a.seq
+    if (pa.typenum != cnp.NPY_INT64 or pa.ndim != 3 or not pa.c_contiguous
+            or not pa.aligned or not pa.native or pa.shape[2] != a.seq
             or not (pa.shape[1] == 1 or pa.shape[1] == a.batch)
             or pa.shape[0] != state.axes or not 1 <= pa.shape[0] <= MAX_AXES
             or not apart(pa, q, k)):
@@ -1013,13 +998,13 @@ cdef bint axis_positions(RopeCall *a, RopeState state, object positions, object 
         for n in range(half):
             if not 0 <= pair[i][n] < axes:
                 return False
-    n = cnp.PyArray_SIZE(pa)
+    n = pa.size
     out = buf
     if n > POSITIONS_STACK:
         heap[0] = out = <int64_t *>malloc(n * sizeof(int64_t))
         if out == NULL:
             return False
-    memcpy(out, cnp.PyArray_DATA(pa), n * sizeof(int64_t))
+    memcpy(out, pa.data, n * sizeof(int64_t))
     hi[0] = -1
     for i in range(n):
         if not 0 <= out[i] < MAX_ANGLE_POSITION:
@@ -1044,37 +1029,59 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
 
     Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd" (None: "bshd"
     for arrays); offset an int >= 0; inverse a bool; num_threads None or an int in
-    1..MAX_THREADS_FLOOR; q, k and positions as fast_arrays() takes them, or plain
-    torch CPU tensors (rope_tensor_views; the layout given), viewed once here, whose
-    version counters q's and k's are bumped once written. The angles come from `state`
-    (q's last axis its head_dim unless that is -1; its frequencies apart from q and k,
-    finite, at most head_dim / 2 of them; the scaling a normal float32 > 0; with its
-    pair_axis, offset 0 and positions of every axis as axis_positions() takes them), or
-    with state None from cos and sin as cached_rows() takes them, looked up by
-    positions this call owns. fastpe.rope's validating path calls this again with the
-    normalised arguments: the only way to the loops.
+    1..MAX_THREADS_FLOOR; q, k and positions as fast_arrays() takes them: exact
+    ndarrays, or (the layout given) plain torch CPU tensors, read through DLPack
+    without an ndarray (tensor_view), whose version counters are bumped once written.
+    The angles come from `state` (q's last axis its head_dim unless that is -1; its
+    frequencies apart from q and k, finite, at most head_dim / 2 of them; the scaling a
+    normal float32 > 0; with its pair_axis, offset 0 and positions of every axis as
+    axis_positions() takes them), or with state None from cos and sin as cached_rows()
+    takes them, looked up by positions this call owns. fastpe.rope's validating path
+    calls this again with the normalised arguments: the only way to the loops.
     """
-    cdef list views
+    cdef View qv, kv, pv, cv, sv
+    cdef View *kp = NULL
+    cdef View *pp = NULL
+    cdef View *cp = NULL
+    cdef View *sp = NULL
+    cdef object t = None
     cdef Py_ssize_t done
-    if cnp.PyArray_CheckExact(q) and (k is None or cnp.PyArray_CheckExact(k)):
-        return rope_arrays(state, q, k, positions, offset, style,
-                           "bshd" if layout is None else layout, inverse, num_threads, cos,
-                           sin, serial_bytes, threads)
-    views = rope_tensor_views(q, k, positions, layout, cos, sin)
-    if views is None:
+    cdef bint arrays = cnp.PyArray_CheckExact(q) and (k is None or cnp.PyArray_CheckExact(k))
+    if not arrays:
+        t = torch_views_of()
+        if t is None or layout is None:
+            return 0
+    if not operand_view(q, t, True, &qv):
         return 0
-    done = rope_arrays(state, views[0], views[1], views[2], offset, style, layout, inverse,
-                       num_threads, views[3], views[4], serial_bytes, threads)
-    if done == 1:
+    if k is not None:
+        if not operand_view(k, t, True, &kv):
+            return 0
+        kp = &kv
+    if not (positions is None or type(positions) is list or type(positions) is tuple):
+        if not operand_view(positions, t, False, &pv):
+            return 0
+        pp = &pv
+    if cos is not None:
+        if not operand_view(cos, t, False, &cv):
+            return 0
+        cp = &cv
+    if sin is not None:
+        if not operand_view(sin, t, False, &sv):
+            return 0
+        sp = &sv
+    done = rope_views(state, &qv, kp, positions, pp, offset, style,
+                      "bshd" if layout is None else layout, inverse, num_threads, cp, sp,
+                      serial_bytes, threads)
+    if done == 1 and not arrays:
         bump_tensors((q, k))
     return done
 
 
-cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object positions,
-                            object offset, object style, object layout, object inverse,
-                            object num_threads, object cos, object sin,
-                            Py_ssize_t serial_bytes, int threads) except -1:
-    """rope_call on arrays."""
+cdef Py_ssize_t rope_views(RopeState state, const View *q, const View *k, object positions,
+                           const View *pv, object offset, object style, object layout,
+                           object inverse, object num_threads, const View *cos,
+                           const View *sin, Py_ssize_t serial_bytes, int threads) except -1:
+    """rope_call on the operands' views."""
     cdef int lay, code
     cdef bint neox, inv
     cdef int64_t off, hi
@@ -1083,7 +1090,7 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
     cdef int64_t posbuf[POSITIONS_STACK]
     cdef int64_t *heap = NULL
     if (not call_checks(q, k, offset, style, layout, inverse, num_threads, &lay, &neox, &off,
-                        &nbytes) or (state is None and cos is None)):
+                        &nbytes) or (state is None and cos == NULL)):
         return 0
     if nbytes < serial_bytes:
         threads = 1
@@ -1093,41 +1100,40 @@ cdef Py_ssize_t rope_arrays(RopeState state, object q, object k, object position
     if state is None:
         # the cache's rows are looked up by position: positions the call owns, so that a
         # rewrite by another thread cannot move a lookup past the cache
-        code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf, &heap)
+        code = fast_arrays(&a, q, k, positions, pv, off, lay, &hi, posbuf, &heap)
         try:
             if code < 0 or not cached_rows(&a, cos, sin, q, k, hi):
                 return 0
             a.neox = neox
             a.invert_cache = inv
-            rope_execute(&a, code, <char *>cnp.PyArray_DATA(<cnp.ndarray>q), data_or_null(k),
-                         threads)
+            rope_execute(&a, code, q.data, data_or_null(k), threads)
         finally:
             free(heap)
         return 1
-    if (state.head_dim >= 0 and cnp.PyArray_DIMS(<cnp.ndarray>q)[
-            cnp.PyArray_NDIM(<cnp.ndarray>q) - 1] != state.head_dim):
+    if state.head_dim >= 0 and q.shape[q.ndim - 1] != state.head_dim:
         return 0
     try:
         if state.pair_axis is None:
-            code = fast_arrays(&a, q, k, positions, off, lay, &hi, posbuf, &heap)
+            code = fast_arrays(&a, q, k, positions, pv, off, lay, &hi, posbuf, &heap)
             if code < 0 or hi >= MAX_ANGLE_POSITION:
                 return 0
             return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
         # multi-axis: q and k as fast_arrays takes them, then positions of every axis
-        code = fast_arrays(&a, q, k, None, 0, lay, &hi, posbuf, &heap)
+        code = fast_arrays(&a, q, k, None, NULL, 0, lay, &hi, posbuf, &heap)
         if (code < 0 or off != 0 or state.switch >= 0
                 or (state.pair_axis2 is not None and not neox)):
             return 0
-        if not axis_positions(&a, state, positions, q, k, &hi, posbuf, &heap):
+        if not axis_positions(&a, state, pv, q, k, &hi, posbuf, &heap):
             return 0
         return rope_by_state(&a, code, state, q, k, neox, inv, hi, threads)
     finally:
         free(heap)
 
 
-cdef int rope_by_state(RopeCall *a, int code, RopeState state, object q, object k,
-                       bint neox, bint inv, int64_t hi, int threads) except -1:
-    """rope_arrays with angles from `state`, once `a` holds q, k and positions whose
+cdef int rope_by_state(RopeCall *a, int code, RopeState state, const View *q,
+                       const View *k, bint neox, bint inv, int64_t hi,
+                       int threads) except -1:
+    """rope_views with angles from `state`, once `a` holds q, k and positions whose
     largest is hi (below MAX_ANGLE_POSITION): 1 when it rotated, else 0."""
     cdef int64_t n
     cdef Py_ssize_t half = 0

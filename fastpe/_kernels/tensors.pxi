@@ -139,9 +139,6 @@ cdef object torch_views_of():
             t.is_neg = None
         t.view = api.dltensor_from_py_object_no_sync
         t.bfloat16 = None
-        ml = sys.modules.get("ml_dtypes")
-        if ml is not None:
-            t.bfloat16 = cnp.dtype(ml.bfloat16)
     except Exception:
         return None
     _torch_views = t
@@ -175,63 +172,91 @@ cdef int dl_typenum(fpe_dl_dtype d) noexcept:
     return -1
 
 
-cdef object tensor_array(_TorchViews t, object x, bint written):
-    """x, a plain torch CPU tensor, as an ndarray view of its memory (based on x); None
-    where x is anything else or not the common case (a subclass, another device or
-    layout, a grad, a negative view, an inference tensor to be written, no elements,
-    a dtype NumPy cannot view), which the Python layer then views or refuses."""
+cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
+    """x's View when x is a plain torch CPU tensor; False, having raised nothing, where
+    x is anything else or not the common case (a subclass, another device or layout, a
+    grad, a negative view, an inference tensor to be written, no elements, a dtype
+    NumPy cannot view, more than VIEW_DIMS dimensions), which the Python layer then
+    views or refuses. The view lives as long as the caller holds x."""
     cdef fpe_dl_tensor d
-    cdef cnp.npy_intp dims[32]
-    cdef cnp.npy_intp strides[32]
-    cdef cnp.dtype descr
     cdef int i, typenum
-    cdef cnp.npy_intp n = 1
+    cdef Py_ssize_t itemsize, expect
     if type(x) is not t.tensor_type:
-        return None
-    # the exchange API assumes a strided CPU tensor (a meta tensor crashes it)
-    if (tensor_attr(&t.is_cpu, x, "is_cpu") is not True
-            or tensor_attr(&t.layout, x, "layout") is not t.strided):
-        return None
-    if t.view(<void *>x, &d) != 0:
+        return False
+    try:
+        # the exchange API assumes a strided CPU tensor (a meta tensor crashes it)
+        if (tensor_attr(&t.is_cpu, x, "is_cpu") is not True
+                or tensor_attr(&t.layout, x, "layout") is not t.strided):
+            return False
+        if t.view(<void *>x, &d) != 0:
+            PyErr_Clear()
+            return False
+        if d.device.device_type != FPE_DL_CPU or d.ndim < 0 or d.ndim > VIEW_DIMS:
+            return False
+        if d.dtype.code == FPE_DL_BFLOAT and d.dtype.bits == 16 and d.dtype.lanes == 1:
+            if bfloat16_typenum < 0:
+                return False  # registered by fastpe._checks once ml_dtypes is imported
+            typenum = bfloat16_typenum
+        else:
+            typenum = dl_typenum(d.dtype)
+            if typenum < 0:
+                return False
+        # an integer tensor never requires grad
+        if ((d.dtype.code != FPE_DL_INT
+             and tensor_attr(&t.requires_grad, x, "requires_grad") is not False)
+                or tensor_method(t.is_neg, x, "is_neg") is not False):
+            return False
+        if written:
+            # an inference tensor, whose writes outside inference mode torch refuses, has
+            # no version counter: reading it raises (a getter, where is_inference() is a
+            # method call that releases the GIL: 2.5x the time)
+            try:
+                tensor_attr(&t.version, x, "_version")
+            except Exception:
+                return False
+    except Exception:
         PyErr_Clear()
+        return False
+    itemsize = d.dtype.bits // 8
+    v.data = <char *>d.data + d.byte_offset
+    v.ndim = d.ndim
+    v.typenum = typenum
+    v.itemsize = itemsize
+    v.size = 1
+    v.writable = v.native = True
+    # DLPack's strides count elements: the data pointer decides alignment
+    v.aligned = <size_t>v.data % <size_t>itemsize == 0
+    v.c_contiguous = True
+    expect = itemsize
+    for i in range(d.ndim - 1, -1, -1):
+        v.shape[i] = <Py_ssize_t>d.shape[i]
+        v.strides[i] = <Py_ssize_t>d.strides[i] * itemsize
+        v.size *= v.shape[i]
+        if v.shape[i] != 1:
+            if v.strides[i] != expect:
+                v.c_contiguous = False
+            expect *= v.shape[i]
+    return v.size != 0 and d.data != NULL
+
+
+cdef object tensor_array(_TorchViews t, object x, bint written):
+    """tensor_view of x as an ndarray view of its memory (based on x); None where
+    tensor_view does not view it."""
+    cdef View v
+    cdef cnp.dtype descr
+    if not tensor_view(t, x, written, &v):
         return None
-    if d.device.device_type != FPE_DL_CPU or d.ndim < 0 or d.ndim > 32:
-        return None
-    if d.dtype.code == FPE_DL_BFLOAT and d.dtype.bits == 16 and d.dtype.lanes == 1:
+    if v.typenum == bfloat16_typenum:
         if t.bfloat16 is None:
             import sys
-            ml = sys.modules.get("ml_dtypes")  # imported since (fastpe._checks.ml_dtypes)
-            if ml is None:
-                return None
-            t.bfloat16 = cnp.dtype(ml.bfloat16)
+            t.bfloat16 = cnp.dtype(sys.modules["ml_dtypes"].bfloat16)
         descr = t.bfloat16
     else:
-        typenum = dl_typenum(d.dtype)
-        if typenum < 0:
-            return None
-        descr = cnp.PyArray_DescrFromType(typenum)
-    # an integer tensor never requires grad
-    if ((d.dtype.code != FPE_DL_INT
-         and tensor_attr(&t.requires_grad, x, "requires_grad") is not False)
-            or tensor_method(t.is_neg, x, "is_neg") is not False):
-        return None
-    if written:
-        # an inference tensor, whose writes outside inference mode torch refuses, has no
-        # version counter: reading it raises (a getter, where is_inference() is a method
-        # call that releases the GIL: 2.5x the time)
-        try:
-            tensor_attr(&t.version, x, "_version")
-        except Exception:
-            return None
-    for i in range(d.ndim):
-        dims[i] = <cnp.npy_intp>d.shape[i]
-        strides[i] = <cnp.npy_intp>d.strides[i] * (d.dtype.bits // 8)
-        n *= dims[i]
-    if n == 0 or d.data == NULL:
-        return None
+        descr = cnp.PyArray_DescrFromType(v.typenum)
     Py_INCREF(descr)  # PyArray_NewFromDescr steals it
-    arr = fpe_new_from_descr(cnp.ndarray, descr, d.ndim, dims, strides,
-                             <char *>d.data + d.byte_offset, cnp.NPY_ARRAY_WRITEABLE, NULL)
+    arr = fpe_new_from_descr(cnp.ndarray, descr, v.ndim, <cnp.npy_intp *>v.shape,
+                             <cnp.npy_intp *>v.strides, v.data, cnp.NPY_ARRAY_WRITEABLE,
+                             NULL)
     cnp.set_array_base(<cnp.ndarray>arr, x)
     return arr
 
@@ -253,19 +278,23 @@ cdef inline bint read_view(_TorchViews t, object x, list out) except -1:
     return True
 
 
-cdef list rope_tensor_views(object q, object k, object positions, object layout,
-                            object cos, object sin):
-    """[q, k, positions, cos, sin] of a RoPE call on torch tensors: q and k (or None)
-    plain torch CPU tensors to be written; positions, cos and sin None, ndarrays or
-    plain torch CPU tensors to be read; layout given (not None); each tensor as its
-    ndarray view. None, having touched nothing, for anything else: the Python layer
-    then converts or refuses (fastpe._checks.torch_rope, torch_tensors, tensor_layout).
-    The caller bumps q's and k's version counters once the call has written them
-    (bump_tensors).
+cdef bint operand_view(object x, object torch_views, bint written, View *v) noexcept:
+    """x's View: an exact ndarray, or, with torch_views (a _TorchViews, else None), a
+    plain torch CPU tensor (tensor_view); False for anything else."""
+    if cnp.PyArray_CheckExact(x):
+        return array_view(<cnp.ndarray>x, v)
+    return torch_views is not None and tensor_view(<_TorchViews>torch_views, x, written, v)
 
-    Written out for these arguments: through torch_views (the triples built per call)
-    a decode call on torch tensors measured 2.0-2.1x the call on their .numpy() views,
-    against 1.7-1.8x this way, in interleaved runs."""
+
+def torch_rope_views(object q, object k, object positions, object layout, object cos=None,
+                     object sin=None):
+    """[q, k, positions, cos, sin] of a RoPE call on torch tensors, for fastpe.rope's
+    calls that look at the views first: q and k (or None) plain torch CPU tensors to
+    be written; positions, cos and sin None, ndarrays or plain torch CPU tensors to be
+    read; layout given (not None); each tensor as its ndarray view. None, having
+    touched nothing, for anything else: the Python layer then converts or refuses
+    (fastpe._checks.torch_rope, torch_tensors, tensor_layout). The caller bumps q's
+    and k's version counters once the call has written them (bump_tensors)."""
     cdef _TorchViews t
     cdef list out
     if layout is None:
@@ -286,12 +315,6 @@ cdef list rope_tensor_views(object q, object k, object positions, object layout,
             and read_view(t, sin, out)):
         return out
     return None
-
-
-def torch_rope_views(object q, object k, object positions, object layout, object cos=None,
-                     object sin=None):
-    """rope_tensor_views, for fastpe.rope's calls that look at the views first."""
-    return rope_tensor_views(q, k, positions, layout, cos, sin)
 
 
 cdef object _increment_version = None   # torch._C._increment_version, looked up once
