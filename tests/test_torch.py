@@ -342,3 +342,65 @@ def test_compiled_views_are_the_tensors_memory(dtype):
     grad = torch.ones(2, 16, requires_grad=True)
     assert kern.torch_views(((q, "q", True), (grad, "table", False))) is None
     assert (q._version, k._version) == versions
+
+
+@pytest.mark.skipif(fastpe._backend.compiled is None, reason="needs the compiled kernels")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("api", ["apply_rope", "apply_rope_cached", "RotaryEmbedding"])
+def test_a_models_tensors_take_the_compiled_entry_directly(api, dtype, monkeypatch):
+    """A decode step on a transformers model's own tensors (q and k transposed views of
+    a fused projection, (batch, seq) position ids, a float32 cos/sin cache) reaches the
+    compiled entry once, from the public function, with no validating pass: the
+    formula's rotation, each written tensor's version bumped once, the read ones
+    never."""
+    from conftest import entry_callers
+    qkv = _tensor((2, 3, 48), dtype, 21)
+    q = qkv[..., :32].view(2, 3, 2, 16).transpose(1, 2)
+    k = qkv[..., 32:].view(2, 3, 1, 16).transpose(1, 2)
+    pos = torch.tensor([[5, 6, 7], [100, 101, 102]])
+    cos, sin = fastpe.rope_cos_sin(np.arange(128), fastpe.rope_frequencies(16))
+    tcos, tsin = torch.from_numpy(cos), torch.from_numpy(sin)
+    want = [_numpy_twin(t).astype(np.float64).transpose(0, 2, 1, 3) for t in (q, k)]
+    fastpe.reference.apply_rope(want[0], want[1], pos.numpy())
+    emb = fastpe.RotaryEmbedding(16)
+    call = {
+        "apply_rope": lambda: fastpe.apply_rope(q, k, pos, layout="bhsd"),
+        "apply_rope_cached": lambda: fastpe.apply_rope_cached(q, k, tcos, tsin, pos,
+                                                              layout="bhsd"),
+        "RotaryEmbedding": lambda: emb(q, k, pos, layout="bhsd"),
+    }[api]
+    if dtype == "bfloat16":
+        call()  # the first bfloat16 tensor registers ml_dtypes' type with the kernels
+        qkv.copy_(_tensor((2, 3, 48), dtype, 21))
+    callers = entry_callers(monkeypatch, "rope_call")
+    read = (pos, tcos, tsin)
+    versions = [t._version for t in (q, k, *read)]
+    with fastpe.use_backend("cython"):
+        call()
+    assert callers == [({"RotaryEmbedding": "__call__"}.get(api, api), 1)]
+    after = [t._version for t in (q, k, *read)]
+    # q and k, views of one projection, share its counter: bumped once for each
+    assert after == [versions[0] + 2, versions[1] + 2, *versions[2:]]
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    for t, w in zip((q, k), want):
+        np.testing.assert_allclose(_numpy_twin(t).astype(np.float64).transpose(0, 2, 1, 3),
+                                   w, atol=tol * 4, rtol=tol)
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_a_misaligned_tensor_is_rotated_right(backend):
+    """A float32 tensor whose data starts two bytes into its buffer: the compiled views
+    see the address, not only the strides, and the rotation is the formula's."""
+    if backend == "cython" and fastpe._backend.compiled is None:
+        pytest.skip("needs the compiled kernels")
+    raw = bytearray(2 + 4 * 2 * 3 * 8)
+    values = _tensor((2, 3, 8), "float32", 22).numpy()
+    raw[2:] = values.tobytes()
+    q = torch.frombuffer(raw, dtype=torch.float32, offset=2).view(2, 3, 8)
+    assert q.data_ptr() % 4 == 2
+    want = values.astype(np.float64)
+    fastpe.reference.apply_rope(want, None, offset=3, layout="shd")
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope(q, None, offset=3, layout="shd")
+    np.testing.assert_allclose(np.frombuffer(raw, np.uint8)[2:].view(np.float32)
+                               .reshape(2, 3, 8), want, atol=1e-5)

@@ -1073,7 +1073,14 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
                       "bshd" if layout is None else layout, inverse, num_threads, cp, sp,
                       serial_bytes, threads)
     if done == 1 and not arrays:
-        bump_tensors((q, k))
+        # q and k were viewed as exact ndarrays or plain tensors
+        increment = version_increment()
+        if cnp.PyArray_CheckExact(q):
+            increment((k,))
+        elif k is None or cnp.PyArray_CheckExact(k):
+            increment((q,))
+        else:
+            increment((q, k))
     return done
 
 

@@ -91,13 +91,12 @@ from cpython.ref cimport Py_INCREF
 cdef class _TorchViews:
     """What tensor_array needs of the torch this process imported, looked up once."""
     cdef object tensor_type        # torch.Tensor (subclasses take the Python path)
-    cdef object strided
     cdef cnp.dtype bfloat16        # ml_dtypes' bfloat16, or None
     cdef fpe_dl_from_py view
-    # torch.Tensor's own is_cpu, layout, requires_grad and _version getters (tensor_attr),
+    # torch.Tensor's own is_cpu, requires_grad and _version getters (tensor_attr),
     # and its is_neg method: its descriptor, called with the tensor, or None (then called
     # by name)
-    cdef fpe_getset is_cpu, layout, requires_grad, version
+    cdef fpe_getset is_cpu, requires_grad, version
     cdef object is_neg
 
 
@@ -128,10 +127,8 @@ cdef object torch_views_of():
             return None
         t = _TorchViews()
         t.tensor_type = torch.Tensor
-        t.strided = torch.strided
         static = inspect.getattr_static
         fpe_getset_of(static(torch.Tensor, "is_cpu", None), &t.is_cpu)
-        fpe_getset_of(static(torch.Tensor, "layout", None), &t.layout)
         fpe_getset_of(static(torch.Tensor, "requires_grad", None), &t.requires_grad)
         fpe_getset_of(static(torch.Tensor, "_version", None), &t.version)
         t.is_neg = static(torch.Tensor, "is_neg", None)
@@ -184,9 +181,9 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
     if type(x) is not t.tensor_type:
         return False
     try:
-        # the exchange API assumes a strided CPU tensor (a meta tensor crashes it)
-        if (tensor_attr(&t.is_cpu, x, "is_cpu") is not True
-                or tensor_attr(&t.layout, x, "layout") is not t.strided):
+        # the exchange API assumes a CPU tensor (a meta tensor crashes it); it raises
+        # for a sparse, mkldnn or nested one
+        if tensor_attr(&t.is_cpu, x, "is_cpu") is not True:
             return False
         if t.view(<void *>x, &d) != 0:
             PyErr_Clear()
@@ -321,22 +318,28 @@ cdef object _increment_version = None   # torch._C._increment_version, looked up
 cdef object _tensor_type = None         # torch.Tensor
 
 
-cdef int bump_tensors(tuple written) except -1:
-    """Bump the version counters of the torch tensors among what a call has written
-    (the others: None, a RoPE call without k, or the arrays beside a tensor), together,
-    as torch's in-place operations do after writing."""
+cdef object version_increment():
+    """torch._C._increment_version, which bumps the version counters of the tensors it
+    is given together, as torch's in-place operations do after writing."""
     global _increment_version, _tensor_type
     if _increment_version is None:
         import sys
         torch = sys.modules["torch"]
         _tensor_type = torch.Tensor
         _increment_version = torch._C._increment_version
+    return _increment_version
+
+
+cdef int bump_tensors(tuple written) except -1:
+    """Bump the version counters of the torch tensors among what a call has written
+    (the others: None, a RoPE call without k, or the arrays beside a tensor)."""
+    increment = version_increment()
     for x in written:
         if not isinstance(x, _tensor_type):
             written = tuple([y for y in written if isinstance(y, _tensor_type)])
             break
     if written:
-        _increment_version(written)
+        increment(written)
     return 0
 
 
