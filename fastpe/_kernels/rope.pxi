@@ -390,8 +390,6 @@ cdef bint head_view(const View *x, int layout, Py_ssize_t *shape,
     False when its strides are not whole elements."""
     cdef int ndim = x.ndim
     cdef Py_ssize_t itemsize = x.itemsize
-    cdef const Py_ssize_t *dims = x.shape
-    cdef const Py_ssize_t *st = x.strides
     cdef int i, src
     # axis of x holding batch, seq, heads, head_dim
     cdef int order[4]
@@ -400,9 +398,9 @@ cdef bint head_view(const View *x, int layout, Py_ssize_t *shape,
             return False
         shape[0], strides[0] = 1, 0
         for i in range(3):
-            if st[i] % itemsize:
+            if x.strides[i] % itemsize:
                 return False
-            shape[i + 1], strides[i + 1] = dims[i], st[i] // itemsize
+            shape[i + 1], strides[i + 1] = x.shape[i], x.strides[i] // itemsize
         return True
     if ndim != 4:
         return False
@@ -410,9 +408,9 @@ cdef bint head_view(const View *x, int layout, Py_ssize_t *shape,
     order[1], order[2] = (2, 1) if layout == LAYOUT_BHSD else (1, 2)
     for i in range(4):
         src = order[i]
-        if st[src] % itemsize:
+        if x.strides[src] % itemsize:
             return False
-        shape[i], strides[i] = dims[src], st[src] // itemsize
+        shape[i], strides[i] = x.shape[src], x.strides[src] // itemsize
     return True
 
 
