@@ -541,6 +541,57 @@ def test_floor_forms_with_reads(dtype, same_size):
     assert acc == int(np.bitwise_xor.reduce(flat["b"]) ^ np.bitwise_xor.reduce(flat["c"]))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_round_trip_leaves_every_value_and_the_bytes_around(dtype):
+    """bench/half_precision.py's round trip (widen to float32, narrow back, in place)
+    keeps every non-NaN value of the dtype bit for bit, subnormals, zeros and infinities
+    included, at every length a vector loop leaves a tail of, and writes nothing
+    outside the array; float32 is refused."""
+    kern = _backend_kernels()
+    if kern is None:
+        pytest.skip("needs the compiled kernels")
+    if dtype == "bfloat16":
+        module = fastpe._checks.ml_dtypes(True)
+        if module is None:
+            pytest.skip("needs ml_dtypes")
+        dt = np.dtype(module.bfloat16)
+    else:
+        dt = np.dtype(np.float16)
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    every = bits[~np.isnan(bits.view(dt).astype(np.float32))]
+    for n in (1, 15, 16, 17, 31, 33, every.size):
+        buf = np.full(n + 2, 0x7E01, np.uint16)   # a NaN each side: it must stay as it is
+        buf[1:-1] = every[:n]
+        kern.half_round_trip((buf[1:-1].view(dt),))
+        assert np.array_equal(buf[1:-1], every[:n]), n
+        assert buf[0] == buf[-1] == 0x7E01
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        kern.half_round_trip((np.zeros(4, np.float32),))
+    with pytest.raises(TypeError, match="C-contiguous"):
+        kern.half_round_trip((every[::2].view(dt),))
+
+
+def test_half_precision_script_prints_a_row_per_workload():
+    """bench/half_precision.py on the tiny workloads: one row per workload and dtype,
+    each with fastpe's, the round trip's and float32's fractions of the floor."""
+    script = TESTS_ROOT / "bench" / "half_precision.py"
+    if not script.is_file():
+        pytest.skip("bench/ is not beside the tests")
+    if _backend_kernels() is None:
+        pytest.skip("needs the compiled kernels")
+    dtypes = "float16" + (",bfloat16" if fastpe._checks.ml_dtypes(True) is not None else "")
+    proc = subprocess.run([sys.executable, str(script), "--size", "tiny", "--rounds", "2",
+                           "--dtype", dtypes, "--only", "rope-prefill-gptj,learned-add"],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.count("%") == 3]
+    expect = 1 + (2 if "bfloat16" in dtypes else 1)   # RoPE runs no bfloat16 arrays
+    assert len(rows) == expect, proc.stdout
+    for row in rows:
+        fastpe_half, trip, f32 = (float(v.rstrip("%")) for v in row[-4:-1])
+        assert trip > 0 and fastpe_half >= 0 and f32 >= 0, row   # 0%: the NumPy backend
+
+
 def _backend_kernels():
     from fastpe import _backend
     return _backend.compiled

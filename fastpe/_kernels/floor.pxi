@@ -60,6 +60,49 @@ cdef extern from *:
                                         int fill) noexcept nogil
 
 
+cdef extern from *:
+    """
+    /* Each element widened to float32 and narrowed back, in place, in the widest
+     * registers this build has: the least any kernel that computes a float16 or
+     * bfloat16 array in float32 does per element, with no arithmetic between. */
+    static void fpe_floor_f16_round_trip(fpe_f16 *p, Py_ssize_t n)
+    {
+        Py_ssize_t j = 0;
+    #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
+        for (; j + 16 <= n; j += 16)
+            fpe_f16x16_store(p + j, 0xffff, fpe_f16x16_load(p + j, 0xffff));
+    #elif FPE_HALF_ADD_RUNS
+        for (; j + 8 <= n; j += 8)
+            fpe_f16x8_store(p + j, fpe_f16x8_load(p + j));
+    #endif
+        for (; j < n; j++)
+            p[j] = fpe_f16_make(fpe_f16_load(p[j]));
+    }
+
+    static void fpe_floor_bf16_round_trip(fpe_bf16 *p, Py_ssize_t n)
+    {
+        Py_ssize_t j = 0;
+    #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
+        __m512 lo, hi;
+        for (; j + 32 <= n; j += 32) {
+            fpe_bf16x32_load_inorder(p + j, &lo, &hi);
+            fpe_bf16x32_store_inorder(p + j, lo, hi);
+        }
+    #elif FPE_HALF_ADD_RUNS
+        __m256 lo, hi;
+        for (; j + 16 <= n; j += 16) {
+            fpe_bf16x16_load_inorder(p + j, &lo, &hi);
+            fpe_bf16x16_store_inorder(p + j, lo, hi);
+        }
+    #endif
+        for (; j < n; j++)
+            p[j] = fpe_bf16_make(fpe_bf16_load(p[j]));
+    }
+    """
+    void f16_round_trip "fpe_floor_f16_round_trip" (fpe_f16 *p, Py_ssize_t n) noexcept nogil
+    void bf16_round_trip "fpe_floor_bf16_round_trip" (fpe_bf16 *p, Py_ssize_t n) noexcept nogil
+
+
 STREAM_STORES = bool(FPE_FLOOR_STREAM_STORES)
 
 
@@ -198,3 +241,32 @@ def stream(tuple arrays, bint fill, uint64_t word, int num_threads, bint nontemp
                                  nontemporal)
             else:
                 stream_words(p, n, word, fill, nontemporal)
+
+
+def half_round_trip(tuple arrays):
+    """Each element of each float16 or bfloat16 array widened to float32 and narrowed
+    back, in place, on one thread (the values stay as they were): what a half-precision
+    kernel computing in float32 cannot avoid, for the bench to set beside the floor.
+
+    arrays: C-contiguous float16 arrays, or bfloat16 ones (ml_dtypes' type registered
+    with the kernels); anything else is a TypeError.
+    """
+    cdef cnp.ndarray a
+    cdef Py_ssize_t n
+    cdef char *p
+    cdef int typenum
+    for a in arrays:
+        typenum = cnp.PyArray_TYPE(a)
+        if not cnp.PyArray_IS_C_CONTIGUOUS(a) or not (
+                typenum == cnp.NPY_FLOAT16
+                or (bfloat16_typenum >= 0 and typenum == bfloat16_typenum)):
+            raise TypeError("half_round_trip takes C-contiguous float16 or bfloat16 arrays")
+    for a in arrays:
+        p = <char *>cnp.PyArray_DATA(a)
+        n = cnp.PyArray_SIZE(a)
+        typenum = cnp.PyArray_TYPE(a)
+        with nogil:
+            if typenum == cnp.NPY_FLOAT16:
+                f16_round_trip(<fpe_f16 *>p, n)
+            else:
+                bf16_round_trip(<fpe_bf16 *>p, n)

@@ -139,6 +139,7 @@ def stream_reads(
     fused: bool = ...,
     mask: int = ...,
 ) -> int: ...
+def half_round_trip(arrays: tuple[NDArray[Any], ...]) -> None: ...
 def sinusoidal_call(
     x: object,
     inv_freq: object,
