@@ -417,6 +417,31 @@ def test_wide_image_rows_at_long_context(dtype, both_threads):
         check(q, expected, dtype, pos, f"{backend} {dtype}")
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["sections", "interleaved"])
+def test_axes_moving_in_changing_sets(interleaved):
+    """Tokens where a changing subset of the axes steps on by one and the others hold
+    (each set's per-pair steps made again when the set changes), with a jump now and
+    then: every pair's angle is its own axis's position times its frequency, to float64
+    rounding, in float64 and float32."""
+    rng = np.random.default_rng(5)
+    seq = 300
+    pos = np.empty((3, 1, seq), np.int64)
+    pos[:, 0, 0] = [10, 20, 30]
+    for t in range(1, seq):
+        step = rng.integers(0, 2, 3) if t % 37 else rng.integers(2, 50, 3)
+        pos[:, 0, t] = pos[:, 0, t - 1] + step
+    rope = fastpe.RotaryEmbedding(D, base=1e6, mrope_section=SECTIONS,
+                                  mrope_interleaved=interleaved)
+    for dtype in (F64, F32):
+        q0 = make("contiguous", (1, seq, HQ, D), dtype, seed=12)
+        expected = rotate_axes(q0, pos, rope.frequencies().inv_freq, rope._pair_axis)
+        for backend in BACKENDS:
+            q = q0.copy()
+            with fastpe.use_backend(backend):
+                rope(q, None, pos)
+            check(q, expected, dtype, pos, f"{backend} {dtype}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemma4_halves_refuse_before_writing(backend):
     """Gemma 4's tower rotates the two halves of the head separately: a bad argument is

@@ -93,7 +93,7 @@ cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const 
 cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axis,
                                        Py_ssize_t prow, Py_ssize_t t, bint first_in_block,
                                        int64_t *prev, double *s, double *c,
-                                       double *pp) noexcept nogil:
+                                       double *pp, double *steps, int *steps_moved) noexcept nogil:
     """(s, c) = (sin, cos) of each pair's angle pos[pair_axis[i]] * w[i].
 
     Within a block, when every axis held its position or moved on by exactly one
@@ -101,12 +101,19 @@ cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axi
     the angle-addition step of the one-axis kernel and the others keep their
     values; any other jump (a new row, a new image, a new block) forms the angles
     from the positions, in float64, and reduces them afresh. Equal axes therefore
-    give the one-axis kernel's values bit for bit."""
+    give the one-axis kernel's values bit for bit.
+
+    steps (room for 2 * half doubles, or NULL) holds the step of each pair for the
+    axes that moved, (sin, cos) = (0, 1) for the others, made again only when the set
+    of axes that moved (*steps_moved, a bit per axis; -1 before the first) changes:
+    along an image row every pair then takes one vectorised step, the pairs of axes
+    that held their position exactly (s * 1 + c * 0 is s)."""
     cdef Py_ssize_t ax, i
     cdef int64_t p
     cdef bint fresh = first_in_block, every_axis_moved = True
     cdef bint moved[MAX_AXES]
     cdef double si, ci
+    cdef int moved_bits = 0
     for ax in range(a.axes):
         p = a.pos[(ax * a.pos_rows + prow) * a.seq + t]
         if not first_in_block:
@@ -120,6 +127,16 @@ cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axi
         fpe_sincos_vec(pp, a.w, s, c, a.half, 1.0)
     elif every_axis_moved:
         advance_angles(s, c, a.step_s, a.step_c, a.half)
+    elif steps != NULL:
+        for ax in range(a.axes):
+            if moved[ax]:
+                moved_bits |= 1 << ax
+        if moved_bits != steps_moved[0]:
+            for i in range(a.half):
+                steps[i] = a.step_s[i] if moved[pair_axis[i]] else 0.0
+                steps[a.half + i] = a.step_c[i] if moved[pair_axis[i]] else 1.0
+            steps_moved[0] = moved_bits
+        advance_angles(s, c, steps, steps + a.half, a.half)
     else:
         for i in range(a.half):
             if moved[pair_axis[i]]:
@@ -133,11 +150,12 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
                               real_t *ctab, real_t *stab, double *s, double *c,
                               double *pp) noexcept nogil:
     """cos and sin rows of tokens t0 .. t1 - 1, one row of a.width values per token
-    (gptj: expanded, expand_pairs); pp: room for half doubles (multi-axis
-    positions only)."""
+    (gptj: expanded, expand_pairs); pp: room for 3 * half doubles (multi-axis
+    positions only: the positions and axis_angles_for_token's steps)."""
     cdef Py_ssize_t t, i, r
     cdef int64_t p = 0, prev = 0
     cdef int64_t prev_axes[MAX_AXES]
+    cdef int steps_moved = -1
     cdef real_t ci, si, norm
     for t in range(t0, t1):
         if a.pair_axis == NULL:
@@ -145,7 +163,8 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
         r = (t - t0) * a.width
         if a.w != NULL:
             if a.pair_axis != NULL:
-                axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev_axes, s, c, pp)
+                axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev_axes, s, c, pp,
+                                      pp + a.half, &steps_moved)
             else:
                 angles_for_token(s, c, a.w, a.step_s, a.step_c, a.half, p, prev, t == t0)
                 prev = p
@@ -316,8 +335,9 @@ cdef void rope_block_two(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t u
     cdef int64_t prev1[MAX_AXES]
     cdef int64_t prev2[MAX_AXES]
     for t in range(t0, t0 + ntok):
-        axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev1, s1, c1, pp)
-        axis_angles_for_token(a, a.pair_axis2, prow, t, t == t0, prev2, s2, c2, pp)
+        axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev1, s1, c1, pp, NULL, NULL)
+        axis_angles_for_token(a, a.pair_axis2, prow, t, t == t0, prev2, s2, c2, pp, NULL,
+                              NULL)
         r = tabs + 4 * a.half * (t - t0)
         for i in range(a.half):
             r[i] = <real_t>(c1[i] * a.cos_scale)
@@ -459,9 +479,10 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     a.wide = row_bytes <= fpe_rope_wide_bytes
     a.cached = row_bytes <= ROPE_CACHED_BYTES
     # s, c (double); cos and sin rows of a block and tmp_rows rotated rows (at most
-    # double); a row of per-pair positions (double) for multi-axis positions
+    # double); for multi-axis positions, a row of per-pair positions and two of steps
+    # (double)
     cdef Py_ssize_t per_thread = round_up(
-        ((2 + 2 * a.tmp_rows + (0 if a.pair_axis == NULL else 1)) * a.half
+        ((2 + 2 * a.tmp_rows + (0 if a.pair_axis == NULL else 3)) * a.half
          + 2 * a.block * a.width) * sizeof(double), 64)
     if a.pair_axis2 != NULL:
         # s, c of both features, positions, the four tables of a block, one row
