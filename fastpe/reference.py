@@ -218,11 +218,10 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                       num_threads: int | None = None,
                       per_token: bool | None = None) -> tuple[InPlace, Any]:
     """NumPy twin of :func:`fastpe.apply_rope_cached`."""
+    token_rows = np.ndim(cos) == 3 if per_token is None else _checks.flag(per_token, "per_token")
     lay = _args.rope_layout(q, k, layout)
-    if per_token or (per_token is None and np.ndim(cos) == 3):
+    if token_rows:
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
-    elif per_token is not None:
-        _checks.flag(per_token, "per_token")
     run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
                                layout=lay, inverse=inverse, num_threads=num_threads))
     _checks.bump_written(q, k)

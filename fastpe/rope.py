@@ -260,7 +260,8 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     cos_obj: Any = cos
     ndim = (cos_obj.ndim if type(cos) is np.ndarray or _checks.is_plain_tensor(cos)
             else np.ndim(cos))
-    token_rows = per_token or (per_token is None and ndim == 3)
+    token_rows = (ndim == 3 if per_token is None else per_token if type(per_token) is bool
+                  else _checks.flag(per_token, "per_token"))
     if kern is not None and not token_rows:
         # rows looked up by position: arrays and torch tensors alike, viewed once in C
         done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
@@ -288,8 +289,6 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
         layout = "bshd"
     if token_rows:
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
-    elif per_token is not None:
-        _checks.flag(per_token, "per_token")
     done = 0
     if kern is not None and (token_rows or q is not given[0] or k is not given[1]):
         # what the entry declined above, now as arrays or rows by position

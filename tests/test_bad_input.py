@@ -332,6 +332,11 @@ ROWS += [
     Row("apply_rope_cached/cos-list", lambda a: fastpe.apply_rope_cached(
         a["q"], None, "cos", a["sin"]), TypeError, r"\bcos\b",
         lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}),
+    *[Row(f"apply_rope_cached/per-token-{n}", lambda a, v=v: fastpe.apply_rope_cached(
+        a["q"], None, a["cos"], a["sin"], per_token=v), TypeError, r"\bper_token\b",
+        lambda: {"q": q64(), **_rope.cache(dtype=np.float64)})
+      for n, v in [("empty-str", ""), ("zero-float", 0.0), ("empty-list", []),
+                   ("str-yes", "yes"), ("two", 2)]],
     Row("apply_rope_cached/q-4d-for-shd", lambda a: fastpe.apply_rope_cached(
         a["q"], None, a["cos"], a["sin"], layout="shd"), ValueError, r"\bq\b.*3 dimensions",
         lambda: {"q": q64(), **_rope.cache(dtype=np.float64)}),
