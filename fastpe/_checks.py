@@ -129,11 +129,14 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     if views is not None:
         return views
     tensor = _torch()[0].Tensor
+    dual = forward_ad_on()
     out: list[Any] = []
     for x, name, w in args:
         if not isinstance(x, tensor):
             out.append(x)
             continue
+        if dual:
+            refuse_dual(x, name)
         if not (w and x.is_inference()):
             try:
                 # the common case, in one call (bfloat16, a grad or a device raise here)
@@ -160,6 +163,8 @@ def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
     in fewer steps for the common case: q and k (or None) float32/16/64 tensors outside
     inference, positions None or a tensor (a decode step of a transformers model)."""
     try:
+        if forward_ad_on():
+            raise TypeError  # each tensor checked for a tangent on the way below
         if k is None:
             if q.is_inference():
                 raise TypeError
@@ -221,6 +226,23 @@ def is_plain_tensor(x: object) -> bool:
     return torch is not None and type(x) is torch.Tensor
 
 
+def forward_ad_on() -> bool:
+    """Whether a level of torch's forward-mode AD is open (torch.autograd.forward_ad.
+    dual_level): only then can a tensor carry a tangent."""
+    fwad = sys.modules.get("torch.autograd.forward_ad")
+    return fwad is not None and fwad._current_level >= 0
+
+
+def refuse_dual(x: Any, name: str) -> None:
+    """Refuse a dual tensor of forward-mode AD: fastpe computes its values, not their
+    tangent, and torch's own operations would carry it."""
+    if sys.modules["torch.autograd.forward_ad"].unpack_dual(x).tangent is not None:
+        raise TypeError(f"{name} is a dual tensor of torch's forward-mode AD: fastpe's "
+                        f"result would not carry its tangent; pass its primal "
+                        f"(torch.autograd.forward_ad.unpack_dual({name}).primal) and apply "
+                        f"the same operation to the tangent")
+
+
 def tensor_name(q: object, k: object) -> str | None:
     """"q" or "k", whichever is a torch tensor first, or None: the argument a RoPE
     call's messages name when it is a call on torch tensors."""
@@ -252,6 +274,8 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
     refuses a backward pass that saved its old values. A tensor only read with
     its negative or conjugate bit set is read as its values (a copy)."""
     torch, bfloat16, _, inference_mode = _torch()
+    if forward_ad_on():
+        refuse_dual(x, name)
     try:
         if x.dtype is bfloat16:
             module = ml_dtypes(load=True)

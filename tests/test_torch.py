@@ -404,3 +404,30 @@ def test_a_misaligned_tensor_is_rotated_right(backend):
         fastpe.apply_rope(q, None, offset=3, layout="shd")
     np.testing.assert_allclose(np.frombuffer(raw, np.uint8)[2:].view(np.float32)
                                .reshape(2, 3, 8), want, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize(("entry", "api"), [
+    (entry, api) for api in ("cython", "numpy", "fastpe.reference")
+    for entry in _entries(fastpe.reference if api == "fastpe.reference" else fastpe)
+    if not entry.endswith("ndarray q")])
+def test_dual_tensors_of_forward_mode_ad_are_refused(entry, api):
+    """Inside torch.autograd.forward_ad.dual_level, a written tensor with a tangent is
+    refused (fastpe would write its values and drop the tangent, which torch's own
+    operations carry), leaving its values and version as they were; the same tensor
+    without a tangent is written as outside the level."""
+    if api == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    import torch.autograd.forward_ad as fwad
+    call = _entries(fastpe.reference if api == "fastpe.reference" else fastpe)[entry]
+    with fastpe.use_backend("numpy" if api == "fastpe.reference" else api), fwad.dual_level():
+        q = _tensor((1, 3, 2, 8), "float32", 7)
+        k = _tensor((1, 3, 2, 8), "float32", 8)
+        dual = fwad.make_dual(q, torch.ones_like(q))
+        version, data = dual._version, q.clone()
+        with pytest.raises(TypeError, match="forward-mode AD"):
+            call(dual, k, True)
+        assert torch.equal(fwad.unpack_dual(dual).primal, data)
+        assert dual._version == version
+        call(q, k, True)   # no tangent: written
+        assert q._version > version

@@ -98,6 +98,9 @@ cdef class _TorchViews:
     # by name)
     cdef fpe_getset is_cpu, requires_grad, version
     cdef object is_neg
+    # torch.autograd.forward_ad: while one of its levels is open (_current_level >= 0)
+    # a tensor may carry a tangent, which the Python layer refuses
+    cdef object forward_ad
 
 
 cdef object _torch_views = None    # a _TorchViews, False where unusable, None before
@@ -135,6 +138,7 @@ cdef object torch_views_of():
         if type(t.is_neg) is not MethodDescriptorType:
             t.is_neg = None
         t.view = api.dltensor_from_py_object_no_sync
+        t.forward_ad = sys.modules.get("torch.autograd.forward_ad")
         t.bfloat16 = None
     except Exception:
         return None
@@ -173,14 +177,16 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
     """x's View when x is a plain torch CPU tensor; False, having raised nothing, where
     x is anything else or not the common case (a subclass, another device or layout, a
     grad, a negative view, an inference tensor to be written, no elements, a dtype
-    NumPy cannot view, more than VIEW_DIMS dimensions), which the Python layer then
-    views or refuses. The view lives as long as the caller holds x."""
+    NumPy cannot view, more than VIEW_DIMS dimensions, any tensor while a level of
+    forward-mode AD is open), which the Python layer then views or refuses. The view lives as long as the caller holds x."""
     cdef fpe_dl_tensor d
     cdef int i, typenum
     cdef Py_ssize_t itemsize, expect
     if type(x) is not t.tensor_type:
         return False
     try:
+        if t.forward_ad is not None and t.forward_ad._current_level >= 0:
+            return False
         # the exchange API assumes a CPU tensor (a meta tensor crashes it); it raises
         # for a sparse, mkldnn or nested one
         if tensor_attr(&t.is_cpu, x, "is_cpu") is not True:
