@@ -178,7 +178,8 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
     x is anything else or not the common case (a subclass, another device or layout, a
     grad, a negative view, an inference tensor to be written, no elements, a dtype
     NumPy cannot view, more than VIEW_DIMS dimensions, any tensor while a level of
-    forward-mode AD is open), which the Python layer then views or refuses. The view lives as long as the caller holds x."""
+    forward-mode AD is open), which the Python layer then views or refuses. The view
+    lives as long as the caller holds x."""
     cdef fpe_dl_tensor d
     cdef int i, typenum
     cdef Py_ssize_t itemsize, expect
