@@ -1067,7 +1067,7 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     cdef Py_ssize_t done
     cdef bint arrays = cnp.PyArray_CheckExact(q) and (k is None or cnp.PyArray_CheckExact(k))
     if not arrays:
-        t = torch_views_of()
+        t = tensor_views_now()
         if t is None or layout is None:
             return 0
     if not operand_view(q, t, True, &qv):

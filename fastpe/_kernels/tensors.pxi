@@ -146,6 +146,27 @@ cdef object torch_views_of():
     return t
 
 
+cdef object tensor_views_now():
+    """torch_views_of(), or None while a level of torch's forward-mode AD is open: a
+    tensor may then carry a tangent, and the Python layer refuses those. Looked up once
+    per call, whatever the number of tensors."""
+    cdef object t = torch_views_of()
+    if t is None:
+        return None
+    fwad = (<_TorchViews>t).forward_ad
+    try:
+        if fwad is None:
+            # a torch that does not import it with itself: until something does
+            import sys
+            fwad = (<_TorchViews>t).forward_ad = sys.modules.get("torch.autograd.forward_ad")
+        if fwad is not None and fwad._current_level >= 0:
+            return None
+    except Exception:
+        PyErr_Clear()
+        return None
+    return t
+
+
 cdef inline object tensor_attr(const fpe_getset *g, object x, str name):
     """x.<name>, through the getter found once where there is one."""
     return fpe_getset_read(g, x) if g.get != NULL else getattr(x, name)
@@ -177,17 +198,14 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
     """x's View when x is a plain torch CPU tensor; False, having raised nothing, where
     x is anything else or not the common case (a subclass, another device or layout, a
     grad, a negative view, an inference tensor to be written, no elements, a dtype
-    NumPy cannot view, more than VIEW_DIMS dimensions, any tensor while a level of
-    forward-mode AD is open), which the Python layer then views or refuses. The view
-    lives as long as the caller holds x."""
+    NumPy cannot view, more than VIEW_DIMS dimensions), which the Python layer then
+    views or refuses. The view lives as long as the caller holds x."""
     cdef fpe_dl_tensor d
     cdef int i, typenum
     cdef Py_ssize_t itemsize, expect
     if type(x) is not t.tensor_type:
         return False
     try:
-        if t.forward_ad is not None and t.forward_ad._current_level >= 0:
-            return False
         # the exchange API assumes a CPU tensor (a meta tensor crashes it); it raises
         # for a sparse, mkldnn or nested one
         if tensor_attr(&t.is_cpu, x, "is_cpu") is not True:
@@ -303,7 +321,7 @@ def torch_rope_views(object q, object k, object positions, object layout, object
     cdef list out
     if layout is None:
         return None
-    t = torch_views_of()
+    t = tensor_views_now()
     if t is None:
         return None
     qv = tensor_array(t, q, True)
@@ -360,7 +378,7 @@ def torch_views(tuple args):
     """fastpe._checks.torch_tensors(*args) where every torch tensor among the (value,
     name, written) triples is a plain CPU tensor (tensor_array): each as its ndarray
     view, the rest as given; None, having touched nothing, where any tensor is not."""
-    cdef _TorchViews t = torch_views_of()
+    cdef _TorchViews t = tensor_views_now()
     cdef list out = []
     cdef tuple arg
     if t is None:
