@@ -222,10 +222,14 @@ class Counter(threading.Thread):
             self.n += 1
 
 
-def counter_rate(counter: Counter, fn) -> tuple[float, float]:
-    """(counts per second while fn runs, fn's duration)."""
+def counter_rate(counter: Counter, fn, min_seconds: float = 0.02) -> tuple[float, float]:
+    """(counts per second while fn runs, the seconds watched): fn called again until
+    min_seconds have passed, so that a call of a millisecond on a busy machine, where
+    the counting thread may not be scheduled at all, is not all there is to watch."""
     n0, t0 = counter.n, time.perf_counter()
     fn()
+    while time.perf_counter() - t0 < min_seconds:
+        fn()
     t1, n1 = time.perf_counter(), counter.n
     return (n1 - n0) / (t1 - t0), t1 - t0
 
