@@ -272,19 +272,14 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
         if done:
             return given
     if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
-        views = (kern.torch_rope_views(q, k, positions, layout, cos, sin)
-                 if kern is not None else None)
-        if views is not None:
-            q, k, positions, cos, sin = views
-        else:
-            tensor = _checks.tensor_name(q, k)
-            if tensor is not None:
-                layout = _checks.tensor_layout(layout, tensor)
-                q, k, cos, sin, positions = _checks.torch_tensors(
-                    (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
-                    (positions, "positions", False))
-            elif layout is None:
-                layout = "bshd"
+        tensor = _checks.tensor_name(q, k)
+        if tensor is not None:
+            layout = _checks.tensor_layout(layout, tensor)
+            q, k, cos, sin, positions = _checks.torch_tensors(
+                (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
+                (positions, "positions", False))
+        elif layout is None:
+            layout = "bshd"
     elif layout is None:
         layout = "bshd"
     if token_rows:

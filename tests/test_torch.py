@@ -326,7 +326,7 @@ def test_compiled_views_are_the_tensors_memory(dtype):
     k = qkv[..., 32:].view(2, 3, 1, 16)
     pos = torch.tensor([[0, 1, 2]], dtype=torch.int32)
     versions = q._version, k._version
-    views = kern.torch_rope_views(q, k, pos, "bhsd")[:3]
+    views = kern.torch_views(((q, "q", True), (k, "k", True), (pos, "positions", False)))
     if views is None:
         pytest.skip("this torch has no DLPack C exchange API (torch before 2.10)")
     for v, t in zip(views, (q, k, pos)):
@@ -338,7 +338,6 @@ def test_compiled_views_are_the_tensors_memory(dtype):
     assert views[2].dtype == np.int32
     # viewing writes nothing: the entry bumps the counters once it has written
     assert (q._version, k._version) == versions
-    assert kern.torch_rope_views(q, k, pos, None) is None  # layout must be given
     grad = torch.ones(2, 16, requires_grad=True)
     assert kern.torch_views(((q, "q", True), (grad, "table", False))) is None
     assert (q._version, k._version) == versions

@@ -9,8 +9,8 @@ the call in full (and names what is wrong) and calls the same entry again with t
 normalised arguments. None of them raises on data, calls back into fastpe's Python,
 or writes outside the views it is given; positions, masks and slopes they read
 without the GIL are their own copies. rope_call views plain torch CPU tensors itself
-(tensors.pxi); torch_rope_views and torch_views do it for the Python layer, declining
-anything else to it.
+(tensors.pxi); torch_views does it for the Python layer, declining anything else to
+it.
 
 This one source is built once per instruction-set level (kernels_baseline,
 and kernels_avx2 and kernels_avx512 on x86-64); fastpe._kernels imports the

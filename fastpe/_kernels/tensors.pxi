@@ -89,7 +89,7 @@ from cpython.ref cimport Py_INCREF
 
 
 cdef class _TorchViews:
-    """What tensor_array needs of the torch this process imported, looked up once."""
+    """What tensor_view needs of the torch this process imported, looked up once."""
     cdef object tensor_type        # torch.Tensor (subclasses take the Python path)
     cdef cnp.dtype bfloat16        # ml_dtypes' bfloat16, or None
     cdef fpe_dl_from_py view
@@ -283,60 +283,12 @@ cdef object tensor_array(_TorchViews t, object x, bint written):
     return arr
 
 
-cdef inline bint read_view(_TorchViews t, object x, list out) except -1:
-    """Append x, an argument read (not written), to out: a torch tensor as its ndarray
-    view, anything else as it is; False where x is a tensor tensor_array does not view
-    (the caller declines)."""
-    if x is None or type(x) is cnp.ndarray:
-        out.append(x)
-        return True
-    if type(x) is t.tensor_type:
-        x = tensor_array(t, x, False)
-        if x is None:
-            return False
-    elif isinstance(x, t.tensor_type):
-        return False
-    out.append(x)
-    return True
-
-
 cdef bint operand_view(object x, object torch_views, bint written, View *v) noexcept:
     """x's View: an exact ndarray, or, with torch_views (a _TorchViews, else None), a
     plain torch CPU tensor (tensor_view); False for anything else."""
     if cnp.PyArray_CheckExact(x):
         return array_view(<cnp.ndarray>x, v)
     return torch_views is not None and tensor_view(<_TorchViews>torch_views, x, written, v)
-
-
-def torch_rope_views(object q, object k, object positions, object layout, object cos=None,
-                     object sin=None):
-    """[q, k, positions, cos, sin] of a RoPE call on torch tensors, for fastpe.rope's
-    calls that look at the views first: q and k (or None) plain torch CPU tensors to
-    be written; positions, cos and sin None, ndarrays or plain torch CPU tensors to be
-    read; layout given (not None); each tensor as its ndarray view. None, having
-    touched nothing, for anything else: the Python layer then converts or refuses
-    (fastpe._checks.torch_rope, torch_tensors, tensor_layout). The caller bumps q's
-    and k's version counters once the call has written them (bump_tensors)."""
-    cdef _TorchViews t
-    cdef list out
-    if layout is None:
-        return None
-    t = tensor_views_now()
-    if t is None:
-        return None
-    qv = tensor_array(t, q, True)
-    if qv is None:
-        return None
-    kv = None
-    if k is not None:
-        kv = tensor_array(t, k, True)
-        if kv is None:
-            return None
-    out = [qv, kv]
-    if (read_view(t, positions, out) and read_view(t, cos, out)
-            and read_view(t, sin, out)):
-        return out
-    return None
 
 
 cdef object _increment_version = None   # torch._C._increment_version, looked up once
