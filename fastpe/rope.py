@@ -149,17 +149,24 @@ def _with_team(kern: Any, nbytes: int, state: Any, q: Any, k: Any, positions: An
     return done
 
 
-def _tensor_views(q: Any, k: Any, positions: Any, layout: Any) -> tuple[Any, ...]:
-    """A RoPE call's q, k, positions and layout for the validating path: torch tensors
-    as fastpe._checks views them (refusing what torch would) with the layout they must
-    give; anything else as given, "bshd" unless the layout is given."""
-    if type(q) is np.ndarray and (k is None or type(k) is np.ndarray):
-        return q, k, positions, "bshd" if layout is None else layout
-    tensor = _checks.tensor_name(q, k)
-    if tensor is not None:
-        layout = _checks.tensor_layout(layout, tensor)
-        return (*_checks.torch_rope(q, k, positions), layout)
-    return q, k, positions, "bshd" if layout is None else layout
+def _tensor_views(q: Any, k: Any, positions: Any, layout: Any, cos: Any = None,
+                  sin: Any = None) -> tuple[Any, ...]:
+    """A RoPE call's q, k, positions, layout, cos and sin for the validating path: when
+    q or k is a torch tensor, the tensors among them as fastpe._checks views them
+    (refusing what torch would) with the layout they must give; anything else as given,
+    "bshd" unless the layout is given."""
+    tensor = (None if type(q) is np.ndarray and (k is None or type(k) is np.ndarray)
+              else _checks.tensor_name(q, k))
+    if tensor is None:
+        return q, k, positions, "bshd" if layout is None else layout, cos, sin
+    layout = _checks.tensor_layout(layout, tensor)
+    if cos is None and sin is None:
+        q, k, positions = _checks.torch_rope(q, k, positions)
+    else:
+        q, k, cos, sin, positions = _checks.torch_tensors(
+            (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
+            (positions, "positions", False))
+    return q, k, positions, layout, cos, sin
 
 
 def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
@@ -227,7 +234,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
             if done:
                 return given
     # torch tensors the entry did not take, viewed (or refused) here
-    q, k, positions, layout = _tensor_views(q, k, positions, layout)
+    q, k, positions, layout, _, _ = _tensor_views(q, k, positions, layout)
     _run(_args.rope(q, k, positions=positions, offset=offset, rotary_dim=rotary_dim, freqs=freqs,
                     base=base, scaling=scaling, max_position_embeddings=max_position_embeddings,
                     style=style, layout=layout, inverse=inverse, num_threads=num_threads))
@@ -271,17 +278,7 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                               inverse, num_threads, cos, sin)
         if done:
             return given
-    if type(q) is not np.ndarray or (type(k) is not np.ndarray and k is not None):
-        tensor = _checks.tensor_name(q, k)
-        if tensor is not None:
-            layout = _checks.tensor_layout(layout, tensor)
-            q, k, cos, sin, positions = _checks.torch_tensors(
-                (q, "q", True), (k, "k", True), (cos, "cos", False), (sin, "sin", False),
-                (positions, "positions", False))
-        elif layout is None:
-            layout = "bshd"
-    elif layout is None:
-        layout = "bshd"
+    q, k, positions, layout, cos, sin = _tensor_views(q, k, positions, layout, cos, sin)
     if token_rows:
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     done = 0
@@ -530,7 +527,7 @@ class RotaryEmbedding:
                 return q, k
         given = q, k
         inverse = _checks.flag(inverse, "inverse")
-        q, k, positions, layout = _tensor_views(q, k, positions, layout)
+        q, k, positions, layout, _, _ = _tensor_views(q, k, positions, layout)
         self._rotate(q, k, positions, offset, layout, inverse, num_threads)
         if q is not given[0] or k is not given[1]:
             _checks.bump_written(*given)
