@@ -2266,6 +2266,55 @@ def test_float32_rows_give_the_same_bits_at_either_step_width(style):
         assert_bytes_equal(wide, narrow, "512-bit vs 256-bit steps")
 
 
+def at_line_offset(shape, offset, rng):
+    """A float32 array of `shape` starting `offset` floats past a 64-byte boundary."""
+    n = int(np.prod(shape))
+    buf = np.empty(n + 32, F32)
+    start = (-buf.ctypes.data // 4) % 16 + offset
+    out = buf[start:start + n].reshape(shape)
+    out[...] = rng.uniform(-2, 2, shape)
+    assert out.ctypes.data % 64 == 4 * offset
+    return out
+
+
+@pytest.mark.skipif(not ON_CYTHON or fastpe.info().get("isa") != "avx512",
+                    reason="the 512-bit float32 RoPE rows are the avx512 variant's")
+@pytest.mark.parametrize("style", STYLES)
+def test_float32_rows_at_every_offset_from_a_cache_line(style):
+    """The 512-bit steps take rows at any offset from a cache line as whole lines
+    (single pairs and 128- and 256-bit steps up to the first boundary and after the
+    last): q and k at each of the 16 float offsets, the same or different, heads a
+    whole number of lines apart or not, rows of 20, 32, 64, 68 and 134 pairs. The same
+    bits as the 256-bit steps (which take rows as they come), and those match
+    fastpe.reference."""
+    from fastpe import _backend
+
+    kern = _backend.compiled
+    was = kern.rope_wide_bytes()
+    try:
+        for hd in (40, 64, 128, 136, 268):
+            for oq, ok in [(o, o) for o in range(16)] + [(3, 12), (12, 0), (0, 7)]:
+                rng = np.random.default_rng(hd * 100 + oq * 16 + ok)
+                q = at_line_offset((2, 3, 4, hd), oq, rng)
+                k = at_line_offset((2, 3, 2, hd), ok, rng)
+                pos = rng.integers(0, 2**20, (2, 3))
+                q0, k0 = q.copy(), k.copy()
+                kern.rope_wide_bytes(sys.maxsize)
+                fastpe.apply_rope(q, k, pos, style=style)
+                qn, kn = at_line_offset(q.shape, oq, rng), at_line_offset(k.shape, ok, rng)
+                qn[...], kn[...] = q0, k0
+                kern.rope_wide_bytes(0)
+                fastpe.apply_rope(qn, kn, pos, style=style)
+                context = f"head_dim {hd}, offsets {oq}, {ok}"
+                assert_bytes_equal(q, qn, f"q: 512-bit vs 256-bit steps, {context}")
+                assert_bytes_equal(k, kn, f"k: 512-bit vs 256-bit steps, {context}")
+                rq, rk = reference.apply_rope(q0, k0, pos, style=style)
+                assert_close(q, rq, F32, max_position=2**20, context=f"q, {context}")
+                assert_close(k, rk, F32, max_position=2**20, context=f"k, {context}")
+    finally:
+        kern.rope_wide_bytes(was)
+
+
 @pytest.mark.skipif(not ON_CYTHON, reason="compiled kernels only")
 def test_rope_row_step_width_follows_the_cpu_vendor():
     """Chosen at import: 512-bit float32 RoPE steps for every call on Intel, for calls of

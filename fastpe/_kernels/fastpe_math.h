@@ -842,6 +842,160 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
         else FPE_HEADS_LOOP(fn, n);                                                    \
     } while (0)
 
+#if FPE_PAIRS_AVX2 && defined(__AVX512F__)
+/* Rows taken whole cache lines at a time. A NumPy array of more than a few kilobytes
+ * starts 16 bytes past a 64-byte boundary (its allocator's header), so every 512-bit
+ * load and store of its rows spans two lines: with the rows in the caches (a batched
+ * decode's 1 MiB) that took 1.3x the time of the same rows on line boundaries, on a Zen
+ * 5. Here a row's first features up to its next line boundary go 1, 4 and 8 at a
+ * time, then 16 at a time, and its last ones 8, 4 and 1 at a time, the cos and sin
+ * rows read at the same offsets (the caller places them at the rows' offset from a
+ * line: rope_block). The same operations on every element as fpe_rotate_f32's, so
+ * the same bits. */
+#define FPE_LINE_FLOATS 16
+
+#define FPE_HALF_STEP(VT, LOAD, STORE, FMSUB, FMADD, MUL, at)                          \
+    do {                                                                               \
+        VT a_ = LOAD(x + (at));                                                        \
+        float *yj_ = y + (at);                                                         \
+        FPE_LOADED_FIRST(a_, yj_);                                                     \
+        const VT b_ = LOAD(yj_), c_ = LOAD(c + (at)), s_ = LOAD(s + (at));             \
+        STORE(x + (at), FMSUB(a_, c_, MUL(b_, s_)));                                   \
+        STORE(yj_, FMADD(b_, c_, MUL(a_, s_)));                                        \
+    } while (0)
+
+#define FPE_PAIRS_STEP(VT, LOAD, STORE, PERMUTE, FMADD, MUL, at)                       \
+    do {                                                                               \
+        const VT v_ = LOAD(x + (at));                                                  \
+        STORE(x + (at), FMADD(PERMUTE(v_, 0xB1), LOAD(s + (at)),                      \
+                              MUL(v_, LOAD(c + (at)))));                               \
+    } while (0)
+
+#define FPE_HALF_STEP4(at) FPE_HALF_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,          \
+                                         _mm_fmsub_ps, _mm_fmadd_ps, _mm_mul_ps, at)
+#define FPE_HALF_STEP8(at) FPE_HALF_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,    \
+                                         _mm256_fmsub_ps, _mm256_fmadd_ps,             \
+                                         _mm256_mul_ps, at)
+#define FPE_HALF_STEP16(at) FPE_HALF_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps,   \
+                                          _mm512_fmsub_ps, _mm512_fmadd_ps,            \
+                                          _mm512_mul_ps, at)
+#define FPE_PAIRS_STEP4(at) FPE_PAIRS_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,        \
+                                           _mm_permute_ps, _mm_fmadd_ps, _mm_mul_ps, at)
+#define FPE_PAIRS_STEP8(at) FPE_PAIRS_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,  \
+                                           _mm256_permute_ps, _mm256_fmadd_ps,         \
+                                           _mm256_mul_ps, at)
+#define FPE_PAIRS_STEP16(at) FPE_PAIRS_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps, \
+                                            _mm512_permute_ps, _mm512_fmadd_ps,        \
+                                            _mm512_mul_ps, at)
+
+/* features from x to its next line boundary */
+static FPE_ALWAYS_INLINE Py_ssize_t fpe_line_lead(const float *x)
+{
+    return (Py_ssize_t)((FPE_LINE_FLOATS - (((uintptr_t)x >> 2) & (FPE_LINE_FLOATS - 1)))
+                        & (FPE_LINE_FLOATS - 1));
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c,
+                                                        const float *s, Py_ssize_t half,
+                                                        Py_ssize_t lead)
+{
+    float *y = x + half;
+    Py_ssize_t j = 0;
+    if (lead > half) lead = half;
+    for (; j < (lead & 3); j++) {
+        const float a = x[j], b = y[j];
+        x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
+        y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
+    }
+    if (lead & 4) { FPE_HALF_STEP4(j); j += 4; }
+    if (lead & 8) { FPE_HALF_STEP8(j); j += 8; }
+    for (; j + 16 <= half; j += 16) FPE_HALF_STEP16(j);
+    if (j + 8 <= half) { FPE_HALF_STEP8(j); j += 8; }
+    if (j + 4 <= half) { FPE_HALF_STEP4(j); j += 4; }
+    for (; j < half; j++) {
+        const float a = x[j], b = y[j];
+        x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
+        y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
+    }
+}
+
+/* adjacent pairs: the lead rounded down to whole pairs */
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, const float *c,
+                                                         const float *s, Py_ssize_t n,
+                                                         Py_ssize_t lead)
+{
+    Py_ssize_t i = 0;
+    lead &= ~(Py_ssize_t)1;
+    if (lead > n) lead = n;
+    if (lead & 2) {
+        const float a = x[0], b = x[1];
+        x[0] = FPE_PAIR_MADD_F(a, c[0], b, s[0]);
+        x[1] = FPE_PAIR_MADD_F(b, c[1], a, s[1]);
+        i = 2;
+    }
+    if (lead & 4) { FPE_PAIRS_STEP4(i); i += 4; }
+    if (lead & 8) { FPE_PAIRS_STEP8(i); i += 8; }
+    for (; i + 16 <= n; i += 16) FPE_PAIRS_STEP16(i);
+    if (i + 8 <= n) { FPE_PAIRS_STEP8(i); i += 8; }
+    if (i + 4 <= n) { FPE_PAIRS_STEP4(i); i += 4; }
+    for (; i + 1 < n; i += 2) {
+        const float a = x[i], b = x[i + 1];
+        x[i] = FPE_PAIR_MADD_F(a, c[i], b, s[i]);
+        x[i + 1] = FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]);
+    }
+}
+
+/* fpe_rotate_heads_f32's 512-bit steps on whole lines, for rows of q that all lie at
+ * c's and s's offset from a line (q's head stride whole lines, or one head); false
+ * where they do not. k's rows at another offset are rotated the same way, only not on
+ * line boundaries. */
+static int fpe_rotate_heads_f32_lines(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
+                                      Py_ssize_t hk, Py_ssize_t kh,
+                                      const float *FPE_RESTRICT c,
+                                      const float *FPE_RESTRICT s, Py_ssize_t half, int neox)
+{
+    const uintptr_t line = FPE_LINE_FLOATS * sizeof(float);
+    if (((uintptr_t)q & 3) || (((uintptr_t)q ^ (uintptr_t)c) & (line - 1))
+            || (((uintptr_t)q ^ (uintptr_t)s) & (line - 1))
+            || (hq > 1 && qh % FPE_LINE_FLOATS))
+        return 0;
+    const Py_ssize_t both = hq < hk ? hq : hk, lq = fpe_line_lead(q);
+    const Py_ssize_t lk = hk ? fpe_line_lead(k) : lq;
+    Py_ssize_t h;
+#define FPE_LINES_LOOP(fn, n, lead_q, lead_k)                                          \
+    do {                                                                               \
+        for (h = 0; h < both; h++) {                                                   \
+            fn(q + h * qh, c, s, n, lead_q);                                           \
+            fn(k + h * kh, c, s, n, lead_k);                                           \
+        }                                                                              \
+        for (; h < hq; h++) fn(q + h * qh, c, s, n, lead_q);                           \
+        for (; h < hk; h++) fn(k + h * kh, c, s, n, lead_k);                           \
+    } while (0)
+    /* the common head widths, and q and k at one offset a multiple of 16 bytes (NumPy
+     * allocations: 16 bytes past a line), unrolled whole */
+#define FPE_LINES_AT(fn, n)                                                            \
+    do {                                                                               \
+        if (lq == lk && lq == 0) FPE_LINES_LOOP(fn, n, 0, 0);                          \
+        else if (lq == lk && lq == 12) FPE_LINES_LOOP(fn, n, 12, 12);                  \
+        else if (lq == lk && lq == 8) FPE_LINES_LOOP(fn, n, 8, 8);                     \
+        else if (lq == lk && lq == 4) FPE_LINES_LOOP(fn, n, 4, 4);                     \
+        else FPE_LINES_LOOP(fn, n, lq, lk);                                            \
+    } while (0)
+    if (neox) {
+        if (half == 64) FPE_LINES_AT(fpe_rotate_half_f32_lines, 64);
+        else if (half == 32) FPE_LINES_AT(fpe_rotate_half_f32_lines, 32);
+        else FPE_LINES_LOOP(fpe_rotate_half_f32_lines, half, lq, lk);
+    } else {
+        if (half == 64) FPE_LINES_AT(fpe_rotate_pairs_f32_lines, 128);
+        else if (half == 32) FPE_LINES_AT(fpe_rotate_pairs_f32_lines, 64);
+        else FPE_LINES_LOOP(fpe_rotate_pairs_f32_lines, 2 * half, lq, lk);
+    }
+#undef FPE_LINES_LOOP
+#undef FPE_LINES_AT
+    return 1;
+}
+#endif
+
 static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
                                  Py_ssize_t hk, Py_ssize_t kh,
                                  const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
@@ -850,6 +1004,7 @@ static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *
     const Py_ssize_t heads = hq > hk ? hq : hk;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     if (wide) {
+        if (fpe_rotate_heads_f32_lines(q, hq, qh, k, hk, kh, c, s, half, neox)) return;
         if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_f32_wide, half, 64, 32);
         else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_wide, 2 * half, 128, 64);
         return;

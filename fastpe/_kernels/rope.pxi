@@ -41,6 +41,10 @@ cdef struct RopeCall:
 cdef enum:
     # rows of a transposed view rotated together (rotate_across)
     ACROSS_ROWS = 32
+    # float32 values in a 64-byte cache line, and the doubles of room rope_block's cos
+    # and sin rows take to start at a row's offset from one
+    LINE_FLOATS = 16
+    LINE_SLACK = 32
     # a call whose q and k rows hold at most this many bytes is taken to have them in the
     # caches: its bfloat16 rows are rotated inline across heads (fpe_rotate_heads_bf16),
     # and on AMD CPUs its float32 rows take 512-bit steps (fpe_rope_wide_bytes: on a Zen 5
@@ -362,10 +366,17 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef Py_ssize_t ntok = min(t0 + BLOCK_TOKENS, a.seq) - t0
     cdef double *s = <double *>work
     cdef double *c = s + a.half
+    cdef Py_ssize_t rows = a.block * a.width
     cdef real_t *ctab = <real_t *>(c + a.half)
-    cdef real_t *stab = ctab + a.block * a.width
-    cdef real_t *tmp = stab + a.block * a.width
-    cdef double *pp = <double *>(tmp + 2 * a.half * a.tmp_rows)
+    cdef store_t *first = q + b * a.qb + t0 * a.qs
+    if store_t is float and real_t is float:
+        # the cos and sin rows at the offset of q's rows from a cache line, so that a
+        # row and its cos and sin are read whole lines at a time (fastpe_math.h)
+        ctab += (<size_t>first // sizeof(float) - <size_t>ctab // sizeof(float)) % LINE_FLOATS
+        rows = round_up(rows, LINE_FLOATS)
+    cdef real_t *stab = ctab + rows
+    cdef real_t *tmp = stab + rows
+    cdef double *pp = c + a.half + 2 * a.block * a.width + 2 * a.half * a.tmp_rows + LINE_SLACK
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
     if (a.hk and not a.q_token_inner and not a.k_token_inner
             and not a.q_across and not a.k_across):
@@ -483,7 +494,7 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     # (double)
     cdef Py_ssize_t per_thread = round_up(
         ((2 + 2 * a.tmp_rows + (0 if a.pair_axis == NULL else 3)) * a.half
-         + 2 * a.block * a.width) * sizeof(double), 64)
+         + 2 * a.block * a.width + LINE_SLACK) * sizeof(double), 64)
     if a.pair_axis2 != NULL:
         # s, c of both features, positions, the four tables of a block, one row
         per_thread = round_up((7 * a.half + 4 * a.block * a.half) * sizeof(double), 64)
