@@ -2277,22 +2277,21 @@ def at_line_offset(shape, offset, rng):
     return out
 
 
-@pytest.mark.skipif(not ON_CYTHON or fastpe.info().get("isa") != "avx512",
-                    reason="the 512-bit float32 RoPE rows are the avx512 variant's")
+@pytest.mark.skipif(not ON_CYTHON, reason="compiled kernels only")
 @pytest.mark.parametrize("style", STYLES)
 def test_float32_rows_at_every_offset_from_a_cache_line(style):
-    """The 512-bit steps take rows at any offset from a cache line as whole lines
-    (single pairs and 128- and 256-bit steps up to the first boundary and after the
-    last): q and k at each of the 16 float offsets, the same or different, heads a
-    whole number of lines apart or not, rows of 20, 32, 64, 68 and 134 pairs. The same
-    bits as the 256-bit steps (which take rows as they come), and those match
-    fastpe.reference."""
+    """The wide kernels take rows at any offset from a cache line as whole lines (single
+    pairs and narrower steps up to the first boundary and after the last): q and k at
+    each of the 16 float offsets, the same or different, heads a whole number of lines
+    apart or not, rows of 1, 3, 20, 32, 64, 68 and 134 pairs. 512-bit steps (the avx512
+    variant's, in a call it takes as in the caches) give the same bits as 256-bit ones,
+    and those match fastpe.reference."""
     from fastpe import _backend
 
     kern = _backend.compiled
     was = kern.rope_wide_bytes()
     try:
-        for hd in (40, 64, 128, 136, 268):
+        for hd in (2, 6, 40, 64, 128, 136, 268):
             for oq, ok in [(o, o) for o in range(16)] + [(3, 12), (12, 0), (0, 7)]:
                 rng = np.random.default_rng(hd * 100 + oq * 16 + ok)
                 q = at_line_offset((2, 3, 4, hd), oq, rng)

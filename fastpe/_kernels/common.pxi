@@ -40,7 +40,8 @@ cdef extern from "fastpe_math.h" nogil:
                         int neox)
     void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
                               Py_ssize_t hk, Py_ssize_t kh, const float *c, const float *s,
-                              Py_ssize_t half, int neox, int wide)
+                              const float *kc, const float *ks, Py_ssize_t half, int neox,
+                              int wide)
     void fpe_rotate_heads_f64(double *q, Py_ssize_t hq, Py_ssize_t qh, double *k,
                               Py_ssize_t hk, Py_ssize_t kh, const double *c, const double *s,
                               Py_ssize_t half, int neox)

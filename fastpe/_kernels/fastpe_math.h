@@ -842,16 +842,17 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
         else FPE_HEADS_LOOP(fn, n);                                                    \
     } while (0)
 
-#if FPE_PAIRS_AVX2 && defined(__AVX512F__)
+#if FPE_PAIRS_AVX2
 /* Rows taken whole cache lines at a time. A NumPy array of more than a few kilobytes
- * starts 16 bytes past a 64-byte boundary (its allocator's header), so every 512-bit
- * load and store of its rows spans two lines: with the rows in the caches (a batched
- * decode's 1 MiB) that took 1.3x the time of the same rows on line boundaries, on a Zen
- * 5. Here a row's first features up to its next line boundary go 1, 4 and 8 at a
- * time, then 16 at a time, and its last ones 8, 4 and 1 at a time, the cos and sin
- * rows read at the same offsets (the caller places them at the rows' offset from a
- * line: rope_block). The same operations on every element as fpe_rotate_f32's, so
- * the same bits. */
+ * starts 16 bytes past a 64-byte boundary (its allocator's header), so each of its
+ * rows' 512-bit loads and stores spans two lines, and every other 256-bit one: with
+ * the rows in the caches (a batched decode's 1 MiB) that took 1.3x (512-bit steps) and
+ * 1.4x (256-bit) the time of the same rows on line boundaries, on a Zen 5. Here a
+ * row's first features up to a boundary (64 bytes for 512-bit steps, 32 for 256-bit
+ * ones) go 1 and 4 (and 8) at a time, then whole steps, and its last ones 8, 4 and 1
+ * at a time, the cos and sin rows read at the same offsets (the caller places them at
+ * the rows' offset from a line: rope_block). The same operations on every element as
+ * fpe_rotate_f32's, so the same bits. */
 #define FPE_LINE_FLOATS 16
 
 #define FPE_HALF_STEP(VT, LOAD, STORE, FMSUB, FMADD, MUL, at)                          \
@@ -876,28 +877,34 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
 #define FPE_HALF_STEP8(at) FPE_HALF_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,    \
                                          _mm256_fmsub_ps, _mm256_fmadd_ps,             \
                                          _mm256_mul_ps, at)
-#define FPE_HALF_STEP16(at) FPE_HALF_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps,   \
-                                          _mm512_fmsub_ps, _mm512_fmadd_ps,            \
-                                          _mm512_mul_ps, at)
 #define FPE_PAIRS_STEP4(at) FPE_PAIRS_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,        \
                                            _mm_permute_ps, _mm_fmadd_ps, _mm_mul_ps, at)
 #define FPE_PAIRS_STEP8(at) FPE_PAIRS_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,  \
                                            _mm256_permute_ps, _mm256_fmadd_ps,         \
                                            _mm256_mul_ps, at)
+#if defined(__AVX512F__)
+#define FPE_HALF_STEP16(at) FPE_HALF_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps,   \
+                                          _mm512_fmsub_ps, _mm512_fmadd_ps,            \
+                                          _mm512_mul_ps, at)
 #define FPE_PAIRS_STEP16(at) FPE_PAIRS_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps, \
                                             _mm512_permute_ps, _mm512_fmadd_ps,        \
                                             _mm512_mul_ps, at)
+#define FPE_STEP_FLOATS(wide) ((wide) ? 16 : 8)
+#else
+#define FPE_STEP_FLOATS(wide) 8
+#endif
 
-/* features from x to its next line boundary */
-static FPE_ALWAYS_INLINE Py_ssize_t fpe_line_lead(const float *x)
+/* features from x to its next boundary of `step` floats (a power of two) */
+static FPE_ALWAYS_INLINE Py_ssize_t fpe_step_lead(const float *x, Py_ssize_t step)
 {
-    return (Py_ssize_t)((FPE_LINE_FLOATS - (((uintptr_t)x >> 2) & (FPE_LINE_FLOATS - 1)))
-                        & (FPE_LINE_FLOATS - 1));
+    return (Py_ssize_t)((step - (Py_ssize_t)(((uintptr_t)x >> 2) & (uintptr_t)(step - 1)))
+                        & (step - 1));
 }
 
+/* `wide` and usually `half` and `lead` are constants where this is inlined */
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c,
                                                         const float *s, Py_ssize_t half,
-                                                        Py_ssize_t lead)
+                                                        Py_ssize_t lead, int wide)
 {
     float *y = x + half;
     Py_ssize_t j = 0;
@@ -908,9 +915,14 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c
         y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
     }
     if (lead & 4) { FPE_HALF_STEP4(j); j += 4; }
-    if (lead & 8) { FPE_HALF_STEP8(j); j += 8; }
-    for (; j + 16 <= half; j += 16) FPE_HALF_STEP16(j);
-    if (j + 8 <= half) { FPE_HALF_STEP8(j); j += 8; }
+#if defined(__AVX512F__)
+    if (wide) {
+        if (lead & 8) { FPE_HALF_STEP8(j); j += 8; }
+        for (; j + 16 <= half; j += 16) FPE_HALF_STEP16(j);
+    }
+#endif
+    (void)wide;
+    for (; j + 8 <= half; j += 8) FPE_HALF_STEP8(j);
     if (j + 4 <= half) { FPE_HALF_STEP4(j); j += 4; }
     for (; j < half; j++) {
         const float a = x[j], b = y[j];
@@ -922,7 +934,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c
 /* adjacent pairs: the lead rounded down to whole pairs */
 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, const float *c,
                                                          const float *s, Py_ssize_t n,
-                                                         Py_ssize_t lead)
+                                                         Py_ssize_t lead, int wide)
 {
     Py_ssize_t i = 0;
     lead &= ~(Py_ssize_t)1;
@@ -934,9 +946,14 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, const float *
         i = 2;
     }
     if (lead & 4) { FPE_PAIRS_STEP4(i); i += 4; }
-    if (lead & 8) { FPE_PAIRS_STEP8(i); i += 8; }
-    for (; i + 16 <= n; i += 16) FPE_PAIRS_STEP16(i);
-    if (i + 8 <= n) { FPE_PAIRS_STEP8(i); i += 8; }
+#if defined(__AVX512F__)
+    if (wide) {
+        if (lead & 8) { FPE_PAIRS_STEP8(i); i += 8; }
+        for (; i + 16 <= n; i += 16) FPE_PAIRS_STEP16(i);
+    }
+#endif
+    (void)wide;
+    for (; i + 8 <= n; i += 8) FPE_PAIRS_STEP8(i);
     if (i + 4 <= n) { FPE_PAIRS_STEP4(i); i += 4; }
     for (; i + 1 < n; i += 2) {
         const float a = x[i], b = x[i + 1];
@@ -945,31 +962,35 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, const float *
     }
 }
 
-/* fpe_rotate_heads_f32's 512-bit steps on whole lines, for rows of q that all lie at
- * c's and s's offset from a line (q's head stride whole lines, or one head); false
- * where they do not. k's rows at another offset are rotated the same way, only not on
- * line boundaries. */
-static int fpe_rotate_heads_f32_lines(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
-                                      Py_ssize_t hk, Py_ssize_t kh,
-                                      const float *FPE_RESTRICT c,
-                                      const float *FPE_RESTRICT s, Py_ssize_t half, int neox)
+/* fpe_rotate_heads_f32 on whole lines (512-bit steps when `wide`, else 256-bit ones),
+ * for rows of q that all lie at c's and s's offset from a line and rows of k at kc's
+ * and ks's (each head stride whole lines, or one head); false where they do not. */
+static FPE_ALWAYS_INLINE int fpe_rotate_heads_f32_lines_w(
+    float *q, Py_ssize_t hq, Py_ssize_t qh, float *k, Py_ssize_t hk, Py_ssize_t kh,
+    const float *FPE_RESTRICT c, const float *FPE_RESTRICT s, const float *FPE_RESTRICT kc,
+    const float *FPE_RESTRICT ks, Py_ssize_t half, int neox, int wide)
 {
     const uintptr_t line = FPE_LINE_FLOATS * sizeof(float);
+    const Py_ssize_t step = FPE_STEP_FLOATS(wide);
     if (((uintptr_t)q & 3) || (((uintptr_t)q ^ (uintptr_t)c) & (line - 1))
             || (((uintptr_t)q ^ (uintptr_t)s) & (line - 1))
             || (hq > 1 && qh % FPE_LINE_FLOATS))
         return 0;
-    const Py_ssize_t both = hq < hk ? hq : hk, lq = fpe_line_lead(q);
-    const Py_ssize_t lk = hk ? fpe_line_lead(k) : lq;
+    if (hk && ((((uintptr_t)k ^ (uintptr_t)kc) & (line - 1))
+               || (((uintptr_t)k ^ (uintptr_t)ks) & (line - 1))
+               || (hk > 1 && kh % FPE_LINE_FLOATS)))
+        return 0;
+    const Py_ssize_t both = hq < hk ? hq : hk, lq = fpe_step_lead(q, step);
+    const Py_ssize_t lk = hk ? fpe_step_lead(k, step) : lq;
     Py_ssize_t h;
 #define FPE_LINES_LOOP(fn, n, lead_q, lead_k)                                          \
     do {                                                                               \
         for (h = 0; h < both; h++) {                                                   \
-            fn(q + h * qh, c, s, n, lead_q);                                           \
-            fn(k + h * kh, c, s, n, lead_k);                                           \
+            fn(q + h * qh, c, s, n, lead_q, wide);                                     \
+            fn(k + h * kh, kc, ks, n, lead_k, wide);                                   \
         }                                                                              \
-        for (; h < hq; h++) fn(q + h * qh, c, s, n, lead_q);                           \
-        for (; h < hk; h++) fn(k + h * kh, c, s, n, lead_k);                           \
+        for (; h < hq; h++) fn(q + h * qh, c, s, n, lead_q, wide);                     \
+        for (; h < hk; h++) fn(k + h * kh, kc, ks, n, lead_k, wide);                   \
     } while (0)
     /* the common head widths, and q and k at one offset a multiple of 16 bytes (NumPy
      * allocations: 16 bytes past a line), unrolled whole */
@@ -994,23 +1015,55 @@ static int fpe_rotate_heads_f32_lines(float *q, Py_ssize_t hq, Py_ssize_t qh, fl
 #undef FPE_LINES_AT
     return 1;
 }
+
+/* each step width a function of its own: the unrolled loops of both inlined into one
+ * made the avx512 variant's streamed rows (a prefill past the caches) 1.25x slower */
+static FPE_NOINLINE int fpe_rotate_heads_f32_lines(
+    float *q, Py_ssize_t hq, Py_ssize_t qh, float *k, Py_ssize_t hk, Py_ssize_t kh,
+    const float *c, const float *s, const float *kc, const float *ks, Py_ssize_t half,
+    int neox)
+{
+    return fpe_rotate_heads_f32_lines_w(q, hq, qh, k, hk, kh, c, s, kc, ks, half, neox, 0);
+}
+
+#if defined(__AVX512F__)
+static FPE_NOINLINE int fpe_rotate_heads_f32_lines512(
+    float *q, Py_ssize_t hq, Py_ssize_t qh, float *k, Py_ssize_t hk, Py_ssize_t kh,
+    const float *c, const float *s, const float *kc, const float *ks, Py_ssize_t half,
+    int neox)
+{
+    return fpe_rotate_heads_f32_lines_w(q, hq, qh, k, hk, kh, c, s, kc, ks, half, neox, 1);
+}
+#endif
 #endif
 
 static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
                                  Py_ssize_t hk, Py_ssize_t kh,
                                  const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
-                                 Py_ssize_t half, int neox, int wide)
+                                 const float *kc, const float *ks, Py_ssize_t half, int neox,
+                                 int wide)
 {
     const Py_ssize_t heads = hq > hk ? hq : hk;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     if (wide) {
-        if (fpe_rotate_heads_f32_lines(q, hq, qh, k, hk, kh, c, s, half, neox)) return;
+        if (fpe_rotate_heads_f32_lines512(q, hq, qh, k, hk, kh, c, s, kc, ks, half, neox))
+            return;
         if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_f32_wide, half, 64, 32);
         else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_wide, 2 * half, 128, 64);
         return;
     }
 #endif
-    (void)wide;
+#if FPE_PAIRS_AVX2
+    /* 256-bit steps on whole lines for rows in the caches (`wide`: the avx2 variant
+     * takes it as that) and adjacent pairs: rotate_half rows streamed from memory (a
+     * Llama 3 prefill's, q and k of different head counts) took 1.3x the time that
+     * way on a Zen 5, adjacent-pair ones 0.9x */
+    if ((wide || !neox)
+            && fpe_rotate_heads_f32_lines(q, hq, qh, k, hk, kh, c, s, kc, ks, half, neox))
+        return;
+#else
+    (void)kc; (void)ks;
+#endif
     if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_f32_n, half, 64, 32);
     else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f32_n, 2 * half, 128, 64);
 }

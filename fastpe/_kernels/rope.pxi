@@ -42,9 +42,9 @@ cdef enum:
     # rows of a transposed view rotated together (rotate_across)
     ACROSS_ROWS = 32
     # float32 values in a 64-byte cache line, and the doubles of room rope_block's cos
-    # and sin rows take to start at a row's offset from one
+    # and sin rows (and k's copy of them) take to start at a row's offset from one
     LINE_FLOATS = 16
-    LINE_SLACK = 32
+    LINE_SLACK = 64
     # a call whose q and k rows hold at most this many bytes is taken to have them in the
     # caches: its bfloat16 rows are rotated inline across heads (fpe_rotate_heads_bf16),
     # and on AMD CPUs its float32 rows take 512-bit steps (fpe_rope_wide_bytes: on a Zen 5
@@ -256,10 +256,12 @@ cdef inline void rotate_heads(store_t *base, Py_ssize_t heads, Py_ssize_t sh, Py
 
 cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t ntok,
                                   const real_t *ctab, const real_t *stab,
+                                  const real_t *kctab, const real_t *kstab,
                                   real_t *tmp) noexcept nogil:
     """Rotate ntok tokens of q and k (both laid out token by token), head h of q
     beside head h of k: two streams in flight hide more memory latency than one
-    after the other."""
+    after the other. kctab, kstab: the same rows as ctab, stab, placed at k's offset
+    from a cache line (float32 rows of unit stride; or ctab, stab)."""
     cdef Py_ssize_t t, h, heads = max(a.hq, a.hk)
     cdef const real_t *c
     cdef const real_t *s
@@ -273,7 +275,8 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
         s = stab + t * a.width
         if real_t is float and direct:
             fpe_rotate_heads_f32(<float *>(q + t * a.qs), a.hq, a.qh, <float *>(k + t * a.ks),
-                                 a.hk, a.kh, c, s, a.half, a.neox, a.wide)
+                                 a.hk, a.kh, c, s, kctab + t * a.width, kstab + t * a.width,
+                                 a.half, a.neox, a.wide)
             continue
         if real_t is double and direct:
             fpe_rotate_heads_f64(<double *>(q + t * a.qs), a.hq, a.qh,
@@ -377,11 +380,24 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef real_t *stab = ctab + rows
     cdef real_t *tmp = stab + rows
     cdef double *pp = c + a.half + 2 * a.block * a.width + 2 * a.half * a.tmp_rows + LINE_SLACK
+    cdef store_t *kfirst = k + b * a.kb + t0 * a.ks
+    cdef real_t *kctab = ctab
+    cdef real_t *kstab = stab
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
     if (a.hk and not a.q_token_inner and not a.k_token_inner
             and not a.q_across and not a.k_across):
-        rotate_tokens_qk(a, q + b * a.qb + t0 * a.qs, k + b * a.kb + t0 * a.ks, ntok,
-                         ctab, stab, tmp)
+        if (store_t is float and real_t is float and a.qd == 1 and a.kd == 1
+                and (<size_t>kfirst - <size_t>first) % (LINE_FLOATS * sizeof(float))):
+            # k's rows at another offset from a line than q's: a copy of the rows at
+            # k's offset
+            kctab = tmp + 2 * a.half * a.tmp_rows
+            kctab += (<size_t>kfirst // sizeof(float)
+                      - <size_t>kctab // sizeof(float)) % LINE_FLOATS
+            kstab = kctab + rows
+            memcpy(kctab, ctab, ntok * a.width * sizeof(float))
+            memcpy(kstab, stab, ntok * a.width * sizeof(float))
+        rotate_tokens_qk(a, q + b * a.qb + t0 * a.qs, kfirst, ntok, ctab, stab, kctab, kstab,
+                         tmp)
         return
     rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
                  a.q_across, ctab, stab, a.half, a.width, a.neox, a.wide, tmp)
