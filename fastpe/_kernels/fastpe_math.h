@@ -901,6 +901,47 @@ static FPE_ALWAYS_INLINE Py_ssize_t fpe_step_lead(const float *x, Py_ssize_t ste
                         & (step - 1));
 }
 
+/* A row of n features from its lead to its end: single features (or pairs: `unit`)
+ * and 4 (and 8) at a time up to the boundary, whole steps, then 8, 4 and single ones. */
+#if defined(__AVX512F__)
+#define FPE_LINES_WIDE(j, n, lead, STEP8, STEP16)                                      \
+    if (wide) {                                                                        \
+        if ((lead) & 8) { STEP8(j); j += 8; }                                          \
+        for (; j + 16 <= (n); j += 16) STEP16(j);                                      \
+    }
+#else
+#define FPE_LINES_WIDE(j, n, lead, STEP8, STEP16)
+#endif
+#define FPE_LINES_WALK(j, n, lead, unit, ONE, STEP4, STEP8, STEP16)                    \
+    do {                                                                               \
+        for (; j < ((lead) & 3); j += (unit)) ONE(j);                                  \
+        if ((lead) & 4) { STEP4(j); j += 4; }                                          \
+        FPE_LINES_WIDE(j, n, lead, STEP8, STEP16)                                      \
+        (void)wide;                                                                    \
+        for (; j + 8 <= (n); j += 8) STEP8(j);                                         \
+        if (j + 4 <= (n)) { STEP4(j); j += 4; }                                        \
+        for (; j + (unit) <= (n); j += (unit)) ONE(j);                                 \
+    } while (0)
+
+#define FPE_HALF_ONE(at)                                                               \
+    do {                                                                               \
+        const float a_ = x[at], b_ = y[at];                                            \
+        x[at] = FPE_HALF_X_F(a_, c[at], b_, s[at]);                                    \
+        y[at] = FPE_HALF_Y_F(a_, c[at], b_, s[at]);                                    \
+    } while (0)
+
+#define FPE_PAIR_ONE(at)                                                               \
+    do {                                                                               \
+        const float a_ = x[at], b_ = x[(at) + 1];                                      \
+        x[at] = FPE_PAIR_MADD_F(a_, c[at], b_, s[at]);                                 \
+        x[(at) + 1] = FPE_PAIR_MADD_F(b_, c[(at) + 1], a_, s[(at) + 1]);               \
+    } while (0)
+
+#if !defined(__AVX512F__)
+#define FPE_HALF_STEP16(at) ((void)0)
+#define FPE_PAIRS_STEP16(at) ((void)0)
+#endif
+
 /* `wide` and usually `half` and `lead` are constants where this is inlined */
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c,
                                                         const float *s, Py_ssize_t half,
@@ -909,26 +950,8 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c
     float *y = x + half;
     Py_ssize_t j = 0;
     if (lead > half) lead = half;
-    for (; j < (lead & 3); j++) {
-        const float a = x[j], b = y[j];
-        x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
-        y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
-    }
-    if (lead & 4) { FPE_HALF_STEP4(j); j += 4; }
-#if defined(__AVX512F__)
-    if (wide) {
-        if (lead & 8) { FPE_HALF_STEP8(j); j += 8; }
-        for (; j + 16 <= half; j += 16) FPE_HALF_STEP16(j);
-    }
-#endif
-    (void)wide;
-    for (; j + 8 <= half; j += 8) FPE_HALF_STEP8(j);
-    if (j + 4 <= half) { FPE_HALF_STEP4(j); j += 4; }
-    for (; j < half; j++) {
-        const float a = x[j], b = y[j];
-        x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
-        y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
-    }
+    FPE_LINES_WALK(j, half, lead, 1, FPE_HALF_ONE, FPE_HALF_STEP4, FPE_HALF_STEP8,
+                   FPE_HALF_STEP16);
 }
 
 /* adjacent pairs: the lead rounded down to whole pairs */
@@ -939,27 +962,8 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, const float *
     Py_ssize_t i = 0;
     lead &= ~(Py_ssize_t)1;
     if (lead > n) lead = n;
-    if (lead & 2) {
-        const float a = x[0], b = x[1];
-        x[0] = FPE_PAIR_MADD_F(a, c[0], b, s[0]);
-        x[1] = FPE_PAIR_MADD_F(b, c[1], a, s[1]);
-        i = 2;
-    }
-    if (lead & 4) { FPE_PAIRS_STEP4(i); i += 4; }
-#if defined(__AVX512F__)
-    if (wide) {
-        if (lead & 8) { FPE_PAIRS_STEP8(i); i += 8; }
-        for (; i + 16 <= n; i += 16) FPE_PAIRS_STEP16(i);
-    }
-#endif
-    (void)wide;
-    for (; i + 8 <= n; i += 8) FPE_PAIRS_STEP8(i);
-    if (i + 4 <= n) { FPE_PAIRS_STEP4(i); i += 4; }
-    for (; i + 1 < n; i += 2) {
-        const float a = x[i], b = x[i + 1];
-        x[i] = FPE_PAIR_MADD_F(a, c[i], b, s[i]);
-        x[i + 1] = FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]);
-    }
+    FPE_LINES_WALK(i, n, lead, 2, FPE_PAIR_ONE, FPE_PAIRS_STEP4, FPE_PAIRS_STEP8,
+                   FPE_PAIRS_STEP16);
 }
 
 /* fpe_rotate_heads_f32 on whole lines (512-bit steps when `wide`, else 256-bit ones),
