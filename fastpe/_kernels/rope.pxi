@@ -380,12 +380,13 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef real_t *stab = ctab + rows
     cdef real_t *tmp = stab + rows
     cdef double *pp = c + a.half + 2 * a.block * a.width + 2 * a.half * a.tmp_rows + LINE_SLACK
-    cdef store_t *kfirst = k + b * a.kb + t0 * a.ks
+    cdef store_t *kfirst = NULL
     cdef real_t *kctab = ctab
     cdef real_t *kstab = stab
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
     if (a.hk and not a.q_token_inner and not a.k_token_inner
             and not a.q_across and not a.k_across):
+        kfirst = k + b * a.kb + t0 * a.ks
         if (store_t is float and real_t is float and a.qd == 1 and a.kd == 1
                 and (<size_t>kfirst - <size_t>first) % (LINE_FLOATS * sizeof(float))):
             # k's rows at another offset from a line than q's: a copy of the rows at
