@@ -614,6 +614,66 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
  * 1.03-1.08x). The same operations on every element either way, the same bits. */
 static Py_ssize_t fpe_rope_wide_bytes = PY_SSIZE_T_MAX;
 
+/* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
+ * at feature `at`, in vectors of type VT, and one feature (pair) at a time: every row
+ * walk below is made of these, so each element gets the same operations whatever
+ * the walk. */
+#define FPE_HALF_ONE(at)                                                               \
+    do {                                                                               \
+        const float a_ = x[at], b_ = y[at];                                            \
+        x[at] = FPE_HALF_X_F(a_, c[at], b_, s[at]);                                    \
+        y[at] = FPE_HALF_Y_F(a_, c[at], b_, s[at]);                                    \
+    } while (0)
+
+#define FPE_PAIR_ONE(at)                                                               \
+    do {                                                                               \
+        const float a_ = x[at], b_ = x[(at) + 1];                                      \
+        x[at] = FPE_PAIR_MADD_F(a_, c[at], b_, s[at]);                                 \
+        x[(at) + 1] = FPE_PAIR_MADD_F(b_, c[(at) + 1], a_, s[(at) + 1]);               \
+    } while (0)
+
+#if FPE_PAIRS_AVX2
+#define FPE_HALF_STEP(VT, LOAD, STORE, FMSUB, FMADD, MUL, at)                          \
+    do {                                                                               \
+        VT a_ = LOAD(x + (at));                                                        \
+        float *yj_ = y + (at);                                                         \
+        FPE_LOADED_FIRST(a_, yj_);                                                     \
+        const VT b_ = LOAD(yj_), c_ = LOAD(c + (at)), s_ = LOAD(s + (at));             \
+        STORE(x + (at), FMSUB(a_, c_, MUL(b_, s_)));                                   \
+        STORE(yj_, FMADD(b_, c_, MUL(a_, s_)));                                        \
+    } while (0)
+
+/* PERMUTE(v, 0xB1): lanes 1 0 3 2 ..., each feature's partner */
+#define FPE_PAIRS_STEP(VT, LOAD, STORE, PERMUTE, FMADD, MUL, at)                       \
+    do {                                                                               \
+        const VT v_ = LOAD(x + (at));                                                  \
+        STORE(x + (at), FMADD(PERMUTE(v_, 0xB1), LOAD(s + (at)),                      \
+                              MUL(v_, LOAD(c + (at)))));                               \
+    } while (0)
+
+#define FPE_HALF_STEP4(at) FPE_HALF_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,          \
+                                         _mm_fmsub_ps, _mm_fmadd_ps, _mm_mul_ps, at)
+#define FPE_HALF_STEP8(at) FPE_HALF_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,    \
+                                         _mm256_fmsub_ps, _mm256_fmadd_ps,             \
+                                         _mm256_mul_ps, at)
+#define FPE_PAIRS_STEP4(at) FPE_PAIRS_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,        \
+                                           _mm_permute_ps, _mm_fmadd_ps, _mm_mul_ps, at)
+#define FPE_PAIRS_STEP8(at) FPE_PAIRS_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,  \
+                                           _mm256_permute_ps, _mm256_fmadd_ps,         \
+                                           _mm256_mul_ps, at)
+#if defined(__AVX512F__)
+#define FPE_HALF_STEP16(at) FPE_HALF_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps,   \
+                                          _mm512_fmsub_ps, _mm512_fmadd_ps,            \
+                                          _mm512_mul_ps, at)
+#define FPE_PAIRS_STEP16(at) FPE_PAIRS_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps, \
+                                            _mm512_permute_ps, _mm512_fmadd_ps,        \
+                                            _mm512_mul_ps, at)
+#define FPE_STEP_FLOATS(wide) ((wide) ? 16 : 8)
+#else
+#define FPE_STEP_FLOATS(wide) 8
+#endif
+#endif
+
 /* `wide` is a constant wherever this is inlined (fpe_rotate_half_f32 below), so that a
  * row of a fixed width unrolls whole at either step width */
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_w(float *x, const float *c, const float *s,
@@ -623,32 +683,12 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_w(float *x, const float *c, co
     Py_ssize_t j = 0;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     /* the avx512 variant: 16 pairs at a time first, the same operations per element */
-    for (; wide && j + 16 <= half; j += 16) {
-        __m512 a = _mm512_loadu_ps(x + j);
-        float *yj = y + j;
-        FPE_LOADED_FIRST(a, yj);
-        const __m512 b = _mm512_loadu_ps(yj);
-        const __m512 cj = _mm512_loadu_ps(c + j), sj = _mm512_loadu_ps(s + j);
-        _mm512_storeu_ps(x + j, _mm512_fmsub_ps(a, cj, _mm512_mul_ps(b, sj)));
-        _mm512_storeu_ps(yj, _mm512_fmadd_ps(b, cj, _mm512_mul_ps(a, sj)));
-    }
+    for (; wide && j + 16 <= half; j += 16) FPE_HALF_STEP16(j);
 #endif
 #if FPE_PAIRS_AVX2
-    for (; j + 8 <= half; j += 8) {
-        __m256 a = _mm256_loadu_ps(x + j);
-        float *yj = y + j;
-        FPE_LOADED_FIRST(a, yj);
-        const __m256 b = _mm256_loadu_ps(yj);
-        const __m256 cj = _mm256_loadu_ps(c + j), sj = _mm256_loadu_ps(s + j);
-        _mm256_storeu_ps(x + j, _mm256_fmsub_ps(a, cj, _mm256_mul_ps(b, sj)));
-        _mm256_storeu_ps(yj, _mm256_fmadd_ps(b, cj, _mm256_mul_ps(a, sj)));
-    }
+    for (; j + 8 <= half; j += 8) FPE_HALF_STEP8(j);
 #endif
-    for (; j < half; j++) {
-        const float a = x[j], b = y[j];
-        x[j] = FPE_HALF_X_F(a, c[j], b, s[j]);
-        y[j] = FPE_HALF_Y_F(a, c[j], b, s[j]);
-    }
+    for (; j < half; j++) FPE_HALF_ONE(j);
 #if !(FPE_PAIRS_AVX2 && defined(__AVX512F__))
     (void)wide;
 #endif
@@ -694,26 +734,12 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_w(float *x, const float *c, c
 {
     Py_ssize_t i = 0;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
-    for (; wide && i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        const __m512 w = _mm512_permute_ps(v, 0xB1);
-        _mm512_storeu_ps(x + i, _mm512_fmadd_ps(w, _mm512_loadu_ps(s + i),
-                                                _mm512_mul_ps(v, _mm512_loadu_ps(c + i))));
-    }
+    for (; wide && i + 16 <= n; i += 16) FPE_PAIRS_STEP16(i);
 #endif
 #if FPE_PAIRS_AVX2
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 w = _mm256_permute_ps(v, 0xB1);   /* lanes 1 0 3 2 ... */
-        _mm256_storeu_ps(x + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(s + i),
-                                                _mm256_mul_ps(v, _mm256_loadu_ps(c + i))));
-    }
+    for (; i + 8 <= n; i += 8) FPE_PAIRS_STEP8(i);
 #endif
-    for (; i + 1 < n; i += 2) {
-        const float a = x[i], b = x[i + 1];
-        x[i] = FPE_PAIR_MADD_F(a, c[i], b, s[i]);
-        x[i + 1] = FPE_PAIR_MADD_F(b, c[i + 1], a, s[i + 1]);
-    }
+    for (; i + 1 < n; i += 2) FPE_PAIR_ONE(i);
 #if !(FPE_PAIRS_AVX2 && defined(__AVX512F__))
     (void)wide;
 #endif
@@ -855,45 +881,6 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
  * fpe_rotate_f32's, so the same bits. */
 #define FPE_LINE_FLOATS 16
 
-#define FPE_HALF_STEP(VT, LOAD, STORE, FMSUB, FMADD, MUL, at)                          \
-    do {                                                                               \
-        VT a_ = LOAD(x + (at));                                                        \
-        float *yj_ = y + (at);                                                         \
-        FPE_LOADED_FIRST(a_, yj_);                                                     \
-        const VT b_ = LOAD(yj_), c_ = LOAD(c + (at)), s_ = LOAD(s + (at));             \
-        STORE(x + (at), FMSUB(a_, c_, MUL(b_, s_)));                                   \
-        STORE(yj_, FMADD(b_, c_, MUL(a_, s_)));                                        \
-    } while (0)
-
-#define FPE_PAIRS_STEP(VT, LOAD, STORE, PERMUTE, FMADD, MUL, at)                       \
-    do {                                                                               \
-        const VT v_ = LOAD(x + (at));                                                  \
-        STORE(x + (at), FMADD(PERMUTE(v_, 0xB1), LOAD(s + (at)),                      \
-                              MUL(v_, LOAD(c + (at)))));                               \
-    } while (0)
-
-#define FPE_HALF_STEP4(at) FPE_HALF_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,          \
-                                         _mm_fmsub_ps, _mm_fmadd_ps, _mm_mul_ps, at)
-#define FPE_HALF_STEP8(at) FPE_HALF_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,    \
-                                         _mm256_fmsub_ps, _mm256_fmadd_ps,             \
-                                         _mm256_mul_ps, at)
-#define FPE_PAIRS_STEP4(at) FPE_PAIRS_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,        \
-                                           _mm_permute_ps, _mm_fmadd_ps, _mm_mul_ps, at)
-#define FPE_PAIRS_STEP8(at) FPE_PAIRS_STEP(__m256, _mm256_loadu_ps, _mm256_storeu_ps,  \
-                                           _mm256_permute_ps, _mm256_fmadd_ps,         \
-                                           _mm256_mul_ps, at)
-#if defined(__AVX512F__)
-#define FPE_HALF_STEP16(at) FPE_HALF_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps,   \
-                                          _mm512_fmsub_ps, _mm512_fmadd_ps,            \
-                                          _mm512_mul_ps, at)
-#define FPE_PAIRS_STEP16(at) FPE_PAIRS_STEP(__m512, _mm512_loadu_ps, _mm512_storeu_ps, \
-                                            _mm512_permute_ps, _mm512_fmadd_ps,        \
-                                            _mm512_mul_ps, at)
-#define FPE_STEP_FLOATS(wide) ((wide) ? 16 : 8)
-#else
-#define FPE_STEP_FLOATS(wide) 8
-#endif
-
 /* features from x to its next boundary of `step` floats (a power of two) */
 static FPE_ALWAYS_INLINE Py_ssize_t fpe_step_lead(const float *x, Py_ssize_t step)
 {
@@ -922,25 +909,6 @@ static FPE_ALWAYS_INLINE Py_ssize_t fpe_step_lead(const float *x, Py_ssize_t ste
         if (j + 4 <= (n)) { STEP4(j); j += 4; }                                        \
         for (; j + (unit) <= (n); j += (unit)) ONE(j);                                 \
     } while (0)
-
-#define FPE_HALF_ONE(at)                                                               \
-    do {                                                                               \
-        const float a_ = x[at], b_ = y[at];                                            \
-        x[at] = FPE_HALF_X_F(a_, c[at], b_, s[at]);                                    \
-        y[at] = FPE_HALF_Y_F(a_, c[at], b_, s[at]);                                    \
-    } while (0)
-
-#define FPE_PAIR_ONE(at)                                                               \
-    do {                                                                               \
-        const float a_ = x[at], b_ = x[(at) + 1];                                      \
-        x[at] = FPE_PAIR_MADD_F(a_, c[at], b_, s[at]);                                 \
-        x[(at) + 1] = FPE_PAIR_MADD_F(b_, c[(at) + 1], a_, s[(at) + 1]);               \
-    } while (0)
-
-#if !defined(__AVX512F__)
-#define FPE_HALF_STEP16(at) ((void)0)
-#define FPE_PAIRS_STEP16(at) ((void)0)
-#endif
 
 /* `wide` and usually `half` and `lead` are constants where this is inlined */
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c,

@@ -397,10 +397,9 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
             kstab = kctab + rows
             memcpy(kctab, ctab, ntok * a.width * sizeof(float))
             memcpy(kstab, stab, ntok * a.width * sizeof(float))
-        rotate_tokens_qk(a, q + b * a.qb + t0 * a.qs, kfirst, ntok, ctab, stab, kctab, kstab,
-                         tmp)
+        rotate_tokens_qk(a, first, kfirst, ntok, ctab, stab, kctab, kstab, tmp)
         return
-    rotate_heads(q + b * a.qb + t0 * a.qs, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
+    rotate_heads(first, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
                  a.q_across, ctab, stab, a.half, a.width, a.neox, a.wide, tmp)
     if a.hk:
         rotate_heads(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, a.k_token_inner,
