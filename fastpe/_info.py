@@ -43,7 +43,7 @@ def info() -> Info:
     Keys: version, backend, openmp (bool), num_threads, compiled (bool),
     isa (the kernel variant running: baseline, avx2 or avx512), isa_available
     (the variants this CPU and OS run, narrowest first; avx512 is the default on
-    Intel CPUs, elsewhere it runs only with FASTPE_ISA=avx512),
+    Intel CPUs and AMD's from Zen 5, elsewhere it runs only with FASTPE_ISA=avx512),
     compile_flags, half_conversion, bfloat16 (ml_dtypes present), numpy,
     python, machine; import_error when the extension did not load.
     """

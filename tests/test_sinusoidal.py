@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import (
     BF16,
+    COMPILED,
     DTYPE_IDS,
     F16,
     F32,
@@ -26,6 +27,7 @@ from conftest import (
     assert_close,
     awkward_params,
     awkward_values,
+    cpu_vendor_id,
     describe,
     f32_fused_multiply_add,
     half_edge_operands,
@@ -34,6 +36,7 @@ from conftest import (
     make_positions,
     needs_compiled,
     pe_exact,
+    run_python,
     snapshot,
 )
 
@@ -475,19 +478,69 @@ def test_table_matches_reference(dtype, layout, both_threads):
                  context=table_context("sinusoidal_table", 130, 37, dtype, layout))
 
 
+# (chunk bytes, batch rows at a time) of staged PE rows: each CPU vendor's, and chunks
+# of one block of tokens (several chunks of a 70-token x) three rows at a time
+STAGINGS = [(1 << 20, 4), (256 << 10, 8), (4096, 3)]
+
+
+@pytest.fixture(params=STAGINGS, ids=lambda s: f"chunk{s[0]}-rows{s[1]}")
+def staging(request):
+    """The compiled add_sinusoidal's staging set to the parameter for the test (the
+    NumPy backend has none: only the first parameter runs there)."""
+    if not COMPILED:
+        if request.param != STAGINGS[0]:
+            pytest.skip("staging is the compiled kernels'")
+        yield request.param
+        return
+    from fastpe import _backend
+
+    was = _backend.compiled.sinusoidal_staging()
+    try:
+        assert _backend.compiled.sinusoidal_staging(*request.param) == request.param
+        yield request.param
+    finally:
+        _backend.compiled.sinusoidal_staging(*was)
+
+
+@needs_compiled
+def test_staging_follows_the_cpu_vendor():
+    """Chosen at import: 256 KiB chunks eight batch rows at a time on Intel, 1 MiB four
+    at a time elsewhere."""
+    code = ("from fastpe import _backend; k = _backend.compiled; "
+            "print(k.cpu_vendor() or '-', *k.sinusoidal_staging())")
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    vendor, chunk, rows = proc.stdout.split()
+    assert (int(chunk), int(rows)) == ((256 << 10, 8) if vendor == "GenuineIntel"
+                                       else (1 << 20, 4))
+    if cpu_vendor_id() is not None:
+        assert vendor == cpu_vendor_id()
+    from fastpe import _backend
+
+    with pytest.raises(ValueError, match="late_rows"):
+        _backend.compiled.sinusoidal_staging(None, 0)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        _backend.compiled.sinusoidal_staging(0)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("scale", [1.0, 0.7])
 @pytest.mark.parametrize("dim", [64, 37])
-def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, scale, dim):
+def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, scale, dim, staging):
     """Batch rows sharing positions take the PE rows in groups (the first rows as each
-    PE row is made, the others several at a time, any remainder alone): every batch
-    size gives each row the bits of adding it on its own, and one rounding of the
-    float32 (float64) PE row and multiply-add."""
+    PE row is made, the others several at a time, any remainder alone), in chunks of
+    tokens: every batch size and staging gives each row the bits of adding it on its
+    own, and one rounding of the float32 (float64) PE row and multiply-add."""
     rng = np.random.default_rng(11)
     seq = 70
     for batch in (2, 3, 4, 7, 8, 9, 15):
         x = rng.uniform(-3, 3, (batch, seq, dim)).astype(dtype)
         got = fastpe.add_sinusoidal(x.copy(), scale=scale, offset=5)
+        if np.dtype(dtype).itemsize >= 4:
+            want = (x.astype(np.float64) * scale
+                    + pe_exact(np.arange(5, 5 + seq), dim)[None]).astype(dtype)
+            assert_close(got, want, dtype, magnitude=4.0, max_position=5 + seq,
+                         context=f"batch {batch} dim {dim} staging {staging}")
         for b in range(batch):
             alone = fastpe.add_sinusoidal(x[b:b + 1].copy(), scale=scale, offset=5)
             assert_bytes_equal(got[b:b + 1], alone, f"{dtype} batch {batch} row {b} dim {dim}")

@@ -93,6 +93,7 @@ def rope_wide_bytes(object limit=None):
 
 # Intel: every call; elsewhere (AMD Zen 5) calls whose rows are likely in the caches
 rope_wide_bytes(PY_SSIZE_T_MAX if cpu_vendor() == "GenuineIntel" else ROPE_CACHED_BYTES)
+sinusoidal_staging(*((256 << 10, 8) if cpu_vendor() == "GenuineIntel" else (1 << 20, 4)))
 
 
 def openmp_max_threads():

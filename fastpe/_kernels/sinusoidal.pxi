@@ -5,15 +5,13 @@ from libc.string cimport memcpy
 
 cdef enum:
     # staged PE rows: added to every batch row as they are made where there are at most
-    # EARLY_ROWS of them, else made first and added LATE_ROWS batch rows at a time
+    # EARLY_ROWS of them, else made first and added stage_late_rows batch rows at a time
     # (measured on a Zen 5 with 1 MiB chunks: of 0, 2 early with 3, 4, 6 or 8 late, at
     # batch 8 none early and 4 late took 0.86-0.95x the time of the others; at batch
     # 2 both early 0.9x that of none)
     EARLY_ROWS = 2
-    LATE_ROWS = 4
     CHUNK_TOKENS = 512
     CHUNK_BYTES = 4 << 20
-    STAGE_BYTES = 1 << 20
     # Wider rows are made in blocks of this many frequencies, so that the work space
     # of a thread (angles, steps, PE rows) grows with the work, not with dim: one
     # token of a 10**8-wide table needs a few hundred KB, not 32 rows of 800 MB
@@ -21,6 +19,34 @@ cdef enum:
     # tables larger than this are written with non-temporal stores (more than the L2
     # and a share of the L3: such a table is not in cache when the call ends anyway)
     STREAM_TABLE_BYTES = 8 << 20
+
+
+# Staged PE rows, set at import by the CPU's vendor (sinusoidal_staging): chunks of at
+# most stage_bytes of them, added stage_late_rows batch rows at a time. On a Zen 5 (1 MiB
+# of L2) 1 MiB chunks four rows at a time made an (8, 2048, 1024) float32 add 0.87-0.9x
+# the time of 256 KiB chunks, float16 and bfloat16 the same time. On an Intel Xeon (2
+# MiB of L2) 256 KiB chunks eight rows at a time took 0.78-0.92x the time of 1 MiB ones
+# four at a time (batch 2 to 16, dim 1024 to 4096, float32 and half precision; avx2 and
+# avx512 variants alike; 128 KiB and 512 KiB chunks in between, early rows for a batch
+# of 8 slower).
+cdef Py_ssize_t stage_bytes = 1 << 20
+cdef Py_ssize_t stage_late_rows = 4
+
+
+def sinusoidal_staging(object chunk_bytes=None, object late_rows=None):
+    """(chunk bytes, batch rows at a time) of the PE rows add_sinusoidal stages for
+    several batch rows: chosen at import by the CPU's vendor (sinusoidal.pxi says why);
+    the arguments set them, for tests. The same bits whatever they are."""
+    global stage_bytes, stage_late_rows
+    if chunk_bytes is not None:
+        if not 1 <= chunk_bytes <= 1 << 40:
+            raise ValueError(f"chunk_bytes must be in 1..{1 << 40}, got {chunk_bytes}")
+        stage_bytes = chunk_bytes
+    if late_rows is not None:
+        if not 1 <= late_rows <= 64:
+            raise ValueError(f"late_rows must be in 1..64, got {late_rows}")
+        stage_late_rows = late_rows
+    return stage_bytes, stage_late_rows
 
 
 cdef struct SinusoidalCall:
@@ -40,6 +66,7 @@ cdef struct SinusoidalCall:
     bint accumulate           # x * scale + PE, else scale * PE
     double scale
     Py_ssize_t chunk          # tokens per work unit, a multiple of BLOCK_TOKENS
+    Py_ssize_t late_rows      # staged rows added to this many batch rows at a time
     bint direct               # PE rows written straight into x (float32/64 table rows)
     bint fused                # one batch row: each PE row added as soon as it is made
     bint stream               # a direct float32 interleaved table past the caches, one
@@ -195,7 +222,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     float32/float64 table with unit stride), then every batch row that uses
     them, in long runs: long runs keep the streams sequential (blocks of
     32 tokens measured 1.8x a streaming pass). Batch rows of unit stride go
-    EARLY_ROWS of them as the rows are made, then LATE_ROWS at a time over
+    EARLY_ROWS of them as the rows are made, then a.late_rows at a time over
     the chunk, each vector of a staged row read once for the group: for
     (8, 2048, 1024) float32 that measured 0.75x the time of one batch row
     after another (more streams of x in flight, making the rows overlapped
@@ -233,7 +260,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     # batch rows sharing PE rows, staged (unit stride): up to EARLY_ROWS of them take each
     # row (or pair of rows) as soon as it is made, while it is in L1, so that making the
     # rows, which is arithmetic, overlaps their memory traffic; more read the staged
-    # rows from the caches afterwards, LATE_ROWS at a time
+    # rows from the caches afterwards, a.late_rows at a time
     cdef bint staged = not direct and not fused and a.sd == 1 and a.accumulate
     cdef Py_ssize_t early = b1 - b0 if (
         staged and a.fblock == a.nfreq and b1 - b0 <= EARLY_ROWS) else 0
@@ -338,7 +365,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     b = b0 + early
     if staged:
         while b < b1:
-            n = min(<Py_ssize_t>LATE_ROWS, b1 - b)
+            n = min(a.late_rows, b1 - b)
             for t in range(t0, t1):
                 r = (t - t0) * a.dim
                 if store_t is double:
@@ -438,16 +465,15 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
         return 0
     cdef bint one_row = a.pos_rows > 1 or a.batch == 1  # each unit feeds one batch row
     # PE rows of a chunk stay within CHUNK_BYTES (a few MB of cache); rows staged for
-    # several batch rows of unit stride within STAGE_BYTES, a core's L2 or so: each
-    # batch row reads them from the caches in a run of that length. On a Zen 5 (1 MiB
-    # of L2) an (8, 2048, 1024) float32 add took 0.87-0.9x the time of 256 KiB chunks
-    # with 1 MiB ones (81-84% of the floor where it was 73-75%), float16 and bfloat16
-    # the same time; transposed rows keep the long chunks their column walks need
+    # several batch rows of unit stride within stage_bytes: each batch row reads them
+    # from the caches in a run of that length; transposed rows keep the long chunks
+    # their column walks need
     cdef Py_ssize_t chunk_tokens = CHUNK_BYTES // (a.dim * <Py_ssize_t>sizeof(double))
     if not one_row and a.sd == 1:
-        chunk_tokens = STAGE_BYTES // (a.dim * (8 if code == CODE_F64 else 4))
+        chunk_tokens = stage_bytes // (a.dim * (8 if code == CODE_F64 else 4))
     a.chunk = max(<Py_ssize_t>BLOCK_TOKENS, min(<Py_ssize_t>CHUNK_TOKENS, chunk_tokens))
     a.chunk -= a.chunk % BLOCK_TOKENS
+    a.late_rows = stage_late_rows
     cdef Py_ssize_t nunits = a.pos_rows * ceil_div(a.seq, a.chunk)
     cdef int nthreads = units_threads(nunits, num_threads)
     a.direct = ((code == CODE_F32 or code == CODE_F64) and not a.accumulate and a.sd == 1
