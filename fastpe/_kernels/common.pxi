@@ -57,6 +57,9 @@ cdef extern from "fastpe_math.h" nogil:
                                Py_ssize_t half, int neox, int cached)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
+    void fpe_sincos_row_within(double p, const double *w, double w_max, double *s,
+                               double *c, Py_ssize_t n, double scale)
+    double fpe_abs_max(const double *v, Py_ssize_t n)
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
@@ -519,13 +522,14 @@ cdef inline void advance_angles(double *s, double *c, const double *step_s,
         c[i] = ci * step_c[i] - si * step_s[i]
 
 
-cdef inline void angles_for_token(double *s, double *c, const double *w,
+cdef inline void angles_for_token(double *s, double *c, const double *w, double w_max,
                                   const double *step_s, const double *step_c,
                                   Py_ssize_t n, int64_t p, int64_t prev_p,
                                   bint first_in_block) noexcept nogil:
-    """Advance (s, c) = (sin, cos)(p * w) from the previous token's, or seed it."""
+    """Advance (s, c) = (sin, cos)(p * w) from the previous token's, or seed it (w_max:
+    fpe_abs_max(w, n))."""
     if first_in_block or p != prev_p + 1:
-        fpe_sincos_row(<double>p, w, s, c, n, 1.0)
+        fpe_sincos_row_within(<double>p, w, w_max, s, c, n, 1.0)
     else:
         advance_angles(s, c, step_s, step_c, n)
 

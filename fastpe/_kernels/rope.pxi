@@ -27,6 +27,7 @@ cdef struct RopeCall:
     bint cached                     # its rows likely in the caches: ROPE_CACHED_BYTES
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w
+    double w_max                    # max |w[i]|
     const double *step_s
     const double *step_c
     double cos_scale, sin_scale
@@ -170,7 +171,8 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
                 axis_angles_for_token(a, a.pair_axis, prow, t, t == t0, prev_axes, s, c, pp,
                                       pp + a.half, &steps_moved)
             else:
-                angles_for_token(s, c, a.w, a.step_s, a.step_c, a.half, p, prev, t == t0)
+                angles_for_token(s, c, a.w, a.w_max, a.step_s, a.step_c, a.half, p, prev,
+                                 t == t0)
                 prev = p
             for i in range(a.half):
                 ctab[r + i] = <real_t>(c[i] * a.cos_scale)
@@ -744,13 +746,16 @@ cdef int rope_with_frequencies(RopeCall *a, int code, const View *q, const View 
     MAX_ANGLE_POSITION: 1 when it rotated, 0 having touched nothing when the
     frequencies or the scaling are not the plain case."""
     cdef Py_ssize_t i
+    cdef double w_max = 0.0
     if half == 0 or 2 * half > q.shape[q.ndim - 1]:
         return 0
     for i in range(half):
         if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
             return 0
+        w_max = max(w_max, fabs(w[i]))
     a.half = half
     a.w = w
+    a.w_max = w_max
     a.neox = neox
     a.cos_scale, a.sin_scale = cos_scale, sin_scale
     rope_execute(a, code, q.data, data_or_null(k), num_threads)

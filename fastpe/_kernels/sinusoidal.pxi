@@ -247,6 +247,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef double *pe_d = step_c + a.fblock
     cdef Py_ssize_t t, b, r, n, f0, f1
     cdef int64_t p, prev
+    cdef double w_max
     # [cos | sin]: the split layout with the two halves' sources swapped (an even dim
     # has as many cosines as sines)
     cdef const double *first = c if a.cos_first else s
@@ -271,6 +272,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     f0 = 0
     while f0 < a.nfreq:  # one block unless the rows are very wide
         f1 = min(f0 + a.fblock, a.nfreq)
+        w_max = fpe_abs_max(a.w + f0, f1 - f0)
         if a.step_s != NULL and shift:
             memcpy(step_s, a.step_s, a.nfreq * sizeof(double))
             memcpy(step_c, a.step_c, a.nfreq * sizeof(double))
@@ -311,7 +313,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                     continue
             # reseeded at fixed token indices, whatever the chunk: any thread count
             # and chunk size give the same bits
-            angles_for_token(s, c, a.w + f0, step_s, step_c, f1 - f0, p, prev,
+            angles_for_token(s, c, a.w + f0, w_max, step_s, step_c, f1 - f0, p, prev,
                              t % BLOCK_TOKENS == 0)
             prev = p
             r = 0 if fused else (t - t0) * a.dim
