@@ -1405,6 +1405,55 @@ def test_float32_cos_sin_within_1_5e7_of_exact_up_to_2_20(freqs_id):
     assert np.abs(c - att * c_exact).max() <= atol and np.abs(s - att * s_exact).max() <= atol
 
 
+# the (head_dim, base, scaling) of each ACCURACY_FREQS entry
+ACCURACY_SETTINGS = {
+    "default-128": (128, 10000.0, None),
+    "llama3-128-theta500k": (128, 500000.0, LLAMA31),
+    "yarn-64-attention": (64, 10000.0, {"rope_type": "yarn", "factor": 16.0,
+                                       "original_max_position_embeddings": 4096}),
+}
+
+
+@pytest.mark.parametrize("freqs_id", list(ACCURACY_FREQS))
+def test_float32_decode_rows_turn_by_cos_sin_within_1_5e7_of_exact(freqs_id):
+    """A decode row (one token of each sequence, whose sines and cosines are made for it
+    alone: the angle formed and reduced in float64, the polynomials in float32) turns
+    by cos and sin within 1.5e-7 of the exact values (times the attention scaling) for
+    every position up to 2**20, read off by turning unit pairs: (1, 0) -> (cos, sin).
+    Batched rows (one position per sequence), a token alone at an offset, and the
+    embedding's call alike."""
+    head_dim, base, scaling = ACCURACY_SETTINGS[freqs_id]
+    freqs = ACCURACY_FREQS[freqs_id]()
+    half = head_dim // 2
+    pos = _accuracy_positions()
+    c_exact, s_exact = oracle.exact_cos_sin(pos, freqs.inv_freq)
+    att = freqs.attention_scaling
+    bound = 1.5e-7 * max(att, 1.0)
+
+    def unit_rows(n):
+        q = np.zeros((n, 1, 1, head_dim), F32)
+        q[..., :half] = 1.0
+        return q
+
+    rope = fastpe.RotaryEmbedding(head_dim, base=base, scaling=scaling)
+    batched = unit_rows(pos.size)
+    fastpe.apply_rope(batched, positions=pos.reshape(-1, 1), base=base, scaling=scaling)
+    by_embedding = unit_rows(pos.size)
+    rope(by_embedding, positions=pos.reshape(-1, 1))
+    alone = unit_rows(pos.size)
+    for i, p in enumerate(pos):
+        fastpe.apply_rope(alone[i:i + 1], offset=int(p), base=base, scaling=scaling)
+    for name, q in (("batched", batched), ("RotaryEmbedding", by_embedding),
+                    ("one token", alone)):
+        for part, got, want in (("cos", q[:, 0, 0, :half], c_exact),
+                                ("sin", q[:, 0, 0, half:], s_exact)):
+            err = np.abs(got.astype(F64) - att * want)
+            worst = np.unravel_index(np.argmax(err), err.shape)
+            assert err.max() <= bound, (
+                f"{name} {part}: error {err.max():.3g} at position {pos[worst[0]]}, "
+                f"pair {worst[1]}")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_cos_sin_matches_reference_in_every_dtype(dtype):
     freqs = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])
@@ -1430,15 +1479,20 @@ def test_cos_sin_of_a_scalar_position(fn):
 
 def test_float32_rotation_within_4_ulp_of_float64_rotation():
     """Each rotated float32 element is within 4 ulp of the pair's norm (spacing of its
-    float32 value) of the float64 rotation of the same float32 input."""
+    float32 value) of the float64 rotation of the same float32 input: a prefill's rows
+    and the same tokens as decode rows."""
     pos = _accuracy_positions()
     freqs = fastpe.rope_frequencies(128)
     for style in STYLES:
-        for seed in (0, 1):
+        for seed, decode in ((0, False), (1, False), (0, True)):
             q = rng_floats((1, pos.size, 2, 128), F32, seed, scale=3.0)
             q[0, :, 1] *= 1e-3   # a second head of much smaller values
             q_in = q.astype(F64)
-            fastpe.apply_rope(q, positions=pos, style=style)
+            if decode:   # the same tokens as decode rows, one a sequence
+                fastpe.apply_rope(q.reshape(pos.size, 1, 2, 128), positions=pos.reshape(-1, 1),
+                                  style=style)
+            else:
+                fastpe.apply_rope(q, positions=pos, style=style)
             want = oracle.rotate(q_in, pos, freqs.inv_freq, style=style,
                                  cos_sin_fn=oracle.exact_cos_sin if seed == 0 else oracle.cos_sin)
             norms = oracle.pair_norms(q_in, 128, style)

@@ -1596,6 +1596,47 @@ static inline void fpe_sincos_row_within(double p, const double *w, double w_max
         fpe_sincos_fast(p * w[i], scale, s + i, c + i);
 }
 
+/* float32 sin and cos of a reduced angle |r| <= pi/4: polynomials of degree 7 and 8
+ * (Cephes' single-precision coefficients), within about one float32 ulp. */
+static inline void fpe_sincos_reduced_f(float r, float *s, float *c)
+{
+    const float z = r * r;
+    *s = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z * -1.9515295891e-4f));
+    *c = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f
+                                     + z * 2.443315711809948e-5f));
+}
+
+/* s[i] = sin_scale * sin(p * w[i]), c[i] = cos_scale * cos(p * w[i]) in float32, for a
+ * token whose values nothing advances from (a decode row): the angle formed and reduced
+ * in double as fpe_sincos_fast does, the polynomials in float. */
+static inline void fpe_sincos_row_f32(double p, const double *w, double w_max, float *s,
+                                      float *c, Py_ssize_t n, double sin_scale,
+                                      double cos_scale)
+{
+    if (fabs(p) * w_max > FPE_FAST_ANGLE_LIMIT) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const double x = p * w[i];
+            s[i] = (float)(sin_scale * sin(x));
+            c[i] = (float)(cos_scale * cos(x));
+        }
+        return;
+    }
+    const float ss = (float)sin_scale, cs = (float)cos_scale;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const double x = p * w[i];
+        const double fn = (x * FPE_TWO_OVER_PI + FPE_ROUND_MAGIC) - FPE_ROUND_MAGIC;
+        const float r = (float)((((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C)
+                                - fn * FPE_PIO2_D);
+        const int q = (int)fn;
+        float sr, cr;
+        fpe_sincos_reduced_f(r, &sr, &cr);
+        const float so = (q & 1) ? cr : sr;
+        const float co = (q & 1) ? sr : cr;
+        s[i] = ((q & 2) ? -ss : ss) * so;
+        c[i] = (((q + 1) & 2) ? -cs : cs) * co;
+    }
+}
+
 static inline void fpe_sincos_row(double p, const double *w, double *s, double *c,
                                   Py_ssize_t n, double scale)
 {
