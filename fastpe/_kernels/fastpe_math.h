@@ -1535,11 +1535,18 @@ static inline void fpe_sincos_reduced(double r, double *s, double *c)
 
 /* scale * (sin x, cos x) for |x| <= FPE_FAST_ANGLE_LIMIT; branch-free, so the
  * loops that call it vectorise. */
-static inline void fpe_sincos_fast(double x, double scale, double *s, double *c)
+/* x - q pi/2 for the nearest integer q (into *q), |x| <= FPE_FAST_ANGLE_LIMIT */
+static inline double fpe_reduce_pio2(double x, int *q)
 {
     const double fn = (x * FPE_TWO_OVER_PI + FPE_ROUND_MAGIC) - FPE_ROUND_MAGIC;
-    const double r = (((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C) - fn * FPE_PIO2_D;
-    const int q = (int)fn;
+    *q = (int)fn;
+    return (((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C) - fn * FPE_PIO2_D;
+}
+
+static inline void fpe_sincos_fast(double x, double scale, double *s, double *c)
+{
+    int q;
+    const double r = fpe_reduce_pio2(x, &q);
     double sr, cr;
     fpe_sincos_reduced(r, &sr, &cr);
     /* quadrant q: sin(x) = (s, c, -s, -c)[q & 3], cos(x) = (c, -s, -c, s)[q & 3] */
@@ -1623,11 +1630,8 @@ static inline void fpe_sincos_row_f32(double p, const double *w, double w_max, f
     }
     const float ss = (float)sin_scale, cs = (float)cos_scale;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const double x = p * w[i];
-        const double fn = (x * FPE_TWO_OVER_PI + FPE_ROUND_MAGIC) - FPE_ROUND_MAGIC;
-        const float r = (float)((((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C)
-                                - fn * FPE_PIO2_D);
-        const int q = (int)fn;
+        int q;
+        const float r = (float)fpe_reduce_pio2(p * w[i], &q);
         float sr, cr;
         fpe_sincos_reduced_f(r, &sr, &cr);
         const float so = (q & 1) ? cr : sr;
