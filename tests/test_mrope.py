@@ -188,6 +188,40 @@ def test_text_positions_are_plain_rope_bit_for_bit(dtype):
     mrope(q, None, np.arange(S) + 4)
     plain(q_none, None, offset=4)
     assert_bytes_equal(q, q_none, "offset")
+    # decode rows, one token a sequence (one-axis rows take their sines and cosines in
+    # float32 there): every axis at the sequence's position, and the same positions
+    # given once
+    last = np.array([[40], [9], [1 << 19]], np.int64)
+    q_plain = make("contiguous", (3, 1, HQ, D), dtype, seed=5)
+    q = q_plain.copy()
+    plain(q_plain, None, last)
+    mrope(q, None, np.broadcast_to(last, (3, 3, 1)).copy())
+    assert_bytes_equal(q, q_plain, "decode rows")
+
+
+def test_float32_decode_rows_turn_by_cos_sin_within_1_5e7_of_exact():
+    """Multi-axis decode rows (one token a sequence, each axis at its own position up to
+    2**20) turn each pair by the cos and sin of its own axis's angle within 1.5e-7 of the
+    exact values, read off by turning unit pairs: (1, 0) -> (cos, sin)."""
+    mrope = fastpe.RotaryEmbedding(128, base=1e6, mrope_section=[16, 24, 24])
+    half = 64
+    pos = np.random.default_rng(7).integers(0, (1 << 20) + 1, (3, 200, 1))
+    pos[:, :3, 0] = [[0, 1 << 20, 5], [0, 3, 1 << 20], [0, 7, 999_999]]
+    q = np.zeros((200, 1, 1, 128), F32)
+    q[..., :half] = 1.0
+    mrope(q, None, pos)
+    per_pair = pos[:, :, 0][mrope._pair_axis].T          # (tokens, half)
+    w = mrope.frequencies().inv_freq
+    angles_c = np.empty(per_pair.shape)
+    angles_s = np.empty(per_pair.shape)
+    for i in range(half):
+        c_i, s_i = oracle.exact_cos_sin(per_pair[:, i], w[i:i + 1])
+        angles_c[:, i], angles_s[:, i] = c_i[:, 0], s_i[:, 0]
+    for part, got, want in (("cos", q[:, 0, 0, :half], angles_c),
+                            ("sin", q[:, 0, 0, half:], angles_s)):
+        err = np.abs(got.astype(F64) - want)
+        assert err.max() <= 1.5e-7, (
+            f"{part}: error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}")
 
 
 def test_shifting_each_axis_keeps_dot_products():

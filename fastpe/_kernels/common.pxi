@@ -60,8 +60,9 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_sincos_row_within(double p, const double *w, double w_max, double *s,
                                double *c, Py_ssize_t n, double scale)
     double fpe_abs_max(const double *v, Py_ssize_t n)
-    void fpe_sincos_row_f32(double p, const double *w, double w_max, float *s, float *c,
-                            Py_ssize_t n, double sin_scale, double cos_scale)
+    void fpe_sincos_f32(const double *p, Py_ssize_t p_step, const double *w, double w_max,
+                        float *s, float *c, Py_ssize_t n, double sin_scale,
+                        double cos_scale)
     void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()

@@ -1613,32 +1613,41 @@ static inline void fpe_sincos_reduced_f(float r, float *s, float *c)
                                      + z * 2.443315711809948e-5f));
 }
 
-/* s[i] = sin_scale * sin(p * w[i]), c[i] = cos_scale * cos(p * w[i]) in float32, for a
- * token whose values nothing advances from (a decode row): the angle formed and reduced
- * in double as fpe_sincos_fast does, the polynomials in float. */
-static inline void fpe_sincos_row_f32(double p, const double *w, double w_max, float *s,
-                                      float *c, Py_ssize_t n, double sin_scale,
-                                      double cos_scale)
+/* sin_scale * sin x, cos_scale * cos x in float32 (ss, cs: the scales as floats), for
+ * |x| <= FPE_FAST_ANGLE_LIMIT: reduced in double as fpe_sincos_fast, the polynomials in
+ * float */
+static inline void fpe_sincos_f32_fast(double x, float ss, float cs, float *s, float *c)
 {
-    if (fabs(p) * w_max > FPE_FAST_ANGLE_LIMIT) {
+    int q;
+    const float r = (float)fpe_reduce_pio2(x, &q);
+    float sr, cr;
+    fpe_sincos_reduced_f(r, &sr, &cr);
+    const float so = (q & 1) ? cr : sr;
+    const float co = (q & 1) ? sr : cr;
+    *s = ((q & 2) ? -ss : ss) * so;
+    *c = (((q + 1) & 2) ? -cs : cs) * co;
+}
+
+/* s[i] = sin_scale * sin(p[i * p_step] * w[i]), c[i] likewise with cos, in float32, for
+ * a token whose values nothing advances from (a decode row): p_step 0 for one position
+ * for the row, 1 for a position per pair (multi-axis rows; equal positions give the
+ * row's bits). w_max = fpe_abs_max(w, n). */
+static inline void fpe_sincos_f32(const double *p, Py_ssize_t p_step, const double *w,
+                                  double w_max, float *s, float *c, Py_ssize_t n,
+                                  double sin_scale, double cos_scale)
+{
+    const double p_max = p_step ? fpe_abs_max(p, n) : fabs(p[0]);
+    if (p_max * w_max > FPE_FAST_ANGLE_LIMIT) {
         for (Py_ssize_t i = 0; i < n; i++) {
-            const double x = p * w[i];
+            const double x = p[i * p_step] * w[i];
             s[i] = (float)(sin_scale * sin(x));
             c[i] = (float)(cos_scale * cos(x));
         }
         return;
     }
     const float ss = (float)sin_scale, cs = (float)cos_scale;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int q;
-        const float r = (float)fpe_reduce_pio2(p * w[i], &q);
-        float sr, cr;
-        fpe_sincos_reduced_f(r, &sr, &cr);
-        const float so = (q & 1) ? cr : sr;
-        const float co = (q & 1) ? sr : cr;
-        s[i] = ((q & 2) ? -ss : ss) * so;
-        c[i] = (((q + 1) & 2) ? -cs : cs) * co;
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        fpe_sincos_f32_fast(p[i * p_step] * w[i], ss, cs, s + i, c + i);
 }
 
 static inline void fpe_sincos_row(double p, const double *w, double *s, double *c,

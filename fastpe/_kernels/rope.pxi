@@ -157,8 +157,9 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
     """cos and sin rows of tokens t0 .. t1 - 1, one row of a.width values per token
     (gptj: expanded, expand_pairs); pp: room for 3 * half doubles (multi-axis
     positions only: the positions and axis_angles_for_token's steps)."""
-    cdef Py_ssize_t t, i, r
+    cdef Py_ssize_t t, i, r, ax
     cdef int64_t p = 0, prev = 0
+    cdef double pt
     cdef int64_t prev_axes[MAX_AXES]
     cdef int steps_moved = -1
     cdef real_t ci, si, norm
@@ -169,9 +170,19 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
         # a block of one token (a decode row): no token advances from its float64
         # values, so float32 tables take them in float32 from the float64-reduced angle
         # (within 1.5 float32 ulp; a batched decode's (32, 1, 32, 128) angles took 0.6x
-        # the time on an Intel Xeon, the whole call 0.93x)
-        if real_t is float and t1 - t0 == 1 and a.w != NULL and a.pair_axis == NULL:
-            fpe_sincos_row_f32(<double>p, a.w, a.w_max, stab + r, ctab + r, a.half,
+        # the time on an Intel Xeon, the whole call 0.93x); multi-axis rows whose axes
+        # agree give the one-axis row's bits
+        if real_t is float and t1 - t0 == 1 and a.w != NULL:
+            if a.pair_axis == NULL:
+                pt = <double>p
+                fpe_sincos_f32(&pt, 0, a.w, a.w_max, stab + r, ctab + r, a.half,
+                               a.sin_scale, a.cos_scale)
+            else:
+                for ax in range(a.axes):
+                    prev_axes[ax] = a.pos[(ax * a.pos_rows + prow) * a.seq + t]
+                for i in range(a.half):
+                    pp[i] = <double>prev_axes[a.pair_axis[i]]
+                fpe_sincos_f32(pp, 1, a.w, a.w_max, stab + r, ctab + r, a.half,
                                a.sin_scale, a.cos_scale)
         elif a.w != NULL:
             if a.pair_axis != NULL:
