@@ -57,14 +57,12 @@ cdef extern from "fastpe_math.h" nogil:
                                Py_ssize_t half, int neox, int cached)
     void fpe_sincos_row(double p, const double *w, double *s, double *c,
                         Py_ssize_t n, double scale)
-    void fpe_sincos_row_within(double p, const double *w, double w_max, double *s,
-                               double *c, Py_ssize_t n, double scale)
+    void fpe_sincos(const double *p, Py_ssize_t p_step, const double *w, double w_max,
+                    double *s, double *c, Py_ssize_t n, double scale)
     double fpe_abs_max(const double *v, Py_ssize_t n)
     void fpe_sincos_f32(const double *p, Py_ssize_t p_step, const double *w, double w_max,
                         float *s, float *c, Py_ssize_t n, double sin_scale,
                         double cos_scale)
-    void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
-                        Py_ssize_t n, double scale)
     int fpe_cpu_has_avx2()
     int fpe_cpu_has_avx512()
     void fpe_cpu_vendor(char *out)
@@ -531,8 +529,9 @@ cdef inline void angles_for_token(double *s, double *c, const double *w, double 
                                   bint first_in_block) noexcept nogil:
     """Advance (s, c) = (sin, cos)(p * w) from the previous token's, or seed it (w_max:
     fpe_abs_max(w, n))."""
+    cdef double pd = <double>p
     if first_in_block or p != prev_p + 1:
-        fpe_sincos_row_within(<double>p, w, w_max, s, c, n, 1.0)
+        fpe_sincos(&pd, 0, w, w_max, s, c, n, 1.0)
     else:
         advance_angles(s, c, step_s, step_c, n)
 

@@ -1584,23 +1584,25 @@ static inline double fpe_abs_max(const double *v, Py_ssize_t n)
     return m;
 }
 
-/* s[i] = scale * sin(p * w[i]), c[i] = scale * cos(p * w[i]) for i < n, given
- * w_max = fpe_abs_max(w, n): the frequencies of a call are the same for every token, so
- * their maximum is taken once (per token it was a fifth of a batched decode's angle
- * time on an Intel Xeon). */
-static inline void fpe_sincos_row_within(double p, const double *w, double w_max, double *s,
-                                         double *c, Py_ssize_t n, double scale)
+/* s[i] = scale * sin(p[i * p_step] * w[i]), c[i] likewise with cos, for i < n: p_step
+ * 0 for one position for the row, 1 for a position per element (the angles of
+ * multi-axis positions; equal positions give the row's bits). w_max = fpe_abs_max(w, n):
+ * the frequencies of a call are the same for every token, so their maximum is taken
+ * once (per token it was a fifth of a batched decode's angle time on an Intel Xeon). */
+static inline void fpe_sincos(const double *p, Py_ssize_t p_step, const double *w,
+                              double w_max, double *s, double *c, Py_ssize_t n, double scale)
 {
-    if (fabs(p) * w_max > FPE_FAST_ANGLE_LIMIT) {
+    const double p_max = p_step ? fpe_abs_max(p, n) : fabs(p[0]);
+    if (p_max * w_max > FPE_FAST_ANGLE_LIMIT) {
         for (Py_ssize_t i = 0; i < n; i++) {
-            const double x = p * w[i];
+            const double x = p[i * p_step] * w[i];
             s[i] = scale * sin(x);
             c[i] = scale * cos(x);
         }
         return;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        fpe_sincos_fast(p * w[i], scale, s + i, c + i);
+        fpe_sincos_fast(p[i * p_step] * w[i], scale, s + i, c + i);
 }
 
 /* float32 sin and cos of a reduced angle |r| <= pi/4: polynomials of degree 7 and 8
@@ -1650,27 +1652,11 @@ static inline void fpe_sincos_f32(const double *p, Py_ssize_t p_step, const doub
         fpe_sincos_f32_fast(p[i * p_step] * w[i], ss, cs, s + i, c + i);
 }
 
+/* fpe_sincos of one position for the row */
 static inline void fpe_sincos_row(double p, const double *w, double *s, double *c,
                                   Py_ssize_t n, double scale)
 {
-    fpe_sincos_row_within(p, w, fpe_abs_max(w, n), s, c, n, scale);
-}
-
-/* The same with a position per element: the angles p[i] * w[i] of multi-axis
- * (M-RoPE) positions. Equal p[i] give exactly fpe_sincos_row's values. */
-static inline void fpe_sincos_vec(const double *p, const double *w, double *s, double *c,
-                                  Py_ssize_t n, double scale)
-{
-    if (fpe_abs_max(p, n) * fpe_abs_max(w, n) > FPE_FAST_ANGLE_LIMIT) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const double x = p[i] * w[i];
-            s[i] = scale * sin(x);
-            c[i] = scale * cos(x);
-        }
-        return;
-    }
-    for (Py_ssize_t i = 0; i < n; i++)
-        fpe_sincos_fast(p[i] * w[i], scale, s + i, c + i);
+    fpe_sincos(&p, 0, w, fpe_abs_max(w, n), s, c, n, scale);
 }
 
 /* ---- CPU features, for choosing the variant at import ---------------------

@@ -129,7 +129,7 @@ cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axi
     if fresh:
         for i in range(a.half):
             pp[i] = <double>prev[pair_axis[i]]
-        fpe_sincos_vec(pp, a.w, s, c, a.half, 1.0)
+        fpe_sincos(pp, 1, a.w, a.w_max, s, c, a.half, 1.0)
     elif every_axis_moved:
         advance_angles(s, c, a.step_s, a.step_c, a.half)
     elif steps != NULL:
