@@ -1533,8 +1533,6 @@ static inline void fpe_sincos_reduced(double r, double *s, double *c)
     *c = 1.0 - 0.5 * z + z * z * cp;
 }
 
-/* scale * (sin x, cos x) for |x| <= FPE_FAST_ANGLE_LIMIT; branch-free, so the
- * loops that call it vectorise. */
 /* x - q pi/2 for the nearest integer q (into *q), |x| <= FPE_FAST_ANGLE_LIMIT */
 static inline double fpe_reduce_pio2(double x, int *q)
 {
@@ -1543,6 +1541,8 @@ static inline double fpe_reduce_pio2(double x, int *q)
     return (((x - fn * FPE_PIO2_A) - fn * FPE_PIO2_B) - fn * FPE_PIO2_C) - fn * FPE_PIO2_D;
 }
 
+/* scale * (sin x, cos x) for |x| <= FPE_FAST_ANGLE_LIMIT; branch-free, so the
+ * loops that call it vectorise. */
 static inline void fpe_sincos_fast(double x, double scale, double *s, double *c)
 {
     int q;
