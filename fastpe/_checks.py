@@ -469,9 +469,10 @@ def memory_of(a: object) -> np.ndarray | None:
 def disjoint(out: np.ndarray, out_name: str, *inputs: tuple[object, str]) -> None:
     """An array written in place must not share memory with one it reads: the
     kernels would read values they have already overwritten. `inputs` are the
-    caller's arguments as given, seen through memory_of (what validation made
-    of them is the same memory or a fresh copy), so the rule does not depend on
-    their layout or on whether a conversion happened to copy."""
+    caller's arguments as given, seen through memory_of, so the rule does not depend
+    on their layout or on whether a conversion happened to copy; and the arrays
+    validation made of them where the kernel reads those: an object whose
+    conversions differ (a lying __array__) may give other memory each time."""
     for a, name in inputs:
         m = memory_of(a)
         if m is not None and share_memory(out, m, out_name, name):

@@ -98,7 +98,7 @@ def add_relative_bias(scores: object, table: object, *, bidirectional: object,
     t = _table(table, x.shape[-3])
     return _t5_plan(x, t, bidirectional=bidirectional, max_distance=max_distance,
                     q_offset=q_offset, causal=causal, key_mask=key_mask, accumulate=True,
-                    num_threads=num_threads, given=((table, "table"),))
+                    num_threads=num_threads, given=((table, "table"), (t, "table")))
 
 
 def relative_bias(table: object, q_len: object, k_len: object, *, bidirectional: object,
@@ -165,7 +165,8 @@ def add_disentangled_bias(scores: object, *, c2p: object, p2c: object,
             f"(k_len, k_len) term that does not broadcast against (q_len, k_len) scores; "
             f"fastpe does not guess what the model would add")
     threads = _threads.check(num_threads)
-    _checks.disjoint(x, "scores", (c2p, "c2p"), (p2c, "p2c"))
+    # the arrays the kernel reads too: an object may convert to other memory each time
+    _checks.disjoint(x, "scores", (c2p, "c2p"), (p2c, "p2c"), (c, "c2p"), (p, "p2c"))
     return DebertaPlan(x, c, p, spec, threads)
 
 

@@ -108,6 +108,34 @@ def test_slopes_aliasing_scores_through_array_are_refused():
     assert (scores == 0.5).all()
 
 
+@pytest.mark.parametrize("name", ["c2p", "p2c"])
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_deberta_logits_aliasing_scores_on_their_first_conversion(backend, name):
+    """DeBERTa's logits whose first conversion is the scores' own memory and whose later
+    ones are copies: refused by name (the kernel would read what it has overwritten),
+    scores untouched."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    rng = np.random.default_rng(0)
+    n = 16
+    buf = rng.random((1, 2, n, 2 * n), dtype=np.float32)
+    before = buf.copy()
+    logits = Shifty(buf, buf.copy())
+    with fastpe.use_backend(backend):
+        with pytest.raises(ValueError, match=rf"{name} overlaps scores"):
+            fastpe.add_disentangled_bias(buf[..., :n], **{name: logits},
+                                         max_relative_positions=n)
+    assert_bytes_equal(buf, before)
+
+
+def test_t5_table_aliasing_scores_on_its_first_conversion():
+    scores = np.zeros((2, 4, 8))
+    table = Shifty(scores[0, :4, :2], scores[0, :4, :2].copy())
+    with pytest.raises(ValueError, match=r"table overlaps scores"):
+        fastpe.add_relative_bias(scores, table)
+    assert not scores.any()
+
+
 @pytest.mark.parametrize("name", ["slopes", "key_mask", "q_positions", "k_positions"])
 def test_alibi_arrays_inside_the_scores_are_refused(name):
     """Plain arrays that are part of the scores' own memory, given as the slopes, the
