@@ -110,9 +110,14 @@ def relative_bias(table: object, q_len: object, k_len: object, *, bidirectional:
     if dtype is None and out is None:
         dtype = t.dtype.newbyteorder("=")
     x = _checks.output(out, (t.shape[1], q, k), dtype)
+    given = ((table, "table"), (t, "table"))
+    if x.dtype.itemsize == 2 and t.dtype.itemsize == 8:
+        # each value rounded once to the half type: the kernels read a float64 table
+        # through float32, which would round it twice
+        t = t.astype(x.dtype.newbyteorder("="))
     return _t5_plan(x, t, bidirectional=bidirectional, max_distance=max_distance,
                     q_offset=q_offset, causal=causal, key_mask=None, accumulate=False,
-                    num_threads=num_threads, given=((table, "table"),))
+                    num_threads=num_threads, given=given)
 
 
 def distances(relative_position: object) -> NDArray[np.int64]:

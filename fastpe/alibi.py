@@ -79,9 +79,12 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``.
 
-    Values are exact to the output precision: each is one rounding of the
-    slope (rounded to float32, or float64 for float64 output) times the exact
-    integer distance.
+    Each value is one rounding of the slope (rounded to float32, or float64 for
+    float64 output) times the exact integer distance: exact to float32 and float64
+    output precision. float16 and bfloat16 tables hold that float32 value rounded
+    to their type, as BLOOM's ``build_alibi_tensor`` forms its bias in float32 and
+    then casts it (in rare near-ties one unit in the last place from a single
+    rounding of the exact product).
 
     >>> fastpe.alibi_bias(2, 1, 4, dtype="float64")   # one query, at position 3
     array([[[-0.1875    , -0.125     , -0.0625    ,  0.        ]],

@@ -192,7 +192,14 @@ def test_add_relative_bias_matches_reference(shape, dtype, option, both_threads)
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_relative_bias_matches_the_table_rounded_once(dtype):
-    table = np.random.default_rng(3).standard_normal((32, 4))      # float64: rounded once
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((32, 4))      # float64: rounded once
+    # a column of values just past the midpoint of two neighbours of the output type,
+    # which a rounding through float32 first would take to the even (often lower) one
+    low = np.abs(rng.standard_normal(32)).astype(dtype)
+    bits = np.dtype(f"u{low.itemsize}")
+    high = (low.view(bits) + 1).view(low.dtype)
+    table[:, 1] = (low.astype(np.float64) + high.astype(np.float64)) / 2 * (1 + 2.0**-40)
     got = fastpe.relative_bias(table, 20, 30, dtype=dtype)
     d = np.arange(30)[None, :] - (10 + np.arange(20))[:, None]
     want = np.moveaxis(table[fastpe.relative_position_bucket(d)], -1, 0).astype(dtype)
