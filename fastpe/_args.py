@@ -419,6 +419,14 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
                     pair_axis2 if multi else None)
 
 
+def refuse_length_dependent(spec: _rope_scaling.RopeSpec) -> None:
+    """Real-valued positions have no sequence length to pick frequencies by."""
+    if spec.depends_on_seq_len:
+        raise ValueError(f"rope type {spec.rope_type!r} picks its frequencies by the "
+                         f"sequence length max(positions) + 1, which real-valued "
+                         f"positions do not have; pass integer positions")
+
+
 def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.ndarray,
                          offset: object, neox: bool, spec: _rope_scaling.RopeSpec | None,
                          given: _rope_scaling.RopeFrequencies | None, axes: int,
@@ -443,16 +451,9 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
         if pair_axis is not None:
             want = f"({axes}, {seq}), ({axes}, {batch}, {seq}) (one row per axis), or " + want
         raise ValueError(f"positions must have shape {want}, got {shape}")
-    pos = positions.astype(np.float64)  # the call's own copy
-    if pos.size and not (np.isfinite(pos).all()
-                         and np.abs(pos).max() < _checks.MAX_ANGLE_POSITION):
-        raise ValueError("real-valued positions must be finite and of magnitude below 2**32 "
-                         "(the float64 angle position * frequency keeps float32 precision)")
+    pos = _checks.real_positions(positions, "positions")
     if spec is not None:
-        if spec.depends_on_seq_len:
-            raise ValueError(f"rope type {spec.rope_type!r} picks its frequencies by the "
-                             f"sequence length max(positions) + 1, which real-valued "
-                             f"positions do not have; pass integer positions")
+        refuse_length_dependent(spec)
         given = spec.frequencies()
     assert given is not None
     if per_axis and pair_axis2 is not None:
@@ -538,10 +539,14 @@ def token_cos_sin(cos: object, sin: object, positions: object, offset: object,
 
 def rope_cos_sin(positions: object, freqs: object,
                  dtype: object) -> tuple[np.ndarray, _rope_scaling.RopeFrequencies, np.dtype]:
-    """(int64 C-contiguous positions of any shape, frequencies, output dtype)."""
+    """(positions of any shape: C-contiguous int64, or float64 for real-valued ones,
+    the call's own copy; frequencies; output dtype)."""
     freqs = frequencies_arg(freqs)
     dt = _checks.float_dtype(dtype, "dtype")
-    pos, hi = _checks.position_array(positions, "positions")
+    converted = _checks.as_array(positions, "positions")
+    if converted.dtype.kind == "f":
+        return _checks.real_positions(converted, "positions"), freqs, dt
+    pos, hi = _checks.position_array(positions, "positions", converted)
     _checks.angle_positions(hi, "positions")
     return pos, freqs, dt
 

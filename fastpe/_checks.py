@@ -605,6 +605,18 @@ def positions(positions: Any, offset: object, batch: int, seq: int,
     return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi, converted)
 
 
+def real_positions(converted: np.ndarray, name: str) -> np.ndarray:
+    """Real-valued positions (DINOv3's patch centres, SAM's grids; negative ones too) as
+    the call's own float64 copy, finite and of magnitude below 2**32 (the float64 angle
+    position * frequency keeps float32 precision, as for integer positions)."""
+    pos = np.array(converted, np.float64, order="C")
+    if pos.size and not (np.isfinite(pos).all() and np.abs(pos).max() < MAX_ANGLE_POSITION):
+        raise ValueError(f"{name} must be finite and of magnitude below 2**32 when "
+                         f"real-valued (the float64 angle position * frequency keeps "
+                         f"float32 precision)")
+    return pos
+
+
 def angle_positions(maximum: int, name: str) -> None:
     """Refuse positions whose float64 angles would not be accurate (see
     MAX_ANGLE_POSITION); `maximum` is the largest position, `name` the argument

@@ -188,6 +188,12 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
                  dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
     """NumPy twin of :func:`fastpe.rope_cos_sin`."""
     pos, freqs, dt = _args.rope_cos_sin(positions, freqs, dtype)
+    return cos_sin_of(pos, freqs, dt)
+
+
+def cos_sin_of(pos: np.ndarray, freqs: RopeFrequencies,
+               dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """rope_cos_sin of validated positions (int64 or float64): angles in float64."""
     angles = pos[..., None].astype(np.float64) * freqs.inv_freq
     att = freqs.attention_scaling
     return (np.cos(angles) * att).astype(dt), (np.sin(angles) * att).astype(dt)

@@ -306,12 +306,17 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     (rotary_dim // 2,), multiplied by ``freqs.attention_scaling`` as Hugging
     Face's rotary modules do. Angles are formed and reduced in float64.
 
+    Positions are integers (at least 0) or real-valued (any float dtype: DINOv3's
+    patch centres, SAM's grids; negative ones too), each below 2**32 in magnitude.
+
     >>> cos, sin = fastpe.rope_cos_sin(np.arange(4096), fastpe.rope_frequencies(128))
     """
     kern = _backend.kernels()
     if kern is None:
         return reference.rope_cos_sin(positions, freqs, dtype=dtype)
     pos, freqs, dt = _args.rope_cos_sin(positions, freqs, dtype)
+    if pos.dtype != np.int64:  # real-valued positions: a table made once, in NumPy
+        return reference.cos_sin_of(pos, freqs, dt)
     half = freqs.inv_freq.size
     # One sinusoidal table in the "split" layout is [sin | cos] per row.
     table = np.empty(pos.shape + (2 * half,), dtype=dt)
@@ -479,14 +484,21 @@ class RotaryEmbedding:
                 dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
         """A cos/sin cache for :func:`apply_rope_cached`: positions.shape +
         (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
-        result has the shape of one axis's positions."""
+        result has the shape of one axis's positions. Positions may be real-valued,
+        as for :func:`rope_cos_sin`."""
         if self._halves is not None or self._pair_axis2 is not None:
             raise ValueError("this embedding does not turn each pair by one angle per "
                              "token, which one cos/sin table for apply_rope_cached cannot "
                              "express")
-        pos, hi = _checks.position_array(positions, "positions")
-        _checks.angle_positions(hi, "positions")
-        freqs = self.frequencies(hi + 1 if hi >= 0 else None)
+        pos = _checks.as_array(positions, "positions")
+        if pos.dtype.kind == "f":  # real-valued: DINOv3's patch centres, SAM's grids
+            pos = _checks.real_positions(pos, "positions")
+            _args.refuse_length_dependent(self._spec)
+            freqs = self.frequencies()
+        else:
+            pos, hi = _checks.position_array(positions, "positions", pos)
+            _checks.angle_positions(hi, "positions")
+            freqs = self.frequencies(hi + 1 if hi >= 0 else None)
         if self._pair_axis is None:
             cos, sin = rope_cos_sin(pos, freqs, dtype=dtype)
             if self.reverse:

@@ -334,3 +334,59 @@ def test_read_only_q_is_a_type_error(backend):
     q.flags.writeable = False
     with fastpe.use_backend(backend), pytest.raises(TypeError, match=r"q .*read-only|read-only"):
         rope(q, None, fastpe.dinov3_positions(3, 4))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pos_dtype", [np.float64, np.float32, np.float16])
+def test_cos_sin_of_real_positions_is_the_formula(backend, pos_dtype):
+    """rope_cos_sin and RotaryEmbedding.cos_sin take real-valued positions (negative
+    ones too): cos and sin of the float64 angle position * frequency, times the
+    attention scaling; a cache of them rotates as apply_rope does by those positions."""
+    pos = np.array([-3.25, 0.0, 0.5, 7.75, 1000.125], pos_dtype)
+    freqs = fastpe.rope_frequencies(16, base=100.0,
+                                    scaling={"rope_type": "yarn", "factor": 4.0,
+                                             "original_max_position_embeddings": 64})
+    exact = [[math.cos(float(p) * float(w)) for w in freqs.inv_freq] for p in pos]
+    with fastpe.use_backend(backend):
+        cos, sin = fastpe.rope_cos_sin(pos, freqs, dtype="float64")
+        cos32, _ = fastpe.rope_cos_sin(pos, freqs)
+    att = freqs.attention_scaling
+    assert att != 1.0
+    np.testing.assert_allclose(cos, np.array(exact) * att, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(sin[0, 0], math.sin(float(pos[0]) * freqs.inv_freq[0]) * att,
+                               rtol=0, atol=1e-15)
+    assert cos32.dtype == np.float32
+    np.testing.assert_allclose(cos32, np.array(exact) * att, rtol=0, atol=1.5e-7)
+    q = np.random.default_rng(0).standard_normal((1, pos.size, 2, 16))
+    want = q.copy()
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope(want, None, pos, freqs=freqs)
+        fastpe.apply_rope_cached(q, None, cos, sin, np.arange(pos.size))
+    np.testing.assert_allclose(q, want, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_multi_axis_cos_sin_of_real_positions(backend):
+    rope = fastpe.RotaryEmbedding(16, base=100.0, mrope_section=[2, 2, 4])
+    pos = np.array([[0.5, -1.25], [2.0, 3.5], [0.25, 9.0]])   # (axes, seq)
+    axis = np.repeat([0, 1, 2], [2, 2, 4])
+    w = rope.frequencies().inv_freq
+    with fastpe.use_backend(backend):
+        cos, sin = rope.cos_sin(pos, dtype="float64")
+    np.testing.assert_allclose(cos, np.cos(pos[axis].T * w), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(sin, np.sin(pos[axis].T * w), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("call, match", [
+    (lambda: fastpe.rope_cos_sin(np.array([0.5, np.nan]), fastpe.rope_frequencies(8)),
+     r"positions must be finite"),
+    (lambda: fastpe.rope_cos_sin(np.array([-2.0**32]), fastpe.rope_frequencies(8)),
+     r"positions must be finite and of magnitude below 2\*\*32"),
+    (lambda: fastpe.RotaryEmbedding(8, scaling={"rope_type": "dynamic", "factor": 2.0},
+                                    max_position_embeddings=16).cos_sin(np.array([0.5])),
+     r"rope type 'dynamic' picks its frequencies by the sequence length"),
+])
+def test_cos_sin_refuses_real_positions_it_cannot_form(backend, call, match):
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=match):
+        call()
