@@ -95,6 +95,14 @@ cdef inline void rotate_row(store_t *row, Py_ssize_t sd, const real_t *c, const 
         scatter(tmp, row, sd, 2 * half)
 
 
+cdef inline void pair_positions(const int64_t *prev, const int8_t *pair_axis, Py_ssize_t half,
+                                double *pp) noexcept nogil:
+    """pp[i] = the position of pair i: that of its axis, from prev (one per axis)."""
+    cdef Py_ssize_t i
+    for i in range(half):
+        pp[i] = <double>prev[pair_axis[i]]
+
+
 cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axis,
                                        Py_ssize_t prow, Py_ssize_t t, bint first_in_block,
                                        int64_t *prev, double *s, double *c,
@@ -127,8 +135,7 @@ cdef inline void axis_angles_for_token(const RopeCall *a, const int8_t *pair_axi
             fresh = fresh or not (moved[ax] or p == prev[ax])
         prev[ax] = p
     if fresh:
-        for i in range(a.half):
-            pp[i] = <double>prev[pair_axis[i]]
+        pair_positions(prev, pair_axis, a.half, pp)
         fpe_sincos(pp, 1, a.w, a.w_max, s, c, a.half, 1.0)
     elif every_axis_moved:
         advance_angles(s, c, a.step_s, a.step_c, a.half)
@@ -180,8 +187,7 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
             else:
                 for ax in range(a.axes):
                     prev_axes[ax] = a.pos[(ax * a.pos_rows + prow) * a.seq + t]
-                for i in range(a.half):
-                    pp[i] = <double>prev_axes[a.pair_axis[i]]
+                pair_positions(prev_axes, a.pair_axis, a.half, pp)
                 fpe_sincos_f32(pp, 1, a.w, a.w_max, stab + r, ctab + r, a.half,
                                a.sin_scale, a.cos_scale)
         elif a.w != NULL:
