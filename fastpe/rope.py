@@ -34,7 +34,7 @@ __all__ = ["RopeFrequencies", "RotaryEmbedding", "apply_rope", "apply_rope_cache
 
 def _run(plan: _args.RopePlan) -> None:
     """The validated, normalised call, through the same compiled entry."""
-    kern = _backend.kernels()
+    kern = _kernels()
     if kern is None:
         reference.run_rope(plan)
         return
@@ -213,7 +213,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
     ...     "original_max_position_embeddings": 8192}, base=500000.0)
     """
     given = q, k
-    kern = _backend.kernels()
+    kern = _kernels()
     if kern is not None:
         # arrays and a model's own torch tensors alike, checked and viewed once in C
         state = None
@@ -262,7 +262,7 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     ``per_token=True`` reads a 2-D (seq, rotary_dim) one so too.
     """
     given = q, k
-    kern = _backend.kernels()
+    kern = _kernels()
     # an array's own ndim: np.ndim took 6% of a decode call
     cos_obj: Any = cos
     ndim = (cos_obj.ndim if type(cos) is np.ndarray or _checks.is_plain_tensor(cos)
@@ -311,7 +311,7 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
 
     >>> cos, sin = fastpe.rope_cos_sin(np.arange(4096), fastpe.rope_frequencies(128))
     """
-    kern = _backend.kernels()
+    kern = _kernels()
     if kern is None:
         return reference.rope_cos_sin(positions, freqs, dtype=dtype)
     pos, freqs, dt = _args.rope_cos_sin(positions, freqs, dtype)
@@ -517,26 +517,29 @@ class RotaryEmbedding:
                  inverse: bool = False,
                  num_threads: int | None = None) -> tuple[InPlace, Any]:
         """apply_rope with this model's frequencies, rotary_dim and style."""
-        state = self._compiled_state
-        if state is None:
-            state = self._keep_state("_compiled_state", self._make_state)
         kern = _kernels()
-        # arrays and a model's own torch tensors alike, checked and viewed once in C;
-        # positions of one axis, or none: every axis of M-RoPE takes the same position
-        if kern is not None and not (positions is None or self.axes == 1):
-            # M-RoPE's and 2D RoPE's (axes, 1 or batch, seq) positions, one per axis
-            state = self._compiled_axes_state
-            if state is None:
-                state = self._keep_state("_compiled_axes_state", self._make_axes_state)
-            if getattr(positions, "ndim", 0) != 3:
-                state = False
-        if state and kern is not None:
-            done = kern.rope_call(state, q, k, positions, offset, self.style, layout, inverse,
-                                  num_threads, None, None, _threads.SERIAL_BYTES, 0)
-            if done == 1 or (done and _with_team(kern, done, state, q, k, positions, offset,
-                                                 self.style, layout, inverse, num_threads,
-                                                 None, None)):
-                return q, k
+        if kern is not None:
+            # arrays and a model's own torch tensors alike, checked and viewed once in C;
+            # positions of one axis, or none: every axis of M-RoPE takes the same position
+            if positions is None or self.axes == 1:
+                state = self._compiled_state
+                if state is None:
+                    state = self._keep_state("_compiled_state", self._make_state)
+            else:
+                # M-RoPE's and 2D RoPE's (axes, 1 or batch, seq) positions, one per axis
+                state = self._compiled_axes_state
+                if state is None:
+                    state = self._keep_state("_compiled_axes_state", self._make_axes_state)
+                if getattr(positions, "ndim", 0) != 3:
+                    state = False
+            if state:
+                done = kern.rope_call(state, q, k, positions, offset, self.style, layout,
+                                      inverse, num_threads, None, None,
+                                      _threads.SERIAL_BYTES, 0)
+                if done == 1 or (done and _with_team(kern, done, state, q, k, positions,
+                                                     offset, self.style, layout, inverse,
+                                                     num_threads, None, None)):
+                    return q, k
         given = q, k
         inverse = _checks.flag(inverse, "inverse")
         q, k, positions, layout, _, _ = _tensor_views(q, k, positions, layout)
