@@ -16,6 +16,11 @@
   (batch, heads, seq, dim) for ``unsqueeze_dim=1``, (batch, seq, heads, dim) for
   ``unsqueeze_dim=2``, (tokens, heads, dim) for the vision towers' 3-D q.
 
+A dynamic NTK module keeps the frequencies of its longest call until one shorter
+than the original length, as transformers' ``dynamic_rope_update`` does: the patched
+module runs that update (its own code, on the call's last position) and rotates by the
+frequencies it keeps.
+
 The angles are ``position * inv_freq`` in float64, so at 2**20 positions the patched
 model rotates exactly where the stock float32 angles are off by up to about 6e-2
 radians (a float32 near 1e6 is a multiple of 1/16, and inv_freq is itself rounded).
@@ -49,7 +54,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._typing import RopeLayout
-from .rope import RotaryEmbedding
+from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
 
 __all__ = ["patch", "unpatch"]
 
@@ -63,13 +68,16 @@ class _Positions:
     position_ids and the embedding that rotates by them (`narrow`: the same
     embedding for a model that passes only the rotated features, q[..., :rotary_dim])."""
 
-    __slots__ = ("narrow", "positions", "rope")
+    __slots__ = ("freqs", "narrow", "positions", "rope")
 
     def __init__(self, rope: RotaryEmbedding, narrow: RotaryEmbedding | None,
-                 positions: Any) -> None:
+                 positions: Any, freqs: RopeFrequencies | None = None) -> None:
         self.rope = rope
         self.narrow = narrow
         self.positions = positions
+        # the frequencies transformers' dynamic NTK state holds, where they are not those
+        # of the call's own length (_dynamic_frequencies)
+        self.freqs = freqs
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(
@@ -89,15 +97,45 @@ def _narrow(rope: RotaryEmbedding) -> RotaryEmbedding | None:
     return narrow
 
 
-def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., Any]:
-    pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
+def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | None,
+                         rope: RotaryEmbedding) -> RopeFrequencies | None:
+    """transformers' dynamic NTK (dynamic_rope_update) keeps the frequencies of the
+    longest call since the last one shorter than the original length, not those of
+    each call's own length. The module's own code updates that state here, given the
+    call's last position alone (its cos and sin, of one position, are dropped); returns
+    the frequencies of the length it keeps where they differ from those of the call's
+    own length, else None."""
+    if rope.axes > 1 or rope._halves is not None:
+        raise ValueError("fastpe.hf: dynamic NTK frequencies on more than one position "
+                         "axis are not reproduced")
+    last = position_ids.amax().reshape((1,) * position_ids.ndim)
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    type(module).forward(module, x, last, **kwargs)
+    kept = getattr(module, f"{layer_type}_max_seq_len_cached", None) if layer_type else None
+    kept = int(module.max_seq_len_cached if kept is None else kept)
+    original = rope._spec.original_max_position_embeddings
+    assert original is not None  # set for dynamic NTK
+    if max(kept, original) == max(int(last) + 1, original):
+        return None
+    return rope.frequencies(kept)
 
-    def forward(x: Any, position_ids: Any, layer_type: str | None = None) -> tuple[Any, Any]:
+
+def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., Any]:
+    """The forward of a patched rotary module, bound to it (a copy of the model rebinds
+    it to the copy's module, whose dynamic NTK state is its own)."""
+    pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
+    dynamic = {t for t, rope in ropes.items() if rope._spec.rope_type == "dynamic"}
+
+    def forward(module: Any, x: Any, position_ids: Any,
+                layer_type: str | None = None) -> tuple[Any, Any]:
         pair = pairs.get(layer_type)
         if pair is None:
             raise ValueError(f"fastpe.hf: layer_type={layer_type!r} is not one of this rotary "
                              f"module's layer types {sorted(map(str, ropes))}")
-        out = _Positions(pair[0], pair[1], position_ids)
+        freqs = None
+        if layer_type in dynamic:
+            freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
+        out = _Positions(pair[0], pair[1], position_ids, freqs)
         return out, out
 
     return forward
@@ -186,7 +224,14 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             rope = cos.narrow
         if layout == "shd" and rope.axes > 1:
             positions = _axis_first(positions, rope.axes, name)
-        rope(q, k, positions, layout=layout)
+        if cos.freqs is None:
+            rope(q, k, positions, layout=layout)
+        else:
+            width = getattr(q, "shape", (0,))[-1]
+            apply_rope(q, k, positions, freqs=cos.freqs, layout=layout,
+                       style="neox" if rope.style == "neox" else "gptj",
+                       rotary_dim=None if width == rope.rotary_dim else rope.rotary_dim,
+                       inverse=bool(rope.reverse))
         return (q, k) if tensors == 2 else q
 
     return apply
@@ -363,7 +408,8 @@ def patch(model: Any) -> Any:
     appliers: set[str] = set()
     stand_ins: dict[int, Callable[..., Any]] = {}  # one per apply function
     for name, module in rotary.items():
-        plan.append((module, _rotary_forward(_ropes(module, _config(modules, name)))))
+        plan.append((module, types.MethodType(
+            _rotary_forward(_ropes(module, _config(modules, name))), module)))
         for sub_name, functions in _appliers(applying, name).items():
             if sub_name in appliers:
                 continue

@@ -455,3 +455,32 @@ def test_a_model_type_of_a_newer_transformers_is_refused(monkeypatch):
         fastpe.RotaryEmbedding.from_hf_config({**cfg, "model_type": "llama"})
     rope = fastpe.RotaryEmbedding.from_hf_config({**cfg, "model_type": "not_a_transformers_type"})
     assert (rope.head_dim, rope.rotary_dim, rope.style) == (64, 64, "neox")
+
+
+def test_dynamic_ntk_keeps_the_frequencies_of_the_longest_call_as_transformers_does():
+    """transformers' dynamic NTK module keeps the frequencies of its longest call until a
+    call shorter than the original length resets them: a 12-token call after a 40-token
+    one rotates with the 40-token frequencies. The patched model keeps the same state
+    (the module's own), on a copy of its own too, and unpatched runs on from it."""
+    stock = text_model("llama", max_position_embeddings=8, initializer_range=0.2,
+                       rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0,
+                                        "factor": 2.0})
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
+    ids = torch.randint(3, 160, (2, 40), generator=torch.Generator().manual_seed(1))
+    logits = []
+    with torch.no_grad():
+        # growth, kept, kept at the original length, growth, reset, plain
+        for n in (12, 40, 12, 8, 30, 5, 12):
+            want = stock(ids[:, :n]).logits
+            torch.testing.assert_close(patched(ids[:, :n]).logits, want, rtol=0, atol=2e-5)
+            logits.append(want)
+        # 12 tokens after the 40-token call: not what 12 tokens alone give
+        assert (logits[2] - logits[0]).abs().max() > 1e-2
+        assert torch.equal(logits[6], logits[0])
+        stock(ids[:, :40])
+        patched(ids[:, :40])
+        twin = copy.deepcopy(patched)   # holds the 40-token state
+        torch.testing.assert_close(twin(ids[:, :12]).logits, stock(ids[:, :12]).logits,
+                                   rtol=0, atol=2e-5)
+        assert torch.equal(fastpe.hf.unpatch(patched)(ids[:, :12]).logits,
+                           stock(ids[:, :12]).logits)
