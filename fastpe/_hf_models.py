@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 __all__ = ["CHECKED", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
-           "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "Convention",
+           "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS",
+           "Convention",
            "Indexer", "convention"]
 
 # The transformers release whose model types and modeling code the tables below hold.
@@ -348,6 +349,17 @@ def convention(model_type: object) -> Convention:
 # each pair into one layer (Dory).
 PAIRED_BLOCKS: frozenset[str] = frozenset(("dory",))
 
+
+# The legacy config key, beside partial_rotary_factor, from which a family's config class
+# (GPT-NeoX's rotary_pct, MiniMax-M2's rotary_dim) or its own code (GPT-J, CodeGen) takes
+# the rotated width, and its default where a config omits both (None: the whole head);
+# every other family's rotary module reads partial_rotary_factor alone, whatever
+# rotary_pct or rotary_dim a config carries.
+WIDTH_KEYS: dict[str, tuple[str, float | None]] = {
+    "codegen": ("rotary_dim", 64), "gpt_neox": ("rotary_pct", 0.25),
+    "gpt_neox_japanese": ("rotary_pct", 1.0), "gptj": ("rotary_dim", 64),
+    "minimax_m2": ("rotary_dim", None),
+}
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

@@ -419,7 +419,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         elif whole:
             rotary_dim = _rotary_width(head_dim, None, "head_dim", dim_name="head_dim")
         else:
-            rotary_dim = _hf_rotary_dim(config, head_dim, partial)
+            rotary_dim = _hf_rotary_dim(config, head_dim, partial, model_type)
         features = (0, head_dim)
         if conv.trailing:
             features = (head_dim - rotary_dim, head_dim)
@@ -1206,14 +1206,24 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
     return width
 
 
-def _hf_rotary_dim(config: object, head_dim: int, partial: object) -> int:
+def _hf_rotary_dim(config: object, head_dim: int, partial: object,
+                   model_type: str | None) -> int:
+    """The rotated width of a family that reads partial_rotary_factor (the rope dict's,
+    else the config's), or where it has one, its legacy key (_hf_models.WIDTH_KEYS) or
+    that key's default."""
     if partial is not None:
         return _rotary_width(head_dim, partial, "partial_rotary_factor")
+    legacy, default = _hf_models.WIDTH_KEYS.get(model_type or "", (None, None))
     for name in ("partial_rotary_factor", "rotary_pct"):
         value = _hf_get(config, name)
-        if value is not None:
+        if value is not None and name in ("partial_rotary_factor", legacy):
             return _rotary_width(head_dim, value, name)
-    rotary_dim = _hf_get(config, "rotary_dim")
+    if legacy == "rotary_pct":
+        return _rotary_width(head_dim, default, "rotary_pct")
+    rotary_dim = None
+    if legacy == "rotary_dim":
+        rotary_dim = _hf_get(config, "rotary_dim")
+        rotary_dim = default if rotary_dim is None else rotary_dim
     if rotary_dim is None:
         return _rotary_width(head_dim, None, "rotary_dim", dim_name="head_dim")
     rotary_dim = _checks.count(rotary_dim, "rotary_dim", minimum=2, whole_float=True)

@@ -484,3 +484,35 @@ def test_dynamic_ntk_keeps_the_frequencies_of_the_longest_call_as_transformers_d
                                    rtol=0, atol=2e-5)
         assert torch.equal(fastpe.hf.unpatch(patched)(ids[:, :12]).logits,
                            stock(ids[:, :12]).logits)
+
+
+@pytest.mark.parametrize("model_type", ["solar_open", "gpt_oss", "ministral3", "gpt_neox"])
+@pytest.mark.parametrize("key, value", [("rotary_dim", 8), ("rotary_pct", 0.5), (None, None)])
+def test_the_rotated_width_is_what_the_family_reads(model_type, key, value):
+    """Most families size their frequencies by partial_rotary_factor alone: a rotary_dim
+    or rotary_pct their code never reads changes nothing (GPT-NeoX's config reads
+    rotary_pct). The truth: the model's own rotary module and logits."""
+    extra = {} if key is None else {key: value}
+    stock = text_model(model_type, head_dim=HEAD_DIM, initializer_range=0.2,
+                       num_local_experts=4, num_experts_per_tok=2, **extra)
+    rotary = next(m for m in stock.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    for given in (stock.config, stock.config.to_dict()):
+        rope = fastpe.RotaryEmbedding.from_hf_config(given)
+        assert rope.rotary_dim == 2 * rotary.inv_freq.numel()
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
+    ids = torch.randint(3, 160, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, stock(ids).logits, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("model_type, key", [("gpt_neox", "rotary_pct"),
+                                             ("gpt_neox_japanese", "rotary_pct"),
+                                             ("gptj", "rotary_dim"), ("codegen", "rotary_dim")])
+def test_a_config_dict_without_the_width_key_takes_the_config_class_default(model_type, key):
+    config = transformers.AutoConfig.for_model(model_type, hidden_size=1024,
+                                               num_attention_heads=8)
+    rope_parameters = getattr(config, "rope_parameters", None) or {}
+    want = (int(128 * rope_parameters["partial_rotary_factor"]) if key == "rotary_pct"
+            else config.rotary_dim)
+    given = {"model_type": model_type, "hidden_size": 1024, "num_attention_heads": 8}
+    assert fastpe.RotaryEmbedding.from_hf_config(given).rotary_dim == want
