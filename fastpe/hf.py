@@ -401,8 +401,9 @@ def patch(model: Any) -> Any:
     rotary = {name: m for name, m in modules.items() if _is_rotary_module(m)}
     if not rotary:
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
-                         f"embedding module (*RotaryEmbedding): fastpe.hf reproduces only "
-                         f"models that rotate q and k by RoPE")
+                         f"embedding module (*RotaryEmbedding, forward(x, position_ids)): "
+                         f"fastpe.hf patches only models whose RoPE comes from one (not "
+                         f"RoFormer's sinusoidal position module, nor models without RoPE)")
     applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
     plan: list[tuple[Any, Callable[..., Any]]] = []
     appliers: set[str] = set()
