@@ -108,6 +108,8 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
     if rope.axes > 1 or rope._halves is not None:
         raise ValueError("fastpe.hf: dynamic NTK frequencies on more than one position "
                          "axis are not reproduced")
+    if not hasattr(module, "max_seq_len_cached"):
+        return None  # a module without transformers' dynamic state
     last = position_ids.amax().reshape((1,) * position_ids.ndim)
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
     type(module).forward(module, x, last, **kwargs)
