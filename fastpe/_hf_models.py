@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
+__all__ = ["CHECKED", "DEFAULT_TYPE_WHOLE", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE",
+           "PAIRED_BLOCKS",
            "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS",
            "Convention",
            "Indexer", "convention"]
@@ -78,6 +79,10 @@ class Convention:
         How the family's rotary module sizes the rotated width where no config key
         says it: "clvp" is CLVP's ``max(projection_dim // (2 * num_attention_heads),
         32)`` leading features of each head.
+    fixed_base : float or None
+        The base of a family whose rotary code reads no rope parameters (GPT-J's
+        ``create_sinusoidal_positions``): the config's rope_theta, rope type and
+        partial_rotary_factor are not read.
     """
 
     style: str | None = "neox"
@@ -93,10 +98,15 @@ class Convention:
     needs: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
     width_rule: str | None = None
+    fixed_base: float | None = None
 
 
 LLAMA = Convention()
 GPTJ = Convention(style="gptj")
+# GPT-J's, CodeGen's and RoFormer's own sinusoid tables: base 10000 whatever the config
+# says, no rope parameters and no partial_rotary_factor read (GPT-J and CodeGen rotate
+# rotary_dim features, WIDTH_KEYS)
+SINUSOID_TABLE = Convention(style="gptj", fixed_base=10000.0)
 # Multi-head latent attention (DeepSeek-V2): only q[..., qk_nope_head_dim:] and the
 # separate k_pe rotate, with a width of qk_rope_head_dim.
 MLA_NEOX = Convention(width_key="qk_rope_head_dim", offset_key="qk_nope_head_dim")
@@ -113,6 +123,7 @@ MODELS: dict[str, Convention] = {
         "blt_global_transformer", "blt_local_encoder", "blt_local_decoder", "blt_patcher",
         "roformer",  # with rotary_value=True it rotates v as well: call the embedding on v too
     ), GPTJ),
+    **dict.fromkeys(("gptj", "codegen", "roformer"), SINUSOID_TABLE),
     # MLA.
     "deepseek_v2": MLA_GPTJ,       # view_as_complex
     # sarvam_mla has a config only: it runs DeepseekV3Model
@@ -360,6 +371,14 @@ WIDTH_KEYS: dict[str, tuple[str, float | None]] = {
     "gpt_neox_japanese": ("rotary_pct", 1.0), "gptj": ("rotary_dim", 64),
     "minimax_m2": ("rotary_dim", None),
 }
+
+# Families whose rotary module computes its default-type frequencies with a function of
+# its own that reads no partial_rotary_factor (other rope types go through transformers'
+# shared functions, which read it): with rope type "default" the whole head rotates.
+DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
+    apertus apertus1p5_text cwm higgs_audio_v2 ministral3 qwen3_omni_moe_talker_text
+    qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text
+""".split())
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

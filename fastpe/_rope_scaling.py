@@ -365,6 +365,9 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         config.update({name: config[key] for name, key in conv.aliases
                        if _hf_get(config, key) is not None})
     scaling = _hf_scaling(config, layer_type)
+    per_layer = layer_type is not None and _hf_rope_per_layer(config)
+    if conv.fixed_base is not None:
+        scaling = {"rope_theta": conv.fixed_base}
     for key in ("rope_type", "type"):
         if key in scaling and scaling[key] in (None, ""):
             # transformers 5.25 looks the type up as given: KeyError for these
@@ -386,7 +389,13 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     # proportional RoPE keeps the full head width and zeroes frequencies instead.
     partial = None if rope_type == "proportional" else scaling.pop("partial_rotary_factor", None)
     whole = (part is None and conv.width_key is None and not conv.trailing
-             and _hf_whole_head(config, model_type, rope_type, partial))
+             and conv.fixed_base is None
+             and (_hf_whole_head(config, model_type, rope_type, partial)
+                  or (rope_type == "default" and model_type in _hf_models.DEFAULT_TYPE_WHOLE)))
+    if per_layer and rope_type == "yarn":
+        # transformers reads truncate from the top-level rope dict, which per layer type
+        # holds none: the default, True
+        scaling.pop("truncate", None)
     if rope_type == "dynamic":
         # transformers' dynamic NTK grows the base past the config's
         # max_position_embeddings, whatever the rope dict says (it warns of the key)
@@ -401,7 +410,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     # transformers moves a top-level original length (Phi-3) into the dict for these types only.
     original = _hf_get(config, "original_max_position_embeddings")
     if rope_type in ("llama3", "yarn", "longrope") and original is not None:
-        scaling["original_max_position_embeddings"] = original
+        if per_layer:  # a layer type's own entry keeps its value
+            scaling.setdefault("original_max_position_embeddings", original)
+        else:
+            scaling["original_max_position_embeddings"] = original
 
     max_positions = _hf_get(config, "max_position_embeddings", "n_positions")
     if max_positions is not None:
@@ -419,7 +431,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         elif whole:
             rotary_dim = _rotary_width(head_dim, None, "head_dim", dim_name="head_dim")
         else:
-            rotary_dim = _hf_rotary_dim(config, head_dim, partial, model_type)
+            rotary_dim = _hf_rotary_dim(config, head_dim, partial, model_type,
+                                        read_partial=conv.fixed_base is None)
         features = (0, head_dim)
         if conv.trailing:
             features = (head_dim - rotary_dim, head_dim)
@@ -1178,6 +1191,12 @@ def _hf_scaling(config: object, layer_type: str | None) -> dict[str, Any]:
     return dict(scaling)
 
 
+def _hf_rope_per_layer(config: object) -> bool:
+    """Whether the config's rope dict (as _hf_scaling picks it) is one entry per layer type."""
+    scaling = _hf_get(config, "rope_scaling") or _hf_get(config, "rope_parameters")
+    return isinstance(scaling, Mapping) and _is_per_layer_type(scaling)
+
+
 def _is_per_layer_type(scaling: Mapping[str, Any]) -> bool:
     # transformers nests rope parameters by layer type (Gemma 3); a flat dict has scalars.
     return bool(scaling) and all(v is None or isinstance(v, Mapping) for v in scaling.values())
@@ -1207,16 +1226,17 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,
-                   model_type: str | None) -> int:
+                   model_type: str | None, read_partial: bool = True) -> int:
     """The rotated width of a family that reads partial_rotary_factor (the rope dict's,
-    else the config's), or where it has one, its legacy key (_hf_models.WIDTH_KEYS) or
-    that key's default."""
-    if partial is not None:
+    else the config's; not where read_partial is False), or where it has one, its legacy
+    key (_hf_models.WIDTH_KEYS) or that key's default."""
+    if partial is not None and read_partial:
         return _rotary_width(head_dim, partial, "partial_rotary_factor")
     legacy, default = _hf_models.WIDTH_KEYS.get(model_type or "", (None, None))
     for name in ("partial_rotary_factor", "rotary_pct"):
         value = _hf_get(config, name)
-        if value is not None and name in ("partial_rotary_factor", legacy):
+        if value is not None and name in ("partial_rotary_factor" if read_partial else "",
+                                          legacy):
             return _rotary_width(head_dim, value, name)
     if legacy == "rotary_pct":
         return _rotary_width(head_dim, default, "rotary_pct")

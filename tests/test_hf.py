@@ -516,3 +516,57 @@ def test_a_config_dict_without_the_width_key_takes_the_config_class_default(mode
             else config.rotary_dim)
     given = {"model_type": model_type, "hidden_size": 1024, "num_attention_heads": 8}
     assert fastpe.RotaryEmbedding.from_hf_config(given).rotary_dim == want
+
+
+def _module_cos(model_type, config, positions, layer_type=None):
+    """cos of the family's own rotary module at `positions`, as it returns them (one
+    value per feature; GPT-J's one per frequency)."""
+    import importlib
+    name = type(config).__module__.rsplit(".", 2)[-2]
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
+    args = () if layer_type is None else (layer_type,)
+    first, second = cls(config)(torch.zeros(1), torch.tensor([positions]), *args)
+    return (second if model_type == "gptj" else first)[0].double().numpy()  # GPT-J: (sin, cos)
+
+
+@pytest.mark.parametrize("model_type, kwargs, layer_type", [
+    # GPT-J's sinusoid table: base 10000 and rotary_dim, whatever the rope dict says
+    ("gptj", dict(n_embd=256, n_head=4, rotary_dim=16, partial_rotary_factor=0.5,
+                  rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                   "rope_theta": 500000.0}), None),
+    # a default-type module of its own that reads no partial_rotary_factor
+    ("apertus", dict(rope_parameters={"rope_type": "default", "rope_theta": 2812.0,
+                                      "partial_rotary_factor": 0.5}), None),
+    ("ministral3", dict(rope_parameters={"rope_type": "default", "rope_theta": 2812.0,
+                                         "partial_rotary_factor": 0.5}), None),
+    # per layer type: yarn's truncate is read from the top-level dict (so True)...
+    ("ergo", dict(rope_parameters={"sliding_attention": {
+        "rope_type": "yarn", "rope_theta": 880.33, "factor": 1.241, "beta_fast": 64,
+        "original_max_position_embeddings": 64, "truncate": False},
+        "full_attention": None}), "sliding_attention"),
+    # ...and an entry's original length is its own, not the top-level one
+    ("laguna", dict(head_dim=64, max_position_embeddings=256,
+                    original_max_position_embeddings=128, rope_parameters={
+                        "full_attention": {
+                            "rope_type": "longrope", "rope_theta": 2670.0,
+                            "original_max_position_embeddings": 256,
+                            "short_factor": [1.0 + i / 32 for i in range(32)],
+                            "long_factor": [2.0 + i for i in range(32)]},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+     "full_attention"),
+])
+def test_from_hf_config_reads_what_the_family_code_reads(model_type, kwargs, layer_type):
+    base = {} if model_type == "gptj" else dict(hidden_size=128, num_attention_heads=4,
+                                                num_key_value_heads=2,
+                                                max_position_embeddings=64)
+    config = transformers.AutoConfig.for_model(model_type, **{**base, **kwargs})
+    positions = np.array([0, 5, 60, 127, 200])
+    module = _module_cos(model_type, config, positions, layer_type)
+    for given in (config, config.to_dict()):
+        rope = fastpe.RotaryEmbedding.from_hf_config(given, layer_type=layer_type)
+        cos, _ = rope.cos_sin(positions, dtype="float64")
+        want = (module if model_type == "gptj" else module[:, 0::2] if rope.style == "gptj"
+                else module[:, : module.shape[-1] // 2])
+        assert cos.shape == want.shape
+        np.testing.assert_allclose(cos, want, rtol=0, atol=3e-5)   # the module's float32
