@@ -526,7 +526,7 @@ def _module_cos(model_type, config, positions, layer_type=None):
     module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
     cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
     args = () if layer_type is None else (layer_type,)
-    first, second = cls(config)(torch.zeros(1), torch.tensor([positions]), *args)
+    first, second = cls(config)(torch.zeros(1), torch.from_numpy(positions)[None], *args)
     return (second if model_type == "gptj" else first)[0].double().numpy()  # GPT-J: (sin, cos)
 
 
