@@ -21,11 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "DEFAULT_TYPE_WHOLE", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE",
-           "PAIRED_BLOCKS",
-           "PARTIAL_FAILS", "REFUSED", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS",
-           "Convention",
-           "Indexer", "convention"]
+__all__ = ["CHECKED", "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "INDEXERS", "KNOWN", "MODELS",
+           "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED",
+           "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
+           "convention"]
 
 # The transformers release whose model types and modeling code the tables below hold.
 TRANSFORMERS_VERSION = "5.25"
@@ -379,6 +378,12 @@ DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
     apertus apertus1p5_text cwm higgs_audio_v2 ministral3 qwen3_omni_moe_talker_text
     qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text
 """.split())
+
+# Families that rotate the whole head whatever a top-level partial_rotary_factor says,
+# but whose rotary module reads one inside a layer type's rope parameters (Step 3.5's
+# per-layer partial_rotary_factors land there) and whose attention then rotates that
+# many leading features.
+ENTRY_PARTIAL: frozenset[str] = frozenset(("mellum", "step3p5"))
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

@@ -390,6 +390,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     partial = None if rope_type == "proportional" else scaling.pop("partial_rotary_factor", None)
     whole = (part is None and conv.width_key is None and not conv.trailing
              and conv.fixed_base is None
+             and not (per_layer and partial is not None
+                      and model_type in _hf_models.ENTRY_PARTIAL)
              and (_hf_whole_head(config, model_type, rope_type, partial)
                   or (rope_type == "default" and model_type in _hf_models.DEFAULT_TYPE_WHOLE)))
     if per_layer and rope_type == "yarn":

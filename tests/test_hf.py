@@ -540,6 +540,16 @@ def _module_cos(model_type, config, positions, layer_type=None):
                                       "partial_rotary_factor": 0.5}), None),
     ("ministral3", dict(rope_parameters={"rope_type": "default", "rope_theta": 2812.0,
                                          "partial_rotary_factor": 0.5}), None),
+    # a partial factor inside a layer type's entry is read (Step 3.5's per-layer
+    # partial_rotary_factors land there), though a top-level one is not
+    ("step3p5", dict(num_hidden_layers=2, layer_types=["full_attention"] * 2, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                           "partial_rotary_factor": 0.5}}), "full_attention"),
+    ("mellum", dict(rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 3.8e5,
+                           "partial_rotary_factor": 0.25},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+     "full_attention"),
     # per layer type: yarn's truncate is read from the top-level dict (so True)...
     ("ergo", dict(rope_parameters={"sliding_attention": {
         "rope_type": "yarn", "rope_theta": 880.33, "factor": 1.241, "beta_fast": 64,
