@@ -540,6 +540,11 @@ def _module_cos(model_type, config, positions, layer_type=None):
                                       "partial_rotary_factor": 0.5}), None),
     ("ministral3", dict(rope_parameters={"rope_type": "default", "rope_theta": 2812.0,
                                          "partial_rotary_factor": 0.5}), None),
+    ("lfm3", dict(head_dim=64, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 3.4e5,
+                           "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 144.0,
+                              "partial_rotary_factor": 0.5}}), "full_attention"),
     # a partial factor inside a layer type's entry is read (Step 3.5's per-layer
     # partial_rotary_factors land there), though a top-level one is not
     ("step3p5", dict(num_hidden_layers=2, layer_types=["full_attention"] * 2, rope_parameters={
