@@ -375,8 +375,9 @@ WIDTH_KEYS: dict[str, tuple[str, float | None]] = {
 # its own that reads no partial_rotary_factor (other rope types go through transformers'
 # shared functions, which read it): with rope type "default" the whole head rotates.
 DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
-    apertus apertus1p5_text cwm higgs_audio_v2 lfm3 ministral3 qwen3_omni_moe_talker_text
-    qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text
+    apertus apertus1p5_text cwm gemma4_text gemma4_unified_text higgs_audio_v2 lfm3
+    ministral3 qwen3_omni_moe_talker_text qwen3_omni_moe_text qwen3_vl_moe_text
+    qwen3_vl_text
 """.split())
 
 # Families that rotate the whole head whatever a top-level partial_rotary_factor says,

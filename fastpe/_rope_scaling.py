@@ -392,7 +392,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
              and conv.fixed_base is None
              and not (per_layer and partial is not None
                       and model_type in _hf_models.ENTRY_PARTIAL)
-             and (_hf_whole_head(config, model_type, rope_type, partial)
+             and (_hf_whole_head(config, model_type, rope_type, partial, not per_layer)
                   or (rope_type == "default" and model_type in _hf_models.DEFAULT_TYPE_WHOLE)))
     if per_layer and rope_type == "yarn":
         # transformers reads truncate from the top-level rope dict, which per layer type
@@ -434,7 +434,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
             rotary_dim = _rotary_width(head_dim, None, "head_dim", dim_name="head_dim")
         else:
             rotary_dim = _hf_rotary_dim(config, head_dim, partial, model_type,
-                                        read_partial=conv.fixed_base is None)
+                                        read_partial=conv.fixed_base is None,
+                                        top_partial=not per_layer)
         features = (0, head_dim)
         if conv.trailing:
             features = (head_dim - rotary_dim, head_dim)
@@ -1026,17 +1027,19 @@ def _installed_transformers_knows(model_type: str | None) -> str | None:
 
 
 def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
-                   partial: object) -> bool:
+                   partial: object, top_level: bool = True) -> bool:
     """Whether the family's rotary module rotates the whole head whatever the config's
     partial_rotary_factor, rotary_pct or rotary_dim say (Llama's, and over a hundred other
     families'); a ValueError where transformers' frequencies would then cover part of the
     head while its attention rotates all of it, where the family's code fails on a partial
     width, or where the family is not known (a custom model may or may not read them).
-    ``partial``: the rope dict's partial_rotary_factor."""
+    ``partial``: the rope dict's partial_rotary_factor; ``top_level``: whether a top-level
+    one counts (False for rope parameters per layer type)."""
     whole = model_type in _hf_models.WHOLE_HEAD
-    # transformers moves a top-level partial_rotary_factor into the rope parameters,
-    # where its shared frequency functions read it
-    moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
+    # transformers moves a top-level partial_rotary_factor into flat rope parameters,
+    # where its shared frequency functions read it, and not into per-layer-type ones
+    moved = partial if partial is not None or not top_level else _hf_get(
+        config, "partial_rotary_factor")
     narrowed = moved is not None and moved != 1
     if model_type in _hf_models.PARTIAL_FAILS and narrowed:
         raise ValueError(
@@ -1228,17 +1231,18 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,
-                   model_type: str | None, read_partial: bool = True) -> int:
+                   model_type: str | None, read_partial: bool = True,
+                   top_partial: bool = True) -> int:
     """The rotated width of a family that reads partial_rotary_factor (the rope dict's,
-    else the config's; not where read_partial is False), or where it has one, its legacy
-    key (_hf_models.WIDTH_KEYS) or that key's default."""
+    else the config's where top_partial; none where read_partial is False), or where it
+    has one, its legacy key (_hf_models.WIDTH_KEYS) or that key's default."""
     if partial is not None and read_partial:
         return _rotary_width(head_dim, partial, "partial_rotary_factor")
     legacy, default = _hf_models.WIDTH_KEYS.get(model_type or "", (None, None))
     for name in ("partial_rotary_factor", "rotary_pct"):
         value = _hf_get(config, name)
-        if value is not None and name in ("partial_rotary_factor" if read_partial else "",
-                                          legacy):
+        if value is not None and name in (
+                "partial_rotary_factor" if read_partial and top_partial else "", legacy):
             return _rotary_width(head_dim, value, name)
     if legacy == "rotary_pct":
         return _rotary_width(head_dim, default, "rotary_pct")

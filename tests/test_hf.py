@@ -555,6 +555,16 @@ def _module_cos(model_type, config, positions, layer_type=None):
                            "partial_rotary_factor": 0.25},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
      "full_attention"),
+    ("gemma4_text", dict(head_dim=32, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                              "partial_rotary_factor": 0.5},
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6,
+                           "partial_rotary_factor": 0.5}}), "sliding_attention"),
+    # a top-level partial factor beside rope parameters per layer type is not read
+    ("laguna", dict(head_dim=32, partial_rotary_factor=0.5, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1.4e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+     "full_attention"),
     # per layer type: yarn's truncate is read from the top-level dict (so True)...
     ("ergo", dict(rope_parameters={"sliding_attention": {
         "rope_type": "yarn", "rope_theta": 880.33, "factor": 1.241, "beta_fast": 64,
