@@ -543,12 +543,18 @@ def rope_cos_sin(positions: object, freqs: object,
     the call's own copy; frequencies; output dtype)."""
     freqs = frequencies_arg(freqs)
     dt = _checks.float_dtype(dtype, "dtype")
+    return table_positions(positions)[0], freqs, dt
+
+
+def table_positions(positions: object) -> tuple[np.ndarray, int | None]:
+    """The positions of a cos/sin table, of any shape, the call's own copy: C-contiguous
+    int64 and the largest (-1 when empty), or float64 for real-valued ones and None."""
     converted = _checks.as_array(positions, "positions")
     if converted.dtype.kind == "f":
-        return _checks.real_positions(converted, "positions"), freqs, dt
+        return _checks.real_positions(converted, "positions"), None
     pos, hi = _checks.position_array(positions, "positions", converted)
     _checks.angle_positions(hi, "positions")
-    return pos, freqs, dt
+    return pos, hi
 
 
 # ---- ALiBi ----------------------------------------------------------------

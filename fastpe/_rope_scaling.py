@@ -433,9 +433,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         elif whole:
             rotary_dim = _rotary_width(head_dim, None, "head_dim", dim_name="head_dim")
         else:
+            # a top-level partial_rotary_factor: moved by transformers into flat rope
+            # parameters only, and not read by families of fixed_base at all
             rotary_dim = _hf_rotary_dim(config, head_dim, partial, model_type,
-                                        read_partial=conv.fixed_base is None,
-                                        top_partial=not per_layer)
+                                        top_partial=conv.fixed_base is None and not per_layer)
         features = (0, head_dim)
         if conv.trailing:
             features = (head_dim - rotary_dim, head_dim)
@@ -1178,8 +1179,7 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str |
 
 def _hf_scaling(config: object, layer_type: str | None) -> dict[str, Any]:
     """A copy of the config's rope dict (rope_scaling wins when both are set, as in transformers)."""
-    name = "rope_scaling" if _hf_get(config, "rope_scaling") else "rope_parameters"
-    scaling = _hf_get(config, name)
+    name, scaling = _hf_rope_dict(config)
     if scaling is None:
         return {}
     if not isinstance(scaling, Mapping):
@@ -1196,9 +1196,16 @@ def _hf_scaling(config: object, layer_type: str | None) -> dict[str, Any]:
     return dict(scaling)
 
 
+def _hf_rope_dict(config: object) -> tuple[str, Any]:
+    """The key of the config's rope dict and its value: rope_scaling when it is set, as
+    transformers reads it, else rope_parameters."""
+    name = "rope_scaling" if _hf_get(config, "rope_scaling") else "rope_parameters"
+    return name, _hf_get(config, name)
+
+
 def _hf_rope_per_layer(config: object) -> bool:
-    """Whether the config's rope dict (as _hf_scaling picks it) is one entry per layer type."""
-    scaling = _hf_get(config, "rope_scaling") or _hf_get(config, "rope_parameters")
+    """Whether the config's rope dict is one entry per layer type."""
+    scaling = _hf_rope_dict(config)[1]
     return isinstance(scaling, Mapping) and _is_per_layer_type(scaling)
 
 
@@ -1231,18 +1238,19 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,
-                   model_type: str | None, read_partial: bool = True,
-                   top_partial: bool = True) -> int:
+                   model_type: str | None, top_partial: bool = True) -> int:
     """The rotated width of a family that reads partial_rotary_factor (the rope dict's,
-    else the config's where top_partial; none where read_partial is False), or where it
-    has one, its legacy key (_hf_models.WIDTH_KEYS) or that key's default."""
-    if partial is not None and read_partial:
+    else the config's where top_partial), or where it has one, its legacy key
+    (_hf_models.WIDTH_KEYS) or that key's default."""
+    if partial is not None:
         return _rotary_width(head_dim, partial, "partial_rotary_factor")
     legacy, default = _hf_models.WIDTH_KEYS.get(model_type or "", (None, None))
-    for name in ("partial_rotary_factor", "rotary_pct"):
+    names: tuple[str, ...] = ("partial_rotary_factor",) if top_partial else ()
+    if legacy == "rotary_pct":
+        names += ("rotary_pct",)
+    for name in names:
         value = _hf_get(config, name)
-        if value is not None and name in (
-                "partial_rotary_factor" if read_partial and top_partial else "", legacy):
+        if value is not None:
             return _rotary_width(head_dim, value, name)
     if legacy == "rotary_pct":
         return _rotary_width(head_dim, default, "rotary_pct")

@@ -490,15 +490,10 @@ class RotaryEmbedding:
             raise ValueError("this embedding does not turn each pair by one angle per "
                              "token, which one cos/sin table for apply_rope_cached cannot "
                              "express")
-        pos = _checks.as_array(positions, "positions")
-        if pos.dtype.kind == "f":  # real-valued: DINOv3's patch centres, SAM's grids
-            pos = _checks.real_positions(pos, "positions")
+        pos, hi = _args.table_positions(positions)
+        if hi is None:  # real-valued: DINOv3's patch centres, SAM's grids
             _args.refuse_length_dependent(self._spec)
-            freqs = self.frequencies()
-        else:
-            pos, hi = _checks.position_array(positions, "positions", pos)
-            _checks.angle_positions(hi, "positions")
-            freqs = self.frequencies(hi + 1 if hi >= 0 else None)
+        freqs = self.frequencies(hi + 1 if hi is not None and hi >= 0 else None)
         if self._pair_axis is None:
             cos, sin = rope_cos_sin(pos, freqs, dtype=dtype)
             if self.reverse:
