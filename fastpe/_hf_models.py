@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "INDEXERS", "KNOWN", "MODELS",
+__all__ = ["CHECKED", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "INDEXERS",
+           "KNOWN", "MODELS",
            "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED",
            "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
            "convention"]
@@ -385,6 +386,11 @@ DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
 # per-layer partial_rotary_factors land there) and whose attention then rotates that
 # many leading features.
 ENTRY_PARTIAL: frozenset[str] = frozenset(("mellum", "step3p5"))
+
+# Families whose own default-type frequency function reads a layer type's
+# partial_rotary_factor with a default of its own where the entry gives none (MiMo-V2-Flash
+# rotates int(0.334 * head_dim) features); other rope types use transformers' default, 1.
+DEFAULT_TYPE_PARTIAL: dict[str, float] = {"mimo_v2_flash": 0.334}
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

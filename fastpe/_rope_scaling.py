@@ -388,6 +388,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         )
     # proportional RoPE keeps the full head width and zeroes frequencies instead.
     partial = None if rope_type == "proportional" else scaling.pop("partial_rotary_factor", None)
+    if model_type in _hf_models.DEFAULT_TYPE_PARTIAL:
+        partial = _hf_late_partial(config, model_type, rope_type, partial, scaling, per_layer)
     whole = (part is None and conv.width_key is None and not conv.trailing
              and conv.fixed_base is None
              and not (per_layer and partial is not None
@@ -1153,8 +1155,11 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str |
         raise ValueError(f"config has no {conv.width_key}, the rotated width of this model's "
                          "latent attention")
     width = _checks.count(width, conv.width_key, minimum=2, whole_float=True)
-    # transformers' MLA configs set head_dim to the rope width when config.json omits it.
-    head_dim = _hf_get(config, "head_dim")
+    # transformers' MLA configs set head_dim to the rope width when config.json omits it;
+    # dots.llm3 sets it per layer type.
+    head_dim = _hf_per_layer(config, "head_dim", layer_type)
+    if head_dim is None:
+        head_dim = _hf_get(config, "head_dim")
     head_dim = width if head_dim is None else _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     # transformers' module rotates int(head_dim * partial_rotary_factor) features: that
     # must be the rope part, or the config contradicts itself.
@@ -1235,6 +1240,31 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
                          f"{width + 1} features at frequencies of a {width}-wide spectrum, "
                          "which fastpe does not reproduce")
     return width
+
+
+def _hf_late_partial(config: object, model_type: str, rope_type: str, partial: object,
+                     scaling: dict[str, Any], per_layer: bool) -> object:
+    """The partial_rotary_factor of a family whose config class leaves a top-level one in
+    place (MiMo-V2-Flash, _hf_models.DEFAULT_TYPE_PARTIAL): transformers' shared frequency
+    functions copy it into every layer type's entry that lacks one while the rotary module
+    is built, after or before the family's own default-type function has read that
+    entry's factor (with a default of its own), depending on the order of its layer types."""
+    default = _hf_models.DEFAULT_TYPE_PARTIAL[model_type]
+    top = _hf_get(config, "partial_rotary_factor") if per_layer else None
+    if rope_type == "proportional":
+        if top is not None:
+            scaling.setdefault("partial_rotary_factor", top)
+        return partial
+    if rope_type != "default":
+        return top if partial is None else partial
+    if top is not None and top != default and (partial is None or partial == top):
+        raise ValueError(
+            f"model_type {model_type!r}: the config's top-level partial_rotary_factor={top!r} "
+            "reaches a default-type layer's rope parameters only if transformers builds "
+            "another layer type's frequencies first; the rotated width depends on that order "
+            f"({default} of the head or {top!r}): give the layer type's own "
+            "partial_rotary_factor (different from the top-level one) or drop the top-level one")
+    return default if partial is None else partial
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,

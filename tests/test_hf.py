@@ -560,6 +560,22 @@ def _module_cos(model_type, config, positions, layer_type=None):
                               "partial_rotary_factor": 0.5},
         "full_attention": {"rope_type": "default", "rope_theta": 1e6,
                            "partial_rotary_factor": 0.5}}), "sliding_attention"),
+    # MiMo-V2-Flash's default-type function: a layer type's own factor, else 0.334 of the
+    # head; other types: transformers' functions, the entry's or the top-level one
+    ("mimo_v2_flash", dict(head_dim=96, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e3},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e2,
+                              "partial_rotary_factor": 0.5}}), "full_attention"),
+    ("mimo_v2_flash", dict(head_dim=96, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e3},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e2,
+                              "partial_rotary_factor": 0.5}}), "sliding_attention"),
+    ("mimo_v2_flash", dict(head_dim=96, partial_rotary_factor=0.25, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e3,
+                           "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "llama3", "rope_theta": 5e2, "factor": 4.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 16}}), "sliding_attention"),
     # a top-level partial factor beside rope parameters per layer type is not read
     ("laguna", dict(head_dim=32, partial_rotary_factor=0.5, rope_parameters={
         "full_attention": {"rope_type": "default", "rope_theta": 1.4e6},
@@ -586,12 +602,52 @@ def test_from_hf_config_reads_what_the_family_code_reads(model_type, kwargs, lay
                                                 num_key_value_heads=2,
                                                 max_position_embeddings=64)
     config = transformers.AutoConfig.for_model(model_type, **{**base, **kwargs})
+    # the config as given, before building the module can fill in rope parameters
+    fresh = (copy.deepcopy(config), config.to_dict())
     positions = np.array([0, 5, 60, 127, 200])
     module = _module_cos(model_type, config, positions, layer_type)
-    for given in (config, config.to_dict()):
+    for given in (config, config.to_dict()) + fresh:
         rope = fastpe.RotaryEmbedding.from_hf_config(given, layer_type=layer_type)
         cos, _ = rope.cos_sin(positions, dtype="float64")
         want = (module if model_type == "gptj" else module[:, 0::2] if rope.style == "gptj"
                 else module[:, : module.shape[-1] // 2])
         assert cos.shape == want.shape
         np.testing.assert_allclose(cos, want, rtol=0, atol=3e-5)   # the module's float32
+
+
+def test_mimo_v2_flash_width_that_depends_on_build_order_is_refused():
+    # the default-type layer reads 0.334 of the head if built before the llama3 layer
+    # copies the top-level factor into its entry, and the top-level 0.25 after
+    config = transformers.AutoConfig.for_model(
+        "mimo_v2_flash", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=96, partial_rotary_factor=0.25, rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e3},
+            "sliding_attention": {"rope_type": "llama3", "rope_theta": 5e2, "factor": 4.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 16}})
+    fresh = copy.deepcopy(config)
+    built = _module_cos("mimo_v2_flash", config, np.array([1]), "full_attention")
+    assert built.shape[-1] == 32   # int(96 * 0.334), before the copy
+    for given in (fresh, config):  # the second holds the copied factor
+        with pytest.raises(ValueError, match="depends on that order"):
+            fastpe.RotaryEmbedding.from_hf_config(given, layer_type="full_attention")
+
+
+def test_dots3_proportional_rope_wider_than_the_rotated_part_is_refused():
+    # the sliding layers' head_dim is 256 (the class's per-layer value): proportional RoPE
+    # spans it while the attention rotates qk_rope_head_dim=64 features, and transformers'
+    # own attention fails on the shapes
+    config = transformers.AutoConfig.for_model(
+        "dots3_note_text", hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
+        qk_rope_head_dim=64, qk_nope_head_dim=64, head_dim=64, num_hidden_layers=2,
+        intermediate_size=64, vocab_size=100, pad_token_id=0,
+        layer_types=["sliding_attention", "indexed_attention"], rope_parameters={
+            "sliding_attention": {"rope_type": "proportional", "rope_theta": 61.9,
+                                  "partial_rotary_factor": 0.25},
+            "indexed_attention": {"rope_type": "linear", "rope_theta": 4.2e6, "factor": 5.0,
+                                  "partial_rotary_factor": 1.0}})
+    with pytest.raises(RuntimeError):
+        transformers.AutoModel.from_config(config)(torch.tensor([[1, 2, 3]]))
+    for given in (config, config.to_dict()):
+        with pytest.raises(ValueError, match="head_dim 256 differs from qk_rope_head_dim=64"):
+            fastpe.RotaryEmbedding.from_hf_config(given, layer_type="sliding_attention")
