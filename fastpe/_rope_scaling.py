@@ -388,8 +388,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         )
     # proportional RoPE keeps the full head width and zeroes frequencies instead.
     partial = None if rope_type == "proportional" else scaling.pop("partial_rotary_factor", None)
-    if model_type in _hf_models.DEFAULT_TYPE_PARTIAL:
-        partial = _hf_late_partial(config, model_type, rope_type, partial, scaling, per_layer)
+    if per_layer:
+        partial = _hf_layer_partial(config, model_type, rope_type, partial, scaling)
+    elif partial is None and rope_type == "default":
+        partial = _hf_models.DEFAULT_TYPE_PARTIAL.get(model_type or "")
     whole = (part is None and conv.width_key is None and not conv.trailing
              and conv.fixed_base is None
              and not (per_layer and partial is not None
@@ -1242,28 +1244,36 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
     return width
 
 
-def _hf_late_partial(config: object, model_type: str, rope_type: str, partial: object,
-                     scaling: dict[str, Any], per_layer: bool) -> object:
-    """The partial_rotary_factor of a family whose config class leaves a top-level one in
-    place (MiMo-V2-Flash, _hf_models.DEFAULT_TYPE_PARTIAL): transformers' shared frequency
-    functions copy it into every layer type's entry that lacks one while the rotary module
-    is built, after or before the family's own default-type function has read that
-    entry's factor (with a default of its own), depending on the order of its layer types."""
-    default = _hf_models.DEFAULT_TYPE_PARTIAL[model_type]
-    top = _hf_get(config, "partial_rotary_factor") if per_layer else None
+def _hf_layer_partial(config: object, model_type: str | None, rope_type: str,
+                      partial: object, scaling: dict[str, Any]) -> object:
+    """The partial_rotary_factor that a layer type's rotary frequencies read, beside a
+    top-level one. transformers' shared frequency functions (every rope type but the
+    default) first copy the top-level factor into each layer type's entry that lacks one,
+    then read the entry; a family's own default-type function reads the entry as it finds
+    it, with a default of its own (MiMo-V2-Flash: 0.334, _hf_models.DEFAULT_TYPE_PARTIAL):
+    the top-level factor reaches it only if another layer type's frequencies were built
+    first, an order fastpe does not reproduce, so that case is refused."""
+    top = _hf_get(config, "partial_rotary_factor")
     if rope_type == "proportional":
         if top is not None:
             scaling.setdefault("partial_rotary_factor", top)
         return partial
     if rope_type != "default":
         return top if partial is None else partial
-    if top is not None and top != default and (partial is None or partial == top):
+    default = _hf_models.DEFAULT_TYPE_PARTIAL.get(model_type or "")
+    shared = any(isinstance(entry, Mapping)
+                 and entry.get("rope_type", entry.get("type", "default")) != "default"
+                 for entry in (_hf_rope_dict(config)[1] or {}).values())
+    if (top is not None and shared and (partial is None or partial == top)
+            and top != (1.0 if default is None else default)
+            and model_type not in _hf_models.DEFAULT_TYPE_WHOLE):
         raise ValueError(
-            f"model_type {model_type!r}: the config's top-level partial_rotary_factor={top!r} "
-            "reaches a default-type layer's rope parameters only if transformers builds "
-            "another layer type's frequencies first; the rotated width depends on that order "
-            f"({default} of the head or {top!r}): give the layer type's own "
-            "partial_rotary_factor (different from the top-level one) or drop the top-level one")
+            f"config of model_type {model_type!r} has rope parameters per layer type and a "
+            f"top-level partial_rotary_factor={top!r}, which transformers copies into a "
+            "default-type layer's parameters only if it builds another layer type's "
+            "frequencies first: the rotated width depends on that order (the default "
+            f"{1.0 if default is None else default} of the head or {top!r}); give each layer "
+            "type its own partial_rotary_factor or drop the top-level one")
     return default if partial is None else partial
 
 

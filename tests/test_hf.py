@@ -576,7 +576,15 @@ def _module_cos(model_type, config, positions, layer_type=None):
         "sliding_attention": {"rope_type": "llama3", "rope_theta": 5e2, "factor": 4.0,
                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 16}}), "sliding_attention"),
-    # a top-level partial factor beside rope parameters per layer type is not read
+    # transformers' shared frequency functions (every rope type but the default) copy a
+    # top-level factor into the layer type's entry and read it there...
+    ("laguna", dict(head_dim=32, partial_rotary_factor=0.5, rope_parameters={
+        "full_attention": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0,
+                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 16},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), "full_attention"),
+    # ...while a family's own default-type function reads the entry as it finds it: with
+    # no shared function to copy it, a top-level factor is not read
     ("laguna", dict(head_dim=32, partial_rotary_factor=0.5, rope_parameters={
         "full_attention": {"rope_type": "default", "rope_theta": 1.4e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
