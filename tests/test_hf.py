@@ -8,6 +8,7 @@ model is built from a tiny config. Skipped without torch and transformers (the
 """
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -610,8 +611,10 @@ def test_from_hf_config_reads_what_the_family_code_reads(model_type, kwargs, lay
                                                 num_key_value_heads=2,
                                                 max_position_embeddings=64)
     config = transformers.AutoConfig.for_model(model_type, **{**base, **kwargs})
-    # the config as given, before building the module can fill in rope parameters
-    fresh = (copy.deepcopy(config), config.to_dict())
+    # the config as given, before building the module can fill in rope parameters, and
+    # as save_pretrained writes it to config.json
+    fresh = (copy.deepcopy(config), config.to_dict(),
+             json.loads(config.to_json_string(use_diff=True)))
     positions = np.array([0, 5, 60, 127, 200])
     module = _module_cos(model_type, config, positions, layer_type)
     for given in (config, config.to_dict()) + fresh:
