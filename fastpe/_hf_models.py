@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "INDEXERS",
-           "KNOWN", "MODELS",
-           "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED",
+__all__ = ["CHECKED", "CLASS_HEAD_DIM", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE",
+           "ENTRY_PARTIAL", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE",
+           "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED",
            "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
            "convention"]
 
@@ -391,6 +391,29 @@ ENTRY_PARTIAL: frozenset[str] = frozenset(("mellum", "step3p5"))
 # partial_rotary_factor with a default of its own where the entry gives none (MiMo-V2-Flash
 # rotates int(0.334 * head_dim) features); other rope types use transformers' default, 1.
 DEFAULT_TYPE_PARTIAL: dict[str, float] = {"mimo_v2_flash": 0.334}
+
+# The head_dim a family's config class holds where a config.json dict leaves it out (a
+# dict typed by hand: save_pretrained writes it), whatever hidden_size and
+# num_attention_heads give (tests/data/hf_head_dim_reference.json); the other classes
+# derive it from those (or, latent attention, take the rope width).
+CLASS_HEAD_DIM: dict[str, int] = {
+    "gpt_oss": 64, "longcat_flash": 64, "muse_spark_text": 64, "neucodec": 64,
+    "openai_privacy_filter": 64, "param2moe": 64, "qwen2_5_omni_dit": 64, "sarvam_moe": 64,
+    "voxtral_realtime_encoder": 64, "xcodec2": 64, "timesfm2_5": 80, "afmoe": 128,
+    "beam": 128, "cohere2_moe": 128, "cwm": 128, "dia_decoder": 128, "dia_encoder": 128,
+    "ernie4_5": 128, "flint": 128, "glm": 128, "glm4": 128, "helium": 128,
+    "higgs_audio_v2": 128, "hrm_text": 128, "hy_v3": 128, "internlm3": 128,
+    "iquestcoder": 128, "jetmoe": 128, "kolibri1": 128, "laguna": 128, "lara_mini": 128,
+    "lfm3": 128, "llama4_text": 128, "mellum": 128, "minicpm5_moe": 128, "minimax_m2": 128,
+    "minimax_m3_vl_text": 128, "ministral3": 128, "molmo2_text": 128,
+    "muse_glimmer_assistant": 128, "muse_glimmer_text": 128, "pe_audio_encoder": 128,
+    "pe_audio_video_encoder": 128, "pe_video_encoder": 128, "qwen3": 128,
+    "qwen3_omni_moe_talker_code_predictor": 128, "seed_oss": 128, "solar_open": 128,
+    "step3p5": 128, "zaya": 128, "mimo_v2_flash": 192, "dory": 256, "dots3_note_text": 256,
+    "gemma": 256, "gemma2": 256, "gemma3_text": 256, "gemma3n_text": 256, "qwen3_next": 256,
+    "t5_gemma_module": 256, "t5gemma2_decoder": 256, "t5gemma2_text": 256,
+    "vaultgemma": 256, "deepseek_v4": 512,
+}
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

@@ -1110,6 +1110,8 @@ def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
+    if head_dim is None:
+        head_dim = _hf_class_head_dim(config)
     if head_dim is not None:
         return _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     hidden = _hf_get(config, "hidden_size", "n_embd")
@@ -1120,6 +1122,14 @@ def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
         )
     hidden = _checks.count(hidden, "hidden_size", minimum=1, whole_float=True)
     return hidden // _checks.count(heads, "num_attention_heads", minimum=1, whole_float=True)
+
+
+def _hf_class_head_dim(config: object) -> int | None:
+    """The config class's own head_dim where a dict leaves the key out
+    (_hf_models.CLASS_HEAD_DIM), else None."""
+    if not isinstance(config, Mapping) or "head_dim" in config:
+        return None
+    return _hf_models.CLASS_HEAD_DIM.get(_hf_get(config, "model_type") or "")
 
 
 def _hf_per_layer(config: object, name: str, layer_type: str | None) -> object:
@@ -1157,11 +1167,13 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str |
         raise ValueError(f"config has no {conv.width_key}, the rotated width of this model's "
                          "latent attention")
     width = _checks.count(width, conv.width_key, minimum=2, whole_float=True)
-    # transformers' MLA configs set head_dim to the rope width when config.json omits it;
-    # dots.llm3 sets it per layer type.
+    # transformers' MLA configs set head_dim to the rope width when config.json omits it
+    # (LongCat-Flash's class keeps one of its own); dots.llm3 sets it per layer type.
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
+    if head_dim is None:
+        head_dim = _hf_class_head_dim(config)
     head_dim = width if head_dim is None else _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     # transformers' module rotates int(head_dim * partial_rotary_factor) features: that
     # must be the rope part, or the config contradicts itself.
