@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["CHECKED", "CLASS_HEAD_DIM", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE",
+__all__ = ["CHECKED", "CLASS_DEFAULTS", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE",
            "ENTRY_PARTIAL", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE",
            "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED",
            "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
@@ -392,28 +392,45 @@ ENTRY_PARTIAL: frozenset[str] = frozenset(("mellum", "step3p5"))
 # rotates int(0.334 * head_dim) features); other rope types use transformers' default, 1.
 DEFAULT_TYPE_PARTIAL: dict[str, float] = {"mimo_v2_flash": 0.334}
 
-# The head_dim a family's config class holds where a config.json dict leaves it out (a
-# dict typed by hand: save_pretrained writes it), whatever hidden_size and
-# num_attention_heads give (tests/data/hf_head_dim_reference.json); the other classes
-# derive it from those (or, latent attention, take the rope width).
-CLASS_HEAD_DIM: dict[str, int] = {
-    "gpt_oss": 64, "longcat_flash": 64, "muse_spark_text": 64, "neucodec": 64,
-    "openai_privacy_filter": 64, "param2moe": 64, "qwen2_5_omni_dit": 64, "sarvam_moe": 64,
-    "voxtral_realtime_encoder": 64, "xcodec2": 64, "timesfm2_5": 80, "afmoe": 128,
-    "beam": 128, "cohere2_moe": 128, "cwm": 128, "dia_decoder": 128, "dia_encoder": 128,
-    "ernie4_5": 128, "flint": 128, "glm": 128, "glm4": 128, "helium": 128,
-    "higgs_audio_v2": 128, "hrm_text": 128, "hy_v3": 128, "internlm3": 128,
-    "iquestcoder": 128, "jetmoe": 128, "kolibri1": 128, "laguna": 128, "lara_mini": 128,
-    "lfm3": 128, "llama4_text": 128, "mellum": 128, "minicpm5_moe": 128, "minimax_m2": 128,
-    "minimax_m3_vl_text": 128, "ministral3": 128, "molmo2_text": 128,
-    "muse_glimmer_assistant": 128, "muse_glimmer_text": 128, "pe_audio_encoder": 128,
-    "pe_audio_video_encoder": 128, "pe_video_encoder": 128, "qwen3": 128,
-    "qwen3_omni_moe_talker_code_predictor": 128, "seed_oss": 128, "solar_open": 128,
-    "step3p5": 128, "zaya": 128, "mimo_v2_flash": 192, "dory": 256, "dots3_note_text": 256,
-    "gemma": 256, "gemma2": 256, "gemma3_text": 256, "gemma3n_text": 256, "qwen3_next": 256,
-    "t5_gemma_module": 256, "t5gemma2_decoder": 256, "t5gemma2_text": 256,
-    "vaultgemma": 256, "deepseek_v4": 512,
-}
+# What a family's config class gives a config.json dict that leaves these keys out (a
+# dict typed by hand: save_pretrained writes them), where it differs from what fastpe
+# assumes of such a dict (head_dim = hidden_size // num_attention_heads, or latent
+# attention's rope width; partial_rotary_factor 1; rotary embeddings):
+# tests/data/hf_class_defaults_reference.json.
+_CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
+    ({"partial_rotary_factor": 0.25}, "stablelm"),
+    ({"partial_rotary_factor": 0.5}, """
+        bamba glm4_moe glmasr_encoder nemotron nemotron3_5_transcribe_asr_audio
+        nemotron3_5_transcribe_word_timestamp persimmon phi recurrent_gemma
+    """),
+    ({"partial_rotary_factor": 0.8}, "moonshine_streaming"),
+    ({"partial_rotary_factor": 0.9}, "moonshine"),
+    ({"position_embedding_type": "absolute"}, "esm"),
+    ({"head_dim": 64}, """
+        gpt_oss longcat_flash muse_spark_text neucodec openai_privacy_filter param2moe
+        qwen2_5_omni_dit sarvam_moe voxtral_realtime_encoder xcodec2
+    """),
+    ({"head_dim": 80}, "timesfm2_5"),
+    ({"head_dim": 128}, """
+        afmoe beam cohere2_moe cwm dia_decoder dia_encoder ernie4_5 flint helium
+        higgs_audio_v2 hrm_text hy_v3 internlm3 iquestcoder jetmoe kolibri1 laguna
+        lara_mini lfm3 llama4_text mellum minicpm5_moe minimax_m2 minimax_m3_vl_text
+        ministral3 molmo2_text muse_glimmer_assistant muse_glimmer_text pe_audio_encoder
+        pe_audio_video_encoder pe_video_encoder qwen3
+        qwen3_omni_moe_talker_code_predictor seed_oss solar_open step3p5 zaya
+    """),
+    ({"head_dim": 192}, "mimo_v2_flash"),
+    ({"head_dim": 256}, """
+        dory dots3_note_text gemma gemma2 gemma3_text gemma3n_text t5_gemma_module
+        t5gemma2_decoder t5gemma2_text vaultgemma
+    """),
+    ({"head_dim": 128, "partial_rotary_factor": 0.5}, "glm glm4"),
+    ({"head_dim": 256, "partial_rotary_factor": 0.25}, "qwen3_next"),
+    ({"head_dim": 512, "partial_rotary_factor": 0.125}, "deepseek_v4"),
+)
+CLASS_DEFAULTS: dict[str, dict[str, object]] = {
+    model_type: dict(values) for values, names in _CLASS_DEFAULTS_BY_VALUE
+    for model_type in names.split()}
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

@@ -989,6 +989,10 @@ def hf_config(config: object) -> tuple[object, str | None]:
     model_type = _hf_get(config, "model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise TypeError(f"config model_type must be a string, got {type(model_type).__name__}")
+    defaults = _hf_models.CLASS_DEFAULTS.get(model_type or "")
+    if defaults and isinstance(config, Mapping):
+        # the keys a dict leaves out are the config class's (a to_dict() holds them all)
+        config = {**defaults, **config}
     if model_type == "":
         raise ValueError(
             "config has an empty model_type: transformers gives that to sub-configs of "
@@ -1110,8 +1114,6 @@ def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
-    if head_dim is None:
-        head_dim = _hf_class_head_dim(config)
     if head_dim is not None:
         return _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     hidden = _hf_get(config, "hidden_size", "n_embd")
@@ -1122,14 +1124,6 @@ def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
         )
     hidden = _checks.count(hidden, "hidden_size", minimum=1, whole_float=True)
     return hidden // _checks.count(heads, "num_attention_heads", minimum=1, whole_float=True)
-
-
-def _hf_class_head_dim(config: object) -> int | None:
-    """The config class's own head_dim where a dict leaves the key out
-    (_hf_models.CLASS_HEAD_DIM), else None."""
-    if not isinstance(config, Mapping) or "head_dim" in config:
-        return None
-    return _hf_models.CLASS_HEAD_DIM.get(_hf_get(config, "model_type") or "")
 
 
 def _hf_per_layer(config: object, name: str, layer_type: str | None) -> object:
@@ -1168,12 +1162,11 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str |
                          "latent attention")
     width = _checks.count(width, conv.width_key, minimum=2, whole_float=True)
     # transformers' MLA configs set head_dim to the rope width when config.json omits it
-    # (LongCat-Flash's class keeps one of its own); dots.llm3 sets it per layer type.
+    # (LongCat-Flash's class keeps one of its own: hf_config); dots.llm3 sets it per
+    # layer type.
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
-    if head_dim is None:
-        head_dim = _hf_class_head_dim(config)
     head_dim = width if head_dim is None else _checks.count(head_dim, "head_dim", minimum=1, whole_float=True)
     # transformers' module rotates int(head_dim * partial_rotary_factor) features: that
     # must be the rope part, or the config contradicts itself.

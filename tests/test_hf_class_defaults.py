@@ -1,0 +1,79 @@
+"""from_hf_config on config.json dicts that leave out keys it reads (head_dim,
+partial_rotary_factor, position_embedding_type), against what each family's config
+class gives them.
+
+The fixture (tests/data/make_hf_class_defaults_reference.py) loaded two or three such
+dicts per checked family with its config class (hidden sizes 192 and 320 over 4 heads;
+latent attention also with qk_rope_head_dim 24) and stored what the loaded config holds:
+Gemma's class keeps head_dim 256 whatever the dict's sizes, StableLM's rotates a quarter
+of each head, ESM's uses absolute position embeddings, Llama's derives the width and
+rotates all of it. fastpe's head and rotated width are those, or it refuses the dict.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import fastpe
+from fastpe import _hf_models
+
+DATA = Path(__file__).parent / "data"
+FIXTURE = json.loads((DATA / "hf_class_defaults_reference.json").read_text())
+CASES = [c for c in FIXTURE["cases"] if "error" not in c]
+sys.path.insert(0, str(DATA))
+from make_hf_class_defaults_reference import class_defaults  # noqa: E402
+
+
+def _case_id(case):
+    return "{}-{}".format(case["model_type"], "-".join(
+        f"{k}{v}" for k, v in case["config"].items() if k.endswith(("size", "rope_head_dim"))))
+
+
+def test_the_table_is_the_fixtures():
+    assert _hf_models.CLASS_DEFAULTS == class_defaults(FIXTURE["cases"])
+    assert FIXTURE["transformers"].startswith(_hf_models.TRANSFORMERS_VERSION)
+
+
+def _load(config):
+    try:
+        return fastpe.RotaryEmbedding.from_hf_config(dict(config))
+    except ValueError:
+        return None  # refused: no width to get wrong
+
+
+@pytest.mark.parametrize("case", [c for c in CASES
+                                  if _hf_models.convention(c["model_type"]).width_key is None],
+                         ids=_case_id)
+def test_a_dict_without_the_keys_is_read_as_its_class_reads_it(case):
+    config = case["config"]
+    rope = _load(config)
+    if case["position_embedding_type"] not in (None, "rotary"):
+        assert rope is None
+    if rope is None:
+        return
+    head_dim = case["head_dim"]
+    if head_dim is None:
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+    assert rope.feature_slice.stop == head_dim
+    partial = case["partial_rotary_factor"]
+    if partial is not None and case["model_type"] in _hf_models.CLASS_DEFAULTS:
+        # the family reads it (fastpe found its class default worth keeping)
+        assert rope.rotary_dim == int(head_dim * partial)
+
+
+def test_dicts_without_the_keys_of_a_few_families():
+    gemma = fastpe.RotaryEmbedding.from_hf_config(
+        {"model_type": "gemma", "hidden_size": 2048, "num_attention_heads": 8})
+    assert (gemma.head_dim, gemma.rotary_dim) == (256, 256)
+    # a dict that gives the key keeps it, as the class does
+    assert fastpe.RotaryEmbedding.from_hf_config(
+        {"model_type": "gemma", "hidden_size": 2048, "num_attention_heads": 8,
+         "head_dim": 64}).head_dim == 64
+    stablelm = fastpe.RotaryEmbedding.from_hf_config(
+        {"model_type": "stablelm", "hidden_size": 2560, "num_attention_heads": 32})
+    assert (stablelm.head_dim, stablelm.rotary_dim) == (80, 20)
+    with pytest.raises(ValueError, match="position_embedding_type='absolute'"):
+        fastpe.RotaryEmbedding.from_hf_config(
+            {"model_type": "esm", "hidden_size": 320, "num_attention_heads": 20})
