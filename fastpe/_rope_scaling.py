@@ -1285,14 +1285,16 @@ def _hf_layer_partial(config: object, model_type: str | None, rope_type: str,
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,
                    model_type: str | None, top_partial: bool = True) -> int:
     """The rotated width of a family that reads partial_rotary_factor (the rope dict's,
-    else the config's where top_partial), or where it has one, its legacy key
-    (_hf_models.WIDTH_KEYS) or that key's default."""
+    else the config's where top_partial and the family has no rotary_pct), or where it
+    has one, its legacy key (_hf_models.WIDTH_KEYS) or that key's default."""
     if partial is not None:
         return _rotary_width(head_dim, partial, "partial_rotary_factor")
     legacy, default = _hf_models.WIDTH_KEYS.get(model_type or "", (None, None))
     names: tuple[str, ...] = ("partial_rotary_factor",) if top_partial else ()
     if legacy == "rotary_pct":
-        names += ("rotary_pct",)
+        # GPT-NeoX's config class puts rotary_pct (or its default) in the rope parameters,
+        # whatever a top-level partial_rotary_factor says
+        names = ("rotary_pct",)
     for name in names:
         value = _hf_get(config, name)
         if value is not None:

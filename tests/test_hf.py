@@ -517,6 +517,14 @@ def test_a_config_dict_without_the_width_key_takes_the_config_class_default(mode
             else config.rotary_dim)
     given = {"model_type": model_type, "hidden_size": 1024, "num_attention_heads": 8}
     assert fastpe.RotaryEmbedding.from_hf_config(given).rotary_dim == want
+    if key == "rotary_pct":
+        # the class puts rotary_pct's default in the rope parameters, whatever a
+        # top-level partial_rotary_factor says
+        given["partial_rotary_factor"] = 1.0
+        loaded = transformers.AutoConfig.for_model(**given)
+        assert loaded.rope_parameters["partial_rotary_factor"] == rope_parameters[
+            "partial_rotary_factor"]
+        assert fastpe.RotaryEmbedding.from_hf_config(given).rotary_dim == want
 
 
 def _module_cos(model_type, config, positions, layer_type=None):
