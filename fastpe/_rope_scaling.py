@@ -425,7 +425,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     if max_positions is not None:
         max_positions = _checks.count(max_positions, "max_position_embeddings", minimum=1, whole_float=True)
     if theta is None:
-        theta = _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
+        theta = _hf_top_level_base(config, model_type, conv)
     if part is not None:
         head_dim, rotary_dim, features, indexer_style = _hf_indexer(config, model_type)
     elif conv.width_key is not None:
@@ -989,10 +989,15 @@ def hf_config(config: object) -> tuple[object, str | None]:
     model_type = _hf_get(config, "model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise TypeError(f"config model_type must be a string, got {type(model_type).__name__}")
-    defaults = _hf_models.CLASS_DEFAULTS.get(model_type or "")
-    if defaults and isinstance(config, Mapping):
+    if isinstance(config, Mapping) and model_type:
         # the keys a dict leaves out are the config class's (a to_dict() holds them all)
-        config = {**defaults, **config}
+        defaults = _hf_models.CLASS_DEFAULTS.get(model_type, {})
+        partial = _hf_models.ROPE_DEFAULT_PARTIAL.get(model_type)
+        if partial is not None and config.get("rope_parameters") is None and config.get(
+                "rope_scaling") is None:
+            defaults = {**defaults, "partial_rotary_factor": partial}
+        if defaults:
+            config = {**defaults, **config}
     if model_type == "":
         raise ValueError(
             "config has an empty model_type: transformers gives that to sub-configs of "
@@ -1280,6 +1285,20 @@ def _hf_layer_partial(config: object, model_type: str | None, rope_type: str,
             f"{1.0 if default is None else default} of the head or {top!r}); give each layer "
             "type its own partial_rotary_factor or drop the top-level one")
     return default if partial is None else partial
+
+
+def _hf_top_level_base(config: object, model_type: str | None,
+                       conv: _hf_models.Convention) -> object:
+    """The base outside the rope parameters: under the key the family's config class
+    reads (_hf_models.BASE_KEYS; rope_theta for most), or where it reads none (beside no
+    older rope_scaling), its own default; a model type transformers does not check may
+    use either older key."""
+    if model_type not in _hf_models.CHECKED:
+        return _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
+    key = _hf_models.BASE_KEYS.get(model_type, "rope_theta")
+    if key is None and _hf_get(config, "rope_scaling") is None:
+        return _hf_models.CLASS_DEFAULTS.get(model_type, {}).get("rope_theta")
+    return _hf_get(config, key or "rope_theta", *conv.base_keys)
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,

@@ -1,13 +1,15 @@
 """from_hf_config on config.json dicts that leave out keys it reads (head_dim,
-partial_rotary_factor, position_embedding_type), against what each family's config
-class gives them.
+partial_rotary_factor, position_embedding_type, the base) or give a base under an older
+key, against what each family's config class makes of them.
 
 The fixture (tests/data/make_hf_class_defaults_reference.py) loaded two or three such
 dicts per checked family with its config class (hidden sizes 192 and 320 over 4 heads;
-latent attention also with qk_rope_head_dim 24) and stored what the loaded config holds:
+latent attention also with qk_rope_head_dim 24; a base under rope_theta, under
+rotary_emb_base) and stored what the loaded config holds:
 Gemma's class keeps head_dim 256 whatever the dict's sizes, StableLM's rotates a quarter
 of each head, ESM's uses absolute position embeddings, Llama's derives the width and
-rotates all of it. fastpe's head and rotated width are those, or it refuses the dict.
+rotates all of it; Llama 4's base is 500000, GPT-NeoX reads rotary_emb_base and Apertus no
+top-level base. fastpe's head, rotated width and base are those, or it refuses the dict.
 """
 
 import json
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fastpe
-from fastpe import _hf_models
+from fastpe import _hf_models, _rope_scaling
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = json.loads((DATA / "hf_class_defaults_reference.json").read_text())
@@ -31,36 +33,41 @@ def _case_id(case):
         f"{k}{v}" for k, v in case["config"].items() if k.endswith(("size", "rope_head_dim"))))
 
 
-def test_the_table_is_the_fixtures():
-    assert _hf_models.CLASS_DEFAULTS == class_defaults(FIXTURE["cases"])
+def test_the_tables_are_the_fixtures():
+    assert (_hf_models.CLASS_DEFAULTS, _hf_models.ROPE_DEFAULT_PARTIAL,
+            _hf_models.BASE_KEYS) == class_defaults(FIXTURE["cases"])
     assert FIXTURE["transformers"].startswith(_hf_models.TRANSFORMERS_VERSION)
 
 
 def _load(config):
     try:
-        return fastpe.RotaryEmbedding.from_hf_config(dict(config))
+        return _rope_scaling.hf_rope_config(dict(config))
     except ValueError:
-        return None  # refused: no width to get wrong
+        return None  # refused: no width or base to get wrong
 
 
-@pytest.mark.parametrize("case", [c for c in CASES
-                                  if _hf_models.convention(c["model_type"]).width_key is None],
-                         ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_a_dict_without_the_keys_is_read_as_its_class_reads_it(case):
     config = case["config"]
-    rope = _load(config)
+    loaded = _load(config)
     if case["position_embedding_type"] not in (None, "rotary"):
-        assert rope is None
-    if rope is None:
+        assert loaded is None
+    if loaded is None:
         return
+    if case["rope_theta"] is not None and _hf_models.convention(
+            case["model_type"]).fixed_base is None:
+        assert loaded["base"] == case["rope_theta"]
+    if _hf_models.convention(case["model_type"]).width_key is not None:
+        return  # latent attention: the rope part's own rules (tests/test_hf_zoo.py)
     head_dim = case["head_dim"]
     if head_dim is None:
         head_dim = config["hidden_size"] // config["num_attention_heads"]
-    assert rope.feature_slice.stop == head_dim
+    assert loaded["features"][1] == head_dim
     partial = case["partial_rotary_factor"]
-    if partial is not None and case["model_type"] in _hf_models.CLASS_DEFAULTS:
+    if partial is not None and (case["model_type"] in _hf_models.CLASS_DEFAULTS
+                                or case["model_type"] in _hf_models.ROPE_DEFAULT_PARTIAL):
         # the family reads it (fastpe found its class default worth keeping)
-        assert rope.rotary_dim == int(head_dim * partial)
+        assert loaded["rotary_dim"] == int(head_dim * partial)
 
 
 def test_dicts_without_the_keys_of_a_few_families():
@@ -74,6 +81,8 @@ def test_dicts_without_the_keys_of_a_few_families():
     stablelm = fastpe.RotaryEmbedding.from_hf_config(
         {"model_type": "stablelm", "hidden_size": 2560, "num_attention_heads": 32})
     assert (stablelm.head_dim, stablelm.rotary_dim) == (80, 20)
+    assert _rope_scaling.hf_rope_config(
+        {"model_type": "llama4_text", "hidden_size": 5120, "num_attention_heads": 40})["base"] == 5e5
     with pytest.raises(ValueError, match="position_embedding_type='absolute'"):
         fastpe.RotaryEmbedding.from_hf_config(
             {"model_type": "esm", "hidden_size": 320, "num_attention_heads": 20})

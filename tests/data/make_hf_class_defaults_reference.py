@@ -19,12 +19,16 @@ holds none: the width is then hidden_size // num_attention_heads), the
 ``partial_rotary_factor`` its (flat) rope parameters or the config carry, and
 ``position_embedding_type``; or the class's error, where it fails on the dict.
 
-It prints the table fastpe._hf_models.CLASS_DEFAULTS holds (tests/test_hf_class_defaults.py
-derives it from the fixture the same way): per family, each of those keys whose value
-is the same for every dict and not what fastpe assumes of a dict without it (head_dim
-derived or the rope width, a partial factor of 1, rotary embeddings).
+More dicts per family (VARIANTS) give a base under ``rope_theta`` or ``rotary_emb_base``
+(older config.json keys), rope parameters without a partial factor, or an older
+``rope_scaling`` beside ``rope_theta``; each case also stores the base the loaded
+(flat) rope parameters hold.
+
+It prints the tables fastpe._hf_models holds (tests/test_hf_class_defaults.py derives
+them from the fixture the same way, class_defaults).
 """
 
+import copy
 import json
 import sys
 import warnings
@@ -34,6 +38,21 @@ sys.path.insert(0, str(Path(__file__).parents[2]))
 from fastpe import _hf_models
 
 OUTPUT = Path(__file__).with_name("hf_class_defaults_reference.json")
+# the dicts: none of the keys (two sizes; "mla" beside them for latent attention), a
+# top-level base under either older key, rope parameters without a partial factor, and
+# an older config.json's rope_scaling beside rope_theta (bases no class defaults to)
+VARIANTS = {
+    "hidden192": {"hidden_size": 192},
+    "hidden320": {"hidden_size": 320},
+    "rope_theta": {"hidden_size": 192, "rope_theta": 1234.0},
+    "rotary_emb_base": {"hidden_size": 192, "rotary_emb_base": 4321.0},
+    "rope_parameters": {"hidden_size": 192,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 777.0}},
+    "rope_scaling": {"hidden_size": 192, "rope_theta": 1234.0,
+                     "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+}
+PLAIN = ("hidden192", "hidden320", "mla")
+DEFAULT_BASE = 10000.0  # fastpe's base where a config gives none
 
 
 def loaded_values(config):
@@ -42,38 +61,58 @@ def loaded_values(config):
     if partial is None and isinstance(rope, dict):
         partial = rope.get("partial_rotary_factor")
     head_dim = getattr(config, "head_dim", None)
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     return {"head_dim": None if head_dim is None else int(head_dim),
             "partial_rotary_factor": None if partial is None else float(partial),
-            "position_embedding_type": getattr(config, "position_embedding_type", None)}
+            "position_embedding_type": getattr(config, "position_embedding_type", None),
+            "rope_theta": None if isinstance(theta, dict) or theta is None else float(theta)}
 
 
 def class_defaults(cases):
-    """The table: what every dict of a family got alike, where fastpe assumes otherwise."""
+    """The tables of fastpe._hf_models: CLASS_DEFAULTS (per family, the values every dict
+    without the keys got alike, where fastpe assumes otherwise), ROPE_DEFAULT_PARTIAL (a
+    partial factor the class puts only in the rope parameters it makes for a dict that
+    gives none) and BASE_KEYS (the key a class reads a lone top-level base under, where
+    it is not rope_theta)."""
     runs = {}
     for case in cases:
         if "error" not in case:
-            runs.setdefault(case["model_type"], []).append(case)
-    table = {}
+            runs.setdefault(case["model_type"], {})[case["variant"]] = case
+    table, rope_partial, base_keys = {}, {}, {}
     for model_type, found in sorted(runs.items()):
         conv = _hf_models.convention(model_type)
+        plain = [found[name] for name in PLAIN if name in found]
         values = {}
-        head = {c["head_dim"] for c in found}
-        if len(head) == 1 and found[0]["head_dim"] is not None and any(
+        head = {c["head_dim"] for c in plain}
+        if len(head) == 1 and plain[0]["head_dim"] is not None and any(
                 c["head_dim"] not in (c["config"]["hidden_size"] // 4,
-                                      c["config"].get("qk_rope_head_dim")) for c in found):
-            values["head_dim"] = found[0]["head_dim"]
+                                      c["config"].get("qk_rope_head_dim")) for c in plain):
+            values["head_dim"] = plain[0]["head_dim"]
+        kind = {c["position_embedding_type"] for c in plain}
+        if len(kind) == 1 and plain[0]["position_embedding_type"] not in (None, "rotary"):
+            values["position_embedding_type"] = plain[0]["position_embedding_type"]
+        thetas = {c["rope_theta"] for c in plain}
+        if len(thetas) == 1 and plain[0]["rope_theta"] not in (None, DEFAULT_BASE):
+            values["rope_theta"] = plain[0]["rope_theta"]
         # the families whose width comes from another key (WIDTH_KEYS) or their latent
         # attention's split keep their own rules
-        partial = {c["partial_rotary_factor"] for c in found}
-        if (len(partial) == 1 and found[0]["partial_rotary_factor"] not in (None, 1.0)
+        partial = {c["partial_rotary_factor"] for c in plain}
+        given = found.get("rope_parameters", {}).get("partial_rotary_factor")
+        if (len(partial) == 1 and plain[0]["partial_rotary_factor"] not in (None, 1.0)
                 and conv.width_key is None and model_type not in _hf_models.WIDTH_KEYS):
-            values["partial_rotary_factor"] = found[0]["partial_rotary_factor"]
-        kind = {c["position_embedding_type"] for c in found}
-        if len(kind) == 1 and found[0]["position_embedding_type"] not in (None, "rotary"):
-            values["position_embedding_type"] = found[0]["position_embedding_type"]
+            if given == plain[0]["partial_rotary_factor"]:
+                values["partial_rotary_factor"] = given  # whatever rope parameters say
+            else:
+                rope_partial[model_type] = plain[0]["partial_rotary_factor"]
         if values:
             table[model_type] = values
-    return table
+        base = {key: found[key]["rope_theta"] for key in ("rope_theta", "rotary_emb_base")
+                if key in found and found[key]["rope_theta"] is not None}
+        if base:
+            read = [key for key, theta in base.items() if theta == VARIANTS[key][key]]
+            if read != ["rope_theta"]:
+                base_keys[model_type] = read[0] if read else None
+    return table, rope_partial, base_keys
 
 
 def main():
@@ -92,16 +131,17 @@ def main():
         cls = classes.get(model_type)
         if cls is None:
             continue
-        variants = [{"hidden_size": 192}, {"hidden_size": 320}]
+        variants = dict(VARIANTS)
         if _hf_models.convention(model_type).width_key is not None:
-            variants.append({"hidden_size": 192, "qk_rope_head_dim": 24,
-                             "qk_nope_head_dim": 16})
-        for variant in variants:
+            variants["mla"] = {"hidden_size": 192, "qk_rope_head_dim": 24,
+                               "qk_nope_head_dim": 16}
+        for name, variant in variants.items():
             given = {"model_type": model_type, **variant, "num_attention_heads": 4,
                      "num_key_value_heads": 4}
-            case = {"model_type": model_type, "config": given}
+            case = {"model_type": model_type, "variant": name, "config": given}
             try:
-                case.update(loaded_values(cls.from_dict(dict(given))))
+                # a copy: classes fill their defaults into the nested dicts
+                case.update(loaded_values(cls.from_dict(copy.deepcopy(given))))
             except Exception as e:  # the class fails on the dict: nothing to reproduce
                 case["error"] = f"{type(e).__name__}: {e}"[:200]
             cases.append(case)
