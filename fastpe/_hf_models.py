@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 __all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE",
            "ENTRY_PARTIAL", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE",
-           "PAIRED_BLOCKS", "PARTIAL_FAILS", "REFUSED", "ROPE_DEFAULT_PARTIAL",
+           "PAIRED_BLOCKS", "PARTIAL_FAILS", "PER_LAYER_HEAD_DIM", "REFUSED",
+           "ROPE_DEFAULT_PARTIAL",
            "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
            "convention"]
 
@@ -450,6 +451,11 @@ _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
 CLASS_DEFAULTS: dict[str, dict[str, object]] = {
     model_type: dict(values) for values, names in _CLASS_DEFAULTS_BY_VALUE
     for model_type in names.split()}
+
+# Families whose config class makes a head width per layer (Gemma 4's full-attention
+# layers: global_head_dim), kept in per_layer_config (the fixture above).
+PER_LAYER_HEAD_DIM: frozenset[str] = frozenset((
+    "diffusion_gemma_text", "embedding_gemma2_text", "gemma4_text", "gemma4_unified_text"))
 
 # A partial factor a family's config class puts only in the rope parameters it makes for
 # a dict that gives none (neither rope_parameters nor rope_scaling): the fixture above.

@@ -1117,6 +1117,14 @@ def _hf_get(config: object, *names: str) -> Any:
 
 def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
+    model_type = _hf_get(config, "model_type")
+    if (head_dim is None and model_type in _hf_models.PER_LAYER_HEAD_DIM
+            and _hf_get(config, "per_layer_config") is None):
+        raise ValueError(
+            f"config has no per_layer_config: model_type {model_type!r}'s config class "
+            "makes a head width per layer (its full-attention layers' from global_head_dim "
+            "and its defaults), which fastpe does not derive; give the config object, its "
+            "to_dict(), or the config.json save_pretrained writes")
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
     if head_dim is not None:

@@ -60,9 +60,12 @@ def loaded_values(config):
     partial = getattr(config, "partial_rotary_factor", None)
     if partial is None and isinstance(rope, dict):
         partial = rope.get("partial_rotary_factor")
-    head_dim = getattr(config, "head_dim", None)
+    try:
+        head_dim = getattr(config, "head_dim", None)
+    except Exception:  # Gemma 4: a width per layer (per_layer_config), none for the model
+        head_dim = "per layer"
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-    return {"head_dim": None if head_dim is None else int(head_dim),
+    return {"head_dim": head_dim if head_dim in (None, "per layer") else int(head_dim),
             "partial_rotary_factor": None if partial is None else float(partial),
             "position_embedding_type": getattr(config, "position_embedding_type", None),
             "rope_theta": None if isinstance(theta, dict) or theta is None else float(theta)}
@@ -72,19 +75,22 @@ def class_defaults(cases):
     """The tables of fastpe._hf_models: CLASS_DEFAULTS (per family, the values every dict
     without the keys got alike, where fastpe assumes otherwise), ROPE_DEFAULT_PARTIAL (a
     partial factor the class puts only in the rope parameters it makes for a dict that
-    gives none) and BASE_KEYS (the key a class reads a lone top-level base under, where
-    it is not rope_theta)."""
+    gives none), BASE_KEYS (the key a class reads a lone top-level base under, where it
+    is not rope_theta) and PER_LAYER_HEAD_DIM (the classes that make a head width per
+    layer, as a list)."""
     runs = {}
     for case in cases:
         if "error" not in case:
             runs.setdefault(case["model_type"], {})[case["variant"]] = case
-    table, rope_partial, base_keys = {}, {}, {}
+    table, rope_partial, base_keys, per_layer = {}, {}, {}, []
     for model_type, found in sorted(runs.items()):
         conv = _hf_models.convention(model_type)
         plain = [found[name] for name in PLAIN if name in found]
         values = {}
         head = {c["head_dim"] for c in plain}
-        if len(head) == 1 and plain[0]["head_dim"] is not None and any(
+        if head == {"per layer"}:
+            per_layer.append(model_type)
+        elif len(head) == 1 and plain[0]["head_dim"] is not None and any(
                 c["head_dim"] not in (c["config"]["hidden_size"] // 4,
                                       c["config"].get("qk_rope_head_dim")) for c in plain):
             values["head_dim"] = plain[0]["head_dim"]
@@ -112,7 +118,7 @@ def class_defaults(cases):
             read = [key for key, theta in base.items() if theta == VARIANTS[key][key]]
             if read != ["rope_theta"]:
                 base_keys[model_type] = read[0] if read else None
-    return table, rope_partial, base_keys
+    return table, rope_partial, base_keys, per_layer
 
 
 def main():
