@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_TYPE_PARTIAL", "DEFAULT_TYPE_WHOLE",
-           "ENTRY_PARTIAL", "INDEXERS", "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE",
-           "PAIRED_BLOCKS", "PARTIAL_FAILS", "PER_LAYER_HEAD_DIM", "REFUSED",
-           "ROPE_DEFAULT_PARTIAL",
+__all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_TYPE_PARTIAL",
+           "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "HEAD_DIM_UNREAD", "INDEXERS",
+           "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
+           "PARTIAL_FAILS", "PER_LAYER_HEAD_DIM", "REFUSED", "ROPE_DEFAULT_PARTIAL",
            "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
            "convention"]
 
@@ -456,6 +456,13 @@ CLASS_DEFAULTS: dict[str, dict[str, object]] = {
 # layers: global_head_dim), kept in per_layer_config (the fixture above).
 PER_LAYER_HEAD_DIM: frozenset[str] = frozenset((
     "diffusion_gemma_text", "embedding_gemma2_text", "gemma4_text", "gemma4_unified_text"))
+
+# Families whose config class sets head_dim whatever a dict says (from hidden_size /
+# num_attention_heads, or latent attention's rope width): the fixture above.
+HEAD_DIM_UNREAD: frozenset[str] = frozenset("""
+    axk2 bailing_hybrid deepseek_ocr2_text deepseek_v2 deepseek_v32 glm_moe_dsa
+    hy_v4 minicpm3 mistral_large4_text sarvam_mla unlimited_ocr_text
+""".split())
 
 # A partial factor a family's config class puts only in the rope parameters it makes for
 # a dict that gives none (neither rope_parameters nor rope_scaling): the fixture above.

@@ -996,6 +996,8 @@ def hf_config(config: object) -> tuple[object, str | None]:
         if partial is not None and config.get("rope_parameters") is None and config.get(
                 "rope_scaling") is None:
             defaults = {**defaults, "partial_rotary_factor": partial}
+        if model_type in _hf_models.HEAD_DIM_UNREAD:
+            config = {k: v for k, v in config.items() if k != "head_dim"}
         if defaults:
             config = {**defaults, **config}
     if model_type == "":

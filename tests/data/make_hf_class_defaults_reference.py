@@ -39,8 +39,9 @@ from fastpe import _hf_models
 
 OUTPUT = Path(__file__).with_name("hf_class_defaults_reference.json")
 # the dicts: none of the keys (two sizes; "mla" beside them for latent attention), a
-# top-level base under either older key, rope parameters without a partial factor, and
-# an older config.json's rope_scaling beside rope_theta (bases no class defaults to)
+# top-level base under either older key, rope parameters without a partial factor, an
+# older config.json's rope_scaling beside rope_theta (bases no class defaults to), and a
+# head_dim that hidden_size / num_attention_heads does not give
 VARIANTS = {
     "hidden192": {"hidden_size": 192},
     "hidden320": {"hidden_size": 320},
@@ -50,6 +51,7 @@ VARIANTS = {
                         "rope_parameters": {"rope_type": "default", "rope_theta": 777.0}},
     "rope_scaling": {"hidden_size": 192, "rope_theta": 1234.0,
                      "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "head_dim": {"hidden_size": 192, "head_dim": 96},
 }
 PLAIN = ("hidden192", "hidden320", "mla")
 DEFAULT_BASE = 10000.0  # fastpe's base where a config gives none
@@ -76,13 +78,14 @@ def class_defaults(cases):
     without the keys got alike, where fastpe assumes otherwise), ROPE_DEFAULT_PARTIAL (a
     partial factor the class puts only in the rope parameters it makes for a dict that
     gives none), BASE_KEYS (the key a class reads a lone top-level base under, where it
-    is not rope_theta) and PER_LAYER_HEAD_DIM (the classes that make a head width per
-    layer, as a list)."""
+    is not rope_theta), PER_LAYER_HEAD_DIM (the classes that make a head width per
+    layer) and HEAD_DIM_UNREAD (the classes that set head_dim whatever a dict says), the
+    last two as lists."""
     runs = {}
     for case in cases:
         if "error" not in case:
             runs.setdefault(case["model_type"], {})[case["variant"]] = case
-    table, rope_partial, base_keys, per_layer = {}, {}, {}, []
+    table, rope_partial, base_keys, per_layer, own_width = {}, {}, {}, [], []
     for model_type, found in sorted(runs.items()):
         conv = _hf_models.convention(model_type)
         plain = [found[name] for name in PLAIN if name in found]
@@ -112,13 +115,15 @@ def class_defaults(cases):
                 rope_partial[model_type] = plain[0]["partial_rotary_factor"]
         if values:
             table[model_type] = values
+        if found.get("head_dim", {}).get("head_dim") not in (None, "per layer", 96):
+            own_width.append(model_type)  # the class sets head_dim whatever the dict says
         base = {key: found[key]["rope_theta"] for key in ("rope_theta", "rotary_emb_base")
                 if key in found and found[key]["rope_theta"] is not None}
         if base:
             read = [key for key, theta in base.items() if theta == VARIANTS[key][key]]
             if read != ["rope_theta"]:
                 base_keys[model_type] = read[0] if read else None
-    return table, rope_partial, base_keys, per_layer
+    return table, rope_partial, base_keys, per_layer, own_width
 
 
 def main():
