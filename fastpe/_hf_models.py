@@ -407,6 +407,7 @@ _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
         qwen3_omni_moe_talker_code_predictor seed_oss step3p5 zaya
     """),
     ({"head_dim": 192}, "mimo_v2_flash"),
+    ({"head_dim": 512}, "deepseek_v4"),
     ({"head_dim": 256}, """
         dory dots3_note_text gemma gemma2 gemma3_text gemma3n_text t5_gemma_module
         t5gemma2_decoder t5gemma2_text vaultgemma
@@ -430,7 +431,6 @@ _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
     ({"rope_theta": 12000000.0}, "apertus apertus1p5_text"),
     ({"head_dim": 128, "partial_rotary_factor": 0.5}, "glm glm4"),
     ({"head_dim": 256, "partial_rotary_factor": 0.25}, "qwen3_next"),
-    ({"head_dim": 512, "partial_rotary_factor": 0.125}, "deepseek_v4"),
     ({"head_dim": 64, "rope_theta": 150000.0}, "gpt_oss openai_privacy_filter"),
     ({"head_dim": 64, "rope_theta": 500000.0}, "muse_spark_text param2moe"),
     ({"head_dim": 64, "rope_theta": 8000000.0}, "sarvam_moe"),

@@ -392,6 +392,13 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         partial = _hf_layer_partial(config, model_type, rope_type, partial, scaling)
     elif partial is None and rope_type == "default":
         partial = _hf_models.DEFAULT_TYPE_PARTIAL.get(model_type or "")
+    if (conv.trailing and partial is None and "partial_rotary_factor" not in scaling
+            and _hf_get(config, "partial_rotary_factor") is None):
+        raise ValueError(
+            f"config of model_type {model_type!r} gives no partial_rotary_factor, which its "
+            "config class derives from qk_rope_head_dim / head_dim (and its defaults) and "
+            "fastpe does not: give the config object, its to_dict(), or the config.json "
+            "save_pretrained writes")
     whole = (part is None and conv.width_key is None and not conv.trailing
              and conv.fixed_base is None
              and not (per_layer and partial is not None

@@ -103,12 +103,14 @@ def class_defaults(cases):
         thetas = {c["rope_theta"] for c in plain}
         if len(thetas) == 1 and plain[0]["rope_theta"] not in (None, DEFAULT_BASE):
             values["rope_theta"] = plain[0]["rope_theta"]
-        # the families whose width comes from another key (WIDTH_KEYS) or their latent
-        # attention's split keep their own rules
+        # the families whose width comes from another key (WIDTH_KEYS) or their split
+        # of the head (latent attention, DeepSeek-V4's trailing rope part) keep their own
+        # rules
         partial = {c["partial_rotary_factor"] for c in plain}
         given = found.get("rope_parameters", {}).get("partial_rotary_factor")
         if (len(partial) == 1 and plain[0]["partial_rotary_factor"] not in (None, 1.0)
-                and conv.width_key is None and model_type not in _hf_models.WIDTH_KEYS):
+                and conv.width_key is None and not conv.trailing
+                and model_type not in _hf_models.WIDTH_KEYS):
             if given == plain[0]["partial_rotary_factor"]:
                 values["partial_rotary_factor"] = given  # whatever rope parameters say
             else:
