@@ -24,7 +24,7 @@ from typing import NamedTuple
 __all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_TYPE_PARTIAL",
            "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "HEAD_DIM_UNREAD", "INDEXERS",
            "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
-           "PARTIAL_FAILS", "PER_LAYER_HEAD_DIM", "REFUSED", "ROPE_DEFAULT_PARTIAL",
+           "PARTIAL_FAILS", "PER_LAYER_CONFIG", "REFUSED", "ROPE_DEFAULT_PARTIAL",
            "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
            "convention"]
 
@@ -452,10 +452,12 @@ CLASS_DEFAULTS: dict[str, dict[str, object]] = {
     model_type: dict(values) for values, names in _CLASS_DEFAULTS_BY_VALUE
     for model_type in names.split()}
 
-# Families whose config class makes a head width per layer (Gemma 4's full-attention
-# layers: global_head_dim), kept in per_layer_config (the fixture above).
-PER_LAYER_HEAD_DIM: frozenset[str] = frozenset((
-    "diffusion_gemma_text", "embedding_gemma2_text", "gemma4_text", "gemma4_unified_text"))
+# Families whose config class makes a per_layer_config for a dict without one: head
+# widths per layer (Gemma 4's full-attention layers: global_head_dim; dots.llm3's
+# sliding layers) that fastpe does not derive (the fixture above).
+PER_LAYER_CONFIG: frozenset[str] = frozenset((
+    "diffusion_gemma_text", "dots3_note_text", "embedding_gemma2_text", "gemma4_text",
+    "gemma4_unified_text"))
 
 # Families whose config class sets head_dim whatever a dict says (from hidden_size /
 # num_attention_heads, or latent attention's rope width): the fixture above.

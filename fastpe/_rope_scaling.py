@@ -420,13 +420,11 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         # transformers' Phi-3.5-MoE module recomputes its frequencies without the
         # sequence length, so only the multiplier follows it: short factors throughout.
         scaling["long_factor"] = scaling["short_factor"]
-    # transformers moves a top-level original length (Phi-3) into the dict for these types only.
+    # transformers moves a top-level original length (Phi-3) into a flat dict for these
+    # types only; a layer type's entry keeps its own, or takes max_position_embeddings
     original = _hf_get(config, "original_max_position_embeddings")
-    if rope_type in ("llama3", "yarn", "longrope") and original is not None:
-        if per_layer:  # a layer type's own entry keeps its value
-            scaling.setdefault("original_max_position_embeddings", original)
-        else:
-            scaling["original_max_position_embeddings"] = original
+    if rope_type in ("llama3", "yarn", "longrope") and original is not None and not per_layer:
+        scaling["original_max_position_embeddings"] = original
 
     max_positions = _hf_get(config, "max_position_embeddings", "n_positions")
     if max_positions is not None:
@@ -997,6 +995,13 @@ def hf_config(config: object) -> tuple[object, str | None]:
     if model_type is not None and not isinstance(model_type, str):
         raise TypeError(f"config model_type must be a string, got {type(model_type).__name__}")
     if isinstance(config, Mapping) and model_type:
+        if (model_type in _hf_models.PER_LAYER_CONFIG
+                and _hf_get(config, "per_layer_config") is None):
+            raise ValueError(
+                f"config has no per_layer_config: model_type {model_type!r}'s config "
+                "class makes one (head widths per layer, from global_head_dim or its "
+                "defaults), which fastpe does not derive; give the config object, its "
+                "to_dict(), or the config.json save_pretrained writes")
         # the keys a dict leaves out are the config class's (a to_dict() holds them all)
         defaults = _hf_models.CLASS_DEFAULTS.get(model_type, {})
         partial = _hf_models.ROPE_DEFAULT_PARTIAL.get(model_type)
@@ -1126,14 +1131,6 @@ def _hf_get(config: object, *names: str) -> Any:
 
 def _hf_head_dim(config: object, layer_type: str | None = None) -> int:
     head_dim = _hf_per_layer(config, "head_dim", layer_type)
-    model_type = _hf_get(config, "model_type")
-    if (head_dim is None and model_type in _hf_models.PER_LAYER_HEAD_DIM
-            and _hf_get(config, "per_layer_config") is None):
-        raise ValueError(
-            f"config has no per_layer_config: model_type {model_type!r}'s config class "
-            "makes a head width per layer (its full-attention layers' from global_head_dim "
-            "and its defaults), which fastpe does not derive; give the config object, its "
-            "to_dict(), or the config.json save_pretrained writes")
     if head_dim is None:
         head_dim = _hf_get(config, "head_dim")
     if head_dim is not None:

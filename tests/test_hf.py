@@ -603,7 +603,14 @@ def _module_cos(model_type, config, positions, layer_type=None):
         "rope_type": "yarn", "rope_theta": 880.33, "factor": 1.241, "beta_fast": 64,
         "original_max_position_embeddings": 64, "truncate": False},
         "full_attention": None}), "sliding_attention"),
-    # ...and an entry's original length is its own, not the top-level one
+    # ...and an entry's original length is its own, not the top-level one, which an
+    # entry without one does not take either (max_position_embeddings)
+    ("olmo3", dict(max_position_embeddings=128, original_max_position_embeddings=32,
+                   num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                       "full_attention": {"rope_type": "yarn", "rope_theta": 5e4,
+                                          "factor": 4.0}}), "full_attention"),
     ("laguna", dict(head_dim=64, max_position_embeddings=256,
                     original_max_position_embeddings=128, rope_parameters={
                         "full_attention": {
@@ -618,15 +625,22 @@ def test_from_hf_config_reads_what_the_family_code_reads(model_type, kwargs, lay
     base = {} if model_type == "gptj" else dict(hidden_size=128, num_attention_heads=4,
                                                 num_key_value_heads=2,
                                                 max_position_embeddings=64)
-    config = transformers.AutoConfig.for_model(model_type, **{**base, **kwargs})
-    # the config as given, before building the module can fill in rope parameters, and
-    # as save_pretrained writes it to config.json
+    # a copy: config classes fill their defaults into the nested dicts they are given
+    given_keys = {"model_type": model_type, **copy.deepcopy({**base, **kwargs})}
+    config = transformers.AutoConfig.for_model(model_type, **copy.deepcopy({**base, **kwargs}))
+    # the config as given, before building the module can fill in rope parameters, as
+    # save_pretrained writes it to config.json, and as a dict of the keys given
     fresh = (copy.deepcopy(config), config.to_dict(),
              json.loads(config.to_json_string(use_diff=True)))
     positions = np.array([0, 5, 60, 127, 200])
     module = _module_cos(model_type, config, positions, layer_type)
-    for given in (config, config.to_dict()) + fresh:
-        rope = fastpe.RotaryEmbedding.from_hf_config(given, layer_type=layer_type)
+    for given in (config, config.to_dict()) + fresh + (given_keys,):
+        try:
+            rope = fastpe.RotaryEmbedding.from_hf_config(given, layer_type=layer_type)
+        except ValueError:
+            # keys the class derives more from (layer types, per-layer widths): refused
+            assert given is given_keys
+            continue
         cos, _ = rope.cos_sin(positions, dtype="float64")
         want = (module if model_type == "gptj" else module[:, 0::2] if rope.style == "gptj"
                 else module[:, : module.shape[-1] // 2])

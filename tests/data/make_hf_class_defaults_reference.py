@@ -67,7 +67,9 @@ def loaded_values(config):
     except Exception:  # Gemma 4: a width per layer (per_layer_config), none for the model
         head_dim = "per layer"
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-    return {"head_dim": head_dim if head_dim in (None, "per layer") else int(head_dim),
+    made = config.to_dict().get("per_layer_config")
+    return {"per_layer_config": bool(made),
+            "head_dim": head_dim if head_dim in (None, "per layer") else int(head_dim),
             "partial_rotary_factor": None if partial is None else float(partial),
             "position_embedding_type": getattr(config, "position_embedding_type", None),
             "rope_theta": None if isinstance(theta, dict) or theta is None else float(theta)}
@@ -78,8 +80,8 @@ def class_defaults(cases):
     without the keys got alike, where fastpe assumes otherwise), ROPE_DEFAULT_PARTIAL (a
     partial factor the class puts only in the rope parameters it makes for a dict that
     gives none), BASE_KEYS (the key a class reads a lone top-level base under, where it
-    is not rope_theta), PER_LAYER_HEAD_DIM (the classes that make a head width per
-    layer) and HEAD_DIM_UNREAD (the classes that set head_dim whatever a dict says), the
+    is not rope_theta), PER_LAYER_CONFIG (the classes that make a per_layer_config for
+    a dict without one) and HEAD_DIM_UNREAD (the classes that set head_dim whatever a dict says), the
     last two as lists."""
     runs = {}
     for case in cases:
@@ -91,8 +93,10 @@ def class_defaults(cases):
         plain = [found[name] for name in PLAIN if name in found]
         values = {}
         head = {c["head_dim"] for c in plain}
+        if all(c["per_layer_config"] for c in plain):
+            per_layer.append(model_type)  # the class makes widths per layer
         if head == {"per layer"}:
-            per_layer.append(model_type)
+            pass
         elif len(head) == 1 and plain[0]["head_dim"] is not None and any(
                 c["head_dim"] not in (c["config"]["hidden_size"] // 4,
                                       c["config"].get("qk_rope_head_dim")) for c in plain):
