@@ -21,12 +21,32 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_TYPE_PARTIAL",
-           "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "HEAD_DIM_UNREAD", "INDEXERS",
-           "KNOWN", "MODELS", "NOPE_LAYERS", "NO_ROPE", "PAIRED_BLOCKS",
-           "PARTIAL_FAILS", "PER_LAYER_CONFIG", "REFUSED", "ROPE_DEFAULT_PARTIAL",
-           "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS", "Convention", "Indexer",
-           "convention"]
+__all__ = [
+    "BASE_KEYS",
+    "CHECKED",
+    "CLASS_DEFAULTS",
+    "DEFAULT_THETA",
+    "DEFAULT_TYPE_PARTIAL",
+    "DEFAULT_TYPE_WHOLE",
+    "ENTRY_PARTIAL",
+    "HEAD_DIM_UNREAD",
+    "INDEXERS",
+    "KNOWN",
+    "MODELS",
+    "NOPE_LAYERS",
+    "NO_ROPE",
+    "PAIRED_BLOCKS",
+    "PARTIAL_FAILS",
+    "PER_LAYER_CONFIG",
+    "REFUSED",
+    "ROPE_DEFAULTS", "ROPE_SCALING_UNREAD",
+    "TRANSFORMERS_VERSION",
+    "WHOLE_HEAD",
+    "WIDTH_KEYS",
+    "Convention",
+    "Indexer",
+    "convention",
+]
 
 # The transformers release whose model types and modeling code the tables below hold.
 TRANSFORMERS_VERSION = "5.25"
@@ -393,64 +413,160 @@ ENTRY_PARTIAL: frozenset[str] = frozenset(("mellum", "step3p5"))
 # rotates int(0.334 * head_dim) features); other rope types use transformers' default, 1.
 DEFAULT_TYPE_PARTIAL: dict[str, float] = {"mimo_v2_flash": 0.334}
 
-# What a family's config class gives a config.json dict that leaves these keys out (a
-# dict typed by hand: save_pretrained writes them), where it differs from what fastpe
-# assumes of such a dict (head_dim = hidden_size // num_attention_heads, or latent
-# attention's rope width; partial_rotary_factor 1; rotary embeddings; base 10000):
-# tests/data/hf_class_defaults_reference.json.
+# What a family's config class makes of a config.json dict transformers did not write
+# (one typed by hand: a to_dict() or what save_pretrained writes holds every key), from
+# tests/data/hf_class_defaults_reference.json, where it differs from what fastpe assumes
+# of such a dict (head_dim = hidden_size // num_attention_heads, or latent attention's
+# rope width; partial_rotary_factor 1; rotary embeddings; plain RoPE at base 10000).
+# CLASS_DEFAULTS: the values of keys the dict leaves out (a partial factor here applies
+# whatever rope parameters the dict gives).
 _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
-    ({"head_dim": 64}, "neucodec qwen2_5_omni_dit voxtral_realtime_encoder xcodec2"),
+    ({"head_dim": 64}, """
+        gpt_oss longcat_flash muse_spark_text neucodec openai_privacy_filter param2moe
+        qwen2_5_omni_dit sarvam_moe voxtral_realtime_encoder xcodec2
+    """),
     ({"head_dim": 80}, "timesfm2_5"),
     ({"head_dim": 128}, """
-        afmoe beam cohere2_moe dia_decoder dia_encoder flint hrm_text internlm3 iquestcoder
-        jetmoe kolibri1 laguna lara_mini lfm3 mellum molmo2_text muse_glimmer_text qwen3
-        qwen3_omni_moe_talker_code_predictor seed_oss step3p5 zaya
+        afmoe beam cohere2_moe cwm dia_decoder dia_encoder ernie4_5 flint helium
+        higgs_audio_v2 hrm_text hy_v3 internlm3 iquestcoder jetmoe kolibri1 laguna lara_mini
+        lfm3 llama4_text mellum minicpm5_moe minimax_m2 minimax_m3_vl_text ministral3
+        molmo2_text muse_glimmer_assistant muse_glimmer_text pe_audio_encoder
+        pe_audio_video_encoder pe_video_encoder qwen3 qwen3_omni_moe_talker_code_predictor
+        seed_oss solar_open step3p5 zaya
     """),
     ({"head_dim": 192}, "mimo_v2_flash"),
-    ({"head_dim": 512}, "deepseek_v4"),
     ({"head_dim": 256}, """
         dory dots3_note_text gemma gemma2 gemma3_text gemma3n_text t5_gemma_module
         t5gemma2_decoder t5gemma2_text vaultgemma
     """),
-    ({"partial_rotary_factor": 0.25}, "stablelm"),
+    ({"head_dim": 512}, "deepseek_v4"),
     ({"partial_rotary_factor": 0.5}, """
         bamba glm4_moe glmasr_encoder nemotron persimmon phi recurrent_gemma
     """),
     ({"partial_rotary_factor": 0.9}, "moonshine"),
+    ({"partial_rotary_factor": 0.25}, "stablelm"),
     ({"position_embedding_type": "absolute"}, "esm"),
-    ({"rope_theta": 1000.0}, "nomic_bert"),
-    ({"rope_theta": 20000.0}, "jina_embeddings_v3"),
-    ({"rope_theta": 160000.0}, "gte"),
-    ({"rope_theta": 500000.0}, """
-        EvollaModel bitnet blt_global_transformer blt_local_decoder blt_local_encoder cohere
-        csm csm_depth_decoder_model ernie4_5_moe evolla exaone flex_olmo mllama_text_model
-    """),
-    ({"rope_theta": 1000000.0}, "emu3_text_model lfm2 lfm2_moe minimax mixtral phimoe"),
-    ({"rope_theta": 2000000.0}, "smollm3"),
-    ({"rope_theta": 6000000.0}, "bailing_hybrid"),
-    ({"rope_theta": 12000000.0}, "apertus apertus1p5_text"),
     ({"head_dim": 128, "partial_rotary_factor": 0.5}, "glm glm4"),
     ({"head_dim": 256, "partial_rotary_factor": 0.25}, "qwen3_next"),
-    ({"head_dim": 64, "rope_theta": 150000.0}, "gpt_oss openai_privacy_filter"),
-    ({"head_dim": 64, "rope_theta": 500000.0}, "muse_spark_text param2moe"),
-    ({"head_dim": 64, "rope_theta": 8000000.0}, "sarvam_moe"),
-    ({"head_dim": 64, "rope_theta": 10000000.0}, "longcat_flash"),
-    ({"head_dim": 128, "rope_theta": 20000.0}, """
-        pe_audio_encoder pe_audio_video_encoder pe_video_encoder
-    """),
-    ({"head_dim": 128, "rope_theta": 100000.0}, "helium"),
-    ({"head_dim": 128, "rope_theta": 500000.0}, """
-        ernie4_5 higgs_audio_v2 llama4_text muse_glimmer_assistant
-    """),
-    ({"head_dim": 128, "rope_theta": 1000000.0}, "cwm ministral3 solar_open"),
-    ({"head_dim": 128, "rope_theta": 5000000.0}, """
-        minicpm5_moe minimax_m2 minimax_m3_vl_text
-    """),
-    ({"head_dim": 128, "rope_theta": 11158840.0}, "hy_v3"),
 )
 CLASS_DEFAULTS: dict[str, dict[str, object]] = {
     model_type: dict(values) for values, names in _CLASS_DEFAULTS_BY_VALUE
     for model_type in names.split()}
+
+# ROPE_DEFAULTS: the flat rope parameters the class makes for a dict that gives neither
+# rope_parameters nor rope_scaling (their base replaced by a top-level one the class
+# reads, BASE_KEYS).
+_ROPE_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
+    ({"rope_theta": 20000, "rope_type": "default"}, """
+        pe_audio_encoder pe_audio_video_encoder pe_video_encoder
+    """),
+    ({"rope_theta": 1000.0, "rope_type": "default"}, "nomic_bert"),
+    ({"rope_theta": 20000.0, "rope_type": "default"}, "jina_embeddings_v3"),
+    ({"rope_theta": 100000.0, "rope_type": "default"}, "helium"),
+    ({"rope_theta": 160000.0, "rope_type": "default"}, "gte"),
+    ({"rope_theta": 500000.0, "rope_type": "default"}, """
+        EvollaModel bitnet blt_global_transformer blt_local_decoder blt_local_encoder cohere
+        csm csm_depth_decoder_model ernie4_5 ernie4_5_moe evolla exaone flex_olmo
+        llama4_text mllama_text_model muse_glimmer_assistant muse_spark_text param2moe
+    """),
+    ({"rope_theta": 1000000.0, "rope_type": "default"}, """
+        emu3_text_model lfm2 lfm2_moe minimax mixtral phimoe solar_open
+    """),
+    ({"rope_theta": 2000000.0, "rope_type": "default"}, "smollm3"),
+    ({"rope_theta": 5000000.0, "rope_type": "default"}, """
+        minicpm5_moe minimax_m2 minimax_m3_vl_text
+    """),
+    ({"rope_theta": 6000000.0, "rope_type": "default"}, "bailing_hybrid"),
+    ({"rope_theta": 8000000.0, "rope_type": "default"}, "sarvam_moe"),
+    ({"rope_theta": 10000000.0, "rope_type": "default"}, "longcat_flash"),
+    ({"rope_theta": 11158840.0, "rope_type": "default"}, "hy_v3"),
+    ({"partial_rotary_factor": 0.5, "rope_theta": 10000.0, "rope_type": "default"}, """
+        nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_word_timestamp
+    """),
+    ({"partial_rotary_factor": 0.8, "rope_theta": 10000.0, "rope_type": "default"}, """
+        moonshine_streaming
+    """),
+    ({"factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+     "original_max_position_embeddings": 8192, "rope_theta": 1000000.0, "rope_type":
+     "llama3"}, """
+        cwm
+    """),
+    ({"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+     "original_max_position_embeddings": 8192, "rope_theta": 12000000.0, "rope_type":
+     "llama3"}, """
+        apertus apertus1p5_text
+    """),
+    ({"factor": 32.0, "high_freq_factor": 0.5, "low_freq_factor": 0.125,
+     "original_max_position_embeddings": 1024, "rope_theta": 500000.0, "rope_type":
+     "llama3"}, """
+        higgs_audio_v2
+    """),
+    ({"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+     "original_max_position_embeddings": 4096, "rope_theta": 150000.0, "rope_type":
+     "yarn", "truncate": False}, """
+        gpt_oss openai_privacy_filter
+    """),
+    ({"attention_factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0, "factor": 2048.0,
+     "original_max_position_embeddings": 512, "rope_theta": 10000.0, "rope_type":
+     "yarn"}, """
+        mistral_large4_text
+    """),
+    ({"beta_fast": 32.0, "beta_slow": 1.0, "factor": 128.0, "llama_4_scaling_beta": 0.1,
+     "max_position_embeddings": 1048576, "mscale": 1.0, "mscale_all_dim": 1.0,
+     "original_max_position_embeddings": 8192, "rope_theta": 10000.0, "rope_type":
+     "yarn", "type": "yarn"}, """
+        mistral4
+    """),
+    ({"beta_fast": 32.0, "beta_slow": 1.0, "factor": 16.0, "llama_4_scaling_beta": 0.1,
+     "max_position_embeddings": 262144, "mscale": 1.0, "mscale_all_dim": 1.0,
+     "original_max_position_embeddings": 16384, "rope_theta": 1000000.0, "rope_type":
+     "yarn", "type": "yarn"}, """
+        ministral3
+    """),
+)
+ROPE_DEFAULTS: dict[str, dict[str, object]] = {
+    model_type: dict(values) for values, names in _ROPE_DEFAULTS_BY_VALUE
+    for model_type in names.split()}
+
+# DEFAULT_THETA: the base of rope parameters a dict gives without one, and without a
+# top-level base.
+_DEFAULT_THETA_BY_VALUE: tuple[tuple[float, str], ...] = (
+    (1000.0, "nomic_bert"),
+    (20000.0, """
+        jina_embeddings_v3 pe_audio_encoder pe_audio_video_encoder pe_video_encoder
+    """),
+    (100000.0, "helium"),
+    (150000.0, "gpt_oss openai_privacy_filter"),
+    (160000.0, "gte"),
+    (500000.0, """
+        EvollaModel bitnet blt_global_transformer blt_local_decoder blt_local_encoder cohere
+        csm csm_depth_decoder_model ernie4_5 ernie4_5_moe evolla exaone flex_olmo
+        llama4_text mllama_text_model muse_glimmer_assistant param2moe
+    """),
+    (1000000.0, "cwm emu3_text_model lfm2 lfm2_moe lfm3 minimax mixtral phimoe solar_open"),
+    (2000000.0, "smollm3"),
+    (5000000.0, "minicpm5_moe minimax_m2 minimax_m3_vl_text"),
+    (6000000.0, "bailing_hybrid"),
+    (8000000.0, "sarvam_moe"),
+    (10000000.0, "longcat_flash"),
+    (11158840.0, "hy_v3"),
+    (12000000.0, "apertus apertus1p5_text"),
+)
+DEFAULT_THETA: dict[str, float] = {
+    model_type: theta for theta, names in _DEFAULT_THETA_BY_VALUE
+    for model_type in names.split()}
+
+# BASE_KEYS: the top-level key under which the class reads a dict's base for the rope
+# parameters it makes, where it is not rope_theta: GPT-NeoX's rotary_emb_base (always),
+# or none (a dict with rope parameters of its own still takes a top-level rope_theta).
+BASE_KEYS: dict[str, str | None] = {
+    **dict.fromkeys(("gpt_neox", "gpt_neox_japanese"), "rotary_emb_base"),
+    **dict.fromkeys("""
+    apertus apertus1p5_text cwm higgs_audio_v2 ministral3 mistral4
+    mistral_large4_text moonshine_streaming muse_spark_text
+    nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_word_timestamp
+    """.split(), None),
+}
 
 # Families whose config class makes a per_layer_config for a dict without one: head
 # widths per layer (Gemma 4's full-attention layers: global_head_dim; dots.llm3's
@@ -466,26 +582,10 @@ HEAD_DIM_UNREAD: frozenset[str] = frozenset("""
     hy_v4 minicpm3 mistral_large4_text sarvam_mla unlimited_ocr_text
 """.split())
 
-# A partial factor a family's config class puts only in the rope parameters it makes for
-# a dict that gives none (neither rope_parameters nor rope_scaling): the fixture above.
-ROPE_DEFAULT_PARTIAL: dict[str, float] = {
-    "moonshine_streaming": 0.8, "nemotron3_5_transcribe_asr_audio": 0.5,
-    "nemotron3_5_transcribe_word_timestamp": 0.5,
-}
 
-# The top-level key under which a family's config class reads a dict's lone base where
-# it is not rope_theta (the fixture above): GPT-NeoX's rotary_emb_base, or none (these
-# classes keep their own default base unless the dict's older rope_scaling comes with
-# the rope_theta; a base in the rope parameters counts everywhere). Other checked
-# families read rope_theta alone.
-BASE_KEYS: dict[str, str | None] = {
-    **dict.fromkeys(("gpt_neox", "gpt_neox_japanese"), "rotary_emb_base"),
-    **dict.fromkeys("""
-    apertus apertus1p5_text cwm higgs_audio_v2 ministral3 mistral4
-    mistral_large4_text moonshine_streaming muse_spark_text
-    nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_word_timestamp
-    """.split(), None),
-}
+# Families whose config class keeps a rope_scaling field that their code never reads
+# (Cohere2-MoE rotates with rope_parameters alone): the fixture above.
+ROPE_SCALING_UNREAD: frozenset[str] = frozenset(("cohere2_moe",))
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.

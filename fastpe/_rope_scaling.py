@@ -1002,16 +1002,12 @@ def hf_config(config: object) -> tuple[object, str | None]:
                 "class makes one (head widths per layer, from global_head_dim or its "
                 "defaults), which fastpe does not derive; give the config object, its "
                 "to_dict(), or the config.json save_pretrained writes")
-        # the keys a dict leaves out are the config class's (a to_dict() holds them all)
-        defaults = _hf_models.CLASS_DEFAULTS.get(model_type, {})
-        partial = _hf_models.ROPE_DEFAULT_PARTIAL.get(model_type)
-        if partial is not None and config.get("rope_parameters") is None and config.get(
-                "rope_scaling") is None:
-            defaults = {**defaults, "partial_rotary_factor": partial}
-        if model_type in _hf_models.HEAD_DIM_UNREAD:
-            config = {k: v for k, v in config.items() if k != "head_dim"}
-        if defaults:
-            config = {**defaults, **config}
+        unread = (("head_dim",) if model_type in _hf_models.HEAD_DIM_UNREAD else ()) + (
+            ("rope_scaling",) if model_type in _hf_models.ROPE_SCALING_UNREAD else ())
+        if unread:
+            config = {k: v for k, v in config.items() if k not in unread}
+        if "transformers_version" not in config:
+            config = _hf_class_fill(config, model_type)
     if model_type == "":
         raise ValueError(
             "config has an empty model_type: transformers gives that to sub-configs of "
@@ -1303,16 +1299,33 @@ def _hf_layer_partial(config: object, model_type: str | None, rope_type: str,
 
 def _hf_top_level_base(config: object, model_type: str | None,
                        conv: _hf_models.Convention) -> object:
-    """The base outside the rope parameters: under the key the family's config class
-    reads (_hf_models.BASE_KEYS; rope_theta for most), or where it reads none (beside no
-    older rope_scaling), its own default; a model type transformers does not check may
-    use either older key."""
+    """The base outside the rope parameters: GPT-NeoX's class reads rotary_emb_base
+    (_hf_models.BASE_KEYS), other checked ones rope_theta; a model type transformers
+    does not check may use either."""
     if model_type not in _hf_models.CHECKED:
         return _hf_get(config, "rope_theta", "rotary_emb_base", *conv.base_keys)
-    key = _hf_models.BASE_KEYS.get(model_type, "rope_theta")
-    if key is None and _hf_get(config, "rope_scaling") is None:
-        return _hf_models.CLASS_DEFAULTS.get(model_type, {}).get("rope_theta")
-    return _hf_get(config, key or "rope_theta", *conv.base_keys)
+    key = _hf_models.BASE_KEYS.get(model_type) or "rope_theta"
+    return _hf_get(config, key, *conv.base_keys)
+
+
+def _hf_class_fill(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """A dict transformers did not write, as the family's config class completes it
+    (tables in _hf_models): the keys it leaves out; without rope_parameters and
+    rope_scaling, the rope parameters the class makes (with a top-level base where the
+    class reads one); with rope parameters but no base anywhere, the class's base."""
+    out = {**_hf_models.CLASS_DEFAULTS.get(model_type, {}), **config}
+    if out.get("rope_parameters") is None and out.get("rope_scaling") is None:
+        rope = _hf_models.ROPE_DEFAULTS.get(model_type)
+        if rope is not None:
+            rope = dict(rope)
+            key = _hf_models.BASE_KEYS.get(model_type, "rope_theta")
+            if key is not None and out.get(key) is not None:
+                rope["rope_theta"] = out[key]
+            out["rope_parameters"] = rope
+    elif model_type in _hf_models.DEFAULT_THETA:
+        out.setdefault(_hf_models.BASE_KEYS.get(model_type) or "rope_theta",
+                       _hf_models.DEFAULT_THETA[model_type])
+    return out
 
 
 def _hf_rotary_dim(config: object, head_dim: int, partial: object,

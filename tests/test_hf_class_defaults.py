@@ -34,9 +34,10 @@ def _case_id(case):
 
 
 def test_the_tables_are_the_fixtures():
-    assert (_hf_models.CLASS_DEFAULTS, _hf_models.ROPE_DEFAULT_PARTIAL,
+    assert (_hf_models.CLASS_DEFAULTS, _hf_models.ROPE_DEFAULTS, _hf_models.DEFAULT_THETA,
             _hf_models.BASE_KEYS, sorted(_hf_models.PER_LAYER_CONFIG),
-            sorted(_hf_models.HEAD_DIM_UNREAD)) == class_defaults(FIXTURE["cases"])
+            sorted(_hf_models.HEAD_DIM_UNREAD), sorted(_hf_models.ROPE_SCALING_UNREAD)) == (
+        class_defaults(FIXTURE["cases"]))
     assert FIXTURE["transformers"].startswith(_hf_models.TRANSFORMERS_VERSION)
 
 
@@ -58,6 +59,11 @@ def test_a_dict_without_the_keys_is_read_as_its_class_reads_it(case):
     if case["rope_theta"] is not None and _hf_models.convention(
             case["model_type"]).fixed_base is None:
         assert loaded["base"] == case["rope_theta"]
+        made = case["rope_parameters"] or {}
+        scaling = loaded["scaling"] or {}
+        assert scaling.get("rope_type", scaling.get("type", "default")) == made.get(
+            "rope_type", "default")
+        assert scaling.get("factor") == made.get("factor")
     if _hf_models.convention(case["model_type"]).width_key is not None:
         return  # latent attention: the rope part's own rules (tests/test_hf_zoo.py)
     head_dim = case["head_dim"]
@@ -65,10 +71,24 @@ def test_a_dict_without_the_keys_is_read_as_its_class_reads_it(case):
         head_dim = config["hidden_size"] // config["num_attention_heads"]
     assert loaded["features"][1] == head_dim
     partial = case["partial_rotary_factor"]
-    if partial is not None and (case["model_type"] in _hf_models.CLASS_DEFAULTS
-                                or case["model_type"] in _hf_models.ROPE_DEFAULT_PARTIAL):
+    if partial is not None and any(
+            "partial_rotary_factor" in table.get(case["model_type"], {})
+            for table in (_hf_models.CLASS_DEFAULTS, _hf_models.ROPE_DEFAULTS)):
         # the family reads it (fastpe found its class default worth keeping)
         assert loaded["rotary_dim"] == int(head_dim * partial)
+
+
+def test_a_to_dict_is_not_completed():
+    # GLM-4's class holds partial_rotary_factor in its rope parameters; one built without
+    # it rotates the whole head, and its to_dict() (no top-level factor) says so
+    from_object = _rope_scaling.hf_rope_config(
+        {"model_type": "glm4", "hidden_size": 256, "num_attention_heads": 4,
+         "head_dim": 128, "transformers_version": "5.25.0",
+         "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    assert from_object["rotary_dim"] == 128
+    typed = _rope_scaling.hf_rope_config(
+        {"model_type": "glm4", "hidden_size": 256, "num_attention_heads": 4})
+    assert (typed["head_dim"], typed["rotary_dim"]) == (128, 64)
 
 
 def test_dicts_without_the_keys_of_a_few_families():

@@ -52,6 +52,7 @@ VARIANTS = {
     "rope_scaling": {"hidden_size": 192, "rope_theta": 1234.0,
                      "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
     "head_dim": {"hidden_size": 192, "head_dim": 96},
+    "rope_parameters_no_base": {"hidden_size": 192, "rope_parameters": {"rope_type": "default"}},
 }
 PLAIN = ("hidden192", "hidden320", "mla")
 DEFAULT_BASE = 10000.0  # fastpe's base where a config gives none
@@ -68,7 +69,9 @@ def loaded_values(config):
         head_dim = "per layer"
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     made = config.to_dict().get("per_layer_config")
+    flat = isinstance(rope, dict) and rope and not any(isinstance(v, dict) for v in rope.values())
     return {"per_layer_config": bool(made),
+            "rope_parameters": json.loads(json.dumps(rope)) if flat else None,
             "head_dim": head_dim if head_dim in (None, "per layer") else int(head_dim),
             "partial_rotary_factor": None if partial is None else float(partial),
             "position_embedding_type": getattr(config, "position_embedding_type", None),
@@ -76,18 +79,22 @@ def loaded_values(config):
 
 
 def class_defaults(cases):
-    """The tables of fastpe._hf_models: CLASS_DEFAULTS (per family, the values every dict
-    without the keys got alike, where fastpe assumes otherwise), ROPE_DEFAULT_PARTIAL (a
-    partial factor the class puts only in the rope parameters it makes for a dict that
-    gives none), BASE_KEYS (the key a class reads a lone top-level base under, where it
-    is not rope_theta), PER_LAYER_CONFIG (the classes that make a per_layer_config for
-    a dict without one) and HEAD_DIM_UNREAD (the classes that set head_dim whatever a dict says), the
-    last two as lists."""
+    """The tables of fastpe._hf_models, from the cases: CLASS_DEFAULTS (per family, the
+    values every dict without the keys got alike where fastpe assumes otherwise: head_dim,
+    position_embedding_type, a partial factor the class applies whatever rope parameters
+    a dict gives), ROPE_DEFAULTS (the flat rope parameters the class makes for a dict that
+    gives none, where they are not plain RoPE at base 10000), DEFAULT_THETA (the base of
+    rope parameters given without one, where not 10000), BASE_KEYS (the key a class
+    reads a lone top-level base under, where not rope_theta: GPT-NeoX's rotary_emb_base,
+    or none), PER_LAYER_CONFIG, HEAD_DIM_UNREAD and ROPE_SCALING_UNREAD (the classes that
+    make a per_layer_config for a dict without one; that set head_dim whatever a dict
+    says; that keep a rope_scaling their code never reads)."""
     runs = {}
     for case in cases:
         if "error" not in case:
             runs.setdefault(case["model_type"], {})[case["variant"]] = case
-    table, rope_partial, base_keys, per_layer, own_width = {}, {}, {}, [], []
+    table, rope_defaults, default_theta, base_keys = {}, {}, {}, {}
+    per_layer, own_width, unread_scaling = [], [], []
     for model_type, found in sorted(runs.items()):
         conv = _hf_models.convention(model_type)
         plain = [found[name] for name in PLAIN if name in found]
@@ -95,41 +102,52 @@ def class_defaults(cases):
         head = {c["head_dim"] for c in plain}
         if all(c["per_layer_config"] for c in plain):
             per_layer.append(model_type)  # the class makes widths per layer
-        if head == {"per layer"}:
-            pass
-        elif len(head) == 1 and plain[0]["head_dim"] is not None and any(
+        if head != {"per layer"} and len(head) == 1 and plain[0]["head_dim"] is not None and any(
                 c["head_dim"] not in (c["config"]["hidden_size"] // 4,
                                       c["config"].get("qk_rope_head_dim")) for c in plain):
             values["head_dim"] = plain[0]["head_dim"]
         kind = {c["position_embedding_type"] for c in plain}
         if len(kind) == 1 and plain[0]["position_embedding_type"] not in (None, "rotary"):
             values["position_embedding_type"] = plain[0]["position_embedding_type"]
-        thetas = {c["rope_theta"] for c in plain}
-        if len(thetas) == 1 and plain[0]["rope_theta"] not in (None, DEFAULT_BASE):
-            values["rope_theta"] = plain[0]["rope_theta"]
         # the families whose width comes from another key (WIDTH_KEYS) or their split
         # of the head (latent attention, DeepSeek-V4's trailing rope part) keep their own
         # rules
         partial = {c["partial_rotary_factor"] for c in plain}
         given = found.get("rope_parameters", {}).get("partial_rotary_factor")
+        own_rules = (conv.width_key is not None or conv.trailing
+                     or model_type in _hf_models.WIDTH_KEYS)
         if (len(partial) == 1 and plain[0]["partial_rotary_factor"] not in (None, 1.0)
-                and conv.width_key is None and not conv.trailing
-                and model_type not in _hf_models.WIDTH_KEYS):
-            if given == plain[0]["partial_rotary_factor"]:
-                values["partial_rotary_factor"] = given  # whatever rope parameters say
-            else:
-                rope_partial[model_type] = plain[0]["partial_rotary_factor"]
+                and given == plain[0]["partial_rotary_factor"] and not own_rules):
+            values["partial_rotary_factor"] = given  # whatever rope parameters say
         if values:
             table[model_type] = values
-        if found.get("head_dim", {}).get("head_dim") not in (None, "per layer", 96):
-            own_width.append(model_type)  # the class sets head_dim whatever the dict says
+        made = []
+        for c in plain:
+            rope = dict(sorted((c["rope_parameters"] or {}).items()))
+            if (own_rules or rope.get("partial_rotary_factor") in (
+                    1.0, values.get("partial_rotary_factor"))):
+                rope.pop("partial_rotary_factor", None)  # their rules; CLASS_DEFAULTS
+            made.append(rope)
+        if all(rope and rope == made[0] for rope in made):
+            rope = made[0]
+            if rope != {"rope_type": "default", "rope_theta": DEFAULT_BASE}:
+                rope_defaults[model_type] = rope
+        theta = found.get("rope_parameters_no_base", {}).get("rope_theta")
+        if theta is not None and theta != DEFAULT_BASE:
+            default_theta[model_type] = theta
         base = {key: found[key]["rope_theta"] for key in ("rope_theta", "rotary_emb_base")
                 if key in found and found[key]["rope_theta"] is not None}
         if base:
             read = [key for key, theta in base.items() if theta == VARIANTS[key][key]]
             if read != ["rope_theta"]:
                 base_keys[model_type] = read[0] if read else None
-    return table, rope_partial, base_keys, per_layer, own_width
+        if found.get("head_dim", {}).get("head_dim") not in (None, "per layer", 96):
+            own_width.append(model_type)  # the class sets head_dim whatever the dict says
+        legacy = (found.get("rope_scaling", {}).get("rope_parameters") or {}).get("rope_type")
+        if legacy is not None and legacy != "linear":
+            unread_scaling.append(model_type)  # a rope_scaling field its code never reads
+    return (table, rope_defaults, default_theta, base_keys, per_layer, own_width,
+            unread_scaling)
 
 
 def main():
