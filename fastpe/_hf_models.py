@@ -39,7 +39,7 @@ __all__ = [
     "PARTIAL_FAILS",
     "PER_LAYER_CONFIG",
     "REFUSED",
-    "ROPE_DEFAULTS", "ROPE_SCALING_UNREAD",
+    "ROPE_DEFAULTS", "ROPE_PER_LAYER_TYPE", "ROPE_SCALING_UNREAD",
     "TRANSFORMERS_VERSION",
     "WHOLE_HEAD",
     "WIDTH_KEYS",
@@ -582,6 +582,16 @@ HEAD_DIM_UNREAD: frozenset[str] = frozenset("""
     hy_v4 minicpm3 mistral_large4_text sarvam_mla unlimited_ocr_text
 """.split())
 
+
+# Families whose config class makes rope parameters per layer type (sliding and full
+# attention, ...) from a dict's flat keys (an older config.json's rope_theta,
+# rope_local_base_freq, global_rope_theta, rope_scaling): the fixture above.
+ROPE_PER_LAYER_TYPE: frozenset[str] = frozenset("""
+    beam deepseek_v4 diffusion_gemma_text dory dots3_note_text embedding_gemma2_text
+    ergo gemma3_text gemma3n_text gemma4_text gemma4_unified_text laguna lfm3 mellum
+    mimo_v2_flash modernbert modernbert-decoder olmo3 step3p5 t5gemma2_decoder
+    t5gemma2_text ultrabert zaya
+""".split())
 
 # Families whose config class keeps a rope_scaling field that their code never reads
 # (Cohere2-MoE rotates with rope_parameters alone): the fixture above.

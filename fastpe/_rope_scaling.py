@@ -1002,6 +1002,13 @@ def hf_config(config: object) -> tuple[object, str | None]:
                 "class makes one (head widths per layer, from global_head_dim or its "
                 "defaults), which fastpe does not derive; give the config object, its "
                 "to_dict(), or the config.json save_pretrained writes")
+        if model_type in _hf_models.ROPE_PER_LAYER_TYPE and not _hf_rope_per_layer(config):
+            raise ValueError(
+                f"config of model_type {model_type!r} has no rope parameters per layer type: "
+                "its config class makes them from the flat keys of an older config.json "
+                "(rope_theta, rope_local_base_freq, global_rope_theta, rope_scaling, ...), "
+                "each layer type its own, which fastpe does not derive; give the config "
+                "object (AutoConfig.from_pretrained) or its to_dict()")
         unread = (("head_dim",) if model_type in _hf_models.HEAD_DIM_UNREAD else ()) + (
             ("rope_scaling",) if model_type in _hf_models.ROPE_SCALING_UNREAD else ())
         if unread:

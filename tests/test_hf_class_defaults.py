@@ -36,8 +36,8 @@ def _case_id(case):
 def test_the_tables_are_the_fixtures():
     assert (_hf_models.CLASS_DEFAULTS, _hf_models.ROPE_DEFAULTS, _hf_models.DEFAULT_THETA,
             _hf_models.BASE_KEYS, sorted(_hf_models.PER_LAYER_CONFIG),
-            sorted(_hf_models.HEAD_DIM_UNREAD), sorted(_hf_models.ROPE_SCALING_UNREAD)) == (
-        class_defaults(FIXTURE["cases"]))
+            sorted(_hf_models.HEAD_DIM_UNREAD), sorted(_hf_models.ROPE_SCALING_UNREAD),
+            sorted(_hf_models.ROPE_PER_LAYER_TYPE)) == class_defaults(FIXTURE["cases"])
     assert FIXTURE["transformers"].startswith(_hf_models.TRANSFORMERS_VERSION)
 
 
@@ -52,8 +52,10 @@ def _load(config):
 def test_a_dict_without_the_keys_is_read_as_its_class_reads_it(case):
     config = case["config"]
     loaded = _load(config)
-    if case["position_embedding_type"] not in (None, "rotary") or case["per_layer_config"]:
-        assert loaded is None   # no rotary embedding; widths per layer it cannot see
+    if (case["position_embedding_type"] not in (None, "rotary") or case["per_layer_config"]
+            or case["per_layer_type"]):
+        # no rotary embedding; widths or rope parameters per layer it does not derive
+        assert loaded is None
     if loaded is None:
         return
     if case["rope_theta"] is not None and _hf_models.convention(

@@ -524,8 +524,13 @@ def test_per_layer_config_needs_layer_type():
     ({"model_type": "dots3_note_text", "head_dim": 256, "qk_rope_head_dim": 64,
       "qk_nope_head_dim": 128, "layer_types": ["indexed_attention", "sliding_attention"],
       "per_layer_config": {"01": {"qk_nope_head_dim": 192}},
-      "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}},
-     r"qk_nope_head_dim per layer.*layer_type=.*indexed_attention"),
+      "rope_parameters": {
+          layer_type: {"rope_type": "default", "partial_rotary_factor": 0.25}
+          for layer_type in ("indexed_attention", "sliding_attention")}},
+     r"indexed_attention.*layer_type="),
+    ({"model_type": "gemma3_text", "transformers_version": "4.50.0", "head_dim": 64,
+      "rope_theta": 1e6, "rope_local_base_freq": 1e4},
+     r"no rope parameters per layer type.*rope_local_base_freq"),
     ({"model_type": "wav2vec2-conformer", "hidden_size": 1024, "num_attention_heads": 16,
       "position_embeddings_type": "relative"}, r"position_embeddings_type='relative'"),
     ({"model_type": "wav2vec2-bert", "hidden_size": 1024, "num_attention_heads": 16},

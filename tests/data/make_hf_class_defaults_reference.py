@@ -71,6 +71,7 @@ def loaded_values(config):
     made = config.to_dict().get("per_layer_config")
     flat = isinstance(rope, dict) and rope and not any(isinstance(v, dict) for v in rope.values())
     return {"per_layer_config": bool(made),
+            "per_layer_type": isinstance(rope, dict) and bool(rope) and not flat,
             "rope_parameters": json.loads(json.dumps(rope)) if flat else None,
             "head_dim": head_dim if head_dim in (None, "per layer") else int(head_dim),
             "partial_rotary_factor": None if partial is None else float(partial),
@@ -88,13 +89,14 @@ def class_defaults(cases):
     reads a lone top-level base under, where not rope_theta: GPT-NeoX's rotary_emb_base,
     or none), PER_LAYER_CONFIG, HEAD_DIM_UNREAD and ROPE_SCALING_UNREAD (the classes that
     make a per_layer_config for a dict without one; that set head_dim whatever a dict
-    says; that keep a rope_scaling their code never reads)."""
+    says; that keep a rope_scaling their code never reads) and ROPE_PER_LAYER_TYPE (the
+    classes that make rope parameters per layer type from a dict's flat keys)."""
     runs = {}
     for case in cases:
         if "error" not in case:
             runs.setdefault(case["model_type"], {})[case["variant"]] = case
     table, rope_defaults, default_theta, base_keys = {}, {}, {}, {}
-    per_layer, own_width, unread_scaling = [], [], []
+    per_layer, own_width, unread_scaling, per_layer_type = [], [], [], []
     for model_type, found in sorted(runs.items()):
         conv = _hf_models.convention(model_type)
         plain = [found[name] for name in PLAIN if name in found]
@@ -146,8 +148,10 @@ def class_defaults(cases):
         legacy = (found.get("rope_scaling", {}).get("rope_parameters") or {}).get("rope_type")
         if legacy is not None and legacy != "linear":
             unread_scaling.append(model_type)  # a rope_scaling field its code never reads
+        if all(c["per_layer_type"] for c in plain):
+            per_layer_type.append(model_type)  # rope parameters per layer type, made
     return (table, rope_defaults, default_theta, base_keys, per_layer, own_width,
-            unread_scaling)
+            unread_scaling, per_layer_type)
 
 
 def main():
