@@ -421,6 +421,7 @@ DEFAULT_TYPE_PARTIAL: dict[str, float] = {"mimo_v2_flash": 0.334}
 # CLASS_DEFAULTS: the values of keys the dict leaves out (a partial factor here applies
 # whatever rope parameters the dict gives).
 _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
+    ({"original_max_position_embeddings": 4096}, "phi3 phi4_multimodal"),
     ({"head_dim": 64}, """
         gpt_oss longcat_flash muse_spark_text neucodec openai_privacy_filter param2moe
         qwen2_5_omni_dit sarvam_moe voxtral_realtime_encoder xcodec2

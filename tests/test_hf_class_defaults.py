@@ -109,3 +109,14 @@ def test_dicts_without_the_keys_of_a_few_families():
     with pytest.raises(ValueError, match="position_embedding_type='absolute'"):
         fastpe.RotaryEmbedding.from_hf_config(
             {"model_type": "esm", "hidden_size": 320, "num_attention_heads": 20})
+
+
+def test_phi3_keeps_its_own_original_length():
+    # Phi-3's class moves its original_max_position_embeddings (4096 unless given) into
+    # LongRoPE parameters, whatever they say
+    loaded = _rope_scaling.hf_rope_config(
+        {"model_type": "phi3", "hidden_size": 128, "num_attention_heads": 4,
+         "max_position_embeddings": 256, "rope_parameters": {
+             "rope_type": "longrope", "rope_theta": 50.0, "short_factor": [1.0] * 16,
+             "long_factor": [2.0] * 16}})
+    assert loaded["scaling"]["original_max_position_embeddings"] == 4096

@@ -70,7 +70,9 @@ def loaded_values(config):
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     made = config.to_dict().get("per_layer_config")
     flat = isinstance(rope, dict) and rope and not any(isinstance(v, dict) for v in rope.values())
-    return {"per_layer_config": bool(made),
+    original = getattr(config, "original_max_position_embeddings", None)
+    return {"original_max_position_embeddings": original,
+            "per_layer_config": bool(made),
             "per_layer_type": isinstance(rope, dict) and bool(rope) and not flat,
             "rope_parameters": json.loads(json.dumps(rope)) if flat else None,
             "head_dim": head_dim if head_dim in (None, "per layer") else int(head_dim),
@@ -108,6 +110,11 @@ def class_defaults(cases):
                 c["head_dim"] not in (c["config"]["hidden_size"] // 4,
                                       c["config"].get("qk_rope_head_dim")) for c in plain):
             values["head_dim"] = plain[0]["head_dim"]
+        original = {c["original_max_position_embeddings"] for c in plain}
+        if len(original) == 1 and plain[0]["original_max_position_embeddings"] is not None:
+            # Phi-3's: moved into the rope parameters of llama3, yarn and longrope types
+            values["original_max_position_embeddings"] = plain[0][
+                "original_max_position_embeddings"]
         kind = {c["position_embedding_type"] for c in plain}
         if len(kind) == 1 and plain[0]["position_embedding_type"] not in (None, "rotary"):
             values["position_embedding_type"] = plain[0]["position_embedding_type"]
