@@ -594,6 +594,10 @@ ROPE_PER_LAYER_TYPE: frozenset[str] = frozenset("""
     t5gemma2_text ultrabert zaya
 """.split())
 
+# Families whose rotary module reads rope type "dynamic" with an alpha as a fixed
+# stretch of the base, base * alpha^(d / (d - 2)) (transformers' ntk_alpha).
+NTK_ALPHA: frozenset[str] = frozenset(("hunyuan_v1_dense", "hunyuan_v1_moe"))
+
 # Families whose config class keeps a rope_scaling field that their code never reads
 # (Cohere2-MoE rotates with rope_parameters alone): the fixture above.
 ROPE_SCALING_UNREAD: frozenset[str] = frozenset(("cohere2_moe",))

@@ -381,6 +381,12 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         )
     theta = scaling.pop("rope_theta", None)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    ntk_alpha = None
+    if model_type in _hf_models.NTK_ALPHA and rope_type == "dynamic" and scaling.get("alpha"):
+        # HunYuan's checkpoints say "dynamic", but a fixed alpha only stretches the base
+        # (transformers' ntk_alpha): no growth with the length, the other keys unread
+        ntk_alpha = _checks.real(scaling["alpha"], "rope parameters' alpha", positive=True)
+        scaling, rope_type = {}, "default"
     if rope_type == "axial":
         raise ValueError(
             "config rope_type 'axial' is a 2-D vision RoPE (patch rows and columns); "
@@ -460,7 +466,7 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     return {
         "head_dim": head_dim,
         "rotary_dim": rotary_dim,
-        "base": DEFAULT_BASE if theta is None else _checks.real(theta, "rope_theta", positive=True),
+        "base": _hf_base(theta, ntk_alpha, head_dim),
         "scaling": None if rope_type == "default" else scaling,
         "max_position_embeddings": max_positions,
         "style": "gptj" if interleaved else "neox",
@@ -1269,6 +1275,16 @@ def _hf_clvp_width(config: object, head_dim: int) -> int:
                          f"{width + 1} features at frequencies of a {width}-wide spectrum, "
                          "which fastpe does not reproduce")
     return width
+
+
+def _hf_base(theta: object, ntk_alpha: float | None, head_dim: int) -> float:
+    """The config's base; with HunYuan's fixed NTK alpha, base * alpha^(d / (d - 2))."""
+    base = DEFAULT_BASE if theta is None else _checks.real(theta, "rope_theta", positive=True)
+    if ntk_alpha is None:
+        return base
+    if head_dim < 4:
+        raise ValueError(f"HunYuan's NTK alpha needs head_dim >= 4, got {head_dim}")
+    return base * ntk_alpha ** (head_dim / (head_dim - 2))
 
 
 def _hf_layer_partial(config: object, model_type: str | None, rope_type: str,

@@ -544,6 +544,10 @@ def _module_cos(model_type, config, positions, layer_type=None):
     ("gptj", dict(n_embd=256, n_head=4, rotary_dim=16, partial_rotary_factor=0.5,
                   rope_parameters={"rope_type": "linear", "factor": 2.0,
                                    "rope_theta": 500000.0}), None),
+    # HunYuan's "dynamic" with an alpha: a fixed base of theta * alpha^(d / (d - 2))
+    ("hunyuan_v1_dense", dict(head_dim=32, rope_theta=1e4, rope_scaling={
+        "alpha": 1000.0, "beta_fast": 32, "factor": 1.0, "mscale": 1.0, "type": "dynamic"}),
+     None),
     # a default-type module of its own that reads no partial_rotary_factor
     ("apertus", dict(rope_parameters={"rope_type": "default", "rope_theta": 2812.0,
                                       "partial_rotary_factor": 0.5}), None),

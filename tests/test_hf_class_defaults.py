@@ -120,3 +120,14 @@ def test_phi3_keeps_its_own_original_length():
              "rope_type": "longrope", "rope_theta": 50.0, "short_factor": [1.0] * 16,
              "long_factor": [2.0] * 16}})
     assert loaded["scaling"]["original_max_position_embeddings"] == 4096
+
+
+def test_hunyuan_alpha_stretches_the_base():
+    # HunYuan's config.json says "dynamic" with alpha 1000: transformers' rotary module
+    # reads it as a fixed base, 1e4 * 1000^(128 / 126), no growth with the length
+    loaded = _rope_scaling.hf_rope_config(
+        {"model_type": "hunyuan_v1_dense", "hidden_size": 512, "num_attention_heads": 4,
+         "head_dim": 128, "rope_theta": 1e4, "transformers_version": "4.56.0",
+         "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}})
+    assert loaded["scaling"] is None
+    assert loaded["base"] == 1e4 * 1000.0 ** (128 / 126)
