@@ -594,6 +594,9 @@ ROPE_PER_LAYER_TYPE: frozenset[str] = frozenset("""
     t5gemma2_text ultrabert zaya
 """.split())
 
+# Families whose attention code reads position_embedding_type (rotary or absolute).
+READS_POSITION_EMBEDDING_TYPE: frozenset[str] = frozenset(("esm", "evolla"))
+
 # Families whose rotary module reads rope type "dynamic" with an alpha as a fixed
 # stretch of the base, base * alpha^(d / (d - 2)) (transformers' ntk_alpha).
 NTK_ALPHA: frozenset[str] = frozenset(("hunyuan_v1_dense", "hunyuan_v1_moe"))

@@ -688,3 +688,19 @@ def test_dots3_proportional_rope_wider_than_the_rotated_part_is_refused():
     for given in (config, config.to_dict()):
         with pytest.raises(ValueError, match="head_dim 256 differs from qk_rope_head_dim=64"):
             fastpe.RotaryEmbedding.from_hf_config(given, layer_type="sliding_attention")
+
+
+def test_a_position_embedding_type_the_family_code_never_reads_is_ignored():
+    # Command-R7B's config.json says position_embedding_type "rope_gptj"; Cohere 2's code
+    # reads no such key (its rotation is the interleaved one anyway)
+    config = transformers.AutoConfig.for_model(
+        "cohere2", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=4, position_embedding_type="rope_gptj",
+        rope_parameters={"rope_type": "default", "rope_theta": 5e4})
+    positions = np.array([0, 5, 77, 300])
+    module = _module_cos("cohere2", config, positions)
+    for given in (config, config.to_dict()):
+        rope = fastpe.RotaryEmbedding.from_hf_config(given, layer_type="sliding_attention")
+        cos, _ = rope.cos_sin(positions, dtype="float64")
+        assert rope.style == "gptj"
+        np.testing.assert_allclose(cos, module[:, 0::2], rtol=0, atol=3e-5)
