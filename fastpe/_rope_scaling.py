@@ -1288,7 +1288,7 @@ def _hf_base(theta: object, ntk_alpha: float | None, head_dim: int) -> float:
         return base
     if head_dim < 4:
         raise ValueError(f"HunYuan's NTK alpha needs head_dim >= 4, got {head_dim}")
-    return base * ntk_alpha ** (head_dim / (head_dim - 2))
+    return base * float(ntk_alpha ** (head_dim / (head_dim - 2)))
 
 
 def _hf_layer_partial(config: object, model_type: str | None, rope_type: str,
