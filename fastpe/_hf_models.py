@@ -21,32 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-__all__ = [
-    "BASE_KEYS",
-    "CHECKED",
-    "CLASS_DEFAULTS",
-    "DEFAULT_THETA",
-    "DEFAULT_TYPE_PARTIAL",
-    "DEFAULT_TYPE_WHOLE",
-    "ENTRY_PARTIAL",
-    "HEAD_DIM_UNREAD",
-    "INDEXERS",
-    "KNOWN",
-    "MODELS",
-    "NOPE_LAYERS",
-    "NO_ROPE",
-    "PAIRED_BLOCKS",
-    "PARTIAL_FAILS",
-    "PER_LAYER_CONFIG",
-    "REFUSED",
-    "ROPE_DEFAULTS", "ROPE_PER_LAYER_TYPE", "ROPE_SCALING_UNREAD",
-    "TRANSFORMERS_VERSION",
-    "WHOLE_HEAD",
-    "WIDTH_KEYS",
-    "Convention",
-    "Indexer",
-    "convention",
-]
+__all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_THETA", "DEFAULT_TYPE_PARTIAL",
+           "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "HEAD_DIM_UNREAD", "INDEXERS", "KNOWN",
+           "MODELS", "NOPE_LAYERS", "NO_ROPE", "NTK_ALPHA", "PAIRED_BLOCKS", "PARTIAL_FAILS",
+           "PER_LAYER_CONFIG", "REFUSED", "ROPE_DEFAULTS", "ROPE_PER_LAYER_TYPE",
+           "ROPE_SCALING_UNREAD", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS",
+           "Convention", "Indexer", "convention"]
 
 # The transformers release whose model types and modeling code the tables below hold.
 TRANSFORMERS_VERSION = "5.25"
@@ -169,6 +149,10 @@ MODELS: dict[str, Convention] = {
                                   ("layer_types", "layers_block_type")),
                          requires=(("use_mem_rope", True, False),)),
     "granitemoehybrid": Convention(requires=(("position_embedding_type", "rope", None),)),
+    # ESM's and Evolla's protein encoders rotate only with position_embedding_type
+    # "rotary" (ESM's config class defaults to "absolute", Evolla's to "rotary").
+    "esm": Convention(requires=(("position_embedding_type", "rotary", "absolute"),)),
+    "evolla": Convention(requires=(("position_embedding_type", "rotary", "rotary"),)),
     "bamba": Convention(needs=("attn_layer_indices",)),
     "moonshine": Convention(style="gptj",
                             aliases=(("num_attention_heads", "decoder_num_attention_heads"),)),
@@ -593,9 +577,6 @@ ROPE_PER_LAYER_TYPE: frozenset[str] = frozenset("""
     mimo_v2_flash modernbert modernbert-decoder olmo3 step3p5 t5gemma2_decoder
     t5gemma2_text ultrabert zaya
 """.split())
-
-# Families whose attention code reads position_embedding_type (rotary or absolute).
-READS_POSITION_EMBEDDING_TYPE: frozenset[str] = frozenset(("esm", "evolla"))
 
 # Families whose rotary module reads rope type "dynamic" with an alpha as a fixed
 # stretch of the base, base * alpha^(d / (d - 2)) (transformers' ntk_alpha).

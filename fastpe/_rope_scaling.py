@@ -949,11 +949,11 @@ def _hf_refuse(config: object, model_type: object) -> None:
     reason = _hf_models.REFUSED.get(model_type) if isinstance(model_type, str) else None
     if reason is not None:
         raise ValueError(f"model_type {model_type!r}: {reason}; fastpe does not reproduce it")
-    # read by ESM's and Evolla's code (Granite-4.0-H's: Convention.requires), by no other
-    # checked family's (Command-R7B's config.json says "rope_gptj"); a custom model's may
+    # a checked family's code reads it where its Convention.requires says (ESM, Evolla,
+    # Granite-4.0-H), no other's (Command-R7B's config.json says "rope_gptj"); a custom
+    # model's may
     kind = (_hf_get(config, "position_embedding_type")
-            if model_type not in _hf_models.CHECKED
-            or model_type in _hf_models.READS_POSITION_EMBEDDING_TYPE else None)
+            if model_type not in _hf_models.CHECKED else None)
     if isinstance(kind, str) and "rot" not in kind and kind != "rope":
         raise ValueError(f"config has position_embedding_type={kind!r}: this model does not "
                          "use rotary embeddings")
