@@ -68,10 +68,8 @@ def main() -> None:
         if wl.floor != "stream":
             continue
         for dt in dtypes:
-            if dt.name not in wl.dtypes and dt.name != "bfloat16":
+            if dt.name not in wl.dtypes:
                 continue
-            if dt.name == "bfloat16" and wl.family == "rope":
-                continue  # RoPE takes bfloat16 torch tensors, not ml_dtypes arrays
             sets = {"float32": wl.make(np.dtype(np.float32)), "half": wl.make(dt)}
             runners = {}
             floors: dict[str, list[str]] = {"float32": [], "half": []}

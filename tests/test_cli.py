@@ -585,7 +585,7 @@ def test_half_precision_script_prints_a_row_per_workload():
                           env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.count("%") == 3]
-    expect = 1 + (2 if "bfloat16" in dtypes else 1)   # RoPE runs no bfloat16 arrays
+    expect = 2 * len(dtypes.split(","))   # both workloads take either half dtype
     assert len(rows) == expect, proc.stdout
     for row in rows:
         fastpe_half, trip, f32 = (float(v.rstrip("%")) for v in row[-4:-1])

@@ -2259,20 +2259,35 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16] + ([BF16] if BF16 is not None else []))
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
-    """A call whose q and k hold more than 4 MiB takes its rows as streamed from memory
-    (256-bit float32 steps on AMD CPUs, a call per bfloat16 row), a smaller one as in
-    the caches: the same bits either way, token block by token block."""
+    """On AMD CPUs a call whose q and k hold more than 4 MiB takes its rows as streamed
+    from memory (256-bit float32 steps, a call per bfloat16 row), a smaller one as in
+    the caches; on Intel CPUs every call as in the caches: the same bits either way,
+    token block by token block, with the limit at 4 MiB and at either end."""
     rng = np.random.default_rng(7)
-    q = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
-    k = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
-    assert q.nbytes + k.nbytes > 4 << 20
+    q0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
+    k0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
+    assert q0.nbytes + k0.nbytes > 4 << 20
     pos = np.arange(600) * 37
-    whole_q, whole_k = q.copy(), k.copy()
-    fastpe.apply_rope(whole_q, whole_k, pos, style=style)
-    for t in range(0, 600, 50):
-        fastpe.apply_rope(q[:, t:t + 50], k[:, t:t + 50], pos[t:t + 50], style=style)
-    assert_bytes_equal(whole_q, q, "q: one call vs blocks")
-    assert_bytes_equal(whole_k, k, "k: one call vs blocks")
+    kern = fastpe._backend.compiled
+    was = kern.rope_cached_bytes() if kern is not None else None
+    runs = []
+    try:
+        for limit in ((4 << 20, 0, sys.maxsize) if kern is not None else (None,)):
+            if limit is not None:
+                kern.rope_cached_bytes(limit)
+            q, k = q0.copy(), k0.copy()
+            whole_q, whole_k = q0.copy(), k0.copy()
+            fastpe.apply_rope(whole_q, whole_k, pos, style=style)
+            for t in range(0, 600, 50):
+                fastpe.apply_rope(q[:, t:t + 50], k[:, t:t + 50], pos[t:t + 50], style=style)
+            assert_bytes_equal(whole_q, q, f"q: one call vs blocks, limit {limit}")
+            assert_bytes_equal(whole_k, k, f"k: one call vs blocks, limit {limit}")
+            runs.append(whole_q)
+    finally:
+        if kern is not None:
+            kern.rope_cached_bytes(was)
+    for other in runs[1:]:
+        assert_bytes_equal(runs[0], other, "q: in the caches vs streamed")
 
 
 @pytest.mark.skipif(not ON_CYTHON or fastpe.info().get("isa") != "avx512",
@@ -2290,11 +2305,11 @@ def test_float32_rows_give_the_same_bits_at_either_step_width(style):
     from fastpe import _backend
 
     kern = _backend.compiled
-    was = kern.rope_wide_bytes()
+    was = kern.rope_cached_bytes()
     runs = {}
     try:
         for limit in (sys.maxsize, 0):
-            assert kern.rope_wide_bytes(limit) == limit
+            assert kern.rope_cached_bytes(limit) == limit
             out = []
             for hd in (40, 64, 128, 136, 268):
                 rng = np.random.default_rng(hd)   # the same arrays for both widths
@@ -2319,9 +2334,65 @@ def test_float32_rows_give_the_same_bits_at_either_step_width(style):
                         out.append(y.copy())
             runs[limit] = out
     finally:
-        kern.rope_wide_bytes(was)
+        kern.rope_cached_bytes(was)
     for wide, narrow in zip(runs[sys.maxsize], runs[0], strict=True):
         assert_bytes_equal(wide, narrow, "512-bit vs 256-bit steps")
+
+
+KERNELS = fastpe._backend.compiled if ON_CYTHON else None
+HARDWARE_BF16 = (KERNELS is not None and BF16 is not None
+                 and getattr(KERNELS, "bf16_hardware_narrowing", lambda: False)())
+
+
+@pytest.mark.skipif(not HARDWARE_BF16,
+                    reason="bfloat16 narrowing by VCVTNE2PS2BF16 needs the avx512 variant "
+                           "on a CPU with AVX512_BF16")
+@pytest.mark.parametrize("style", STYLES)
+def test_bfloat16_rows_give_the_same_bits_narrowed_by_hardware(style):
+    """Where the CPU has AVX512_BF16, bfloat16 RoPE rows are narrowed by VCVTNE2PS2BF16,
+    which reads subnormal float32 results as zero: every bit pattern, results about the
+    smallest normal (subnormal ones among them) and signed zeros give the bits of the
+    integer rounding (the same calls with it turned off, and strided rows, which take a
+    float32 buffer), in the three ways rows reach the loop: every head of a token at once
+    in the caches (batched decode), a call per row (more than 4 MiB), a row at a time."""
+    rng = np.random.default_rng(11)
+    tiny = np.float32(2.0**-126)
+    patterns = rng.integers(0, 2**16, (4, 3, 4, 128), dtype=np.uint16).view(BF16)
+    near_subnormal = (rng.uniform(-4, 4, (4, 3, 4, 128)) * tiny).astype(BF16)
+    zeros = np.where(rng.random((4, 3, 4, 128)) < 0.5, 0.0, -0.0).astype(BF16)
+    zeros[..., 5] = (3 * tiny)   # one nonzero element beside the zeros
+    large = rng.standard_normal((1, 600, 16, 128)).astype(BF16)
+    large[0, ::7, :, 3] = (rng.uniform(-4, 4, (86, 16)) * tiny).astype(BF16)
+    cases = [(patterns, None, np.arange(3) * 997), (near_subnormal, None, np.arange(1, 4)),
+             (zeros, None, np.arange(3)), (patterns[:, :, :2], patterns[:, :, 2:3], np.arange(3)),
+             (large, large[:, :, :4], np.arange(600) * 37)]
+    was = KERNELS.bf16_hardware_narrowing()
+    try:
+        for x, y, pos in cases:
+            results = []
+            for hardware in (True, False):
+                assert KERNELS.bf16_hardware_narrowing(hardware) is hardware
+                qx = x.copy()
+                ky = None if y is None else y.copy()
+                fastpe.apply_rope(qx, ky, pos, style=style)
+                rows = x.reshape(-1, 128)[:64].copy()
+                for r in range(len(rows)):   # one row at a time
+                    fastpe.apply_rope(rows[r:r + 1][None, :, None], None,
+                                      pos[(r // x.shape[2]) % x.shape[1]:][:1], style=style)
+                results.append((qx, ky, rows))
+            wide = np.zeros(x.shape[:-1] + (256,), BF16)
+            strided = wide[..., ::2]
+            strided[...] = x
+            fastpe.apply_rope(strided, None, pos, style=style)
+            (hq, hk, hrows), (sq, sk, srows) = results
+            assert_bytes_equal(hq, sq, "q: hardware vs integer narrowing")
+            assert_bytes_equal(hq, np.ascontiguousarray(strided), "q: vs strided rows")
+            if y is not None:
+                assert_bytes_equal(hk, sk, "k: hardware vs integer narrowing")
+            assert_bytes_equal(hrows, srows, "row by row: hardware vs integer narrowing")
+            assert_bytes_equal(hrows, hq.reshape(-1, 128)[:64], "row by row vs whole")
+    finally:
+        KERNELS.bf16_hardware_narrowing(was)
 
 
 def at_line_offset(shape, offset, rng):
@@ -2347,7 +2418,7 @@ def test_float32_rows_at_every_offset_from_a_cache_line(style):
     from fastpe import _backend
 
     kern = _backend.compiled
-    was = kern.rope_wide_bytes()
+    was = kern.rope_cached_bytes()
     try:
         for hd in (2, 6, 40, 64, 128, 136, 268):
             for oq, ok in [(o, o) for o in range(16)] + [(3, 12), (12, 0), (0, 7)]:
@@ -2356,11 +2427,11 @@ def test_float32_rows_at_every_offset_from_a_cache_line(style):
                 k = at_line_offset((2, 3, 2, hd), ok, rng)
                 pos = rng.integers(0, 2**20, (2, 3))
                 q0, k0 = q.copy(), k.copy()
-                kern.rope_wide_bytes(sys.maxsize)
+                kern.rope_cached_bytes(sys.maxsize)
                 fastpe.apply_rope(q, k, pos, style=style)
                 qn, kn = at_line_offset(q.shape, oq, rng), at_line_offset(k.shape, ok, rng)
                 qn[...], kn[...] = q0, k0
-                kern.rope_wide_bytes(0)
+                kern.rope_cached_bytes(0)
                 fastpe.apply_rope(qn, kn, pos, style=style)
                 context = f"head_dim {hd}, offsets {oq}, {ok}"
                 assert_bytes_equal(q, qn, f"q: 512-bit vs 256-bit steps, {context}")
@@ -2369,7 +2440,7 @@ def test_float32_rows_at_every_offset_from_a_cache_line(style):
                 assert_close(q, rq, F32, max_position=2**20, context=f"q, {context}")
                 assert_close(k, rk, F32, max_position=2**20, context=f"k, {context}")
     finally:
-        kern.rope_wide_bytes(was)
+        kern.rope_cached_bytes(was)
 
 
 @pytest.mark.skipif(not ON_CYTHON, reason="compiled kernels only")
@@ -2379,7 +2450,7 @@ def test_rope_row_step_width_follows_the_cpu_vendor():
     from conftest import cpu_vendor_id
 
     code = ("from fastpe import _backend; k = _backend.compiled; "
-            "print(k.cpu_vendor() or '-', k.rope_wide_bytes())")
+            "print(k.cpu_vendor() or '-', k.rope_cached_bytes())")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     vendor, limit = proc.stdout.split()

@@ -65,9 +65,10 @@ cdef extern from "fastpe_math.h" nogil:
                         double cos_scale)
     int fpe_cpu_has_avx2()
     int fpe_cpu_has_avx512()
+    int fpe_bf16_cvt_state(int on)
     void fpe_cpu_vendor(char *out)
     int fpe_cpu_family()
-    Py_ssize_t fpe_rope_wide_bytes
+    Py_ssize_t fpe_rope_cached_bytes
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE

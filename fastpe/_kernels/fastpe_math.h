@@ -334,6 +334,33 @@ static inline void fpe_bf16x32_store_inorder(fpe_bf16 *p, __m512 lo, __m512 hi)
                                                      fpe_bf16x16_bits_high(hi)));
 }
 
+/* AVX512_BF16 (Intel from Cooper Lake and Sapphire Rapids, AMD from Zen 4) narrows 32
+ * float32s to bfloat16 in one instruction, VCVTNE2PS2BF16, where the rounding above
+ * takes seven: the bfloat16 rows of a batched decode, in the caches, are bound by the
+ * core's vector ports, not by memory. It rounds to nearest even and quiets NaNs as
+ * fpe_bf16_make does, but reads a subnormal float32 as zero (DAZ), whatever MXCSR says:
+ * a zero it gives (of either sign) may stand for a subnormal that fpe_bf16_make keeps,
+ * so a vector with any zero takes the rounding above instead, the same bits on every
+ * element. Compiled for these functions alone (a target attribute; GCC 10 and clang 9
+ * have the instruction), run only where CPUID reports it (fpe_bf16_cvt, set at import;
+ * kernels.pyx bf16_hardware_narrowing). */
+#if (defined(__clang__) && __clang_major__ >= 9) || \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
+#define FPE_BF16_CVT 1
+#define FPE_TARGET_BF16 __attribute__((target("avx512bf16")))
+static int fpe_bf16_cvt = 0;
+
+FPE_TARGET_BF16 static inline void fpe_bf16x32_store_inorder_cvt(fpe_bf16 *p, __m512 lo,
+                                                                 __m512 hi)
+{
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    if (__builtin_expect(_mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7fff)) != 0, 0))
+        fpe_bf16x32_store_inorder(p, lo, hi);
+    else
+        _mm512_storeu_si512(p, v);
+}
+#endif
+
 /* One step of the row loops below: the elements under m of `rows` rows */
 static inline void fpe_f16_add16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
                                  const fpe_f16 *t, __mmask16 m)
@@ -383,6 +410,10 @@ static inline void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stri
 #define FPE_HALF_ADD_RUNS 0
 #define FPE_HALF_RUNS_512 0
 #define FPE_MADD_F(a, b, c) ((a) * (b) + (c))
+#endif
+
+#ifndef FPE_BF16_CVT
+#define FPE_BF16_CVT 0
 #endif
 
 /* The adds on `rows` rows `stride` elements apart that add the same t (1 or 2: each
@@ -604,15 +635,19 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
 #define FPE_LOADED_FIRST(v, p) ((void)0)
 #endif
 
-/* The avx512 variant takes the float32 RoPE rows (either pairing) of a call whose q and
- * k hold at most this many bytes 512 bits at a time, those of larger calls 256 bits at
- * a time, as avx2 does: set at import by the CPU's vendor (kernels.pyx). On an Intel
- * Xeon the 512-bit steps made every call faster. On an AMD Zen 5 they made rows in the
- * caches faster (a batched decode's 1 MiB: 0.76x the time; 2 MiB 0.8x) and rows
- * streamed from memory slower (8 MiB: 1.0-1.1x, 16 MiB and more: 1.3-1.4x; rotate_half
- * rows whatever their alignment or the order of the loads, adjacent-pair ones
- * 1.03-1.08x). The same operations on every element either way, the same bits. */
-static Py_ssize_t fpe_rope_wide_bytes = PY_SSIZE_T_MAX;
+/* A RoPE call whose q and k hold at most this many bytes is taken as in the caches: the
+ * avx512 variant takes its float32 rows (either pairing) 512 bits at a time, those of
+ * larger calls 256 bits at a time, as avx2 does; its bfloat16 rows are rotated inline
+ * in the loop over heads, those of larger calls by a call per row
+ * (fpe_rotate_heads_bf16). Set at import by the CPU's vendor (kernels.pyx). On an Intel
+ * Xeon both made every call faster (a bfloat16 prefill of 32 MiB: 0.91x the time with
+ * its rows inline). On an AMD Zen 5 the 512-bit steps made rows in the caches faster (a
+ * batched decode's 1 MiB: 0.76x the time; 2 MiB 0.8x) and rows streamed from memory
+ * slower (8 MiB: 1.0-1.1x, 16 MiB and more: 1.3-1.4x; rotate_half rows whatever their
+ * alignment or the order of the loads, adjacent-pair ones 1.03-1.08x), and so did the
+ * inline bfloat16 rows (below). The same operations on every element either way, the
+ * same bits. */
+static Py_ssize_t fpe_rope_cached_bytes = PY_SSIZE_T_MAX;
 
 /* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
  * at feature `at`, in vectors of type VT, and one feature (pair) at a time: every row
@@ -826,7 +861,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f64(double *x, const double *c, c
 }
 
 /* A row of RoPE: rotate_half pairs (neox) or adjacent ones, 2 * half features; float32
- * rows 512 bits at a time when `wide` (fpe_rope_wide_bytes). */
+ * rows 512 bits at a time when `wide` (fpe_rope_cached_bytes). */
 static FPE_ALWAYS_INLINE void fpe_rotate_f32(float *x, const float *c, const float *s,
                                              Py_ssize_t half, int neox, int wide)
 {
@@ -1120,8 +1155,21 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_n(fpe_f16 *x, const float *c,
     }
 }
 
-static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n(fpe_bf16 *x, const float *c,
-                                                     const float *s, Py_ssize_t half)
+/* bfloat16 rows with `cvt` constant where inlined: 1 narrows the 512-bit steps by
+ * VCVTNE2PS2BF16 (fpe_bf16x32_store_inorder_cvt, in callers compiled for it) */
+#if FPE_BF16_CVT && FPE_HALF_RUNS_512
+#define FPE_BF16X32_STORE(cvt, p, lo, hi)                                              \
+    do {                                                                               \
+        if (cvt) fpe_bf16x32_store_inorder_cvt(p, lo, hi);                             \
+        else fpe_bf16x32_store_inorder(p, lo, hi);                                     \
+    } while (0)
+#else
+#define FPE_BF16X32_STORE(cvt, p, lo, hi) fpe_bf16x32_store_inorder(p, lo, hi)
+#endif
+
+static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_nc(fpe_bf16 *x, const float *c,
+                                                      const float *s, Py_ssize_t half,
+                                                      int cvt)
 {
     fpe_bf16 *y = x + half;
     Py_ssize_t j = 0;
@@ -1134,10 +1182,10 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n(fpe_bf16 *x, const float *c
         fpe_bf16x32_load_inorder(yj, &b0, &b1);
         const __m512 c0 = _mm512_loadu_ps(c + j), c1 = _mm512_loadu_ps(c + j + 16);
         const __m512 s0 = _mm512_loadu_ps(s + j), s1 = _mm512_loadu_ps(s + j + 16);
-        fpe_bf16x32_store_inorder(x + j, _mm512_fmsub_ps(a0, c0, _mm512_mul_ps(b0, s0)),
-                                  _mm512_fmsub_ps(a1, c1, _mm512_mul_ps(b1, s1)));
-        fpe_bf16x32_store_inorder(yj, _mm512_fmadd_ps(b0, c0, _mm512_mul_ps(a0, s0)),
-                                  _mm512_fmadd_ps(b1, c1, _mm512_mul_ps(a1, s1)));
+        FPE_BF16X32_STORE(cvt, x + j, _mm512_fmsub_ps(a0, c0, _mm512_mul_ps(b0, s0)),
+                          _mm512_fmsub_ps(a1, c1, _mm512_mul_ps(b1, s1)));
+        FPE_BF16X32_STORE(cvt, yj, _mm512_fmadd_ps(b0, c0, _mm512_mul_ps(a0, s0)),
+                          _mm512_fmadd_ps(b1, c1, _mm512_mul_ps(a1, s1)));
     }
 #endif
     for (; j + 16 <= half; j += 16) {
@@ -1160,8 +1208,8 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n(fpe_bf16 *x, const float *c
     }
 }
 
-static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *c,
-                                                      const float *s, Py_ssize_t n)
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_nc(fpe_bf16 *x, const float *c,
+                                                       const float *s, Py_ssize_t n, int cvt)
 {
     Py_ssize_t i = 0;
 #if FPE_HALF_RUNS_512
@@ -1170,8 +1218,8 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *
         fpe_bf16x32_load_inorder(x + i, &v0, &v1);
         const __m512 c0 = _mm512_loadu_ps(c + i), c1 = _mm512_loadu_ps(c + i + 16);
         const __m512 s0 = _mm512_loadu_ps(s + i), s1 = _mm512_loadu_ps(s + i + 16);
-        fpe_bf16x32_store_inorder(
-            x + i, _mm512_fmadd_ps(_mm512_permute_ps(v0, 0xB1), s0, _mm512_mul_ps(v0, c0)),
+        FPE_BF16X32_STORE(
+            cvt, x + i, _mm512_fmadd_ps(_mm512_permute_ps(v0, 0xB1), s0, _mm512_mul_ps(v0, c0)),
             _mm512_fmadd_ps(_mm512_permute_ps(v1, 0xB1), s1, _mm512_mul_ps(v1, c1)));
     }
 #endif
@@ -1191,6 +1239,44 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *
     }
 }
 
+/* the two forms of each, in the signature FPE_AT_FIXED_WIDTH calls */
+static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n(fpe_bf16 *x, const float *c,
+                                                     const float *s, Py_ssize_t half)
+{
+    fpe_rotate_half_bf16_nc(x, c, s, half, 0);
+}
+
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *c,
+                                                      const float *s, Py_ssize_t n)
+{
+    fpe_rotate_pairs_bf16_nc(x, c, s, n, 0);
+}
+
+#if FPE_BF16_CVT && FPE_HALF_RUNS_512
+#define FPE_ROPE_BF16_CVT 1
+FPE_TARGET_BF16 static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n_cvt(
+    fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half)
+{
+    fpe_rotate_half_bf16_nc(x, c, s, half, 1);
+}
+
+FPE_TARGET_BF16 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n_cvt(
+    fpe_bf16 *x, const float *c, const float *s, Py_ssize_t n)
+{
+    fpe_rotate_pairs_bf16_nc(x, c, s, n, 1);
+}
+
+FPE_TARGET_BF16 static FPE_NOINLINE void fpe_rotate_bf16_cvt(fpe_bf16 *x, const float *c,
+                                                             const float *s, Py_ssize_t half,
+                                                             int neox)
+{
+    if (neox) FPE_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n_cvt, x, c, s, half, 64, 32);
+    else FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n_cvt, x, c, s, 2 * half, 128, 64);
+}
+#else
+#define FPE_ROPE_BF16_CVT 0
+#endif
+
 static FPE_ALWAYS_INLINE void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s,
                                              Py_ssize_t half, int neox)
 {
@@ -1201,6 +1287,12 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f16(fpe_f16 *x, const float *c, const f
 static FPE_ALWAYS_INLINE void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s,
                                               Py_ssize_t half, int neox)
 {
+#if FPE_ROPE_BF16_CVT
+    if (fpe_bf16_cvt) {
+        fpe_rotate_bf16_cvt(x, c, s, half, neox);
+        return;
+    }
+#endif
     if (neox) FPE_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n, x, c, s, half, 64, 32);
     else FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n, x, c, s, 2 * half, 128, 64);
 }
@@ -1216,40 +1308,66 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
     else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f16_n, 2 * half, 128, 64);
 }
 
-/* One row of bfloat16 per call, kept out of line (below) */
-static FPE_NOINLINE void fpe_rotate_half_bf16_row(fpe_bf16 *x, const float *c, const float *s,
-                                                  Py_ssize_t half)
-{
-    FPE_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n, x, c, s, half, 64, 32);
-}
+/* One row of bfloat16 per call, kept out of line (below), in both forms */
+#define FPE_BF16_ROW_FUNCTIONS(SUFFIX, ATTR)                                           \
+    ATTR static FPE_NOINLINE void fpe_rotate_half_bf16_row##SUFFIX(                    \
+        fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half)                  \
+    {                                                                                  \
+        FPE_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n##SUFFIX, x, c, s, half, 64, 32);     \
+    }                                                                                  \
+    ATTR static FPE_NOINLINE void fpe_rotate_pairs_bf16_row##SUFFIX(                   \
+        fpe_bf16 *x, const float *c, const float *s, Py_ssize_t n)                     \
+    {                                                                                  \
+        FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, x, c, s, n, 128, 64);      \
+    }
 
-static FPE_NOINLINE void fpe_rotate_pairs_bf16_row(fpe_bf16 *x, const float *c, const float *s,
-                                                   Py_ssize_t n)
-{
-    FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n, x, c, s, n, 128, 64);
-}
+/* bfloat16 rows: inlined into the loop over heads where the call's rows are taken as in
+ * the caches (`cached`, fpe_rope_cached_bytes: a batched decode took 0.61-0.65x the time
+ * of a call per row), a call per row otherwise: on an AMD Zen 5 the inlined loop
+ * streamed a prefill's rows from memory at 1.14-1.29x the time of a call per row, and a
+ * call per row took 0.85-1.02x the time of the per-row path before this function. */
+#define FPE_ROTATE_HEADS_BF16(SUFFIX)                                                  \
+    do {                                                                               \
+        const Py_ssize_t heads = hq > hk ? hq : hk;                                    \
+        if (!cached) {                                                                 \
+            if (neox) FPE_HEADS_LOOP(fpe_rotate_half_bf16_row##SUFFIX, half);          \
+            else FPE_HEADS_LOOP(fpe_rotate_pairs_bf16_row##SUFFIX, 2 * half);          \
+            return;                                                                    \
+        }                                                                              \
+        if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n##SUFFIX, half, 64, 32); \
+        else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, 2 * half, 128, 64); \
+    } while (0)
 
-/* bfloat16 rows: inlined into the loop over heads where the call's rows are in the caches
- * (`cached`: a batched decode took 0.61-0.65x the time of a call per row), a call per row
- * otherwise: on an AMD Zen 5 the inlined loop streamed a prefill's rows from memory at
- * 1.14-1.29x the time of a call per row, and a call per row took 0.85-1.02x the time of
- * the per-row path before this function. */
+FPE_BF16_ROW_FUNCTIONS(, )
+
+#if FPE_ROPE_BF16_CVT
+FPE_BF16_ROW_FUNCTIONS(_cvt, FPE_TARGET_BF16)
+
+FPE_TARGET_BF16 static FPE_NOINLINE void fpe_rotate_heads_bf16_cvt(
+    fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_bf16 *k, Py_ssize_t hk, Py_ssize_t kh,
+    const float *FPE_RESTRICT c, const float *FPE_RESTRICT s, Py_ssize_t half, int neox,
+    int cached)
+{
+    FPE_ROTATE_HEADS_BF16(_cvt);
+}
+#endif
+
 static void fpe_rotate_heads_bf16(fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_bf16 *k,
                                   Py_ssize_t hk, Py_ssize_t kh,
                                   const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
                                   Py_ssize_t half, int neox, int cached)
 {
-    const Py_ssize_t heads = hq > hk ? hq : hk;
-    if (!cached) {
-        if (neox) FPE_HEADS_LOOP(fpe_rotate_half_bf16_row, half);
-        else FPE_HEADS_LOOP(fpe_rotate_pairs_bf16_row, 2 * half);
+#if FPE_ROPE_BF16_CVT
+    if (fpe_bf16_cvt) {
+        fpe_rotate_heads_bf16_cvt(q, hq, qh, k, hk, kh, c, s, half, neox, cached);
         return;
     }
-    if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n, half, 64, 32);
-    else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n, 2 * half, 128, 64);
+#endif
+    FPE_ROTATE_HEADS_BF16();
 }
 #else
 #define FPE_HALF_ROTATE 0
+#define FPE_ROPE_BF16_CVT 0
 static inline void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s,
                                   Py_ssize_t half, int neox)
 {
@@ -1723,6 +1841,40 @@ static inline int fpe_cpu_has_avx512(void)
     /* avx512f (16), dq (17), bw (30), vl (31) */
     return ((r[1] >> 16) & 1) && ((r[1] >> 17) & 1) && ((r[1] >> 30) & 1) && ((r[1] >> 31) & 1);
 #else
+    return 0;
+#endif
+}
+
+/* AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) besides the avx512 variant's needs */
+static inline int fpe_cpu_has_avx512bf16(void)
+{
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    unsigned int a, b, c, d;
+    if (!fpe_cpu_has_avx512())
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (a < 1)
+        return 0;  /* no subleaf 1 */
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 5) & 1;
+#else
+    return 0;
+#endif
+}
+
+/* Whether bfloat16 RoPE rows are narrowed by VCVTNE2PS2BF16: `on` 1 or 0 sets it (1
+ * holds only where it is built in and the CPU has it), -1 leaves it; returns it. */
+static inline int fpe_bf16_cvt_state(int on)
+{
+#if FPE_ROPE_BF16_CVT
+    static int cpu = -1;   /* CPUID once: in a virtual machine it traps to the host */
+    if (cpu < 0)
+        cpu = fpe_cpu_has_avx512bf16();
+    if (on >= 0)
+        fpe_bf16_cvt = on && cpu;
+    return fpe_bf16_cvt;
+#else
+    (void)on;
     return 0;
 #endif
 }

@@ -79,9 +79,31 @@ cdef extern from *:
             p[j] = fpe_f16_make(fpe_f16_load(p[j]));
     }
 
+    /* (narrowed as bfloat16 RoPE rows are: by VCVTNE2PS2BF16 where they are) */
+    #if FPE_ROPE_BF16_CVT
+    FPE_TARGET_BF16 static FPE_NOINLINE void fpe_floor_bf16_round_trip_cvt(fpe_bf16 *p,
+                                                                          Py_ssize_t n)
+    {
+        Py_ssize_t j = 0;
+        __m512 lo, hi;
+        for (; j + 32 <= n; j += 32) {
+            fpe_bf16x32_load_inorder(p + j, &lo, &hi);
+            fpe_bf16x32_store_inorder_cvt(p + j, lo, hi);
+        }
+        for (; j < n; j++)
+            p[j] = fpe_bf16_make(fpe_bf16_load(p[j]));
+    }
+    #endif
+
     static void fpe_floor_bf16_round_trip(fpe_bf16 *p, Py_ssize_t n)
     {
         Py_ssize_t j = 0;
+    #if FPE_ROPE_BF16_CVT
+        if (fpe_bf16_cvt) {
+            fpe_floor_bf16_round_trip_cvt(p, n);
+            return;
+        }
+    #endif
     #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
         __m512 lo, hi;
         for (; j + 32 <= n; j += 32) {

@@ -77,22 +77,35 @@ def cpu_family():
     return fpe_cpu_family()
 
 
-def rope_wide_bytes(object limit=None):
-    """The largest call (bytes of q and k) whose float32 RoPE rows the avx512 variant takes
-    512 bits at a time, larger ones 256 bits at a time (chosen at import by the CPU's
-    vendor; fastpe_math.h says why); `limit` sets it, for tests of both step widths
-    (0: 256-bit steps for every call, sys.maxsize: 512-bit for every call). The same bits
-    either way; other variants ignore it."""
-    global fpe_rope_wide_bytes
+def rope_cached_bytes(object limit=None):
+    """The largest RoPE call (bytes of q and k) taken as in the caches: its float32 rows
+    512 bits at a time (avx512 variant; larger calls 256 bits at a time), its bfloat16
+    rows inline in the loop over heads (larger calls: a call per row). Chosen at import by
+    the CPU's vendor (fastpe_math.h says why); `limit` sets it, for tests of both forms
+    (0: every call as streamed from memory, sys.maxsize: every call as in the caches).
+    The same bits either way."""
+    global fpe_rope_cached_bytes
     if limit is not None:
         if not 0 <= limit <= PY_SSIZE_T_MAX:
             raise ValueError(f"limit must be in 0..{PY_SSIZE_T_MAX}, got {limit}")
-        fpe_rope_wide_bytes = limit
-    return fpe_rope_wide_bytes
+        fpe_rope_cached_bytes = limit
+    return fpe_rope_cached_bytes
 
 
+def bf16_hardware_narrowing(object on=None):
+    """Whether bfloat16 RoPE rows are narrowed from float32 by AVX512_BF16's
+    VCVTNE2PS2BF16 (avx512 variant, on the CPUs that have it: on from import), or by
+    integer rounding in software; `on` sets it, for tests of both (True holds only where
+    the instruction is built in and the CPU runs it). The same bits either way
+    (fastpe_math.h says how)."""
+    if on is not None:
+        fpe_bf16_cvt_state(1 if on else 0)
+    return bool(fpe_bf16_cvt_state(-1))
+
+
+bf16_hardware_narrowing(True)
 # Intel: every call; elsewhere (AMD Zen 5) calls whose rows are likely in the caches
-rope_wide_bytes(PY_SSIZE_T_MAX if cpu_vendor() == "GenuineIntel" else ROPE_CACHED_BYTES)
+rope_cached_bytes(PY_SSIZE_T_MAX if cpu_vendor() == "GenuineIntel" else ROPE_CACHED_BYTES)
 sinusoidal_staging(*((256 << 10, 8) if cpu_vendor() == "GenuineIntel" else (1 << 20, 4)))
 
 

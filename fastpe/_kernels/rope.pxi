@@ -23,8 +23,9 @@ cdef struct RopeCall:
     # the first's (HunYuan-VL; rotate_half pairing only)
     const int8_t *pair_axis2
     bint neox                       # pair j with j + half, else 2j with 2j + 1
-    bint wide                       # float32 rows 512 bits at a time (fpe_rope_wide_bytes)
-    bint cached                     # its rows likely in the caches: ROPE_CACHED_BYTES
+    # its rows likely in the caches (fpe_rope_cached_bytes): float32 rows 512 bits at a
+    # time (avx512 variant), bfloat16 rows inline across heads
+    bint cached
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w
     double w_max                    # max |w[i]|
@@ -46,10 +47,10 @@ cdef enum:
     # and sin rows (and k's copy of them) take to start at a row's offset from one
     LINE_FLOATS = 16
     LINE_SLACK = 64
-    # a call whose q and k rows hold at most this many bytes is taken to have them in the
-    # caches: its bfloat16 rows are rotated inline across heads (fpe_rotate_heads_bf16),
-    # and on AMD CPUs its float32 rows take 512-bit steps (fpe_rope_wide_bytes: on a Zen 5
-    # those took 0.76-0.8x the time of 256-bit steps up to 2 MiB, the same at 8 MiB)
+    # on AMD CPUs a call whose q and k rows hold at most this many bytes is taken to have
+    # them in the caches (fpe_rope_cached_bytes; on Intel CPUs every call): on a Zen 5
+    # 512-bit float32 steps took 0.76-0.8x the time of 256-bit steps up to 2 MiB, the
+    # same at 8 MiB
     ROPE_CACHED_BYTES = 4 << 20
 
 
@@ -302,7 +303,7 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
         if real_t is float and direct:
             fpe_rotate_heads_f32(<float *>(q + t * a.qs), a.hq, a.qh, <float *>(k + t * a.ks),
                                  a.hk, a.kh, c, s, kctab + t * a.width, kstab + t * a.width,
-                                 a.half, a.neox, a.wide)
+                                 a.half, a.neox, a.cached)
             continue
         if real_t is double and direct:
             fpe_rotate_heads_f64(<double *>(q + t * a.qs), a.hq, a.qh,
@@ -319,9 +320,9 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
             continue
         for h in range(heads):
             if h < a.hq:
-                rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, a.wide, tmp)
+                rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, a.cached, tmp)
             if h < a.hk:
-                rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, a.wide, tmp)
+                rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, a.cached, tmp)
 
 
 cdef inline void rotate_heads_two(store_t *base, Py_ssize_t heads, Py_ssize_t sh,
@@ -426,10 +427,10 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
         rotate_tokens_qk(a, first, kfirst, ntok, ctab, stab, kctab, kstab, tmp)
         return
     rotate_heads(first, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
-                 a.q_across, ctab, stab, a.half, a.width, a.neox, a.wide, tmp)
+                 a.q_across, ctab, stab, a.half, a.width, a.neox, a.cached, tmp)
     if a.hk:
         rotate_heads(k + b * a.kb + t0 * a.ks, a.hk, a.kh, a.ks, a.kd, ntok, a.k_token_inner,
-                     a.k_across, ctab, stab, a.half, a.width, a.neox, a.wide, tmp)
+                     a.k_across, ctab, stab, a.half, a.width, a.neox, a.cached, tmp)
 
 
 cdef void rope_run(const RopeCall *a, store_t *q, store_t *k, Work work,
@@ -529,8 +530,7 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
     cdef Py_ssize_t row_bytes = (a.batch * a.seq * (a.hq + a.hk) * 2 * a.half
                                  * (2 if code == CODE_F16 or code == CODE_BF16 else
                                     4 if code == CODE_F32 else 8))
-    a.wide = row_bytes <= fpe_rope_wide_bytes
-    a.cached = row_bytes <= ROPE_CACHED_BYTES
+    a.cached = row_bytes <= fpe_rope_cached_bytes
     # s, c (double); cos and sin rows of a block and tmp_rows rotated rows (at most
     # double); for multi-axis positions, a row of per-pair positions and two of steps
     # (double)
