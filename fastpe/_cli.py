@@ -88,6 +88,7 @@ def info_text(info: Mapping[str, Any]) -> str:
                                     f"{', '.join(info.get('isa_available') or []) or '-'})"))
         rows.append(("compile flags", info.get("compile_flags")))
         rows.append(("float16", f"{info.get('half_conversion')} conversion"))
+        rows.append(("bfloat16 rounding", f"{info.get('bfloat16_narrowing')} (RoPE rows)"))
     rows.append(("bfloat16", "yes (ml_dtypes)" if info.get("bfloat16")
                  else "no (pip install ml_dtypes)"))
     rows.append(("NumPy", info.get("numpy")))
@@ -97,7 +98,8 @@ def info_text(info: Mapping[str, Any]) -> str:
     if features is not None:
         rows.append(("CPU features", " ".join(features) or "-"))
     shown = {"version", "backend", "compiled", "import_error", "openmp", "num_threads", "isa",
-             "isa_available", "compile_flags", "half_conversion", "bfloat16", "numpy",
+             "isa_available", "compile_flags", "half_conversion", "bfloat16_narrowing",
+             "bfloat16", "numpy",
              "python", "machine"}
     rows += [(k, v) for k, v in info.items() if k not in shown]
     width = max(len(k) for k, _ in rows)

@@ -31,6 +31,7 @@ class Info(_InfoWhenNotCompiled):
     isa_available: list[str]
     compile_flags: str | None
     half_conversion: str | None
+    bfloat16_narrowing: str | None
     bfloat16: bool
     numpy: str
     python: str
@@ -44,7 +45,9 @@ def info() -> Info:
     isa (the kernel variant running: baseline, avx2 or avx512), isa_available
     (the variants this CPU and OS run, narrowest first; avx512 is the default on
     Intel CPUs and AMD's from Zen 5, elsewhere it runs only with FASTPE_ISA=avx512),
-    compile_flags, half_conversion, bfloat16 (ml_dtypes present), numpy,
+    compile_flags, half_conversion, bfloat16_narrowing (how bfloat16 RoPE rows are
+    rounded from float32: "hardware", AVX512_BF16 in the avx512 variant, or
+    "software"), bfloat16 (ml_dtypes present), numpy,
     python, machine; import_error when the extension did not load.
     """
     compiled = _backend.compiled
@@ -61,6 +64,10 @@ def info() -> Info:
         ),
         "compile_flags": compiled.COMPILE_FLAGS if compiled is not None else None,
         "half_conversion": compiled.HALF_CONVERSION if compiled is not None else None,
+        "bfloat16_narrowing": (
+            ("hardware" if compiled.bf16_hardware_narrowing() else "software")
+            if compiled is not None else None
+        ),
         "bfloat16": _checks.HAS_ML_DTYPES,
         "numpy": np.__version__,
         "python": platform.python_version(),
