@@ -2345,8 +2345,8 @@ HARDWARE_BF16 = (KERNELS is not None and BF16 is not None
 
 
 @pytest.mark.skipif(not HARDWARE_BF16,
-                    reason="bfloat16 narrowing by VCVTNE2PS2BF16 needs the avx512 variant "
-                           "on a CPU with AVX512_BF16")
+                    reason="bfloat16 narrowing by VCVTNE2PS2BF16 needs a wide variant on "
+                           "a CPU with AVX512_BF16")
 @pytest.mark.parametrize("style", STYLES)
 def test_bfloat16_rows_give_the_same_bits_narrowed_by_hardware(style):
     """Where the CPU has AVX512_BF16, bfloat16 RoPE rows are narrowed by VCVTNE2PS2BF16,

@@ -334,33 +334,6 @@ static inline void fpe_bf16x32_store_inorder(fpe_bf16 *p, __m512 lo, __m512 hi)
                                                      fpe_bf16x16_bits_high(hi)));
 }
 
-/* AVX512_BF16 (Intel from Cooper Lake and Sapphire Rapids, AMD from Zen 4) narrows 32
- * float32s to bfloat16 in one instruction, VCVTNE2PS2BF16, where the rounding above
- * takes seven: the bfloat16 rows of a batched decode, in the caches, are bound by the
- * core's vector ports, not by memory. It rounds to nearest even and quiets NaNs as
- * fpe_bf16_make does, but reads a subnormal float32 as zero (DAZ), whatever MXCSR says:
- * a zero it gives (of either sign) may stand for a subnormal that fpe_bf16_make keeps,
- * so a vector with any zero takes the rounding above instead, the same bits on every
- * element. Compiled for these functions alone (a target attribute; GCC 10 and clang 9
- * have the instruction), run only where CPUID reports it (fpe_bf16_cvt, set at import;
- * kernels.pyx bf16_hardware_narrowing). */
-#if (defined(__clang__) && __clang_major__ >= 9) || \
-    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
-#define FPE_BF16_CVT 1
-#define FPE_TARGET_BF16 __attribute__((target("avx512bf16")))
-static int fpe_bf16_cvt = 0;
-
-FPE_TARGET_BF16 static inline void fpe_bf16x32_store_inorder_cvt(fpe_bf16 *p, __m512 lo,
-                                                                 __m512 hi)
-{
-    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    if (__builtin_expect(_mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7fff)) != 0, 0))
-        fpe_bf16x32_store_inorder(p, lo, hi);
-    else
-        _mm512_storeu_si512(p, v);
-}
-#endif
-
 /* One step of the row loops below: the elements under m of `rows` rows */
 static inline void fpe_f16_add16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
                                  const fpe_f16 *t, __mmask16 m)
@@ -405,6 +378,47 @@ static inline void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stri
 }
 #else
 #define FPE_HALF_RUNS_512 0
+#endif
+
+/* AVX512_BF16 (Intel from Cooper Lake and Sapphire Rapids, AMD from Zen 4) narrows 16
+ * or 32 float32s to bfloat16 in one instruction, VCVTNE2PS2BF16, where the rounding
+ * above takes seven per 32 (avx512) or twelve per 16 (avx2): the bfloat16 rows of a
+ * batched decode, in the caches, are bound by the core's vector ports, not by memory.
+ * It rounds to nearest even and quiets NaNs as fpe_bf16_make does, but reads a
+ * subnormal float32 as zero (DAZ), whatever MXCSR says: a zero it gives (of either
+ * sign) may stand for a subnormal that fpe_bf16_make keeps, so a vector with any zero
+ * takes the rounding above instead, the same bits on every element. Compiled for these
+ * functions alone (a target attribute; GCC 10 and clang 9 have the instruction), in
+ * both wide variants (AMD's Zen 4 has it and runs avx2 by default), run only where
+ * CPUID reports it with the AVX-512 state saved (fpe_bf16_cvt, set at import;
+ * kernels.pyx bf16_hardware_narrowing). */
+#if (defined(__clang__) && __clang_major__ >= 9) || \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
+#define FPE_BF16_CVT 1
+#define FPE_TARGET_BF16 __attribute__((target("avx512bf16,avx512vl,avx512bw")))
+static int fpe_bf16_cvt = 0;
+
+FPE_TARGET_BF16 static inline void fpe_bf16x16_store_inorder_cvt(fpe_bf16 *p, __m256 lo,
+                                                                 __m256 hi)
+{
+    const __m256i v = (__m256i)_mm256_cvtne2ps_pbh(hi, lo);
+    if (__builtin_expect(_mm256_testn_epi16_mask(v, _mm256_set1_epi16(0x7fff)) != 0, 0))
+        fpe_bf16x16_store_inorder(p, lo, hi);
+    else
+        _mm256_storeu_si256((__m256i *)p, v);
+}
+
+#if FPE_HALF_RUNS_512
+FPE_TARGET_BF16 static inline void fpe_bf16x32_store_inorder_cvt(fpe_bf16 *p, __m512 lo,
+                                                                 __m512 hi)
+{
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    if (__builtin_expect(_mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7fff)) != 0, 0))
+        fpe_bf16x32_store_inorder(p, lo, hi);
+    else
+        _mm512_storeu_si512(p, v);
+}
+#endif
 #endif
 #else
 #define FPE_HALF_ADD_RUNS 0
@@ -1155,15 +1169,21 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_n(fpe_f16 *x, const float *c,
     }
 }
 
-/* bfloat16 rows with `cvt` constant where inlined: 1 narrows the 512-bit steps by
- * VCVTNE2PS2BF16 (fpe_bf16x32_store_inorder_cvt, in callers compiled for it) */
-#if FPE_BF16_CVT && FPE_HALF_RUNS_512
+/* bfloat16 rows with `cvt` constant where inlined: 1 narrows by VCVTNE2PS2BF16
+ * (fpe_bf16x16_store_inorder_cvt and its 512-bit form, in callers compiled for it) */
+#if FPE_BF16_CVT
+#define FPE_BF16X16_STORE(cvt, p, lo, hi)                                              \
+    do {                                                                               \
+        if (cvt) fpe_bf16x16_store_inorder_cvt(p, lo, hi);                             \
+        else fpe_bf16x16_store_inorder(p, lo, hi);                                     \
+    } while (0)
 #define FPE_BF16X32_STORE(cvt, p, lo, hi)                                              \
     do {                                                                               \
         if (cvt) fpe_bf16x32_store_inorder_cvt(p, lo, hi);                             \
         else fpe_bf16x32_store_inorder(p, lo, hi);                                     \
     } while (0)
 #else
+#define FPE_BF16X16_STORE(cvt, p, lo, hi) fpe_bf16x16_store_inorder(p, lo, hi)
 #define FPE_BF16X32_STORE(cvt, p, lo, hi) fpe_bf16x32_store_inorder(p, lo, hi)
 #endif
 
@@ -1196,10 +1216,10 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_nc(fpe_bf16 *x, const float *
         fpe_bf16x16_load_inorder(yj, &b0, &b1);
         const __m256 c0 = _mm256_loadu_ps(c + j), c1 = _mm256_loadu_ps(c + j + 8);
         const __m256 s0 = _mm256_loadu_ps(s + j), s1 = _mm256_loadu_ps(s + j + 8);
-        fpe_bf16x16_store_inorder(x + j, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
-                                  _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
-        fpe_bf16x16_store_inorder(yj, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)),
-                                  _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
+        FPE_BF16X16_STORE(cvt, x + j, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
+                          _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
+        FPE_BF16X16_STORE(cvt, yj, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)),
+                          _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
     }
     for (; j < half; j++) {
         const float a = fpe_bf16_load(x[j]), b = fpe_bf16_load(y[j]);
@@ -1228,8 +1248,8 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_nc(fpe_bf16 *x, const float 
         fpe_bf16x16_load_inorder(x + i, &v0, &v1);
         const __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
         const __m256 s0 = _mm256_loadu_ps(s + i), s1 = _mm256_loadu_ps(s + i + 8);
-        fpe_bf16x16_store_inorder(
-            x + i, _mm256_fmadd_ps(_mm256_permute_ps(v0, 0xB1), s0, _mm256_mul_ps(v0, c0)),
+        FPE_BF16X16_STORE(
+            cvt, x + i, _mm256_fmadd_ps(_mm256_permute_ps(v0, 0xB1), s0, _mm256_mul_ps(v0, c0)),
             _mm256_fmadd_ps(_mm256_permute_ps(v1, 0xB1), s1, _mm256_mul_ps(v1, c1)));
     }
     for (; i + 1 < n; i += 2) {
@@ -1252,7 +1272,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *
     fpe_rotate_pairs_bf16_nc(x, c, s, n, 0);
 }
 
-#if FPE_BF16_CVT && FPE_HALF_RUNS_512
+#if FPE_BF16_CVT
 #define FPE_ROPE_BF16_CVT 1
 FPE_TARGET_BF16 static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n_cvt(
     fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half)

@@ -85,11 +85,19 @@ cdef extern from *:
                                                                           Py_ssize_t n)
     {
         Py_ssize_t j = 0;
+    #if FPE_HALF_RUNS_512
         __m512 lo, hi;
         for (; j + 32 <= n; j += 32) {
             fpe_bf16x32_load_inorder(p + j, &lo, &hi);
             fpe_bf16x32_store_inorder_cvt(p + j, lo, hi);
         }
+    #else
+        __m256 lo, hi;
+        for (; j + 16 <= n; j += 16) {
+            fpe_bf16x16_load_inorder(p + j, &lo, &hi);
+            fpe_bf16x16_store_inorder_cvt(p + j, lo, hi);
+        }
+    #endif
         for (; j < n; j++)
             p[j] = fpe_bf16_make(fpe_bf16_load(p[j]));
     }
