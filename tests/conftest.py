@@ -476,6 +476,30 @@ def both_threads(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["integer", "hardware"])
+def bf16_narrowing(request):
+    """bfloat16 results rounded from float32 in integers, and by VCVTNE2PS2BF16 where the
+    kernels have it (AVX512_BF16 in the wide variants; skipped elsewhere): both must give
+    the same bits, so the tests that take this run under each."""
+    from fastpe import _backend
+
+    kern = _backend.compiled
+    if kern is None or not hasattr(kern, "bf16_hardware_narrowing"):
+        if request.param == "hardware":
+            pytest.skip("no compiled kernels")
+        yield request.param
+        return
+    was = kern.bf16_hardware_narrowing()
+    if request.param == "hardware" and not kern.bf16_hardware_narrowing(True):
+        kern.bf16_hardware_narrowing(was)
+        pytest.skip("no AVX512_BF16 narrowing in these kernels on this CPU")
+    kern.bf16_hardware_narrowing(request.param == "hardware")
+    try:
+        yield request.param
+    finally:
+        kern.bf16_hardware_narrowing(was)
+
+
 @pytest.fixture
 def threaded(monkeypatch):
     """Lower the serial threshold for one test (see both_threads)."""

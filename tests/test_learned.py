@@ -301,7 +301,7 @@ def test_half_rows_same_bits_through_strided_table(dtype):
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize("dim", [128, 37])     # 37: vectors and a scalar tail
-def test_half_rows_round_once_on_every_bit_pattern(dtype, dim):
+def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, bf16_narrowing):
     """Unit-stride half rows (one pass, widened and narrowed in registers; with several batch
     rows, pairs of them share each table vector) round the float32 sum as NumPy / ml_dtypes
     do, on every bit pattern against shuffled operands and against half an ulp (ties either

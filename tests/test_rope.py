@@ -2227,7 +2227,7 @@ def test_real_valued_positions_that_read_both_as_axes_and_batch_are_refused():
 @pytest.mark.parametrize("dtype", [np.float16] + ([BF16] if BF16 is not None else []))
 @pytest.mark.parametrize("head_dim", [128, 64, 40, 36])
 @pytest.mark.parametrize("style", ["neox", "gptj"])
-def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style):
+def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style, bf16_narrowing):
     """float16 and bfloat16 rows of unit stride are widened, rotated and narrowed in
     registers, strided ones through a float32 buffer: the same bits for every bit
     pattern (NaN payloads, infinities, subnormals), at small and at large positions,

@@ -360,7 +360,7 @@ def test_add_sinusoidal_scale_zero_gives_the_table():
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize("dim", [128, 37])     # 37: vectors, a scalar tail, a lone sine
 @pytest.mark.parametrize("scale", [1.0, 0.5, 3.0, 1 / 3])
-def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale):
+def test_half_rows_round_once_on_every_bit_pattern(dtype, dim, scale, bf16_narrowing):
     """float16 / bfloat16 x * scale + PE, every bit pattern of x (NaN, inf, subnormals; row 0
     of PE is 0, 1, 0, 1, ..., so x + 1 falls on ties): the float32 value of the staged PE
     row, x widened, one multiply-add, rounded once to the storage type as NumPy / ml_dtypes

@@ -76,6 +76,20 @@ static inline fpe_f16 fpe_f16_make(float f)
 }
 #endif
 
+/* The rotations and the add steps below are inlined into every row loop that calls them,
+ * whatever the compiler's size heuristics say: a call per row is not hidden by memory
+ * when the rows are in cache (a batched decode). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FPE_ALWAYS_INLINE inline __attribute__((always_inline))
+#define FPE_NOINLINE __attribute__((noinline))
+#elif defined(_MSC_VER)
+#define FPE_ALWAYS_INLINE __forceinline
+#define FPE_NOINLINE __declspec(noinline)
+#else
+#define FPE_ALWAYS_INLINE inline
+#define FPE_NOINLINE
+#endif
+
 /* ---- bfloat16: the top half of a float ----------------------------------- */
 static inline float fpe_bf16_load(fpe_bf16 h) { return fpe_bits_f32((uint32_t)h.bits << 16); }
 
@@ -220,6 +234,64 @@ static inline void fpe_bf16x16_store_inorder(fpe_bf16 *p, __m256 lo, __m256 hi)
     _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(fpe_bf16x16_bits(lo, hi), 0xD8));
 }
 
+/* AVX512_BF16 (Intel from Cooper Lake and Sapphire Rapids, AMD from Zen 4) narrows 16
+ * or 32 float32s to bfloat16 in one instruction, VCVTNE2PS2BF16, where the rounding
+ * above takes seven per 32 (avx512) or twelve per 16 (avx2): the bfloat16 rows of a
+ * batched decode, in the caches, are bound by the core's vector ports, not by memory.
+ * It rounds to nearest even and quiets NaNs as fpe_bf16_make does, but reads a
+ * subnormal float32 as zero (DAZ), whatever MXCSR says: a zero it gives (of either
+ * sign) may stand for a subnormal that fpe_bf16_make keeps, so a vector with any zero
+ * takes the rounding above instead, the same bits on every element. Compiled for these
+ * functions alone (a target attribute; GCC 10 and clang 9 have the instruction), in
+ * both wide variants (AMD's Zen 4 has it and runs avx2 by default), run only where
+ * CPUID reports it with the AVX-512 state saved (fpe_bf16_cvt, set at import;
+ * kernels.pyx bf16_hardware_narrowing). */
+#if (defined(__clang__) && __clang_major__ >= 9) || \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
+#define FPE_BF16_CVT 1
+#define FPE_TARGET_BF16 __attribute__((target("avx512bf16,avx512vl,avx512bw")))
+static int fpe_bf16_cvt = 0;
+
+FPE_TARGET_BF16 static inline void fpe_bf16x16_store_inorder_cvt(fpe_bf16 *p, __m256 lo,
+                                                                 __m256 hi)
+{
+    const __m256i v = (__m256i)_mm256_cvtne2ps_pbh(hi, lo);
+    if (__builtin_expect(_mm256_testn_epi16_mask(v, _mm256_set1_epi16(0x7fff)) != 0, 0))
+        fpe_bf16x16_store_inorder(p, lo, hi);
+    else
+        _mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* The same in the order fpe_bf16x16_load and fpe_bf16x32_load took the elements apart
+ * (the adds'): the instruction gives the 64-bit quarters of lo, then those of hi, and
+ * one permutation interleaves them; under a mask only the elements it keeps are
+ * checked. */
+FPE_TARGET_BF16 static inline void fpe_bf16x16_store_cvt(fpe_bf16 *p, __m256 lo, __m256 hi)
+{
+    const __m256i v = _mm256_permute4x64_epi64((__m256i)_mm256_cvtne2ps_pbh(hi, lo), 0xD8);
+    if (__builtin_expect(_mm256_testn_epi16_mask(v, _mm256_set1_epi16(0x7fff)) != 0, 0))
+        fpe_bf16x16_store(p, lo, hi);
+    else
+        _mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* the adds' stores, with `cvt` a constant where inlined (RoPE's: FPE_BF16X16_STORE) */
+#define FPE_BF16X16_STORE_ADD(cvt, p, lo, hi)                                          \
+    do {                                                                               \
+        if (cvt) fpe_bf16x16_store_cvt(p, lo, hi);                                     \
+        else fpe_bf16x16_store(p, lo, hi);                                             \
+    } while (0)
+#define FPE_BF16X32_STORE_ADD(cvt, p, m, lo, hi)                                       \
+    do {                                                                               \
+        if (cvt) fpe_bf16x32_store_cvt(p, m, lo, hi);                                  \
+        else fpe_bf16x32_store(p, m, lo, hi);                                          \
+    } while (0)
+#else
+#define FPE_BF16_CVT 0
+#define FPE_BF16X16_STORE_ADD(cvt, p, lo, hi) fpe_bf16x16_store(p, lo, hi)
+#define FPE_BF16X32_STORE_ADD(cvt, p, m, lo, hi) fpe_bf16x32_store(p, m, lo, hi)
+#endif
+
 static inline __m256 fpe_f16x8_load(const fpe_f16 *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -334,6 +406,32 @@ static inline void fpe_bf16x32_store_inorder(fpe_bf16 *p, __m512 lo, __m512 hi)
                                                      fpe_bf16x16_bits_high(hi)));
 }
 
+#if FPE_BF16_CVT
+FPE_TARGET_BF16 static inline void fpe_bf16x32_store_inorder_cvt(fpe_bf16 *p, __m512 lo,
+                                                                 __m512 hi)
+{
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    if (__builtin_expect(_mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7fff)) != 0, 0))
+        fpe_bf16x32_store_inorder(p, lo, hi);
+    else
+        _mm512_storeu_si512(p, v);
+}
+
+FPE_TARGET_BF16 static inline void fpe_bf16x32_store_cvt(fpe_bf16 *p, __mmask32 m, __m512 lo,
+                                                         __m512 hi)
+{
+    const __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7),
+                                               (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    if (__builtin_expect(_mm512_mask_testn_epi16_mask(m, v, _mm512_set1_epi16(0x7fff)) != 0,
+                         0))
+        fpe_bf16x32_store(p, m, lo, hi);
+    else if (m == 0xffffffffu)
+        _mm512_storeu_si512(p, v);
+    else
+        _mm512_mask_storeu_epi16(p, m, v);
+}
+#endif
+
 /* One step of the row loops below: the elements under m of `rows` rows */
 static inline void fpe_f16_add16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
                                  const fpe_f16 *t, __mmask16 m)
@@ -343,14 +441,15 @@ static inline void fpe_f16_add16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
         fpe_f16x16_store(x + r * stride, m, _mm512_add_ps(fpe_f16x16_load(x + r * stride, m), b));
 }
 
-static inline void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                  const fpe_bf16 *t, __mmask32 m)
+static FPE_ALWAYS_INLINE void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                             const fpe_bf16 *t, __mmask32 m, int cvt)
 {
     __m512 b0, b1, a0, a1;
     fpe_bf16x32_load(t, m, &b0, &b1);
     for (Py_ssize_t r = 0; r < rows; r++) {
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
-        fpe_bf16x32_store(x + r * stride, m, _mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1));
+        FPE_BF16X32_STORE_ADD(cvt, x + r * stride, m, _mm512_add_ps(a0, b0),
+                              _mm512_add_ps(a1, b1));
     }
 }
 
@@ -364,62 +463,23 @@ static inline void fpe_f16_madd16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride
                          _mm512_fmadd_ps(fpe_f16x16_load(x + r * stride, m), s, p));
 }
 
-static inline void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                   const float *pe, float scale, __mmask32 m)
+static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                              const float *pe, float scale, __mmask32 m,
+                                              int cvt)
 {
     const __m512 s = _mm512_set1_ps(scale);
     __m512 p0, p1, a0, a1;
     fpe_f32x32_load_unpacked(pe, m, &p0, &p1);
     for (Py_ssize_t r = 0; r < rows; r++) {
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
-        fpe_bf16x32_store(x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
-                          _mm512_fmadd_ps(a1, s, p1));
+        FPE_BF16X32_STORE_ADD(cvt, x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
+                              _mm512_fmadd_ps(a1, s, p1));
     }
 }
 #else
 #define FPE_HALF_RUNS_512 0
 #endif
 
-/* AVX512_BF16 (Intel from Cooper Lake and Sapphire Rapids, AMD from Zen 4) narrows 16
- * or 32 float32s to bfloat16 in one instruction, VCVTNE2PS2BF16, where the rounding
- * above takes seven per 32 (avx512) or twelve per 16 (avx2): the bfloat16 rows of a
- * batched decode, in the caches, are bound by the core's vector ports, not by memory.
- * It rounds to nearest even and quiets NaNs as fpe_bf16_make does, but reads a
- * subnormal float32 as zero (DAZ), whatever MXCSR says: a zero it gives (of either
- * sign) may stand for a subnormal that fpe_bf16_make keeps, so a vector with any zero
- * takes the rounding above instead, the same bits on every element. Compiled for these
- * functions alone (a target attribute; GCC 10 and clang 9 have the instruction), in
- * both wide variants (AMD's Zen 4 has it and runs avx2 by default), run only where
- * CPUID reports it with the AVX-512 state saved (fpe_bf16_cvt, set at import;
- * kernels.pyx bf16_hardware_narrowing). */
-#if (defined(__clang__) && __clang_major__ >= 9) || \
-    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
-#define FPE_BF16_CVT 1
-#define FPE_TARGET_BF16 __attribute__((target("avx512bf16,avx512vl,avx512bw")))
-static int fpe_bf16_cvt = 0;
-
-FPE_TARGET_BF16 static inline void fpe_bf16x16_store_inorder_cvt(fpe_bf16 *p, __m256 lo,
-                                                                 __m256 hi)
-{
-    const __m256i v = (__m256i)_mm256_cvtne2ps_pbh(hi, lo);
-    if (__builtin_expect(_mm256_testn_epi16_mask(v, _mm256_set1_epi16(0x7fff)) != 0, 0))
-        fpe_bf16x16_store_inorder(p, lo, hi);
-    else
-        _mm256_storeu_si256((__m256i *)p, v);
-}
-
-#if FPE_HALF_RUNS_512
-FPE_TARGET_BF16 static inline void fpe_bf16x32_store_inorder_cvt(fpe_bf16 *p, __m512 lo,
-                                                                 __m512 hi)
-{
-    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    if (__builtin_expect(_mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7fff)) != 0, 0))
-        fpe_bf16x32_store_inorder(p, lo, hi);
-    else
-        _mm512_storeu_si512(p, v);
-}
-#endif
-#endif
 #else
 #define FPE_HALF_ADD_RUNS 0
 #define FPE_HALF_RUNS_512 0
@@ -459,15 +519,16 @@ static inline void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stri
             x[r * stride + j] = fpe_f16_make(fpe_f16_load(x[r * stride + j]) + fpe_f16_load(t[j]));
 }
 
-static inline void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                     const fpe_bf16 *t, Py_ssize_t n)
+static FPE_ALWAYS_INLINE void fpe_bf16_add_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
+                                                   Py_ssize_t stride, const fpe_bf16 *t,
+                                                   Py_ssize_t n, int cvt)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
     for (; j + 32 <= n; j += 32)
-        fpe_bf16_add32(x + j, rows, stride, t + j, (__mmask32)0xffffffffu);
+        fpe_bf16_add32(x + j, rows, stride, t + j, (__mmask32)0xffffffffu, cvt);
     if (j < n) {
-        fpe_bf16_add32(x + j, rows, stride, t + j, fpe_mask32(n - j));
+        fpe_bf16_add32(x + j, rows, stride, t + j, fpe_mask32(n - j), cvt);
         j = n;
     }
 #elif FPE_HALF_ADD_RUNS
@@ -478,14 +539,36 @@ static inline void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t st
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
             fpe_bf16x16_load(xr, &a0, &a1);
-            fpe_bf16x16_store(xr, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
+            FPE_BF16X16_STORE_ADD(cvt, xr, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
         }
     }
 #endif
+    (void)cvt;
     for (; j < n; j++)
         for (Py_ssize_t r = 0; r < rows; r++)
             x[r * stride + j] = fpe_bf16_make(fpe_bf16_load(x[r * stride + j]) +
                                               fpe_bf16_load(t[j]));
+}
+
+#if FPE_BF16_CVT
+FPE_TARGET_BF16 static FPE_NOINLINE void fpe_bf16_add_rows_cvt(fpe_bf16 *x, Py_ssize_t rows,
+                                                               Py_ssize_t stride,
+                                                               const fpe_bf16 *t, Py_ssize_t n)
+{
+    fpe_bf16_add_rows_nc(x, rows, stride, t, n, 1);
+}
+#endif
+
+static inline void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                     const fpe_bf16 *t, Py_ssize_t n)
+{
+#if FPE_BF16_CVT
+    if (fpe_bf16_cvt) {
+        fpe_bf16_add_rows_cvt(x, rows, stride, t, n);
+        return;
+    }
+#endif
+    fpe_bf16_add_rows_nc(x, rows, stride, t, n, 0);
 }
 
 /* The same with x[j] * scale + pe[j] */
@@ -516,15 +599,16 @@ static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t str
                                                         pe[j]));
 }
 
-static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                      const float *pe, Py_ssize_t n, float scale)
+static FPE_ALWAYS_INLINE void fpe_bf16_madd_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
+                                                    Py_ssize_t stride, const float *pe,
+                                                    Py_ssize_t n, float scale, int cvt)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
     for (; j + 32 <= n; j += 32)
-        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, (__mmask32)0xffffffffu);
+        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, (__mmask32)0xffffffffu, cvt);
     if (j < n) {
-        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, fpe_mask32(n - j));
+        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, fpe_mask32(n - j), cvt);
         j = n;
     }
 #elif FPE_HALF_ADD_RUNS
@@ -536,14 +620,38 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
             fpe_bf16x16_load(xr, &a0, &a1);
-            fpe_bf16x16_store(xr, _mm256_fmadd_ps(a0, s, p0), _mm256_fmadd_ps(a1, s, p1));
+            FPE_BF16X16_STORE_ADD(cvt, xr, _mm256_fmadd_ps(a0, s, p0),
+                                  _mm256_fmadd_ps(a1, s, p1));
         }
     }
 #endif
+    (void)cvt;
     for (; j < n; j++)
         for (Py_ssize_t r = 0; r < rows; r++)
             x[r * stride + j] = fpe_bf16_make(FPE_MADD_F(fpe_bf16_load(x[r * stride + j]),
                                                          scale, pe[j]));
+}
+
+#if FPE_BF16_CVT
+FPE_TARGET_BF16 static FPE_NOINLINE void fpe_bf16_madd_rows_cvt(fpe_bf16 *x, Py_ssize_t rows,
+                                                                Py_ssize_t stride,
+                                                                const float *pe, Py_ssize_t n,
+                                                                float scale)
+{
+    fpe_bf16_madd_rows_nc(x, rows, stride, pe, n, scale, 1);
+}
+#endif
+
+static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
+                                      const float *pe, Py_ssize_t n, float scale)
+{
+#if FPE_BF16_CVT
+    if (fpe_bf16_cvt) {
+        fpe_bf16_madd_rows_cvt(x, rows, stride, pe, n, scale);
+        return;
+    }
+#endif
+    fpe_bf16_madd_rows_nc(x, rows, stride, pe, n, scale, 0);
 }
 
 /* x[j] = x[j] * scale + pe[j] on `rows` float32 rows `stride` elements apart that add
@@ -602,19 +710,6 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
 #define FPE_PAIR_MADD_D(a, c, b, s) ((a) * (c) + (b) * (s))
 #endif
 
-/* The rotations below are inlined into every row loop that calls them, whatever the
- * compiler's size heuristics say: a call per row is not hidden by memory when the
- * rows are in cache (a batched decode). */
-#if defined(__GNUC__) || defined(__clang__)
-#define FPE_ALWAYS_INLINE inline __attribute__((always_inline))
-#define FPE_NOINLINE __attribute__((noinline))
-#elif defined(_MSC_VER)
-#define FPE_ALWAYS_INLINE __forceinline
-#define FPE_NOINLINE __declspec(noinline)
-#else
-#define FPE_ALWAYS_INLINE inline
-#define FPE_NOINLINE
-#endif
 
 /* RoPE on split halves (GPT-NeoX / LLaMA style): x[j], x[j + half] = a, b ->
  * a c[j] - b s[j], b c[j] + a s[j]. Written out with AVX2 for the same reason as the
