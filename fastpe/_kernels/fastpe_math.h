@@ -275,21 +275,21 @@ FPE_TARGET_BF16 static inline void fpe_bf16x16_store_cvt(fpe_bf16 *p, __m256 lo,
         _mm256_storeu_si256((__m256i *)p, v);
 }
 
-/* the adds' stores, with `cvt` a constant where inlined (RoPE's: FPE_BF16X16_STORE) */
-#define FPE_BF16X16_STORE_ADD(cvt, p, lo, hi)                                          \
+/* the adds' stores, `cvt` a constant where inlined (RoPE's: FPE_BF16X16_STORE_INORDER) */
+#define FPE_BF16X16_STORE(cvt, p, lo, hi)                                          \
     do {                                                                               \
         if (cvt) fpe_bf16x16_store_cvt(p, lo, hi);                                     \
         else fpe_bf16x16_store(p, lo, hi);                                             \
     } while (0)
-#define FPE_BF16X32_STORE_ADD(cvt, p, m, lo, hi)                                       \
+#define FPE_BF16X32_STORE(cvt, p, m, lo, hi)                                       \
     do {                                                                               \
         if (cvt) fpe_bf16x32_store_cvt(p, m, lo, hi);                                  \
         else fpe_bf16x32_store(p, m, lo, hi);                                          \
     } while (0)
 #else
 #define FPE_BF16_CVT 0
-#define FPE_BF16X16_STORE_ADD(cvt, p, lo, hi) fpe_bf16x16_store(p, lo, hi)
-#define FPE_BF16X32_STORE_ADD(cvt, p, m, lo, hi) fpe_bf16x32_store(p, m, lo, hi)
+#define FPE_BF16X16_STORE(cvt, p, lo, hi) fpe_bf16x16_store(p, lo, hi)
+#define FPE_BF16X32_STORE(cvt, p, m, lo, hi) fpe_bf16x32_store(p, m, lo, hi)
 #endif
 
 static inline __m256 fpe_f16x8_load(const fpe_f16 *p)
@@ -448,7 +448,7 @@ static FPE_ALWAYS_INLINE void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ss
     fpe_bf16x32_load(t, m, &b0, &b1);
     for (Py_ssize_t r = 0; r < rows; r++) {
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
-        FPE_BF16X32_STORE_ADD(cvt, x + r * stride, m, _mm512_add_ps(a0, b0),
+        FPE_BF16X32_STORE(cvt, x + r * stride, m, _mm512_add_ps(a0, b0),
                               _mm512_add_ps(a1, b1));
     }
 }
@@ -472,14 +472,13 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_s
     fpe_f32x32_load_unpacked(pe, m, &p0, &p1);
     for (Py_ssize_t r = 0; r < rows; r++) {
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
-        FPE_BF16X32_STORE_ADD(cvt, x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
+        FPE_BF16X32_STORE(cvt, x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
                               _mm512_fmadd_ps(a1, s, p1));
     }
 }
 #else
 #define FPE_HALF_RUNS_512 0
 #endif
-
 #else
 #define FPE_HALF_ADD_RUNS 0
 #define FPE_HALF_RUNS_512 0
@@ -539,7 +538,7 @@ static FPE_ALWAYS_INLINE void fpe_bf16_add_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
             fpe_bf16x16_load(xr, &a0, &a1);
-            FPE_BF16X16_STORE_ADD(cvt, xr, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
+            FPE_BF16X16_STORE(cvt, xr, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
         }
     }
 #endif
@@ -620,7 +619,7 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd_rows_nc(fpe_bf16 *x, Py_ssize_t rows
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
             fpe_bf16x16_load(xr, &a0, &a1);
-            FPE_BF16X16_STORE_ADD(cvt, xr, _mm256_fmadd_ps(a0, s, p0),
+            FPE_BF16X16_STORE(cvt, xr, _mm256_fmadd_ps(a0, s, p0),
                                   _mm256_fmadd_ps(a1, s, p1));
         }
     }
@@ -709,7 +708,6 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
 #define FPE_PAIR_MADD_F(a, c, b, s) ((a) * (c) + (b) * (s))
 #define FPE_PAIR_MADD_D(a, c, b, s) ((a) * (c) + (b) * (s))
 #endif
-
 
 /* RoPE on split halves (GPT-NeoX / LLaMA style): x[j], x[j + half] = a, b ->
  * a c[j] - b s[j], b c[j] + a s[j]. Written out with AVX2 for the same reason as the
@@ -1267,19 +1265,19 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_n(fpe_f16 *x, const float *c,
 /* bfloat16 rows with `cvt` constant where inlined: 1 narrows by VCVTNE2PS2BF16
  * (fpe_bf16x16_store_inorder_cvt and its 512-bit form, in callers compiled for it) */
 #if FPE_BF16_CVT
-#define FPE_BF16X16_STORE(cvt, p, lo, hi)                                              \
+#define FPE_BF16X16_STORE_INORDER(cvt, p, lo, hi)                                      \
     do {                                                                               \
         if (cvt) fpe_bf16x16_store_inorder_cvt(p, lo, hi);                             \
         else fpe_bf16x16_store_inorder(p, lo, hi);                                     \
     } while (0)
-#define FPE_BF16X32_STORE(cvt, p, lo, hi)                                              \
+#define FPE_BF16X32_STORE_INORDER(cvt, p, lo, hi)                                      \
     do {                                                                               \
         if (cvt) fpe_bf16x32_store_inorder_cvt(p, lo, hi);                             \
         else fpe_bf16x32_store_inorder(p, lo, hi);                                     \
     } while (0)
 #else
-#define FPE_BF16X16_STORE(cvt, p, lo, hi) fpe_bf16x16_store_inorder(p, lo, hi)
-#define FPE_BF16X32_STORE(cvt, p, lo, hi) fpe_bf16x32_store_inorder(p, lo, hi)
+#define FPE_BF16X16_STORE_INORDER(cvt, p, lo, hi) fpe_bf16x16_store_inorder(p, lo, hi)
+#define FPE_BF16X32_STORE_INORDER(cvt, p, lo, hi) fpe_bf16x32_store_inorder(p, lo, hi)
 #endif
 
 static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_nc(fpe_bf16 *x, const float *c,
@@ -1297,10 +1295,11 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_nc(fpe_bf16 *x, const float *
         fpe_bf16x32_load_inorder(yj, &b0, &b1);
         const __m512 c0 = _mm512_loadu_ps(c + j), c1 = _mm512_loadu_ps(c + j + 16);
         const __m512 s0 = _mm512_loadu_ps(s + j), s1 = _mm512_loadu_ps(s + j + 16);
-        FPE_BF16X32_STORE(cvt, x + j, _mm512_fmsub_ps(a0, c0, _mm512_mul_ps(b0, s0)),
-                          _mm512_fmsub_ps(a1, c1, _mm512_mul_ps(b1, s1)));
-        FPE_BF16X32_STORE(cvt, yj, _mm512_fmadd_ps(b0, c0, _mm512_mul_ps(a0, s0)),
-                          _mm512_fmadd_ps(b1, c1, _mm512_mul_ps(a1, s1)));
+        FPE_BF16X32_STORE_INORDER(cvt, x + j,
+                                  _mm512_fmsub_ps(a0, c0, _mm512_mul_ps(b0, s0)),
+                                  _mm512_fmsub_ps(a1, c1, _mm512_mul_ps(b1, s1)));
+        FPE_BF16X32_STORE_INORDER(cvt, yj, _mm512_fmadd_ps(b0, c0, _mm512_mul_ps(a0, s0)),
+                                  _mm512_fmadd_ps(b1, c1, _mm512_mul_ps(a1, s1)));
     }
 #endif
     for (; j + 16 <= half; j += 16) {
@@ -1311,10 +1310,11 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_nc(fpe_bf16 *x, const float *
         fpe_bf16x16_load_inorder(yj, &b0, &b1);
         const __m256 c0 = _mm256_loadu_ps(c + j), c1 = _mm256_loadu_ps(c + j + 8);
         const __m256 s0 = _mm256_loadu_ps(s + j), s1 = _mm256_loadu_ps(s + j + 8);
-        FPE_BF16X16_STORE(cvt, x + j, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
-                          _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
-        FPE_BF16X16_STORE(cvt, yj, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)),
-                          _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
+        FPE_BF16X16_STORE_INORDER(cvt, x + j,
+                                  _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)),
+                                  _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
+        FPE_BF16X16_STORE_INORDER(cvt, yj, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)),
+                                  _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
     }
     for (; j < half; j++) {
         const float a = fpe_bf16_load(x[j]), b = fpe_bf16_load(y[j]);
@@ -1333,7 +1333,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_nc(fpe_bf16 *x, const float 
         fpe_bf16x32_load_inorder(x + i, &v0, &v1);
         const __m512 c0 = _mm512_loadu_ps(c + i), c1 = _mm512_loadu_ps(c + i + 16);
         const __m512 s0 = _mm512_loadu_ps(s + i), s1 = _mm512_loadu_ps(s + i + 16);
-        FPE_BF16X32_STORE(
+        FPE_BF16X32_STORE_INORDER(
             cvt, x + i, _mm512_fmadd_ps(_mm512_permute_ps(v0, 0xB1), s0, _mm512_mul_ps(v0, c0)),
             _mm512_fmadd_ps(_mm512_permute_ps(v1, 0xB1), s1, _mm512_mul_ps(v1, c1)));
     }
@@ -1343,7 +1343,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_nc(fpe_bf16 *x, const float 
         fpe_bf16x16_load_inorder(x + i, &v0, &v1);
         const __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
         const __m256 s0 = _mm256_loadu_ps(s + i), s1 = _mm256_loadu_ps(s + i + 8);
-        FPE_BF16X16_STORE(
+        FPE_BF16X16_STORE_INORDER(
             cvt, x + i, _mm256_fmadd_ps(_mm256_permute_ps(v0, 0xB1), s0, _mm256_mul_ps(v0, c0)),
             _mm256_fmadd_ps(_mm256_permute_ps(v1, 0xB1), s1, _mm256_mul_ps(v1, c1)));
     }
