@@ -2339,6 +2339,58 @@ def test_float32_rows_give_the_same_bits_at_either_step_width(style):
         assert_bytes_equal(wide, narrow, "512-bit vs 256-bit steps")
 
 
+@pytest.mark.skipif(BF16 is None, reason="needs ml_dtypes")
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.float16, np.float64])
+def test_bfloat16_rows_keep_the_nans_of_a_cos_sin_cache(style, cache_dtype, bf16_narrowing):
+    """A caller's cos and sin cache may hold NaNs whose payload reaches below the 16 bits a
+    bfloat16 keeps (quiet or signalling; float32, float16 widened, float64 narrowed): the
+    rotated feature is that NaN, quieted, in its top 16 bits, as one bfloat16 rounding of
+    the float32 result gives it, never a zero or a neighbouring NaN, on whole vectors
+    and on the features past them, beside zeros or not."""
+    rng = np.random.default_rng(3)
+    half = 40
+    nans32 = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7F81CED2, 0xFF800001, 0x7FC0FFFF, 0x7F80FFFF],
+                      np.uint32)
+    cos = rng.uniform(-1, 1, (4, half)).astype(np.float32)
+    sin = rng.uniform(-1, 1, (4, half)).astype(np.float32)
+    cos.view(np.uint32)[1, :6] = nans32
+    sin.view(np.uint32)[2, 17:23] = nans32
+    cos.view(np.uint32)[3, 34:40] = nans32
+    cos[3, :8] = 0.0           # zeros beside the NaNs: a vector narrowed again in integers
+    if cache_dtype is np.float16:
+        with np.errstate(invalid="ignore"):
+            cos16 = cos.astype(np.float16)
+        cos16.view(np.uint16)[1, :3] = [0x7C01, 0xFE55, 0x7D00]
+        with np.errstate(invalid="ignore"):
+            cos_c, sin_c = cos16, sin.astype(np.float16)
+    elif cache_dtype is np.float64:
+        with np.errstate(invalid="ignore"):
+            cos_c, sin_c = cos.astype(np.float64), sin.astype(np.float64)
+        cos_c.view(np.uint64)[1, :2] = [0x7FF0000000000001, 0x7FF123456789ABCD]
+    else:
+        cos_c, sin_c = cos, sin
+    q = rng.standard_normal((2, 4, 3, 2 * half)).astype(BF16)
+    q[:, 1, :, 6:8] = 0.0      # zero results in the vectors of NaN ones
+    q[:, 1, :, half + 6:half + 8] = 0.0
+    q0 = q.copy()
+    fastpe.apply_rope_cached(q, None, cos_c, sin_c, np.arange(4), style=style)
+    wide = np.zeros(q0.shape[:-1] + (4 * half,), BF16)
+    strided = wide[..., ::2]
+    strided[...] = q0
+    fastpe.apply_rope_cached(strided, None, cos_c, sin_c, np.arange(4), style=style)
+    # the strided rows round each feature alone in C (fpe_bf16_make)
+    assert_bytes_equal(q, np.ascontiguousarray(strided), "unit-stride vs strided rows")
+    got = q.view(np.uint16)
+    nan = np.isnan(as_f64(q))
+    assert nan.any()
+    assert ((got[nan] & 0x7FC0) == 0x7FC0).all(), "a NaN result lost its quiet bit"
+    with fastpe.use_backend("numpy"), np.errstate(invalid="ignore"):
+        ref = q0.copy()
+        fastpe.apply_rope_cached(ref, None, cos_c, sin_c, np.arange(4), style=style)
+    assert (np.isnan(as_f64(ref)) == nan).all(), "NaN where the NumPy backend has none"
+
+
 KERNELS = fastpe._backend.compiled if ON_CYTHON else None
 HARDWARE_BF16 = (KERNELS is not None and BF16 is not None
                  and getattr(KERNELS, "bf16_hardware_narrowing", lambda: False)())

@@ -66,6 +66,7 @@ cdef extern from "fastpe_math.h" nogil:
     int fpe_cpu_has_avx2()
     int fpe_cpu_has_avx512()
     int fpe_bf16_cvt_state(int on)
+    void fpe_f32_nan_tops(float *v, Py_ssize_t n)
     void fpe_cpu_vendor(char *out)
     int fpe_cpu_family()
     Py_ssize_t fpe_rope_cached_bytes

@@ -103,6 +103,21 @@ static inline fpe_bf16 fpe_bf16_make(float f)
     return h;
 }
 
+/* The vector roundings of bfloat16 rows (fpe_bf16x8_bits, fpe_bf16x16_bits_high) take a
+ * NaN result's low 16 bits to be zero, as they are where every operand is a widened
+ * bfloat16 or a finite float32; a caller's cos and sin cache may hold NaNs with payload
+ * there (float32, float16 widened, float64 narrowed), which the rounding bias would carry
+ * into the sign or the next NaN (a -0 or 0x7fc2 for 0x7fc1). Before such rows rotate
+ * bfloat16 ones, their NaNs keep the top 16 bits and the quiet bit only: the bfloat16
+ * that fpe_bf16_make makes of the result is the same, and the roundings are exact again. */
+static inline void fpe_f32_nan_tops(float *v, Py_ssize_t n)
+{
+    uint32_t *u = (uint32_t *)v;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((u[i] & 0x7fffffffu) > 0x7f800000u)
+            u[i] = (u[i] & 0xffff0000u) | 0x00400000u;
+}
+
 /* ---- whole runs of elements ----------------------------------------------
  * The element conversions above go one at a time through a struct, which
  * GCC does not vectorise; these loops over runs do: F16C converts 8 halves

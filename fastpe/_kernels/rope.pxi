@@ -411,6 +411,9 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     cdef real_t *kctab = ctab
     cdef real_t *kstab = stab
     cos_sin_rows(a, b if a.pos_rows > 1 else 0, t0, t0 + ntok, ctab, stab, s, c, pp)
+    if store_t is fpe_bf16 and real_t is float and a.w == NULL:
+        fpe_f32_nan_tops(ctab, ntok * a.width)   # a caller's cache (fastpe_math.h)
+        fpe_f32_nan_tops(stab, ntok * a.width)
     if (a.hk and not a.q_token_inner and not a.k_token_inner
             and not a.q_across and not a.k_across):
         kfirst = k + b * a.kb + t0 * a.ks
