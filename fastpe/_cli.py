@@ -88,8 +88,8 @@ def info_text(info: Mapping[str, Any]) -> str:
                                     f"{', '.join(info.get('isa_available') or []) or '-'})"))
         rows.append(("compile flags", info.get("compile_flags")))
         rows.append(("float16", f"{info.get('half_conversion')} conversion"))
-        rows.append(("bfloat16 rounding", f"{info.get('bfloat16_narrowing')} (RoPE rows, "
-                                          "sinusoidal and learned adds)"))
+        rows.append(("bfloat16 rounding", f"{info.get('bfloat16_narrowing')} (RoPE, the "
+                                          "sinusoidal and learned adds, ALiBi)"))
     rows.append(("bfloat16", "yes (ml_dtypes)" if info.get("bfloat16")
                  else "no (pip install ml_dtypes)"))
     rows.append(("NumPy", info.get("numpy")))

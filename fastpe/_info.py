@@ -45,9 +45,9 @@ def info() -> Info:
     isa (the kernel variant running: baseline, avx2 or avx512), isa_available
     (the variants this CPU and OS run, narrowest first; avx512 is the default on
     Intel CPUs and AMD's from Zen 5, elsewhere it runs only with FASTPE_ISA=avx512),
-    compile_flags, half_conversion, bfloat16_narrowing (how bfloat16 RoPE rows and
-    embedding adds are rounded from float32: "hardware", AVX512_BF16 in the wide
-    variants, or "software"), bfloat16 (ml_dtypes present), numpy,
+    compile_flags, half_conversion, bfloat16_narrowing (how the vector loops round
+    bfloat16 results from float32: "hardware", AVX512_BF16 in the wide variants, or
+    "software"), bfloat16 (ml_dtypes present), numpy,
     python, machine; import_error when the extension did not load.
     """
     compiled = _backend.compiled

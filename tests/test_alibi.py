@@ -244,7 +244,8 @@ def test_alibi_bias_out_and_dtype():
 @pytest.mark.parametrize("shift", [0, 1, 3, 8])
 @pytest.mark.parametrize("heads_aligned", [True, False], ids=["heads-aligned", "odd-rows"])
 def test_large_tables_written_past_the_caches_are_the_reference(dtype, mode, shift,
-                                                               heads_aligned, both_threads):
+                                                               heads_aligned, both_threads,
+                                                               bf16_narrowing):
     """A table past 8 MiB is written with non-temporal stores from the first 64-byte
     aligned element of its rows (four float32/float64 heads' rows together where a
     head's size is a multiple of 64 bytes, else row by row; the fifth head's row alone):
@@ -934,7 +935,7 @@ def test_long_rows_match_reference(dtype, option, strided):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("option", ["plain", "key_mask"])
-def test_special_values_match_reference(dtype, option):
+def test_special_values_match_reference(dtype, option, bf16_narrowing):
     """NaN, infinities, signed zeros, subnormals and the largest finite values of the
     storage type go through the vector conversions as through NumPy's (power-of-two
     slopes: every product is exact, so fused or not the sums agree)."""
@@ -975,7 +976,7 @@ def test_buffer_protocol_scores_are_written_in_place():
                          ids=lambda d: d.name)
 @pytest.mark.parametrize("mode", ["plain", "causal", "symmetric"])
 @pytest.mark.parametrize("shape", [(2, 5, 1, 77), (1, 6, 9, 133)], ids=["decode", "prefill"])
-def test_half_rows_in_one_pass_are_the_strided_path(dtype, mode, shape):
+def test_half_rows_in_one_pass_are_the_strided_path(dtype, mode, shape, bf16_narrowing):
     """Unit-stride float16 and bfloat16 rows of the plain case are widened, biased and
     narrowed in registers; rows with a stride take the element-wise loop: the same bits
     for every bit pattern (NaNs, infinities, subnormals), on whole vectors and the keys

@@ -275,10 +275,12 @@ cdef extern from *:
 
     /* the same for bfloat16 rows: 16 (32) at a time in fpe_bf16x16_load's lane order,
      * the key positions loaded in that order too; the narrowing is exact for the
-     * reason the adds give (every operand a widened bfloat16 or a finite float32) */
-    static FPE_ALIBI_NOINLINE void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf,
-                                                      Py_ssize_t j0, Py_ssize_t j1, float qf,
-                                                      float s, int flip, int accumulate)
+     * reason the adds give (every operand a widened bfloat16 or a finite float32), by
+     * VCVTNE2PS2BF16 where `cvt` (fastpe_math.h) */
+    static FPE_ALWAYS_INLINE void fpe_alibi_seg_bf16_nc(fpe_bf16 *x, const float *kf,
+                                                        Py_ssize_t j0, Py_ssize_t j1,
+                                                        float qf, float s, int flip,
+                                                        int accumulate, int cvt)
     {
         Py_ssize_t j = j0;
     #if FPE_HALF_RUNS_512
@@ -291,10 +293,10 @@ cdef extern from *:
                 const __m512 d1 = flip ? _mm512_sub_ps(q, k1) : _mm512_sub_ps(k1, q);
                 if (accumulate) {
                     fpe_bf16x32_load(x + j, 0xffffffffu, &x0, &x1);
-                    fpe_bf16x32_store(x + j, 0xffffffffu, _mm512_fmadd_ps(sv, d0, x0),
+                    FPE_BF16X32_STORE(cvt, x + j, 0xffffffffu, _mm512_fmadd_ps(sv, d0, x0),
                                       _mm512_fmadd_ps(sv, d1, x1));
                 } else {
-                    fpe_bf16x32_store(x + j, 0xffffffffu, _mm512_mul_ps(sv, d0),
+                    FPE_BF16X32_STORE(cvt, x + j, 0xffffffffu, _mm512_mul_ps(sv, d0),
                                       _mm512_mul_ps(sv, d1));
                 }
             }
@@ -308,15 +310,39 @@ cdef extern from *:
             const __m256 d1 = flip ? _mm256_sub_ps(q, k1) : _mm256_sub_ps(k1, q);
             if (accumulate) {
                 fpe_bf16x16_load(x + j, &x0, &x1);
-                fpe_bf16x16_store(x + j, _mm256_fmadd_ps(sv, d0, x0), _mm256_fmadd_ps(sv, d1, x1));
+                FPE_BF16X16_STORE(cvt, x + j, _mm256_fmadd_ps(sv, d0, x0),
+                                  _mm256_fmadd_ps(sv, d1, x1));
             } else {
-                fpe_bf16x16_store(x + j, _mm256_mul_ps(sv, d0), _mm256_mul_ps(sv, d1));
+                FPE_BF16X16_STORE(cvt, x + j, _mm256_mul_ps(sv, d0), _mm256_mul_ps(sv, d1));
             }
         }
+        (void)cvt;
         for (; j < j1; j++) {
             const float d = flip ? qf - kf[j] : kf[j] - qf;
             x[j] = fpe_bf16_make(accumulate ? fmaf(s, d, fpe_bf16_load(x[j])) : s * d);
         }
+    }
+
+    #if FPE_BF16_CVT
+    FPE_TARGET_BF16 static FPE_NOINLINE void fpe_alibi_seg_bf16_cvt(
+        fpe_bf16 *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1, float qf, float s,
+        int flip, int accumulate)
+    {
+        fpe_alibi_seg_bf16_nc(x, kf, j0, j1, qf, s, flip, accumulate, 1);
+    }
+    #endif
+
+    static FPE_ALIBI_NOINLINE void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf,
+                                                      Py_ssize_t j0, Py_ssize_t j1, float qf,
+                                                      float s, int flip, int accumulate)
+    {
+    #if FPE_BF16_CVT
+        if (fpe_bf16_cvt) {
+            fpe_alibi_seg_bf16_cvt(x, kf, j0, j1, qf, s, flip, accumulate);
+            return;
+        }
+    #endif
+        fpe_alibi_seg_bf16_nc(x, kf, j0, j1, qf, s, flip, accumulate, 0);
     }
 
     /* fpe_alibi_row_stream_* for float16 and bfloat16 rows: a line (32 values) per
@@ -353,10 +379,9 @@ cdef extern from *:
         return j;
     }
 
-    static FPE_ALIBI_NOINLINE Py_ssize_t fpe_alibi_row_stream_bf16(fpe_bf16 *x,
-                                                                  const float *kf,
-                                                                  Py_ssize_t j0, Py_ssize_t j1,
-                                                                  float qf, float s, int flip)
+    static FPE_ALWAYS_INLINE Py_ssize_t fpe_alibi_row_stream_bf16_nc(
+        fpe_bf16 *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1, float qf, float s,
+        int flip, int cvt)
     {
         Py_ssize_t j = j0;
     #if FPE_HALF_RUNS_512
@@ -367,7 +392,8 @@ cdef extern from *:
             const __m512 d0 = flip ? _mm512_sub_ps(q, k0) : _mm512_sub_ps(k0, q);
             const __m512 d1 = flip ? _mm512_sub_ps(q, k1) : _mm512_sub_ps(k1, q);
             _mm512_stream_si512((__m512i *)(x + j),
-                                fpe_bf16x32_bits(_mm512_mul_ps(sv, d0), _mm512_mul_ps(sv, d1)));
+                                FPE_BF16X32_BITS(cvt, _mm512_mul_ps(sv, d0),
+                                                 _mm512_mul_ps(sv, d1)));
         }
     #else
         const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
@@ -378,12 +404,34 @@ cdef extern from *:
                 const __m256 d0 = flip ? _mm256_sub_ps(q, k0) : _mm256_sub_ps(k0, q);
                 const __m256 d1 = flip ? _mm256_sub_ps(q, k1) : _mm256_sub_ps(k1, q);
                 _mm256_stream_si256((__m256i *)(x + j + c),
-                                    fpe_bf16x16_bits(_mm256_mul_ps(sv, d0),
+                                    FPE_BF16X16_BITS(cvt, _mm256_mul_ps(sv, d0),
                                                      _mm256_mul_ps(sv, d1)));
             }
         }
     #endif
+        (void)cvt;
         return j;
+    }
+
+    #if FPE_BF16_CVT
+    FPE_TARGET_BF16 static FPE_NOINLINE Py_ssize_t fpe_alibi_row_stream_bf16_cvt(
+        fpe_bf16 *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1, float qf, float s,
+        int flip)
+    {
+        return fpe_alibi_row_stream_bf16_nc(x, kf, j0, j1, qf, s, flip, 1);
+    }
+    #endif
+
+    static FPE_ALIBI_NOINLINE Py_ssize_t fpe_alibi_row_stream_bf16(fpe_bf16 *x,
+                                                                  const float *kf,
+                                                                  Py_ssize_t j0, Py_ssize_t j1,
+                                                                  float qf, float s, int flip)
+    {
+    #if FPE_BF16_CVT
+        if (fpe_bf16_cvt)
+            return fpe_alibi_row_stream_bf16_cvt(x, kf, j0, j1, qf, s, flip);
+    #endif
+        return fpe_alibi_row_stream_bf16_nc(x, kf, j0, j1, qf, s, flip, 0);
     }
     #else
     #define FPE_ALIBI_HALF_ONE_PASS 0

@@ -278,16 +278,20 @@ FPE_TARGET_BF16 static inline void fpe_bf16x16_store_inorder_cvt(fpe_bf16 *p, __
 }
 
 /* The same in the order fpe_bf16x16_load and fpe_bf16x32_load took the elements apart
- * (the adds'): the instruction gives the 64-bit quarters of lo, then those of hi, and
- * one permutation interleaves them; under a mask only the elements it keeps are
- * checked. */
-FPE_TARGET_BF16 static inline void fpe_bf16x16_store_cvt(fpe_bf16 *p, __m256 lo, __m256 hi)
+ * (the adds' and ALiBi's): the instruction gives the 64-bit quarters of lo, then those
+ * of hi, and one permutation interleaves them; under a mask only the elements it keeps
+ * are checked. The bit patterns, for stores of any kind. */
+FPE_TARGET_BF16 static inline __m256i fpe_bf16x16_bits_cvt(__m256 lo, __m256 hi)
 {
     const __m256i v = _mm256_permute4x64_epi64((__m256i)_mm256_cvtne2ps_pbh(hi, lo), 0xD8);
     if (__builtin_expect(_mm256_testn_epi16_mask(v, _mm256_set1_epi16(0x7fff)) != 0, 0))
-        fpe_bf16x16_store(p, lo, hi);
-    else
-        _mm256_storeu_si256((__m256i *)p, v);
+        return fpe_bf16x16_bits(lo, hi);
+    return v;
+}
+
+FPE_TARGET_BF16 static inline void fpe_bf16x16_store_cvt(fpe_bf16 *p, __m256 lo, __m256 hi)
+{
+    _mm256_storeu_si256((__m256i *)p, fpe_bf16x16_bits_cvt(lo, hi));
 }
 
 /* the adds' stores, `cvt` a constant where inlined (RoPE's: FPE_BF16X16_STORE_INORDER) */
@@ -301,10 +305,16 @@ FPE_TARGET_BF16 static inline void fpe_bf16x16_store_cvt(fpe_bf16 *p, __m256 lo,
         if (cvt) fpe_bf16x32_store_cvt(p, m, lo, hi);                                  \
         else fpe_bf16x32_store(p, m, lo, hi);                                          \
     } while (0)
+#define FPE_BF16X16_BITS(cvt, lo, hi)                                                  \
+    ((cvt) ? fpe_bf16x16_bits_cvt(lo, hi) : fpe_bf16x16_bits(lo, hi))
+#define FPE_BF16X32_BITS(cvt, lo, hi)                                                  \
+    ((cvt) ? fpe_bf16x32_bits_cvt(lo, hi, 0xffffffffu) : fpe_bf16x32_bits(lo, hi))
 #else
 #define FPE_BF16_CVT 0
 #define FPE_BF16X16_STORE(cvt, p, lo, hi) fpe_bf16x16_store(p, lo, hi)
 #define FPE_BF16X32_STORE(cvt, p, m, lo, hi) fpe_bf16x32_store(p, m, lo, hi)
+#define FPE_BF16X16_BITS(cvt, lo, hi) fpe_bf16x16_bits(lo, hi)
+#define FPE_BF16X32_BITS(cvt, lo, hi) fpe_bf16x32_bits(lo, hi)
 #endif
 
 static inline __m256 fpe_f16x8_load(const fpe_f16 *p)
@@ -432,15 +442,21 @@ FPE_TARGET_BF16 static inline void fpe_bf16x32_store_inorder_cvt(fpe_bf16 *p, __
         _mm512_storeu_si512(p, v);
 }
 
-FPE_TARGET_BF16 static inline void fpe_bf16x32_store_cvt(fpe_bf16 *p, __mmask32 m, __m512 lo,
-                                                         __m512 hi)
+FPE_TARGET_BF16 static inline __m512i fpe_bf16x32_bits_cvt(__m512 lo, __m512 hi, __mmask32 m)
 {
     const __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7),
                                                (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     if (__builtin_expect(_mm512_mask_testn_epi16_mask(m, v, _mm512_set1_epi16(0x7fff)) != 0,
                          0))
-        fpe_bf16x32_store(p, m, lo, hi);
-    else if (m == 0xffffffffu)
+        return fpe_bf16x32_bits(lo, hi);
+    return v;
+}
+
+FPE_TARGET_BF16 static inline void fpe_bf16x32_store_cvt(fpe_bf16 *p, __mmask32 m, __m512 lo,
+                                                         __m512 hi)
+{
+    const __m512i v = fpe_bf16x32_bits_cvt(lo, hi, m);
+    if (m == 0xffffffffu)
         _mm512_storeu_si512(p, v);
     else
         _mm512_mask_storeu_epi16(p, m, v);

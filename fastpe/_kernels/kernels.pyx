@@ -93,9 +93,9 @@ def rope_cached_bytes(object limit=None):
 
 
 def bf16_hardware_narrowing(object on=None):
-    """Whether bfloat16 RoPE rows and the sinusoidal and learned adds' bfloat16 rows are
-    narrowed from float32 by AVX512_BF16's VCVTNE2PS2BF16 (avx2 and avx512 variants, on
-    the CPUs that have it: on from import), or by integer rounding in software; `on`
+    """Whether the vector loops of bfloat16 results (RoPE rows, the sinusoidal and learned
+    adds, ALiBi) narrow float32 by AVX512_BF16's VCVTNE2PS2BF16 (avx2 and avx512
+    variants, on the CPUs that have it: on from import), or by integer rounding; `on`
     sets it, for tests of both (True holds only where the instruction is built in and
     the CPU runs it). The same bits either way (fastpe_math.h says how)."""
     if on is not None:
