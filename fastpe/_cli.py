@@ -521,7 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
                    default="float32",
                    help="dtype of the arrays (default float32; bfloat16 needs ml_dtypes and "
-                        "runs the sinusoidal and learned adds)")
+                        "runs the one-axis RoPE workloads and the sinusoidal and learned "
+                        "adds)")
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
