@@ -521,7 +521,9 @@ def token_cos_sin(cos: object, sin: object, positions: object, offset: object,
                              f"got shape {a.shape}")
         half = a.shape[-1] // 2
         first, second = (a[..., :half], a[..., half:]) if neox else (a[..., 0::2], a[..., 1::2])
-        if not np.array_equal(first, second):
+        # equal values, or the same bits (a NaN held twice)
+        bits = np.dtype(f"u{a.itemsize}")
+        if not ((first == second) | (first.view(bits) == second.view(bits))).all():
             raise ValueError(f"{name} does not hold each frequency's value twice as "
                              f"style={style!r} pairs features ("
                              + ("both halves equal, transformers' cat((freqs, freqs))"

@@ -2106,6 +2106,32 @@ def test_cached_per_token_reads_a_two_dimensional_cos_as_rows_of_tokens():
     np.testing.assert_allclose(q, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_cached_per_token_takes_the_nans_a_cos_holds_twice(style):
+    """A NaN held twice, the same bits in both places, is a value held twice: the cache is
+    read as the rows looked up by position read it; NaNs of different payloads are not."""
+    freqs = fastpe.rope_frequencies(16)
+    cos, sin = _hf_cos_sin(np.arange(4)[None], freqs, style)
+    cos, sin = cos.astype(np.float32), sin.astype(np.float32)
+    pair = [0, 8] if style == "neox" else [0, 1]
+    cos[0, 1, pair] = np.nan
+    sin.view(np.uint32)[0, 2, [p + 2 for p in pair]] = 0x7F81CED2
+    q = np.arange(4 * 2 * 16, dtype=np.float32).reshape(1, 4, 2, 16)
+    rows = q.copy()
+    fastpe.apply_rope_cached(q, None, cos, sin, style=style)
+    lookup = (cos[0, :, :8], sin[0, :, :8]) if style == "neox" else (cos[0, :, ::2],
+                                                                      sin[0, :, ::2])
+    fastpe.apply_rope_cached(rows, None, *lookup, np.arange(4), style=style)
+    assert_bytes_equal(q, rows, "per-token cos vs its rows looked up by position")
+    assert np.isnan(q[0, 1]).any() and np.isnan(q[0, 2]).any()
+    other = cos.copy()
+    other.view(np.uint32)[0, 1, pair[1]] = 0x7FC00001
+    q0 = np.ones((1, 4, 2, 16), np.float32)
+    with pytest.raises(ValueError, match=r"\bcos\b does not hold each frequency's value twice"):
+        fastpe.apply_rope_cached(q0, None, other, sin, style=style)
+    assert (q0 == 1).all()
+
+
 @pytest.mark.parametrize("case, match", [
     ("halves-differ", r"\bcos\b does not hold each frequency's value twice"),
     ("gptj-of-neox-cos", r"\bcos\b does not hold each frequency's value twice"),
