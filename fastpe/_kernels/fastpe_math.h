@@ -295,12 +295,12 @@ FPE_TARGET_BF16 static inline void fpe_bf16x16_store_cvt(fpe_bf16 *p, __m256 lo,
 }
 
 /* the adds' stores, `cvt` a constant where inlined (RoPE's: FPE_BF16X16_STORE_INORDER) */
-#define FPE_BF16X16_STORE(cvt, p, lo, hi)                                          \
+#define FPE_BF16X16_STORE(cvt, p, lo, hi)                                              \
     do {                                                                               \
         if (cvt) fpe_bf16x16_store_cvt(p, lo, hi);                                     \
         else fpe_bf16x16_store(p, lo, hi);                                             \
     } while (0)
-#define FPE_BF16X32_STORE(cvt, p, m, lo, hi)                                       \
+#define FPE_BF16X32_STORE(cvt, p, m, lo, hi)                                           \
     do {                                                                               \
         if (cvt) fpe_bf16x32_store_cvt(p, m, lo, hi);                                  \
         else fpe_bf16x32_store(p, m, lo, hi);                                          \
@@ -480,7 +480,7 @@ static FPE_ALWAYS_INLINE void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ss
     for (Py_ssize_t r = 0; r < rows; r++) {
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
         FPE_BF16X32_STORE(cvt, x + r * stride, m, _mm512_add_ps(a0, b0),
-                              _mm512_add_ps(a1, b1));
+                          _mm512_add_ps(a1, b1));
     }
 }
 
@@ -504,7 +504,7 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_s
     for (Py_ssize_t r = 0; r < rows; r++) {
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
         FPE_BF16X32_STORE(cvt, x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
-                              _mm512_fmadd_ps(a1, s, p1));
+                          _mm512_fmadd_ps(a1, s, p1));
     }
 }
 #else
@@ -650,8 +650,7 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd_rows_nc(fpe_bf16 *x, Py_ssize_t rows
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
             fpe_bf16x16_load(xr, &a0, &a1);
-            FPE_BF16X16_STORE(cvt, xr, _mm256_fmadd_ps(a0, s, p0),
-                                  _mm256_fmadd_ps(a1, s, p1));
+            FPE_BF16X16_STORE(cvt, xr, _mm256_fmadd_ps(a0, s, p0), _mm256_fmadd_ps(a1, s, p1));
         }
     }
 #endif
@@ -1399,7 +1398,6 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_n(fpe_bf16 *x, const float *
 }
 
 #if FPE_BF16_CVT
-#define FPE_ROPE_BF16_CVT 1
 FPE_TARGET_BF16 static FPE_ALWAYS_INLINE void fpe_rotate_half_bf16_n_cvt(
     fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half)
 {
@@ -1419,8 +1417,6 @@ FPE_TARGET_BF16 static FPE_NOINLINE void fpe_rotate_bf16_cvt(fpe_bf16 *x, const 
     if (neox) FPE_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n_cvt, x, c, s, half, 64, 32);
     else FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n_cvt, x, c, s, 2 * half, 128, 64);
 }
-#else
-#define FPE_ROPE_BF16_CVT 0
 #endif
 
 static FPE_ALWAYS_INLINE void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s,
@@ -1433,7 +1429,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f16(fpe_f16 *x, const float *c, const f
 static FPE_ALWAYS_INLINE void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s,
                                               Py_ssize_t half, int neox)
 {
-#if FPE_ROPE_BF16_CVT
+#if FPE_BF16_CVT
     if (fpe_bf16_cvt) {
         fpe_rotate_bf16_cvt(x, c, s, half, neox);
         return;
@@ -1480,13 +1476,15 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
             else FPE_HEADS_LOOP(fpe_rotate_pairs_bf16_row##SUFFIX, 2 * half);          \
             return;                                                                    \
         }                                                                              \
-        if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n##SUFFIX, half, 64, 32); \
-        else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, 2 * half, 128, 64); \
+        if (neox)                                                                      \
+            FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_bf16_n##SUFFIX, half, 64, 32);    \
+        else                                                                           \
+            FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, 2 * half, 128, 64); \
     } while (0)
 
 FPE_BF16_ROW_FUNCTIONS(, )
 
-#if FPE_ROPE_BF16_CVT
+#if FPE_BF16_CVT
 FPE_BF16_ROW_FUNCTIONS(_cvt, FPE_TARGET_BF16)
 
 FPE_TARGET_BF16 static FPE_NOINLINE void fpe_rotate_heads_bf16_cvt(
@@ -1503,7 +1501,7 @@ static void fpe_rotate_heads_bf16(fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe
                                   const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
                                   Py_ssize_t half, int neox, int cached)
 {
-#if FPE_ROPE_BF16_CVT
+#if FPE_BF16_CVT
     if (fpe_bf16_cvt) {
         fpe_rotate_heads_bf16_cvt(q, hq, qh, k, hk, kh, c, s, half, neox, cached);
         return;
@@ -1513,7 +1511,6 @@ static void fpe_rotate_heads_bf16(fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe
 }
 #else
 #define FPE_HALF_ROTATE 0
-#define FPE_ROPE_BF16_CVT 0
 static inline void fpe_rotate_f16(fpe_f16 *x, const float *c, const float *s,
                                   Py_ssize_t half, int neox)
 {
@@ -2008,11 +2005,11 @@ static inline int fpe_cpu_has_avx512bf16(void)
 #endif
 }
 
-/* Whether bfloat16 RoPE rows are narrowed by VCVTNE2PS2BF16: `on` 1 or 0 sets it (1
- * holds only where it is built in and the CPU has it), -1 leaves it; returns it. */
+/* Whether the vector loops of bfloat16 results narrow by VCVTNE2PS2BF16: `on` 1 or 0 sets
+ * it (1 holds only where it is built in and the CPU has it), -1 leaves it; returns it. */
 static inline int fpe_bf16_cvt_state(int on)
 {
-#if FPE_ROPE_BF16_CVT
+#if FPE_BF16_CVT
     static int cpu = -1;   /* CPUID once: in a virtual machine it traps to the host */
     if (cpu < 0)
         cpu = fpe_cpu_has_avx512bf16();

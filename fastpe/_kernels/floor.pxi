@@ -79,54 +79,46 @@ cdef extern from *:
             p[j] = fpe_f16_make(fpe_f16_load(p[j]));
     }
 
-    /* (narrowed as bfloat16 RoPE rows are: by VCVTNE2PS2BF16 where they are) */
-    #if FPE_ROPE_BF16_CVT
-    FPE_TARGET_BF16 static FPE_NOINLINE void fpe_floor_bf16_round_trip_cvt(fpe_bf16 *p,
-                                                                          Py_ssize_t n)
+    /* (narrowed as the kernels narrow bfloat16: by VCVTNE2PS2BF16 where `cvt`) */
+    static FPE_ALWAYS_INLINE void fpe_floor_bf16_round_trip_nc(fpe_bf16 *p, Py_ssize_t n,
+                                                               int cvt)
     {
         Py_ssize_t j = 0;
-    #if FPE_HALF_RUNS_512
-        __m512 lo, hi;
-        for (; j + 32 <= n; j += 32) {
-            fpe_bf16x32_load_inorder(p + j, &lo, &hi);
-            fpe_bf16x32_store_inorder_cvt(p + j, lo, hi);
-        }
-    #else
-        __m256 lo, hi;
-        for (; j + 16 <= n; j += 16) {
-            fpe_bf16x16_load_inorder(p + j, &lo, &hi);
-            fpe_bf16x16_store_inorder_cvt(p + j, lo, hi);
-        }
-    #endif
-        for (; j < n; j++)
-            p[j] = fpe_bf16_make(fpe_bf16_load(p[j]));
-    }
-    #endif
-
-    static void fpe_floor_bf16_round_trip(fpe_bf16 *p, Py_ssize_t n)
-    {
-        Py_ssize_t j = 0;
-    #if FPE_ROPE_BF16_CVT
-        if (fpe_bf16_cvt) {
-            fpe_floor_bf16_round_trip_cvt(p, n);
-            return;
-        }
-    #endif
     #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
         __m512 lo, hi;
         for (; j + 32 <= n; j += 32) {
             fpe_bf16x32_load_inorder(p + j, &lo, &hi);
-            fpe_bf16x32_store_inorder(p + j, lo, hi);
+            FPE_BF16X32_STORE_INORDER(cvt, p + j, lo, hi);
         }
     #elif FPE_HALF_ADD_RUNS
         __m256 lo, hi;
         for (; j + 16 <= n; j += 16) {
             fpe_bf16x16_load_inorder(p + j, &lo, &hi);
-            fpe_bf16x16_store_inorder(p + j, lo, hi);
+            FPE_BF16X16_STORE_INORDER(cvt, p + j, lo, hi);
         }
     #endif
+        (void)cvt;
         for (; j < n; j++)
             p[j] = fpe_bf16_make(fpe_bf16_load(p[j]));
+    }
+
+    #if FPE_BF16_CVT
+    FPE_TARGET_BF16 static FPE_NOINLINE void fpe_floor_bf16_round_trip_cvt(fpe_bf16 *p,
+                                                                          Py_ssize_t n)
+    {
+        fpe_floor_bf16_round_trip_nc(p, n, 1);
+    }
+    #endif
+
+    static void fpe_floor_bf16_round_trip(fpe_bf16 *p, Py_ssize_t n)
+    {
+    #if FPE_BF16_CVT
+        if (fpe_bf16_cvt) {
+            fpe_floor_bf16_round_trip_cvt(p, n);
+            return;
+        }
+    #endif
+        fpe_floor_bf16_round_trip_nc(p, n, 0);
     }
     """
     void f16_round_trip "fpe_floor_f16_round_trip" (fpe_f16 *p, Py_ssize_t n) noexcept nogil
