@@ -841,6 +841,35 @@ def test_the_compiled_entry_asks_for_the_team_of_a_large_call(monkeypatch):
     assert_bytes_equal(k, k1)
 
 
+@pytest.mark.skipif(not ON_CYTHON, reason="the compiled entry")
+@pytest.mark.parametrize("half", [1, 3, 4, 7, 64])
+@pytest.mark.parametrize("bad", [np.nan, -np.nan, np.inf, -np.inf, "past", "-past"])
+def test_the_compiled_entry_declines_frequencies_past_finite_angles(half, bad):
+    """A state's frequency that is NaN (either sign), infinite or past MAX_INV_FREQ, at
+    any index (each of the check's lanes and its tail): the compiled entry declines the
+    call having written nothing; the largest finite frequency rotates."""
+    kern = fastpe._backend.compiled
+    top = fastpe._rope_scaling.MAX_INV_FREQ
+    value = {"past": np.nextafter(top, np.inf), "-past": -np.nextafter(top, np.inf)}.get(
+        bad, bad)
+    q0 = rng_floats((1, 2, HQ, 2 * half), F32, 1)
+    for i in range(half):
+        inv_freq = np.full(half, 0.5)
+        inv_freq[i] = value
+        q = q0.copy()
+        state = kern.RopeState(2 * half, False, inv_freq, 1.0)
+        assert kern.rope_call(state, q, None, [0, 0], 0, "neox", None, False, None, None,
+                              None, 1 << 40, 1) == 0, (i, inv_freq)
+        assert_bytes_equal(q, q0)
+    inv_freq = np.full(half, 0.5)
+    inv_freq[half // 2] = -top
+    state = kern.RopeState(2 * half, False, inv_freq, 1.0)
+    q = q0.copy()
+    assert kern.rope_call(state, q, None, [0, 0], 0, "neox", None, False, None, None, None,
+                          1 << 40, 1) == 1
+    assert_bytes_equal(q, q0)   # position 0: every angle 0, cos 1 and sin 0 exactly
+
+
 def test_dynamic_ntk_decode_refuses_frequencies_out_of_range():
     """A factor so large that factor * seq_len overflows: no finite frequencies at any
     length past the original. The decode step raises the general path's error, naming

@@ -60,6 +60,7 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_sincos(const double *p, Py_ssize_t p_step, const double *w, double w_max,
                     double *s, double *c, Py_ssize_t n, double scale)
     double fpe_abs_max(const double *v, Py_ssize_t n)
+    double fpe_abs_max_nan(const double *v, Py_ssize_t n)
     void fpe_sincos_f32(const double *p, Py_ssize_t p_step, const double *w, double w_max,
                         float *s, float *c, Py_ssize_t n, double sin_scale,
                         double cos_scale)

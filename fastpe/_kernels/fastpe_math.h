@@ -1820,6 +1820,36 @@ static inline void fpe_sincos_fast(double x, double scale, double *s, double *c)
     *c = (((q + 1) & 2) ? -scale : scale) * co;
 }
 
+/* max |v[i]|, NaN when some v[i] is NaN: with the sign bit cleared, doubles order as
+ * their bit patterns do as integers (every NaN above infinity above every finite value),
+ * so this is an integer maximum, exact, in four independent lanes that any compiler
+ * keeps in registers (the RoPE entries check a call's frequencies with it: a running
+ * floating maximum with an early exit was 5% of a baseline decode call). */
+static inline double fpe_abs_max_nan(const double *v, Py_ssize_t n)
+{
+    const uint64_t magnitude = 0x7fffffffffffffffULL;
+    uint64_t m[4] = {0, 0, 0, 0}, b;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int l = 0; l < 4; l++) {
+            memcpy(&b, v + i + l, sizeof b);
+            b &= magnitude;
+            m[l] = b > m[l] ? b : m[l];
+        }
+    }
+    for (; i < n; i++) {
+        memcpy(&b, v + i, sizeof b);
+        b &= magnitude;
+        m[0] = b > m[0] ? b : m[0];
+    }
+    m[0] = m[1] > m[0] ? m[1] : m[0];
+    m[2] = m[3] > m[2] ? m[3] : m[2];
+    m[0] = m[2] > m[0] ? m[2] : m[0];
+    double out;
+    memcpy(&out, &m[0], sizeof out);
+    return out;
+}
+
 /* max |v[i]| (NaNs ignored), in independent lanes: one running maximum is a chain of
  * dependent max instructions, 4 cycles each, and a decode call takes this maximum of
  * its 64 frequencies for every token (17% of a batched decode's angle time). max is

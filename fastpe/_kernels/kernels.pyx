@@ -27,7 +27,7 @@ from cpython.tuple cimport PyTuple_GET_ITEM
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.float cimport FLT_MAX, FLT_MIN
-from libc.math cimport exp, fabs, log
+from libc.math cimport exp, log
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 

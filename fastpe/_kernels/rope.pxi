@@ -772,14 +772,12 @@ cdef int rope_with_frequencies(RopeCall *a, int code, const View *q, const View 
     filled `a` and returned storage `code` (>= 0) for positions below
     MAX_ANGLE_POSITION: 1 when it rotated, 0 having touched nothing when the
     frequencies or the scaling are not the plain case."""
-    cdef Py_ssize_t i
-    cdef double w_max = 0.0
+    cdef double w_max
     if half == 0 or 2 * half > q.shape[q.ndim - 1]:
         return 0
-    for i in range(half):
-        if not fabs(w[i]) <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
-            return 0
-        w_max = max(w_max, fabs(w[i]))
+    w_max = fpe_abs_max_nan(w, half)
+    if not w_max <= MAX_INV_FREQ:  # NaN, infinite, or past finite angles
+        return 0
     a.half = half
     a.w = w
     a.w_max = w_max
