@@ -76,7 +76,7 @@ cdef extern from "fastpe_math.h" nogil:
     int FPE_HALF_NATIVE
     int FPE_HALF_RUNS_512
     int FPE_HALF_ADD_RUNS
-    int FPE_ROWS_AVX2
+    int FPE_ROWS_VECTOR
     int FPE_HALF_ROTATE
 
 cdef extern from *:

@@ -109,8 +109,9 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
         return
     cdef const store_t *trow
     cdef Py_ssize_t n
-    if (a.sd == 1 and a.td == 1 and FPE_ROWS_AVX2
-            and (store_t is float or (store_t is not double and FPE_HALF_ADD_RUNS))):
+    if a.sd == 1 and a.td == 1 and (
+            (store_t is float and FPE_ROWS_VECTOR)
+            or (store_t is not float and store_t is not double and FPE_HALF_ADD_RUNS)):
         # up to LEARNED_ROWS batch rows at once: as many streams of x in flight, and each
         # vector of a table row read once for all of them
         while b + 1 < b1:
