@@ -1,8 +1,8 @@
 """Turn ``fastpe._bench`` workloads into pytest-benchmark cases.
 
 A case is (workload, dtype, implementation, threads). fastpe and each form of the floor
-(``floor:numpy``, ``floor:c``, ``floor:c-nt``: fastpe._bench.floors) run on one thread
-and on all of them; the NumPy-based implementations (reference, numpy, textbook) and
+(``floor:numpy``, ``floor:c``, ``floor:c-ahead``, ``floor:c-nt``: fastpe._bench.floors)
+run on one thread and on all of them; the NumPy-based implementations (reference, numpy, textbook) and
 torch on one. Every case:
 
 - prepares its implementation once (temporaries, cached tables: untimed);

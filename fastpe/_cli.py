@@ -247,8 +247,8 @@ def bench_table(report: dict[str, Any]) -> str:
         f"Medians of up to {report['rounds']} rounds, every contender in each round in a "
         f"random order, each sample after one untimed call ({report['mode']} mode).",
         "floor: the fastest way to move the same bytes, round by round (in-place passes: "
-        "NumPy's, C loops with plain or streaming stores; a fill with streaming stores for "
-        "tables);",
+        "NumPy's, C loops with plain stores, prefetches ahead or streaming stores; a fill "
+        "with streaming stores for tables);",
         "% floor = floor time / fastpe time in the same round (median), fastpe's fraction of "
         "memory bandwidth; GB/s: the floor's bytes moved / fastpe time.",
         f"noise: fastpe measured faster than {100 * _bench.NOISE_FRACTION:.0f}% of its floor, "

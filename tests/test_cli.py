@@ -172,7 +172,7 @@ RESULT_KEYS = {
 }
 # without a floor (a whole program) these are None
 FLOOR_KEYS = ("fraction_of_floor", "fastpe_gb_per_s", "floor_gb_per_s")
-FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-nt", "floor:c-split"}
+FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-ahead", "floor:c-nt", "floor:c-split"}
 
 
 def check_report(report: dict, *, dtype="float32", threads=1) -> None:
@@ -485,13 +485,14 @@ def _floor_arrays(dtype, offset_words: int) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["stream", "fill"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_every_floor_form_streams_the_same_bytes(kind, dtype, offset_words):
-    """Every form of the floor (NumPy's, the C loops with plain and streaming stores)
+    """Every form of the floor (NumPy's, the C loops with plain stores, with prefetches
+    ahead and with streaming stores)
     leaves a stream's values unchanged, and fills a table with ones, on 1 and 2 threads,
     one call over several arrays, touching nothing beside them."""
     forms = _bench.floors.forms(kind, ("a", "b"))
     if fastpe.info()["compiled"]:
         streaming = _backend_kernels().STREAM_STORES
-        assert set(forms) == {"numpy", "c"} | ({"c-nt"} if streaming else set())
+        assert set(forms) == {"numpy", "c", "c-ahead"} | ({"c-nt"} if streaming else set())
     for form, prepare in forms.items():
         for threads in (1, 2):
             a, b = _floor_arrays(dtype, offset_words), _floor_arrays(dtype, 0)[:2]

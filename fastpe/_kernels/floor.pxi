@@ -54,8 +54,32 @@ cdef extern from *:
         for (; i < n; i++)
             p[i] = fill ? v : p[i] ^ v;
     }
+
+    /* p[i] = v (fill) or p[i] ^= v, a cache line at a time, each line's successor
+     * FPE_FLOOR_AHEAD bytes on asked for first (a software prefetch, for writing). On
+     * an Intel Xeon (2 vCPUs of a Sapphire Rapids) an in-place pass over 64 MiB so took
+     * 0.80-0.88x the time of the plain loop with 512-bit registers, 0.70-0.85x with
+     * 128-bit ones: the hardware's own prefetch leaves bandwidth unused there, and a
+     * floor without this form was not the fastest pass. The address is formed as an
+     * integer: it may lie past the array (a prefetch never faults). */
+    #define FPE_FLOOR_AHEAD 4096
+    static void fpe_floor_words_ahead(uint64_t *p, Py_ssize_t n, uint64_t v, int fill)
+    {
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+    #if defined(__GNUC__) || defined(__clang__)
+            __builtin_prefetch((const void *)((uintptr_t)(p + i) + FPE_FLOOR_AHEAD), 1, 3);
+    #endif
+            for (int j = 0; j < 8; j++)
+                p[i + j] = fill ? v : p[i + j] ^ v;
+        }
+        for (; i < n; i++)
+            p[i] = fill ? v : p[i] ^ v;
+    }
     """
     int FPE_FLOOR_STREAM_STORES
+    void words_ahead "fpe_floor_words_ahead" (uint64_t *p, Py_ssize_t n, uint64_t v,
+                                              int fill) noexcept nogil
     void words_nt "fpe_floor_words_nt" (uint64_t *p, Py_ssize_t n, uint64_t v,
                                         int fill) noexcept nogil
 
@@ -145,9 +169,11 @@ cdef void fill_words(uint64_t *p, Py_ssize_t n, uint64_t value) noexcept nogil:
 
 
 cdef void stream_words(uint64_t *p, Py_ssize_t n, uint64_t word, bint fill,
-                       bint nontemporal) noexcept nogil:
+                       bint nontemporal, bint ahead) noexcept nogil:
     if nontemporal:
         words_nt(p, n, word, fill)
+    elif ahead:
+        words_ahead(p, n, word, fill)
     elif fill:
         fill_words(p, n, word)
     else:
@@ -236,11 +262,13 @@ def stream_reads(cnp.ndarray target, tuple reads, int num_threads, bint fused=Tr
     return acc
 
 
-def stream(tuple arrays, bint fill, uint64_t word, int num_threads, bint nontemporal=False):
+def stream(tuple arrays, bint fill, uint64_t word, int num_threads, bint nontemporal=False,
+           bint ahead=False):
     """One pass over the bytes of each array, in place: each 8-byte word XORed
     with `word` (read and written once; word 0 leaves the values as they were),
     or, with fill, set to `word` (written once). nontemporal: with streaming
     stores where the CPU has them (STREAM_STORES), else the same plain loop.
+    ahead (plain stores): each cache line's successor 4 KiB on prefetched first.
     One call for all the arrays, as a fastpe call takes q and k together: a
     small call's floor is then one call's overhead, not one per array.
 
@@ -260,9 +288,9 @@ def stream(tuple arrays, bint fill, uint64_t word, int num_threads, bint nontemp
                 for u in prange(units, schedule="static", num_threads=nthreads):
                     w0 = u * STREAM_WORDS
                     stream_words(p + w0, min(<Py_ssize_t>STREAM_WORDS, n - w0), word, fill,
-                                 nontemporal)
+                                 nontemporal, ahead)
             else:
-                stream_words(p, n, word, fill, nontemporal)
+                stream_words(p, n, word, fill, nontemporal, ahead)
 
 
 def half_round_trip(tuple arrays):

@@ -130,6 +130,7 @@ def stream(
     word: int,
     num_threads: int,
     nontemporal: bool = ...,
+    ahead: bool = ...,
 ) -> None: ...
 def stream_reads(
     target: NDArray[Any],
