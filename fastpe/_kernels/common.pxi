@@ -25,7 +25,7 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
                             Py_ssize_t n, float scale)
     Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
-                                 Py_ssize_t n, float scale)
+                                 Py_ssize_t n, float scale, Py_ssize_t ahead)
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
                                Py_ssize_t nfreq, double mult)
     void fpe_stream_fence()

@@ -155,7 +155,7 @@ cdef inline void add_rows_of(const SinusoidalCall *a, store_t *x, Py_ssize_t b, 
     cdef store_t *row = x + b * a.sb + t * a.ss
     cdef Py_ssize_t r = 0
     if store_t is float and real_t is float:
-        r = fpe_f32_madd_rows(row, n, a.sb, pe, a.dim, <float>a.scale)
+        r = fpe_f32_madd_rows(row, n, a.sb, pe, a.dim, <float>a.scale, 0)
     elif real_t is float and (store_t is fpe_f16 or store_t is fpe_bf16):
         if FPE_HALF_ADD_RUNS:
             add_rows_half(row, n, a.sb, pe, a.dim, <float>a.scale)
