@@ -256,11 +256,11 @@ def test_prefetching_the_next_tokens_rows_changes_no_value(prefetch):
     token's lie past x): with the prefetch on or off, contiguous, token-strided and
     token-reversed x get NumPy's float32 sums, and nothing past the view is written."""
     kern = fastpe._backend.compiled
-    was = kern.learned_prefetch()
+    was = kern.row_prefetch()
     rng = np.random.default_rng(5)
     table = rng.uniform(-1, 1, (300, 1024)).astype(np.float32)
     try:
-        assert kern.learned_prefetch(prefetch) is prefetch
+        assert kern.row_prefetch(prefetch) is prefetch
         for view in (np.s_[:, :], np.s_[:, ::2], np.s_[:, ::-1], np.s_[:3, 1:]):
             big = rng.uniform(-3, 3, (8, 64, 1024)).astype(np.float32)
             before = big.copy()
@@ -272,7 +272,7 @@ def test_prefetching_the_next_tokens_rows_changes_no_value(prefetch):
             inside[view] = True
             assert_bytes_equal(big[~inside], before[~inside], f"outside the view {view}")
     finally:
-        kern.learned_prefetch(was)
+        kern.row_prefetch(was)
 
 
 # ---- threads -------------------------------------------------------------------------------

@@ -480,13 +480,15 @@ def test_table_matches_reference(dtype, layout, both_threads):
 
 # (chunk bytes, batch rows at a time) of staged PE rows: each CPU vendor's, and chunks
 # of one block of tokens (several chunks of a 70-token x) three rows at a time
-STAGINGS = [(1 << 20, 4), (256 << 10, 8), (4096, 3)]
+# (chunk bytes, batch rows at a time, float32 rows prefetching the next token's)
+STAGINGS = [(1 << 20, 4, True), (256 << 10, 8, True), (256 << 10, 8, False), (4096, 3, True),
+            (4096, 3, False)]
 
 
-@pytest.fixture(params=STAGINGS, ids=lambda s: f"chunk{s[0]}-rows{s[1]}")
+@pytest.fixture(params=STAGINGS, ids=lambda s: f"chunk{s[0]}-rows{s[1]}-prefetch{s[2]}")
 def staging(request):
-    """The compiled add_sinusoidal's staging set to the parameter for the test (the
-    NumPy backend has none: only the first parameter runs there)."""
+    """The compiled add_sinusoidal's staging and row prefetch set to the parameter for
+    the test (the NumPy backend has neither: only the first parameter runs there)."""
     if not COMPILED:
         if request.param != STAGINGS[0]:
             pytest.skip("staging is the compiled kernels'")
@@ -494,12 +496,15 @@ def staging(request):
         return
     from fastpe import _backend
 
-    was = _backend.compiled.sinusoidal_staging()
+    kern = _backend.compiled
+    was, was_prefetch = kern.sinusoidal_staging(), kern.row_prefetch()
     try:
-        assert _backend.compiled.sinusoidal_staging(*request.param) == request.param
+        assert kern.sinusoidal_staging(*request.param[:2]) == request.param[:2]
+        assert kern.row_prefetch(request.param[2]) is request.param[2]
         yield request.param
     finally:
-        _backend.compiled.sinusoidal_staging(*was)
+        kern.sinusoidal_staging(*was)
+        kern.row_prefetch(was_prefetch)
 
 
 @needs_compiled

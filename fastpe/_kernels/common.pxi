@@ -121,6 +121,23 @@ def register_bfloat16(int typenum):
     bfloat16_typenum = typenum
 
 
+# Whether the float32 adds (add_learned's batch rows, add_sinusoidal's staged ones)
+# prefetch the next token's rows as they add a token's (fastpe_math.h:
+# fpe_f32_madd_rows); row_prefetch sets it
+cdef bint row_prefetch_on = True
+
+
+def row_prefetch(object on=None):
+    """Whether the float32 adds prefetch the next token's rows (software prefetch) as
+    they add a token's, add_sinusoidal then taking its staged rows at most
+    PREFETCH_LATE_ROWS batch rows at a time; `on` sets it, for measurements and tests.
+    The same bits either way."""
+    global row_prefetch_on
+    if on is not None:
+        row_prefetch_on = bool(on)
+    return row_prefetch_on
+
+
 # Rows of consecutive positions share one seed of sin/cos every BLOCK_TOKENS
 # tokens (an angle-addition step between). Blocks start at fixed token indices,
 # and a thread always takes whole blocks, so every thread count gives

@@ -693,9 +693,10 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
  * baseline's float32 learned add stayed at 72-76% of the in-place floor on an Intel
  * Xeon. ahead (bytes, 0: none): each row's line that far on is prefetched (software)
  * as the row's line is reached, for rows streamed from memory whose next token's row
- * lies there: on that Xeon add_learned (8, 2048, 1024) took 0.80-0.83x the time so in
- * every variant (add_sinusoidal's staged rows 1.06-1.08x: it passes 0). The address is
- * formed as an integer: it may lie past the array (a prefetch never faults). */
+ * lies there: on that Xeon add_learned (8, 2048, 1024) took 0.78-0.84x the time so in
+ * every variant, add_sinusoidal's staged rows 0.87-0.88x (four batch rows at a time
+ * where they were eight). The address is formed as an integer: it may lie past the
+ * array (a prefetch never faults). */
 #if defined(__AVX2__) && defined(__FMA__)
 #define FPE_ROWS_AVX2 1
 #else

@@ -111,7 +111,7 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
     cdef Py_ssize_t n
     # the next token's rows, prefetched as these are added (fastpe_math.h)
     cdef Py_ssize_t ahead = a.ss * <Py_ssize_t>sizeof(store_t) if (
-        learned_prefetch_on and a.ss > 0) else 0
+        row_prefetch_on and a.ss > 0) else 0
     if a.sd == 1 and a.td == 1 and (
             (store_t is float and FPE_ROWS_VECTOR)
             or (store_t is not float and store_t is not double and FPE_HALF_ADD_RUNS)):
@@ -144,20 +144,6 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
             add_table_row(x + b * a.sb + t * a.ss, a.sd,
                           table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr, a.td,
                           a.dim)
-
-
-# whether add_learned prefetches the next token's rows (learned_prefetch)
-cdef bint learned_prefetch_on = True
-
-
-def learned_prefetch(object on=None):
-    """Whether add_learned's float32 rows prefetch the next token's rows as they are
-    added (fastpe_math.h: fpe_f32_madd_rows); `on` sets it, for measurements and tests.
-    The same bits either way."""
-    global learned_prefetch_on
-    if on is not None:
-        learned_prefetch_on = bool(on)
-    return learned_prefetch_on
 
 
 cdef void learned_run(const LearnedCall *a, store_t *x, const store_t *table,
