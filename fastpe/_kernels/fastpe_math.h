@@ -707,6 +707,12 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
 #else
 #define FPE_ROWS_VECTOR 0
 #endif
+#if defined(__GNUC__) || defined(__clang__)
+#define FPE_PREFETCH_AHEAD(p, ahead)                                                   \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(ahead)), 1, 3)
+#else
+#define FPE_PREFETCH_AHEAD(p, ahead) ((void)(p), (void)(ahead))
+#endif
 
 static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride,
                                            const float *pe, Py_ssize_t n, float scale,
@@ -721,7 +727,7 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
         for (Py_ssize_t r = 0; r < rows; r++) {
             float *xr = x + r * stride + j;
             if (ahead && (j & 15) == 0)
-                __builtin_prefetch((const void *)((uintptr_t)xr + (uintptr_t)ahead), 1, 3);
+                FPE_PREFETCH_AHEAD(xr, ahead);
             const __m256 a = _mm256_loadu_ps(xr);
             _mm256_storeu_ps(xr, plain ? _mm256_add_ps(a, p) : _mm256_fmadd_ps(a, s, p));
         }
@@ -741,7 +747,7 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
         for (Py_ssize_t r = 0; r < rows; r++) {
             float *xr = x + r * stride + j;
             if (ahead && (j & 15) == 0)
-                __builtin_prefetch((const void *)((uintptr_t)xr + (uintptr_t)ahead), 1, 3);
+                FPE_PREFETCH_AHEAD(xr, ahead);
             const __m128 a = _mm_loadu_ps(xr);
             _mm_storeu_ps(xr, _mm_add_ps(plain ? a : _mm_mul_ps(a, s), p));
         }
