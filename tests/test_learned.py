@@ -250,22 +250,25 @@ def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, dim):
 
 
 @needs_compiled
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("prefetch", [True, False])
-def test_prefetching_the_next_tokens_rows_changes_no_value(prefetch):
-    """float32 batch rows added in groups prefetch the next token's rows (the last
-    token's lie past x): with the prefetch on or off, contiguous, token-strided and
-    token-reversed x get NumPy's float32 sums, and nothing past the view is written."""
+def test_prefetching_the_next_tokens_rows_changes_no_value(prefetch, dtype):
+    """Batch rows added in groups prefetch the next token's rows (the last token's lie
+    past x): with the prefetch on or off, contiguous, token-strided and token-reversed x
+    get the sums rounded once (of float32 values for the 16-bit types), and nothing past
+    the view is written."""
     kern = fastpe._backend.compiled
     was = kern.row_prefetch()
     rng = np.random.default_rng(5)
-    table = rng.uniform(-1, 1, (300, 1024)).astype(np.float32)
+    table = rng.uniform(-1, 1, (300, 1024)).astype(dtype)
+    wide = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
     try:
         assert kern.row_prefetch(prefetch) is prefetch
         for view in (np.s_[:, :], np.s_[:, ::2], np.s_[:, ::-1], np.s_[:3, 1:]):
-            big = rng.uniform(-3, 3, (8, 64, 1024)).astype(np.float32)
+            big = rng.uniform(-3, 3, (8, 64, 1024)).astype(dtype)
             before = big.copy()
             x = big[view]
-            want = x + table[5:5 + x.shape[1]]
+            want = (x.astype(wide) + table[5:5 + x.shape[1]].astype(wide)).astype(dtype)
             fastpe.add_learned(x, table, offset=5, num_threads=1)
             assert_bytes_equal(x, want, f"prefetch {prefetch}, view {view}")
             inside = np.zeros(big.shape, bool)

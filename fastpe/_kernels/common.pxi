@@ -17,13 +17,13 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_bf16_run_load(const fpe_bf16 *src, float *dst, Py_ssize_t n)
     void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_t n)
     void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride, const fpe_f16 *t,
-                          Py_ssize_t n)
+                          Py_ssize_t n, Py_ssize_t ahead)
     void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const fpe_bf16 *t,
-                           Py_ssize_t n)
+                           Py_ssize_t n, Py_ssize_t ahead)
     void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
-                           Py_ssize_t n, float scale)
+                           Py_ssize_t n, float scale, Py_ssize_t ahead)
     void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
-                            Py_ssize_t n, float scale)
+                            Py_ssize_t n, float scale, Py_ssize_t ahead)
     Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride, const float *pe,
                                  Py_ssize_t n, float scale, Py_ssize_t ahead)
     void fpe_pe_row_stream_f32(const double *s, const double *c, float *pe, Py_ssize_t dim,
@@ -121,17 +121,17 @@ def register_bfloat16(int typenum):
     bfloat16_typenum = typenum
 
 
-# Whether the float32 adds (add_learned's batch rows, add_sinusoidal's staged ones)
-# prefetch the next token's rows as they add a token's (fastpe_math.h:
-# fpe_f32_madd_rows); row_prefetch sets it
+# Whether the float32, float16 and bfloat16 adds (add_learned's batch rows,
+# add_sinusoidal's staged ones) prefetch the next token's rows as they add a token's
+# (fastpe_math.h: fpe_f32_madd_rows); row_prefetch sets it
 cdef bint row_prefetch_on = True
 
 
 def row_prefetch(object on=None):
-    """Whether the float32 adds prefetch the next token's rows (software prefetch) as
-    they add a token's, add_sinusoidal then taking its staged rows at most
-    PREFETCH_LATE_ROWS batch rows at a time; `on` sets it, for measurements and tests.
-    The same bits either way."""
+    """Whether the float32, float16 and bfloat16 adds prefetch the next token's rows
+    (software prefetch) as they add a token's, add_sinusoidal then taking its staged
+    rows at most PREFETCH_LATE_ROWS batch rows at a time; `on` sets it, for
+    measurements and tests. The same bits either way."""
     global row_prefetch_on
     if on is not None:
         row_prefetch_on = bool(on)

@@ -31,6 +31,16 @@
 typedef struct { uint16_t bits; } fpe_f16;
 typedef struct { uint16_t bits; } fpe_bf16;
 
+/* A software prefetch, for writing, of the line `ahead` bytes past p: the address is
+ * formed as an integer, so it may lie past the array (a prefetch never faults). The row
+ * adds below take the next token's rows so (fpe_f32_madd_rows says what it measured). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FPE_PREFETCH_AHEAD(p, ahead)                                                   \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(ahead)), 1, 3)
+#else
+#define FPE_PREFETCH_AHEAD(p, ahead) ((void)(p), (void)(ahead))
+#endif
+
 static inline uint32_t fpe_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float fpe_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
@@ -465,19 +475,25 @@ FPE_TARGET_BF16 static inline void fpe_bf16x32_store_cvt(fpe_bf16 *p, __mmask32 
 
 /* One step of the row loops below: the elements under m of `rows` rows */
 static inline void fpe_f16_add16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                 const fpe_f16 *t, __mmask16 m)
+                                 const fpe_f16 *t, __mmask16 m, Py_ssize_t ahead)
 {
     const __m512 b = fpe_f16x16_load(t, m);
-    for (Py_ssize_t r = 0; r < rows; r++)
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (ahead)
+            FPE_PREFETCH_AHEAD(x + r * stride, ahead);
         fpe_f16x16_store(x + r * stride, m, _mm512_add_ps(fpe_f16x16_load(x + r * stride, m), b));
+    }
 }
 
 static FPE_ALWAYS_INLINE void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                             const fpe_bf16 *t, __mmask32 m, int cvt)
+                                             const fpe_bf16 *t, __mmask32 m, int cvt,
+                                             Py_ssize_t ahead)
 {
     __m512 b0, b1, a0, a1;
     fpe_bf16x32_load(t, m, &b0, &b1);
     for (Py_ssize_t r = 0; r < rows; r++) {
+        if (ahead)
+            FPE_PREFETCH_AHEAD(x + r * stride, ahead);
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
         FPE_BF16X32_STORE(cvt, x + r * stride, m, _mm512_add_ps(a0, b0),
                           _mm512_add_ps(a1, b1));
@@ -485,23 +501,28 @@ static FPE_ALWAYS_INLINE void fpe_bf16_add32(fpe_bf16 *x, Py_ssize_t rows, Py_ss
 }
 
 static inline void fpe_f16_madd16(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                  const float *pe, float scale, __mmask16 m)
+                                  const float *pe, float scale, __mmask16 m, Py_ssize_t ahead)
 {
     const __m512 p = m == 0xffff ? _mm512_loadu_ps(pe) : _mm512_maskz_loadu_ps(m, pe);
     const __m512 s = _mm512_set1_ps(scale);
-    for (Py_ssize_t r = 0; r < rows; r++)
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (ahead)
+            FPE_PREFETCH_AHEAD(x + r * stride, ahead);
         fpe_f16x16_store(x + r * stride, m,
                          _mm512_fmadd_ps(fpe_f16x16_load(x + r * stride, m), s, p));
+    }
 }
 
 static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
                                               const float *pe, float scale, __mmask32 m,
-                                              int cvt)
+                                              int cvt, Py_ssize_t ahead)
 {
     const __m512 s = _mm512_set1_ps(scale);
     __m512 p0, p1, a0, a1;
     fpe_f32x32_load_unpacked(pe, m, &p0, &p1);
     for (Py_ssize_t r = 0; r < rows; r++) {
+        if (ahead)
+            FPE_PREFETCH_AHEAD(x + r * stride, ahead);
         fpe_bf16x32_load(x + r * stride, m, &a0, &a1);
         FPE_BF16X32_STORE(cvt, x + r * stride, m, _mm512_fmadd_ps(a0, s, p0),
                           _mm512_fmadd_ps(a1, s, p1));
@@ -521,16 +542,18 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_s
 #endif
 
 /* The adds on `rows` rows `stride` elements apart that add the same t (1 or 2: each
- * vector of t, read from the cache, serves both rows of a pair). */
+ * vector of t, read from the cache, serves both rows of a pair). ahead (bytes, 0: none):
+ * each row's line that far on prefetched as the row's line is reached, as
+ * fpe_f32_madd_rows does (the next token's row). */
 static inline void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                    const fpe_f16 *t, Py_ssize_t n)
+                                    const fpe_f16 *t, Py_ssize_t n, Py_ssize_t ahead)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
     for (; j + 16 <= n; j += 16)
-        fpe_f16_add16(x + j, rows, stride, t + j, (__mmask16)0xffff);
+        fpe_f16_add16(x + j, rows, stride, t + j, (__mmask16)0xffff, j & 31 ? 0 : ahead);
     if (j < n) {
-        fpe_f16_add16(x + j, rows, stride, t + j, fpe_mask16(n - j));
+        fpe_f16_add16(x + j, rows, stride, t + j, fpe_mask16(n - j), j & 31 ? 0 : ahead);
         j = n;
     }
 #elif FPE_F16C_RUNS
@@ -538,6 +561,8 @@ static inline void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stri
         const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + j)));
         for (Py_ssize_t r = 0; r < rows; r++) {
             fpe_f16 *xr = x + r * stride + j;
+            if (ahead && (j & 31) == 0)
+                FPE_PREFETCH_AHEAD(xr, ahead);
             const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)xr));
             _mm_storeu_si128((__m128i *)xr,
                              _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT));
@@ -551,14 +576,14 @@ static inline void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stri
 
 static FPE_ALWAYS_INLINE void fpe_bf16_add_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
                                                    Py_ssize_t stride, const fpe_bf16 *t,
-                                                   Py_ssize_t n, int cvt)
+                                                   Py_ssize_t n, int cvt, Py_ssize_t ahead)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
     for (; j + 32 <= n; j += 32)
-        fpe_bf16_add32(x + j, rows, stride, t + j, (__mmask32)0xffffffffu, cvt);
+        fpe_bf16_add32(x + j, rows, stride, t + j, (__mmask32)0xffffffffu, cvt, ahead);
     if (j < n) {
-        fpe_bf16_add32(x + j, rows, stride, t + j, fpe_mask32(n - j), cvt);
+        fpe_bf16_add32(x + j, rows, stride, t + j, fpe_mask32(n - j), cvt, ahead);
         j = n;
     }
 #elif FPE_HALF_ADD_RUNS
@@ -568,12 +593,14 @@ static FPE_ALWAYS_INLINE void fpe_bf16_add_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
         for (Py_ssize_t r = 0; r < rows; r++) {
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
+            if (ahead && (j & 31) == 0)
+                FPE_PREFETCH_AHEAD(xr, ahead);
             fpe_bf16x16_load(xr, &a0, &a1);
             FPE_BF16X16_STORE(cvt, xr, _mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1));
         }
     }
 #endif
-    (void)cvt;
+    (void)cvt; (void)ahead;
     for (; j < n; j++)
         for (Py_ssize_t r = 0; r < rows; r++)
             x[r * stride + j] = fpe_bf16_make(fpe_bf16_load(x[r * stride + j]) +
@@ -583,34 +610,38 @@ static FPE_ALWAYS_INLINE void fpe_bf16_add_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
 #if FPE_BF16_CVT
 FPE_TARGET_BF16 static FPE_NOINLINE void fpe_bf16_add_rows_cvt(fpe_bf16 *x, Py_ssize_t rows,
                                                                Py_ssize_t stride,
-                                                               const fpe_bf16 *t, Py_ssize_t n)
+                                                               const fpe_bf16 *t, Py_ssize_t n,
+                                                               Py_ssize_t ahead)
 {
-    fpe_bf16_add_rows_nc(x, rows, stride, t, n, 1);
+    fpe_bf16_add_rows_nc(x, rows, stride, t, n, 1, ahead);
 }
 #endif
 
 static inline void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                     const fpe_bf16 *t, Py_ssize_t n)
+                                     const fpe_bf16 *t, Py_ssize_t n, Py_ssize_t ahead)
 {
 #if FPE_BF16_CVT
     if (fpe_bf16_cvt) {
-        fpe_bf16_add_rows_cvt(x, rows, stride, t, n);
+        fpe_bf16_add_rows_cvt(x, rows, stride, t, n, ahead);
         return;
     }
 #endif
-    fpe_bf16_add_rows_nc(x, rows, stride, t, n, 0);
+    fpe_bf16_add_rows_nc(x, rows, stride, t, n, 0, ahead);
 }
 
 /* The same with x[j] * scale + pe[j] */
 static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                     const float *pe, Py_ssize_t n, float scale)
+                                     const float *pe, Py_ssize_t n, float scale,
+                                     Py_ssize_t ahead)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
     for (; j + 16 <= n; j += 16)
-        fpe_f16_madd16(x + j, rows, stride, pe + j, scale, (__mmask16)0xffff);
+        fpe_f16_madd16(x + j, rows, stride, pe + j, scale, (__mmask16)0xffff,
+                       j & 31 ? 0 : ahead);
     if (j < n) {
-        fpe_f16_madd16(x + j, rows, stride, pe + j, scale, fpe_mask16(n - j));
+        fpe_f16_madd16(x + j, rows, stride, pe + j, scale, fpe_mask16(n - j),
+                       j & 31 ? 0 : ahead);
         j = n;
     }
 #elif FPE_HALF_ADD_RUNS
@@ -619,6 +650,8 @@ static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t str
         const __m256 p = _mm256_loadu_ps(pe + j);
         for (Py_ssize_t r = 0; r < rows; r++) {
             fpe_f16 *xr = x + r * stride + j;
+            if (ahead && (j & 31) == 0)
+                FPE_PREFETCH_AHEAD(xr, ahead);
             fpe_f16x8_store(xr, _mm256_fmadd_ps(fpe_f16x8_load(xr), s, p));
         }
     }
@@ -631,14 +664,16 @@ static inline void fpe_f16_madd_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t str
 
 static FPE_ALWAYS_INLINE void fpe_bf16_madd_rows_nc(fpe_bf16 *x, Py_ssize_t rows,
                                                     Py_ssize_t stride, const float *pe,
-                                                    Py_ssize_t n, float scale, int cvt)
+                                                    Py_ssize_t n, float scale, int cvt,
+                                                    Py_ssize_t ahead)
 {
     Py_ssize_t j = 0;
 #if FPE_HALF_ADD_RUNS && FPE_HALF_RUNS_512
     for (; j + 32 <= n; j += 32)
-        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, (__mmask32)0xffffffffu, cvt);
+        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, (__mmask32)0xffffffffu, cvt,
+                        ahead);
     if (j < n) {
-        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, fpe_mask32(n - j), cvt);
+        fpe_bf16_madd32(x + j, rows, stride, pe + j, scale, fpe_mask32(n - j), cvt, ahead);
         j = n;
     }
 #elif FPE_HALF_ADD_RUNS
@@ -649,12 +684,14 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd_rows_nc(fpe_bf16 *x, Py_ssize_t rows
         for (Py_ssize_t r = 0; r < rows; r++) {
             __m256 a0, a1;
             fpe_bf16 *xr = x + r * stride + j;
+            if (ahead && (j & 31) == 0)
+                FPE_PREFETCH_AHEAD(xr, ahead);
             fpe_bf16x16_load(xr, &a0, &a1);
             FPE_BF16X16_STORE(cvt, xr, _mm256_fmadd_ps(a0, s, p0), _mm256_fmadd_ps(a1, s, p1));
         }
     }
 #endif
-    (void)cvt;
+    (void)cvt; (void)ahead;
     for (; j < n; j++)
         for (Py_ssize_t r = 0; r < rows; r++)
             x[r * stride + j] = fpe_bf16_make(FPE_MADD_F(fpe_bf16_load(x[r * stride + j]),
@@ -665,22 +702,23 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd_rows_nc(fpe_bf16 *x, Py_ssize_t rows
 FPE_TARGET_BF16 static FPE_NOINLINE void fpe_bf16_madd_rows_cvt(fpe_bf16 *x, Py_ssize_t rows,
                                                                 Py_ssize_t stride,
                                                                 const float *pe, Py_ssize_t n,
-                                                                float scale)
+                                                                float scale, Py_ssize_t ahead)
 {
-    fpe_bf16_madd_rows_nc(x, rows, stride, pe, n, scale, 1);
+    fpe_bf16_madd_rows_nc(x, rows, stride, pe, n, scale, 1, ahead);
 }
 #endif
 
 static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride,
-                                      const float *pe, Py_ssize_t n, float scale)
+                                      const float *pe, Py_ssize_t n, float scale,
+                                      Py_ssize_t ahead)
 {
 #if FPE_BF16_CVT
     if (fpe_bf16_cvt) {
-        fpe_bf16_madd_rows_cvt(x, rows, stride, pe, n, scale);
+        fpe_bf16_madd_rows_cvt(x, rows, stride, pe, n, scale, ahead);
         return;
     }
 #endif
-    fpe_bf16_madd_rows_nc(x, rows, stride, pe, n, scale, 0);
+    fpe_bf16_madd_rows_nc(x, rows, stride, pe, n, scale, 0, ahead);
 }
 
 /* x[j] = x[j] * scale + pe[j] on `rows` float32 rows `stride` elements apart that add
@@ -695,8 +733,8 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
  * as the row's line is reached, for rows streamed from memory whose next token's row
  * lies there: on that Xeon add_learned (8, 2048, 1024) took 0.78-0.84x the time so in
  * every variant, add_sinusoidal's staged rows 0.87-0.88x (four batch rows at a time
- * where they were eight). The address is formed as an integer: it may lie past the
- * array (a prefetch never faults). */
+ * where they were eight); in float16 and bfloat16 (the row loops below) 0.94-0.98x and
+ * 0.84-0.90x. */
 #if defined(__AVX2__) && defined(__FMA__)
 #define FPE_ROWS_AVX2 1
 #else
@@ -706,12 +744,6 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
 #define FPE_ROWS_VECTOR 1
 #else
 #define FPE_ROWS_VECTOR 0
-#endif
-#if defined(__GNUC__) || defined(__clang__)
-#define FPE_PREFETCH_AHEAD(p, ahead)                                                   \
-    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(ahead)), 1, 3)
-#else
-#define FPE_PREFETCH_AHEAD(p, ahead) ((void)(p), (void)(ahead))
 #endif
 
 static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t stride,

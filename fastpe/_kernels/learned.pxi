@@ -29,12 +29,14 @@ cdef struct LearnedCall:
 
 
 cdef inline void add_table_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t stride,
-                                     const store_t *trow, Py_ssize_t dim) noexcept nogil:
-    """row += trow on `rows` unit-stride half or bfloat16 rows, stride apart."""
+                                     const store_t *trow, Py_ssize_t dim,
+                                     Py_ssize_t ahead) noexcept nogil:
+    """row += trow on `rows` unit-stride half or bfloat16 rows, stride apart (ahead:
+    fpe_f32_madd_rows's)."""
     if store_t is fpe_f16:
-        fpe_f16_add_rows(row, rows, stride, trow, dim)
+        fpe_f16_add_rows(row, rows, stride, trow, dim, ahead)
     elif store_t is fpe_bf16:
-        fpe_bf16_add_rows(row, rows, stride, trow, dim)
+        fpe_bf16_add_rows(row, rows, stride, trow, dim, ahead)
 
 
 cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
@@ -52,7 +54,7 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
     else:
         # half and bfloat16 add in float32, rounding once
         if sd == 1 and td == 1 and (store_t is fpe_f16 or FPE_HALF_ADD_RUNS):
-            add_table_rows_half(row, 1, 0, trow, dim)
+            add_table_rows_half(row, 1, 0, trow, dim, 0)
             return
         j0 = 0
         while j0 < dim:
@@ -125,7 +127,7 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                     fpe_f32_madd_rows(x + b * a.sb + t * a.ss, n, a.sb, trow, a.dim, 1.0,
                                       ahead)
                 else:
-                    add_table_rows_half(x + b * a.sb + t * a.ss, n, a.sb, trow, a.dim)
+                    add_table_rows_half(x + b * a.sb + t * a.ss, n, a.sb, trow, a.dim, ahead)
             b += n
     if a.sd == 1 and a.td == 1 and (store_t is float or store_t is double or FPE_HALF_ADD_RUNS):
         # two batch rows beside each other: two streams of x in flight, and each table
@@ -137,7 +139,7 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                     add_table_row_to_two(x + b * a.sb + t * a.ss, x + (b + 1) * a.sb + t * a.ss,
                                          trow, a.dim)
                 else:
-                    add_table_rows_half(x + b * a.sb + t * a.ss, 2, a.sb, trow, a.dim)
+                    add_table_rows_half(x + b * a.sb + t * a.ss, 2, a.sb, trow, a.dim, ahead)
             b += 2
     for b in range(b, b1):
         for t in range(t0, t1):

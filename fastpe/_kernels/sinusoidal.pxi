@@ -10,9 +10,10 @@ cdef enum:
     # batch 8 none early and 4 late took 0.86-0.95x the time of the others; at batch
     # 2 both early 0.9x that of none)
     EARLY_ROWS = 2
-    # float32 staged rows that prefetch the next token's (row_prefetch) go to at most
-    # this many batch rows at a time: on an Intel Xeon, (8, 2048, 1024) so took
-    # 0.87-0.88x the time of eight rows without the prefetch, eight with it 1.07-1.15x
+    # staged rows that prefetch the next token's (row_prefetch) go to at most this many
+    # batch rows at a time: on an Intel Xeon, (8, 2048, 1024) so took 0.87-0.88x the
+    # time of eight rows without the prefetch in float32 (eight with it 1.07-1.15x),
+    # 0.84-0.90x in float16 and bfloat16 (eight with it 0.93-0.97x)
     PREFETCH_LATE_ROWS = 4
     CHUNK_TOKENS = 512
     CHUNK_BYTES = 4 << 20
@@ -73,8 +74,8 @@ cdef struct SinusoidalCall:
     Py_ssize_t late_rows      # staged rows added to this many batch rows at a time
     bint direct               # PE rows written straight into x (float32/64 table rows)
     bint fused                # one batch row: each PE row added as soon as it is made
-    Py_ssize_t ahead          # float32 staged rows: bytes to the next token's row, to
-    #                           prefetch (0: none)
+    Py_ssize_t ahead          # staged rows (not float64): bytes to the next token's
+    #                           row, to prefetch (0: none)
     bint stream               # a direct float32 interleaved table past the caches, one
     #                           block of frequencies: rows go out with non-temporal stores
 
@@ -119,7 +120,7 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
             return
     elif real_t is float and FPE_HALF_ADD_RUNS:
         if sd == 1 and accumulate:
-            add_rows_half(row, 1, 0, pe, dim, scale)
+            add_rows_half(row, 1, 0, pe, dim, scale, 0)
             return
     cdef real_t tmp[CONVERT_CHUNK]
     cdef Py_ssize_t j0, n
@@ -164,7 +165,7 @@ cdef inline void add_rows_of(const SinusoidalCall *a, store_t *x, Py_ssize_t b, 
         r = fpe_f32_madd_rows(row, n, a.sb, pe, a.dim, <float>a.scale, a.ahead)
     elif real_t is float and (store_t is fpe_f16 or store_t is fpe_bf16):
         if FPE_HALF_ADD_RUNS:
-            add_rows_half(row, n, a.sb, pe, a.dim, <float>a.scale)
+            add_rows_half(row, n, a.sb, pe, a.dim, <float>a.scale, a.ahead)
             r = n
     if store_t is float or store_t is double:
         while r + 1 < n:
@@ -179,12 +180,14 @@ cdef inline void add_rows_of(const SinusoidalCall *a, store_t *x, Py_ssize_t b, 
 
 
 cdef inline void add_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t stride,
-                               const float *pe, Py_ssize_t dim, float scale) noexcept nogil:
-    """row = row * scale + pe on `rows` unit-stride half or bfloat16 rows, stride apart."""
+                               const float *pe, Py_ssize_t dim, float scale,
+                               Py_ssize_t ahead) noexcept nogil:
+    """row = row * scale + pe on `rows` unit-stride half or bfloat16 rows, stride apart
+    (ahead: fpe_f32_madd_rows's)."""
     if store_t is fpe_f16:
-        fpe_f16_madd_rows(row, rows, stride, pe, dim, scale)
+        fpe_f16_madd_rows(row, rows, stride, pe, dim, scale, ahead)
     elif store_t is fpe_bf16:
-        fpe_bf16_madd_rows(row, rows, stride, pe, dim, scale)
+        fpe_bf16_madd_rows(row, rows, stride, pe, dim, scale, ahead)
 
 
 cdef inline void add_block(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
@@ -483,8 +486,8 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     a.chunk -= a.chunk % BLOCK_TOKENS
     a.late_rows = stage_late_rows
     a.ahead = 0
-    if code == CODE_F32 and row_prefetch_on and a.ss > 0:
-        a.ahead = a.ss * <Py_ssize_t>sizeof(float)
+    if code != CODE_F64 and row_prefetch_on and a.ss > 0:
+        a.ahead = a.ss * (<Py_ssize_t>sizeof(float) if code == CODE_F32 else 2)
         a.late_rows = min(a.late_rows, <Py_ssize_t>PREFETCH_LATE_ROWS)
     cdef Py_ssize_t nunits = a.pos_rows * ceil_div(a.seq, a.chunk)
     cdef int nthreads = units_threads(nunits, num_threads)
