@@ -99,10 +99,8 @@ cdef extern from *:
     /* the lines of [p, p + nbytes), fetched for writing */
     static inline void fpe_prefetch_row(const char *p, Py_ssize_t nbytes)
     {
-    #if defined(__GNUC__) || defined(__clang__)
         for (Py_ssize_t i = 0; i < nbytes; i += 64)
-            __builtin_prefetch(p + i, 1, 3);
-    #endif
+            FPE_PREFETCH_AHEAD(p, i);
     }
     """
     void prefetch_row "fpe_prefetch_row" (const char *p, Py_ssize_t nbytes) nogil

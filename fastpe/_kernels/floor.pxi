@@ -60,16 +60,14 @@ cdef extern from *:
      * an Intel Xeon (2 vCPUs of a Sapphire Rapids) an in-place pass over 64 MiB so took
      * 0.80-0.88x the time of the plain loop with 512-bit registers, 0.70-0.85x with
      * 128-bit ones: the hardware's own prefetch leaves bandwidth unused there, and a
-     * floor without this form was not the fastest pass. The address is formed as an
-     * integer: it may lie past the array (a prefetch never faults). */
+     * floor without this form was not the fastest pass (FPE_PREFETCH_AHEAD: the
+     * address may lie past the array). */
     #define FPE_FLOOR_AHEAD 4096
     static void fpe_floor_words_ahead(uint64_t *p, Py_ssize_t n, uint64_t v, int fill)
     {
         Py_ssize_t i = 0;
         for (; i + 8 <= n; i += 8) {
-    #if defined(__GNUC__) || defined(__clang__)
-            __builtin_prefetch((const void *)((uintptr_t)(p + i) + FPE_FLOOR_AHEAD), 1, 3);
-    #endif
+            FPE_PREFETCH_AHEAD(p + i, FPE_FLOOR_AHEAD);
             for (int j = 0; j < 8; j++)
                 p[i + j] = fill ? v : p[i + j] ^ v;
         }
