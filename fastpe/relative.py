@@ -311,12 +311,26 @@ class RelativeBias:
                    "(encoder_attention_type), not one bias per query and key"
                    if model_type == "longt5" else "it is a decoder: pass decoder=True")
             raise ValueError(f"model_type {model_type!r}: {why}")
+        if model_type == "mpnet":
+            # MPNetEncoder.compute_position_bias buckets with its defaults (32 buckets,
+            # max_distance 128) whatever the config says: relative_attention_num_buckets
+            # only sizes the table, whose later rows are never read
+            return cls(32, max_distance=128, bidirectional=True)
         num_buckets = _setting(cfg, "relative_attention_num_buckets", 32)
-        # MPNet's code always uses the default max_distance (128)
-        max_distance = 128 if model_type == "mpnet" else _setting(
-            cfg, "relative_attention_max_distance", 128)
+        max_distance = _setting(cfg, "relative_attention_max_distance", 128)
         return cls(num_buckets, max_distance=max_distance, bidirectional=not decoder,
                    causal=decoder)
+
+    def _rows(self, table: ArrayLike) -> ArrayLike:
+        """The table rows these settings read: its first num_buckets (a model may size
+        its table past its buckets, as MPNet does); fewer rows are an error."""
+        rows = _checks.as_array(table, "table")
+        if rows.ndim != 2 or rows.shape[0] == self.num_buckets:
+            return rows           # the functions check the rest, and name it
+        if rows.shape[0] < self.num_buckets:
+            raise ValueError(f"table has {rows.shape[0]} rows (buckets), these settings "
+                             f"bucket into {self.num_buckets}")
+        return rows[:self.num_buckets]
 
     def buckets(self, relative_position: ArrayLike) -> np.ndarray:
         """relative_position_bucket of these settings."""
@@ -327,7 +341,7 @@ class RelativeBias:
              dtype: DTypeLike | None = None, out: np.ndarray | None = None,
              num_threads: int | None = None) -> np.ndarray:
         """relative_bias of these settings (the causal mask included when causal)."""
-        return relative_bias(table, q_len, k_len, bidirectional=self.bidirectional,
+        return relative_bias(self._rows(table), q_len, k_len, bidirectional=self.bidirectional,
                              max_distance=self.max_distance, q_offset=q_offset,
                              causal=self.causal, dtype=dtype, out=out,
                              num_threads=num_threads)
@@ -336,7 +350,7 @@ class RelativeBias:
                  key_mask: ArrayLike | None = None,
                  num_threads: int | None = None) -> InPlace:
         """add_relative_bias of these settings."""
-        return add_relative_bias(scores, table, bidirectional=self.bidirectional,
+        return add_relative_bias(scores, self._rows(table), bidirectional=self.bidirectional,
                                  max_distance=self.max_distance, q_offset=q_offset,
                                  causal=self.causal, key_mask=key_mask,
                                  num_threads=num_threads)

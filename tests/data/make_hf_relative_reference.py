@@ -119,20 +119,21 @@ for family in T5_FAMILIES:
                           "q_len": q, "k_len": k, "past_seen_tokens": past,
                           "config": cfg.to_dict()})
 
-# MPNet: the encoder's compute_position_bias (q_len == k_len, batch of one)
-for q in (7, 300):
+# MPNet: the encoder's compute_position_bias (q_len == k_len, batch of one); a table of
+# 64 rows too, which its code still buckets into 32
+for nb, q in ((32, 7), (32, 300), (64, 200)):
     cfg = transformers.MPNetConfig(hidden_size=32, num_attention_heads=4,
-                                   intermediate_size=64, relative_attention_num_buckets=32)
+                                   intermediate_size=64, relative_attention_num_buckets=nb)
     torch.manual_seed(q)
     enc = mpnet.MPNetEncoder(cfg).eval()
     weight = enc.relative_attention_bias.weight
-    name = f"mpnet-encoder-{q}x{q}+0"
+    name = f"mpnet-encoder-{q}x{q}+0" if nb == 32 else f"mpnet-{nb}-rows-encoder-{q}x{q}+0"
     with torch.no_grad():
         x = torch.zeros(1, q, cfg.hidden_size)
         arrays[f"t5/{name}/table"] = weight.detach().clone().numpy()
         arrays[f"t5/{name}/bias"] = enc.compute_position_bias(x)[0].numpy()
         saved = weight.detach().clone()
-        weight.copy_(torch.arange(32)[:, None] + 256.0 * torch.arange(4)[None])
+        weight.copy_(torch.arange(nb)[:, None] + 256.0 * torch.arange(4)[None])
         coded = enc.compute_position_bias(x)[0]
         arrays[f"t5/{name}"] = (coded - 256 * torch.arange(4)[:, None, None]
                                 ).numpy().astype(np.int16)
