@@ -68,6 +68,26 @@ def _merged(grid: tuple[int, int, int], merge: int, name: str) -> tuple[int, int
     return h // merge, w // merge
 
 
+def _frames(t: int, step: object, name: str) -> NDArray[np.int64]:
+    """The temporal index of each of t frames `step` apart, as get_vision_position_ids
+    forms it: arange(t) * step truncated, in integers for an int step, else in float32
+    (torch's arange times a Python float or a float32 tensor), each product rounded
+    to float32 before it is truncated."""
+    if isinstance(step, (int, np.integer)) and not isinstance(step, (bool, np.bool_)):
+        whole = _checks.count(step, f"{name} temporal step", minimum=1)
+        _fits((t - 1) * whole, name)
+        return np.arange(t, dtype=np.int64) * whole
+    value = _checks.real(step, f"{name} temporal step", positive=True)
+    with np.errstate(over="ignore"):
+        single = np.float32(value)
+        if not (np.isfinite(single) and single > 0):
+            raise ValueError(f"{name} temporal step must be a positive float32 (the model "
+                             f"multiplies in float32), got {step!r}")
+        products = np.arange(t).astype(np.float32) * single
+    _fits(float(products[-1]), name)
+    return products.astype(np.int64)
+
+
 def mrope_positions(segments: Sequence[int | Sequence[int]], *,
                     spatial_merge_size: int = 1) -> NDArray[np.int64]:
     """M-RoPE positions (temporal, height, width) of a prompt, shape (3, seq).
@@ -79,8 +99,12 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
         image or video of t x h x w patches (``image_grid_thw``), which the language
         model sees as t x (h / m) x (w / m) tokens after merging m x m patches. A
         video may carry a fourth entry, the temporal step between its frames
-        (Qwen2.5-VL: ``tokens_per_second * second_per_grid_t``): frame f then sits
-        at int(f * step) past the start.
+        (Qwen2.5-VL: ``tokens_per_second * second_per_grid_t``, the model's
+        ``time_interval``): frame f then sits at int(f * step) past the start, the
+        product rounded to float32 as the model forms it (exact for an int step).
+        Pass the model's own value: its float32 ``second_per_grid_ts`` times
+        ``tokens_per_second`` in float32 may differ from the same product formed
+        in float64 in the last bit, and so move a frame by one.
     spatial_merge_size : int
         m, the vision tower's ``spatial_merge_size`` (2 for Qwen2-VL and its successors).
 
@@ -118,14 +142,11 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
             start += n
             continue
         entries = _sizes(seg, f"segments[{i}]")
-        step = 1.0
-        if len(entries) == 4:
-            step = _checks.real(entries[3], f"segments[{i}] temporal step", positive=True)
-            entries = entries[:3]
+        step = entries.pop() if len(entries) == 4 else 1
         grid = _grid(entries, f"segments[{i}]")
         h, w = _merged(grid, merge, f"segments[{i}]")
-        _fits(start + max((grid[0] - 1) * step, h - 1, w - 1), f"segments[{i}]")
-        frames = (np.arange(grid[0]) * step).astype(np.int64)
+        frames = _frames(grid[0], step, f"segments[{i}]")
+        _fits(start + max(int(frames[-1]), h - 1, w - 1), f"segments[{i}]")
         t_idx, h_idx, w_idx = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")
         parts.append(start + np.stack([t_idx, h_idx, w_idx]).reshape(3, -1).astype(np.int64))
         start += max(h, w)

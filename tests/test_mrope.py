@@ -641,10 +641,18 @@ def test_position_helpers_take_grid_thw_arrays_and_tensors():
      r"offset.*int64"),
     (lambda: fastpe.vision_positions((2, 2), offset=2**63), ValueError, r"offset.*int64"),
     (lambda: fastpe.mrope_positions([(3, 2, 2, 1e19)]), ValueError, r"segments\[0\].*int64"),
+    (lambda: fastpe.mrope_positions([(3, 2, 2, 2**62)]), ValueError, r"segments\[0\].*int64"),
+    (lambda: fastpe.mrope_positions([(3, 2, 2, 1e39)]), ValueError,
+     r"segments\[0\] temporal step must be a positive float32"),
+    (lambda: fastpe.mrope_positions([(3, 2, 2, 1e-50)]), ValueError,
+     r"segments\[0\] temporal step must be a positive float32"),
+    (lambda: fastpe.mrope_positions([(3, 2, 2, 0)]), ValueError, r"segments\[0\] temporal step"),
     (lambda: fastpe.mrope_positions([(1, 2, 2), 2**63 - 1]), ValueError,
      r"segments\[1\].*int64"),
 ], ids=["int-grids", "float-array", "no-grids", "none-segments", "2d-segment",
-        "offset-overflow", "offset-past-int64", "temporal-step-overflow", "text-overflow"])
+        "offset-overflow", "offset-past-int64", "temporal-step-overflow",
+        "int-temporal-step-overflow", "temporal-step-past-float32",
+        "temporal-step-below-float32", "zero-temporal-step", "text-overflow"])
 def test_position_helpers_name_the_argument(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()

@@ -334,6 +334,12 @@ ROPE_INDEX_CASES = [
     ("qwen2_vl_video", "qwen2_vl", "Qwen2VLModel", [2, (3, 2, 4), 1], 2),
     # Qwen2.5-VL video: frames tokens_per_second (2) * second_per_grid_t (1.5) apart
     ("qwen2_5_vl_video", "qwen2_5_vl", "Qwen2_5_VLModel", [2, (3, 2, 4, 3.0), 1], 2),
+    # and at 2.75 frames a second, 25 tokens a second: second_per_grid_t = 2 / 2.75, a
+    # float32 tensor as the processor gives it; the step the model's own time_interval
+    # (run_rope_index fills it in), whose float32 products truncate differently from
+    # float64 ones (frame 11: 200, not 199)
+    ("qwen2_5_vl_video_fps", "qwen2_5_vl", "Qwen2_5_VLModel", [2, (24, 2, 2, None), 1], 2,
+     (25, 2 / 2.75)),
 ]
 
 # (name, grids, spatial_merge_size, include_temporal): transformers.vision_utils'
@@ -349,7 +355,12 @@ VISION_GRID_CASES = [
 def run_rope_index(case):
     import functools
     import types
-    name, pkg, model_cls, segments, merge = case
+    name, pkg, model_cls, segments, merge = case[:5]
+    tokens_per_second, second_per_grid_t = case[5] if len(case) > 5 else (2, 1.5)
+    if any(not isinstance(s, int) and len(s) == 4 and s[3] is None for s in segments):
+        interval = tokens_per_second * torch.tensor([second_per_grid_t])[0]
+        segments = [s if isinstance(s, int) or len(s) < 4 or s[3] is not None
+                    else (*s[:3], float(interval)) for s in segments]
     cls = getattr(module(pkg), model_cls)
     ids, types_ = [], []
     grids = []
@@ -367,11 +378,11 @@ def run_rope_index(case):
     videos = [g for g in grids if g[0] != 1]
     fake = types.SimpleNamespace(
         config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
-            spatial_merge_size=merge, tokens_per_second=2)),
+            spatial_merge_size=merge, tokens_per_second=tokens_per_second)),
         get_vision_position_ids=functools.partial(cls.get_vision_position_ids, None))
     extra = {}
     if pkg == "qwen2_5_vl" and videos:
-        extra["second_per_grid_ts"] = [1.5] * len(videos)
+        extra["second_per_grid_ts"] = torch.tensor([second_per_grid_t] * len(videos))
     pos, _ = cls.get_rope_index(
         fake, torch.tensor([ids]), torch.tensor([types_]),
         image_grid_thw=torch.tensor(images) if images else None,
