@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from . import _checks, _constants, _math, _rope_scaling, _threads
 
 LAYOUTS = ("interleaved", "split", "split_cos")
+_F32_MAX = float(np.finfo(np.float32).max)
 SINUSOIDAL_FREQUENCIES = ("transformer", "fairseq")
 
 
@@ -93,6 +94,9 @@ def add_sinusoidal(x: object, *, positions: object, offset: object, base: object
     inv_freq, split, cos_first, zero_tail = _sinusoidal_common(x3.shape[2], base, layout,
                                                                frequencies)
     scale = _checks.real(scale, "scale")
+    if x.dtype != np.float64 and not abs(scale) <= _F32_MAX:
+        raise ValueError(f"scale must be finite in float32, the arithmetic of {x.dtype} x "
+                         f"(|scale| <= {_F32_MAX:.6g}), got {scale!r}")
     pos = _padding_shift(_checks.positions(positions, offset, x3.shape[0], x3.shape[1]),
                          padding_idx)
     _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
@@ -386,7 +390,7 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
         _, spec = rope_spec(head_dim, rotary_dim, base, scaling, max_position_embeddings)
     if positions is not None:
         positions = _checks.as_array(positions, "positions")  # converted once
-        if positions.dtype.kind == "f":
+        if _real_valued(positions):
             return _real_positions_plan(q4, k4, positions, offset, neox, spec, given if spec
                                         is None else None, axes, pair_axis, pair_freq,
                                         pair_axis2, inverse, num_threads)
@@ -548,11 +552,21 @@ def rope_cos_sin(positions: object, freqs: object,
     return table_positions(positions)[0], freqs, dt
 
 
+def _real_valued(positions: np.ndarray) -> bool:
+    """Whether RoPE positions are real-valued (float16/32/64); bfloat16 ones are refused
+    by name: they hold whole positions exactly only up to 256."""
+    if positions.dtype.name == "bfloat16":
+        raise TypeError("positions must be integers, or real-valued in float16, float32 or "
+                        "float64, got dtype bfloat16 (it holds whole numbers exactly only "
+                        "up to 256)")
+    return positions.dtype.kind == "f"
+
+
 def table_positions(positions: object) -> tuple[np.ndarray, int | None]:
     """The positions of a cos/sin table, of any shape, the call's own copy: C-contiguous
     int64 and the largest (-1 when empty), or float64 for real-valued ones and None."""
     converted = _checks.as_array(positions, "positions")
-    if converted.dtype.kind == "f":
+    if _real_valued(converted):
         return _checks.real_positions(converted, "positions"), None
     pos, hi = _checks.position_array(positions, "positions", converted)
     _checks.angle_positions(hi, "positions")

@@ -113,8 +113,10 @@ def relative_bias(table: object, q_len: object, k_len: object, *, bidirectional:
     given = ((table, "table"), (t, "table"))
     if x.dtype.itemsize == 2 and t.dtype.itemsize == 8:
         # each value rounded once to the half type: the kernels read a float64 table
-        # through float32, which would round it twice
-        t = t.astype(x.dtype.newbyteorder("="))
+        # through float32, which would round it twice (a value past the half type's
+        # range is its infinity, as the float32 path gives it: no warning either way)
+        with np.errstate(over="ignore"):
+            t = t.astype(x.dtype.newbyteorder("="))
     return _t5_plan(x, t, bidirectional=bidirectional, max_distance=max_distance,
                     q_offset=q_offset, causal=causal, key_mask=None, accumulate=False,
                     num_threads=num_threads, given=given)

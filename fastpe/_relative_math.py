@@ -91,6 +91,9 @@ def t5_check(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
         raise ValueError(f"max_distance must be > {max_exact} (the exact buckets of "
                          f"num_buckets={num_buckets}), got {max_distance}: the log buckets "
                          f"would divide by log(max_distance / {max_exact}) <= 0")
+    if max_distance > MAX_TABLE_DISTANCE:
+        raise ValueError(f"max_distance must be at most {MAX_TABLE_DISTANCE} (2**22: the "
+                         f"bucket of every distance up to it is tabulated), got {max_distance}")
 
 
 @functools.lru_cache(maxsize=128)
@@ -156,6 +159,10 @@ def deberta_span(position_buckets: int, max_relative_positions: int) -> int:
             "of the relative embeddings (DebertaV2 replaces a value < 1 by the config's "
             f"max_position_embeddings: pass that); got position_buckets={position_buckets}, "
             f"max_relative_positions={max_relative_positions}")
+    if span > MAX_TABLE_DISTANCE:
+        name = "position_buckets" if position_buckets > 0 else "max_relative_positions"
+        raise ValueError(f"{name} must be at most {MAX_TABLE_DISTANCE} (2**22: the index of "
+                         f"every distance across the span is tabulated), got {span}")
     return span
 
 

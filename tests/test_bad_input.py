@@ -710,6 +710,11 @@ ROWS += [
         x_only(), category="overlap"),
     Row("add_sinusoidal/scale-10**400", lambda a: AS(a["x"], scale=10**400), ValueError,
         r"\bscale\b", x_only(), category="non-finite"),
+    # finite as a float64, infinite in float32, the arithmetic of float32 and half rows:
+    # a zero row would be 0 * inf = NaN
+    *[Row(f"add_sinusoidal/scale-{v}-{np.dtype(dt).name}", lambda a, v=v: AS(a["x"], scale=v),
+          ValueError, r"\bscale\b.*float32", x_only(dtype=dt), category="non-finite")
+      for v in (1e39, -1e300) for dt in (np.float32, np.float16)],
     Row("add_sinusoidal/positions-ragged", lambda a: AS(a["x"], [[0, 1, 2, 3, 4], [0, 1]]),
         ValueError, r"\bpositions\b", x_only(), category="shape"),
     Row("add_alibi/k_positions-ragged", lambda a: fastpe.add_alibi(

@@ -390,3 +390,20 @@ def test_multi_axis_cos_sin_of_real_positions(backend):
 def test_cos_sin_refuses_real_positions_it_cannot_form(backend, call, match):
     with fastpe.use_backend(backend), pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_positions_are_refused_by_name(backend):
+    """float16/32/64 positions are real-valued; bfloat16 ones cannot hold whole positions
+    past 256, so neither reading is safe: a TypeError that says so, q unchanged."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q = np.random.default_rng(0).standard_normal((1, 4, 2, 16)).astype(np.float32)
+    before = q.copy()
+    pos = np.array([0.5, 1.5, 2.5, 3.5], ml_dtypes.bfloat16)
+    with fastpe.use_backend(backend):
+        with pytest.raises(TypeError, match=r"positions must be integers, or real-valued.*"
+                                            r"bfloat16"):
+            fastpe.apply_rope(q, None, pos)
+        with pytest.raises(TypeError, match=r"positions must be integers, or real-valued"):
+            fastpe.rope_cos_sin(pos, fastpe.rope_frequencies(16))
+    assert np.array_equal(q, before)

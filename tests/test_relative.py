@@ -144,6 +144,30 @@ def test_default_q_offset_puts_the_queries_last():
     assert fastpe.relative_bias(table, 5, 4, q_offset=0).shape == (3, 5, 4)
 
 
+def test_a_float64_table_past_the_half_range_is_infinite_without_a_warning(backend):
+    """Rounded once to float16 (as a float32 table is): inf, and no NumPy warning leaks."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fastpe.relative_bias(np.full((32, 1), 1e6), 1, 2, dtype=np.float16)
+    assert got.dtype == np.float16 and np.isposinf(got).all()
+
+
+def test_causal_queries_at_the_last_int64_positions_see_every_key(backend):
+    """Queries up to position 2**63 - 1 come after every key: nothing masked, each
+    key in the last bucket of its direction (the formula, not another backend)."""
+    table = np.arange(64, dtype=np.float32).reshape(32, 2)
+    for q in (1, 3):
+        scores = np.zeros((1, 2, q, 5), np.float32)
+        fastpe.add_relative_bias(scores, table, q_offset=2**63 - q, causal=True,
+                                 bidirectional=False)
+        # unidirectional: a key far before the query is in bucket num_buckets - 1
+        assert np.array_equal(scores[0], np.broadcast_to(table[31][:, None, None], (2, q, 5)))
+        got = fastpe.relative_bias(table, q, 5, q_offset=2**63 - q, causal=True,
+                                   bidirectional=False)
+        assert np.array_equal(got, scores[0])
+
+
 # ---- T5: the kernels against the reference ----------------------------------------------------------
 
 
@@ -583,6 +607,8 @@ BAD_T5 = [
     ("max_distance-within-exact", None, {"max_distance": 8}, ValueError, ["max_distance"]),
     ("max_distance-float", None, {"max_distance": 128.0}, TypeError, ["max_distance"]),
     ("max_distance-nan", None, {"max_distance": float("nan")}, TypeError, ["max_distance"]),
+    ("max_distance-past-tables", None, {"max_distance": 2**40}, ValueError,
+     ["max_distance", "2**22"]),
     ("bidirectional-none", None, {"bidirectional": None}, TypeError, ["bidirectional"]),
     ("q_offset-past-int64", None, {"q_offset": 2**63 - 2}, ValueError, ["q_offset"]),
     ("key_mask-batch", None, {"key_mask": np.ones((3, 6), bool)}, ValueError, ["key_mask"]),
@@ -621,6 +647,8 @@ BAD_BUCKET = [
     ("num_buckets-bool", [1], {"num_buckets": True}, TypeError, ["num_buckets"]),
     ("num_buckets-too-few", [1], {"num_buckets": 2}, ValueError, ["num_buckets"]),
     ("max_distance-negative", [1], {"max_distance": -5}, ValueError, ["max_distance"]),
+    ("max_distance-past-tables", [1], {"max_distance": 2**22 + 1}, ValueError,
+     ["max_distance", "2**22"]),
     ("bidirectional-str", [1], {"bidirectional": "no"}, TypeError, ["bidirectional"]),
 ]
 
@@ -653,6 +681,12 @@ BAD_DEBERTA = [
      {"c2p": _logits(5), "max_relative_positions": 4}, ValueError, ["max_relative_positions"]),
     ("position_buckets-one", None, {"c2p": _logits(5, 1), "position_buckets": 1}, ValueError,
      ["position_buckets"]),
+    ("position_buckets-past-tables", None, {"c2p": _logits(5), "position_buckets": 2**40,
+                                            "max_relative_positions": 2**41}, ValueError,
+     ["position_buckets", "2**22"]),
+    ("max_relative_positions-past-tables", None, {"c2p": _logits(5), "position_buckets": -1,
+                                                  "max_relative_positions": 2**40}, ValueError,
+     ["max_relative_positions", "2**22"]),
     ("num_threads-zero", None, {"c2p": _logits(5), "num_threads": 0}, ValueError,
      ["num_threads"]),
     ("read-only", lambda: _read_only()[..., :5, :5], {"c2p": _logits(5)}, TypeError,

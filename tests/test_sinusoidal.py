@@ -351,6 +351,15 @@ def test_add_sinusoidal_equals_add_learned_of_the_table(shape, dtype, backend):
     assert_bytes_equal(got, want, f"add_learned of the table, {shape} {dtype.__name__}")
 
 
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+def test_a_float64_row_takes_any_finite_scale(backend):
+    """float64 rows scale in float64: 0 * 1e300 is 0, the row the table's."""
+    x = np.zeros((2, 40, 8))
+    with fastpe.use_backend(backend):
+        fastpe.add_sinusoidal(x, scale=1e300)
+    assert_close(x, np.broadcast_to(pe_exact(np.arange(40), 8), x.shape), F64, max_position=40)
+
+
 def test_add_sinusoidal_scale_zero_gives_the_table():
     x = np.full((2, 40, 8), 5.0)
     fastpe.add_sinusoidal(x, scale=0.0)

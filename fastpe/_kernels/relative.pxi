@@ -75,7 +75,7 @@ cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, int64_t qp, 
         for j in range(n):
             if m[j0 + j] == 0:
                 x[j] = <real_t>-INFINITY
-    if causal and qp + 1 < j0 + n:
+    if causal and qp < j0 + n - 1:  # not qp + 1: q_offset + i may be INT64_MAX
         start = <Py_ssize_t>max(qp + 1 - j0, <int64_t>0)
         for j in range(start, n):
             x[j] = <real_t>-INFINITY

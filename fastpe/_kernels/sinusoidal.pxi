@@ -419,8 +419,9 @@ def sinusoidal_call(object x, object inv_freq, object positions, object offset,
     It takes: x an exact, writable, aligned, native float array of 2 or 3 dimensions
     ((seq, dim) or (batch, seq, dim)) with whole-element strides and disjoint elements;
     inv_freq fastpe's C-contiguous float64 (ceil(dim / 2),) frequencies (not checked:
-    they come from fastpe, never from a caller); scale finite; positions None and
-    offset an int with every position below 2**32, or offset 0 and positions as
+    they come from fastpe, never from a caller); scale finite (in float32 unless x is
+    float64); positions None and offset an int with every position below 2**32, or
+    offset 0 and positions as
     owned_positions() takes them, each below 2**32 (copied before they are checked).
     """
     cdef SinusoidalCall a
@@ -431,6 +432,7 @@ def sinusoidal_call(object x, object inv_freq, object positions, object offset,
     cdef Py_ssize_t pos_rows = 1
     cdef int code = fast_rows(x, dims, strides)
     if (code < 0 or type(offset) is not int or not (scale - scale == 0)
+            or (code != CODE_F64 and not -FLT_MAX <= scale <= FLT_MAX)
             or not cnp.PyArray_CheckExact(inv_freq)):
         return False
     cdef cnp.ndarray wa = <cnp.ndarray>inv_freq
