@@ -93,3 +93,26 @@ def test_every_isa_variant_is_built():
         f"fastpe from {PACKAGE_ROOT} lacks the kernel variant(s) {missing} "
         f"(machine {platform.machine()}); rebuild, or set FASTPE_ISA_VARIANTS to the "
         "variants built on purpose")
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64")
+                    or sys.platform != "linux", reason="x86-64 Linux build lines")
+@pytest.mark.parametrize("program", ["sse2_bound.c", "half_decode_bound.c"])
+def test_bench_c_programs_build_as_their_comment_says(program, tmp_path):
+    """The bound programs the README cites build with the command in their own comment."""
+    import shlex
+    import shutil
+    import subprocess
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler named cc")
+    source = Path(__file__).resolve().parent.parent / "bench" / program
+    if not source.exists():
+        pytest.skip("no bench/ beside tests/ (an sdist's tests)")
+    text = source.read_text()
+    start = text.index("cc -O2")
+    line = " ".join(part.strip(" *\\") for part in text[start:].split("&&")[0].splitlines())
+    args = shlex.split(line)
+    args[args.index("-o") + 1] = str(tmp_path / "bound")
+    args[args.index(f"bench/{program}")] = str(source)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{' '.join(args)}:\n{done.stderr}"
