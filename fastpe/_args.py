@@ -674,6 +674,12 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
     for n in lead:
         batch *= n
     slope_values = _alibi_slopes_arg(slopes, max_bias, heads)
+    if scores.dtype != np.float64 and slope_values.size and not (
+            np.abs(slope_values).max() <= _F32_MAX):
+        head = int(np.argmax(np.abs(slope_values) > _F32_MAX))
+        raise ValueError(f"slopes must be finite in float32, the arithmetic of "
+                         f"{scores.dtype} scores (|slope| <= {_F32_MAX:.6g}), got "
+                         f"{slope_values[head]!r} at head {head}")
     causal = _checks.flag(causal, "causal")
     symmetric = _checks.flag(symmetric, "symmetric")
     num_threads = _threads.check(num_threads)

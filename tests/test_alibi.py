@@ -739,6 +739,9 @@ BAD_ADD = [
     ("slopes-2d", None, {"slopes": np.ones((1, 3))}, ValueError, ["slopes"]),
     ("slopes-nan", None, {"slopes": [0.5, np.nan, 0.1]}, ValueError, ["slopes", "finite"]),
     ("slopes-inf", None, {"slopes": [0.5, np.inf, 0.1]}, ValueError, ["slopes", "finite"]),
+    # finite as float64, infinite in float32 scores' arithmetic: inf * 0 = NaN at k == q
+    ("slopes-past-float32", None, {"slopes": [0.5, -1e300, 0.1]}, ValueError,
+     ["slopes", "float32", "head 1"]),
     ("slopes-text", None, {"slopes": ["a", "b", "c"]}, TypeError, ["slopes"]),
     ("slopes-and-max_bias", None, {"slopes": np.ones(3), "max_bias": 8.0}, ValueError,
      ["slopes", "max_bias"]),
@@ -794,6 +797,8 @@ BAD_BIAS = [
     ("dtype-int", (3, 4, 6), {"dtype": "int32"}, TypeError, ["dtype"]),
     ("dtype-junk", (3, 4, 6), {"dtype": "nope"}, TypeError, ["dtype"]),
     ("slopes-mismatch", (3, 4, 6), {"slopes": [1.0, 2.0]}, ValueError, ["slopes"]),
+    ("slopes-past-float32", (3, 4, 6), {"slopes": [1.0, 2.0, 1e39], "dtype": "float32"},
+     ValueError, ["slopes", "float32", "head 2"]),
     ("q-longer-than-k", (3, 7, 6), {}, ValueError, ["q_offset"]),
     ("out-shape", (3, 4, 6), {"out": np.zeros((3, 4, 5))}, ValueError, ["out"]),
     ("out-read-only", (3, 4, 6), {"out": np.zeros((3, 4, 6))}, TypeError, ["out"]),
@@ -1037,3 +1042,14 @@ def test_groups_of_four_heads_match_reference(option, dtype, both_threads):
     table = fastpe.alibi_bias(9, 3, 70, dtype=dtype, num_threads=both_threads, **shared)
     want_table = fastpe.reference.alibi_bias(9, 3, 70, dtype=dtype, **shared)
     assert_same_scores(table, want_table, dtype, 200.0, ctx + " table")
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_a_float64_slope_past_float32_is_exact_on_float64_scores(backend):
+    """float64 scores take float64 arithmetic: 1e300 * 0 is 0 at k == q, not NaN."""
+    if backend == "cython" and fastpe._backend.compiled is None:
+        pytest.skip("the compiled extension is not built")
+    with fastpe.use_backend(backend):
+        bias = fastpe.alibi_bias(2, 3, 3, slopes=[1e300, 0.5], dtype="float64")
+    assert np.array_equal(np.diagonal(bias, axis1=1, axis2=2), np.zeros((2, 3)))
+    assert np.isfinite(bias).all()
