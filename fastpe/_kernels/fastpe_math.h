@@ -773,22 +773,38 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
 #elif FPE_ROWS_VECTOR
     const __m128 s = _mm_set1_ps(scale);
     const int plain = scale == 1.0f;
-    Py_ssize_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const __m128 p = _mm_loadu_ps(pe + j);
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            float *xr = x + r * stride + j;
-            if (ahead && (j & 15) == 0)
-                FPE_PREFETCH_AHEAD(xr, ahead);
-            const __m128 a = _mm_loadu_ps(xr);
-            _mm_storeu_ps(xr, _mm_add_ps(plain ? a : _mm_mul_ps(a, s), p));
-        }
+    /* each row whole, a line (16 floats) a step, the scale's test out of the loop:
+     * side by side, add_sinusoidal (8, 2048, 1024) took 0.83x the time of a loop over
+     * 4 floats of every row in turn (as the AVX2 one above goes) */
+#define FPE_MADD4_SSE2(at, PLAIN)                                                      \
+    do {                                                                               \
+        const __m128 a_ = _mm_loadu_ps(xr + (at));                                     \
+        _mm_storeu_ps(xr + (at), _mm_add_ps((PLAIN) ? a_ : _mm_mul_ps(a_, s),          \
+                                            _mm_loadu_ps(pe + (at))));                 \
+    } while (0)
+#define FPE_MADD_ROW_SSE2(PLAIN)                                                       \
+    do {                                                                               \
+        Py_ssize_t j = 0;                                                              \
+        for (; j + 16 <= n; j += 16) {                                                 \
+            if (ahead)                                                                 \
+                FPE_PREFETCH_AHEAD(xr + j, ahead);                                     \
+            FPE_MADD4_SSE2(j, PLAIN);                                                  \
+            FPE_MADD4_SSE2(j + 4, PLAIN);                                              \
+            FPE_MADD4_SSE2(j + 8, PLAIN);                                              \
+            FPE_MADD4_SSE2(j + 12, PLAIN);                                             \
+        }                                                                              \
+        for (; j + 4 <= n; j += 4)                                                     \
+            FPE_MADD4_SSE2(j, PLAIN);                                                  \
+        for (; j < n; j++)                                                             \
+            xr[j] = (PLAIN) ? xr[j] + pe[j] : xr[j] * scale + pe[j];                   \
+    } while (0)
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        float *xr = x + r * stride;
+        if (plain) FPE_MADD_ROW_SSE2(1);
+        else FPE_MADD_ROW_SSE2(0);
     }
-    for (; j < n; j++)
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            float *xr = x + r * stride + j;
-            *xr = plain ? *xr + pe[j] : *xr * scale + pe[j];
-        }
+#undef FPE_MADD_ROW_SSE2
+#undef FPE_MADD4_SSE2
     return rows;
 #else
     (void)x; (void)rows; (void)stride; (void)pe; (void)n; (void)scale; (void)ahead;
