@@ -48,10 +48,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import re
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
@@ -352,12 +355,52 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
                                      or getattr(config, "layer_types", None) or ()))
             if not layer_types:
                 raise ValueError("it takes layer_type but its config lists no layer_types")
-            return {t: RotaryEmbedding._from_hf_module(config, None, t, None)
-                    for t in layer_types}
-        return {None: RotaryEmbedding._from_hf_module(config, None, None, None)}
+            ropes = {t: RotaryEmbedding._from_hf_module(config, None, t, None)
+                     for t in layer_types}
+        else:
+            ropes = {None: RotaryEmbedding._from_hf_module(config, None, None, None)}
     except ValueError as err:
         raise ValueError(f"fastpe.hf: cannot reproduce the rotary module {where} of model type "
                          f"{model_type!r}: {err}") from err
+    _check_module_state(module, ropes, where)
+    return ropes
+
+
+def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
+                        where: str) -> None:
+    """Refuse a rotary module whose own inverse frequencies or attention scaling (what
+    its forward uses) are not those of its config, which fastpe reads: a config edited
+    after the model was built, or an inv_freq buffer replaced or rescaled in place."""
+    for layer_type, rope in ropes.items():
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        # dynamic NTK and LongRoPE replace inv_freq as calls get longer (or shorter), and
+        # go back to original_inv_freq
+        dynamic = rope._spec.rope_type in ("dynamic", "longrope")
+        name = f"{prefix}original_inv_freq" if dynamic else f"{prefix}inv_freq"
+        buffer = getattr(module, name, None)
+        if buffer is None and dynamic:
+            name = f"{prefix}inv_freq"
+            buffer = getattr(module, name, None)
+        if buffer is None:
+            continue  # a module that keeps none: its config is all there is
+        expected = rope._spec.frequencies(None)
+        held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+        # within the rounding of the buffer's own dtype (model.half() rounds it): what
+        # is refused is a different frequency, not its float16 or bfloat16 value
+        import torch  # the module's own: fastpe.hf patches torch models
+        ulp = torch.finfo(buffer.dtype).eps if buffer.dtype.is_floating_point else 0.0
+        if held.shape != expected.inv_freq.shape or not np.allclose(
+                held, expected.inv_freq, rtol=max(ulp, 1e-6), atol=0.0):
+            raise ValueError(f"fastpe.hf: the rotary module {where} holds {name} other than "
+                             f"its config gives (edited after the model was built, or "
+                             f"replaced): fastpe reads the config, so it would rotate "
+                             f"differently")
+        scaling = getattr(module, f"{prefix}attention_scaling", None)
+        if isinstance(scaling, (int, float)) and not math.isclose(
+                scaling, expected.attention_scaling, rel_tol=1e-6):
+            raise ValueError(f"fastpe.hf: the rotary module {where} holds "
+                             f"{prefix}attention_scaling {scaling!r}, its config gives "
+                             f"{expected.attention_scaling!r}")
 
 
 def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:

@@ -704,3 +704,42 @@ def test_a_position_embedding_type_the_family_code_never_reads_is_ignored():
         cos, _ = rope.cos_sin(positions, dtype="float64")
         assert rope.style == "gptj"
         np.testing.assert_allclose(cos, module[:, 0::2], rtol=0, atol=3e-5)
+
+
+@pytest.mark.parametrize("change", ["config-edited", "inv_freq-rescaled", "inv_freq-replaced"])
+def test_a_rotary_module_whose_frequencies_left_its_config_is_refused(change):
+    """fastpe.hf reads the config; the module rotates by its own inv_freq buffer. Where
+    they differ patch() raises and leaves the model stock (a model's float16 copy of
+    the same frequencies is accepted: test_inference_mode_and_float16)."""
+    model = text_model("llama")
+    rotary = model.model.rotary_emb
+    if change == "config-edited":
+        model.config.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0,
+                                        "factor": 4.0}
+    elif change == "inv_freq-rescaled":
+        with torch.no_grad():
+            rotary.inv_freq.mul_(0.25)
+    else:
+        rotary.inv_freq = rotary.inv_freq * 0.25
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        want = model(ids).logits
+        with pytest.raises(ValueError, match=r"holds inv_freq other than its config gives"):
+            fastpe.hf.patch(model)
+        assert "forward" not in vars(rotary)
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["phi3_longrope", "llama_dynamic"])
+def test_a_model_patched_after_a_long_call_matches_its_stock_copy(name):
+    """LongRoPE and dynamic NTK modules swap inv_freq as calls pass the original length:
+    patching after such a call is accepted (their original frequencies are checked)."""
+    model = FAMILIES[name][0]()
+    long_ids = torch.arange(1, 41).reshape(1, 40) % SMALL["vocab_size"]
+    with torch.no_grad():
+        model(long_ids)
+        stock = copy.deepcopy(model)
+        fastpe.hf.patch(model)
+        for ids in (long_ids, long_ids[:, :6]):
+            torch.testing.assert_close(model(ids).logits, stock(ids).logits,
+                                       rtol=0, atol=2e-5)
