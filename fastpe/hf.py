@@ -38,8 +38,11 @@ function it stands for.
 
 A model fastpe cannot reproduce is refused with a ValueError that says what is
 missing: no rotary module, a rotary module with another signature or without a config,
-a config that ``from_hf_config`` refuses, no module that applies the rotation, a
-module whose ``forward`` something else already replaced. The rotation is in place and
+a config that ``from_hf_config`` refuses, a rotary module whose own ``inv_freq`` or
+attention scaling is not its config's, no module that applies the rotation, a module
+whose ``forward`` something else already replaced. A rotary module whose owner reorders
+its cos and sin before the apply function (the window attention of Qwen2.5-VL's vision
+tower) is left stock, with the blocks that apply it. The rotation is in place and
 has no autograd: run the patched model under ``torch.no_grad()`` or
 ``torch.inference_mode()`` (a tensor that requires grad is a TypeError).
 """
@@ -314,6 +317,20 @@ def _apply_names(cls: Any) -> dict[str, Any]:
     return found
 
 
+# what a rotary module's owner may call on its cos and sin before the apply function sees
+# them: Qwen2.5-VL's, Qwen2.5-Omni's and EXAONE 4.5's vision towers put them in window
+# order. fastpe.hf leaves such a rotary module, and the blocks that apply it, stock.
+_REORDERING_CALLS = {"permute_input_for_window_attn"}
+
+
+def _reorders_cos_sin(modules: dict[str, Any], name: str) -> bool:
+    """Whether the module holding the rotary module `name` reorders its cos and sin."""
+    owner = modules.get(name.rpartition(".")[0]) if name else None
+    inner = _wrapped_chain(type(owner).forward)[-1] if owner is not None else None
+    code = getattr(inner, "__code__", None)
+    return code is not None and not _REORDERING_CALLS.isdisjoint(code.co_names)
+
+
 def _is_rotary_module(module: object) -> bool:
     cls = type(module)
     return cls.__name__.endswith("RotaryEmbedding") and cls.__module__.startswith(
@@ -449,6 +466,11 @@ def patch(model: Any) -> Any:
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)): "
                          f"fastpe.hf patches only models whose RoPE comes from one (not "
                          f"RoFormer's sinusoidal position module, nor models without RoPE)")
+    rotary = {name: m for name, m in rotary.items() if not _reorders_cos_sin(modules, name)}
+    if not rotary:
+        raise ValueError(f"fastpe.hf: every rotary embedding of {type(model).__name__} has its "
+                         f"cos and sin reordered before its apply function (window "
+                         f"attention), which fastpe.hf cannot reproduce")
     applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
     plan: list[tuple[Any, Callable[..., Any]]] = []
     appliers: set[str] = set()

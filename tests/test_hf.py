@@ -743,3 +743,29 @@ def test_a_model_patched_after_a_long_call_matches_its_stock_copy(name):
         for ids in (long_ids, long_ids[:, :6]):
             torch.testing.assert_close(model(ids).logits, stock(ids).logits,
                                        rtol=0, atol=2e-5)
+
+
+def test_a_vision_tower_that_reorders_cos_and_sin_is_left_stock():
+    """Qwen2.5-VL's vision tower puts its rotary cos and sin in window order before its
+    blocks apply them: patch() leaves that tower (its rotary module and blocks) stock and
+    patches the text model; the model's outputs are its stock ones."""
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                 "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                           patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
+                           out_hidden_size=SMALL["hidden_size"], window_size=16,
+                           fullatt_block_indexes=[1]),
+        image_token_id=IMAGE_TOKEN, video_token_id=151, vision_start_token_id=152,
+        vision_end_token_id=153)
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    inputs = prompt("qwen2_vl")
+    with torch.no_grad():
+        want = model(**inputs).logits
+        fastpe.hf.patch(model)
+        got = model(**inputs).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    patched = {name for name, m in model.named_modules() if "forward" in vars(m)}
+    assert "model.language_model.rotary_emb" in patched
+    assert not any(name.startswith("model.visual") for name in patched), patched
