@@ -483,8 +483,15 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
 
 def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: object,
                 offset: object, style: object, layout: object, inverse: object,
-                num_threads: object) -> RopePlan:
+                num_threads: object, token_rows: bool = False) -> RopePlan:
+    """token_rows: cos and sin were a row per token (token_cos_sin), positions theirs."""
     q4, k4 = rope_views(q, k, layout)
+    if token_rows:
+        rows = np.shape(positions)
+        if not (rows[1] == q4.shape[1] and rows[0] in (1, q4.shape[0])):
+            raise ValueError(f"cos and sin lined up with the tokens must have a row per token "
+                             f"of q, (1 or {q4.shape[0]}, {q4.shape[1]}) rows for its (batch, "
+                             f"seq), got ({rows[0]}, {rows[1]})")
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     cos = _checks.array(cos, "cos", (2,), writable=False)
     sin = _checks.array(sin, "sin", (2,), writable=False)

@@ -229,7 +229,8 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
     if token_rows:
         cos, sin, positions = _args.token_cos_sin(cos, sin, positions, offset, style)
     run_rope(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
-                               layout=lay, inverse=inverse, num_threads=num_threads))
+                               layout=lay, inverse=inverse, num_threads=num_threads,
+                               token_rows=token_rows))
     _checks.bump_written(q, k)
     return q, k
 

@@ -291,7 +291,8 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
                               inverse, num_threads, cos, sin)
     if not done:
         _run(_args.rope_cached(q, k, cos, sin, positions=positions, offset=offset, style=style,
-                               layout=layout, inverse=inverse, num_threads=num_threads))
+                               layout=layout, inverse=inverse, num_threads=num_threads,
+                               token_rows=token_rows))
     if q is not given[0] or k is not given[1]:  # torch tensors, now written
         if kern is not None:
             kern.torch_bump(given)

@@ -45,6 +45,7 @@ from conftest import (
     assert_close,
     is_bf16,
     make_awkward,
+    needs_compiled,
     run_python,
     tolerance,
 )
@@ -2166,10 +2167,18 @@ def test_cached_per_token_takes_the_nans_a_cos_holds_twice(style):
     ("gptj-of-neox-cos", r"\bcos\b does not hold each frequency's value twice"),
     ("with-positions", r"take no positions"),
     ("odd-width", r"\bcos\b lined up with the tokens must be"),
+    # rows for other tokens than q's: a decode step's q of one token, or another batch
+    ("more-tokens", r"cos and sin lined up with the tokens must have a row per token of q, "
+                    r"\(1 or 1, 4\) rows .* got \(1, 10\)"),
+    ("other-batch", r"cos and sin lined up with the tokens must have a row per token of q, "
+                    r"\(1 or 1, 4\) rows .* got \(3, 4\)"),
 ])
-def test_cached_refuses_token_cos_sin_it_cannot_read(case, match):
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+def test_cached_refuses_token_cos_sin_it_cannot_read(case, match, backend):
     freqs = fastpe.rope_frequencies(16)
-    cos, sin = _hf_cos_sin(np.arange(4)[None], freqs)
+    cos, sin = _hf_cos_sin(np.arange(10 if case == "more-tokens" else 4)[None], freqs)
+    if case == "other-batch":
+        cos, sin = np.repeat(cos, 3, 0), np.repeat(sin, 3, 0)
     kwargs = {}
     if case == "halves-differ":
         cos = cos.copy()
@@ -2178,10 +2187,10 @@ def test_cached_refuses_token_cos_sin_it_cannot_read(case, match):
         kwargs["style"] = "gptj"
     elif case == "with-positions":
         kwargs["positions"] = np.arange(4)
-    else:
+    elif case == "odd-width":
         cos, sin = cos[..., :15], sin[..., :15]
     q = np.ones((1, 4, 1, 16))
-    with pytest.raises(ValueError, match=match):
+    with fastpe.use_backend(backend), pytest.raises(ValueError, match=match):
         fastpe.apply_rope_cached(q, None, cos, sin, **kwargs)
     assert (q == 1).all()
 
