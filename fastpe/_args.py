@@ -487,7 +487,7 @@ def rope_cached(q: object, k: object, cos: object, sin: object, *, positions: ob
     """token_rows: cos and sin were a row per token (token_cos_sin), positions theirs."""
     q4, k4 = rope_views(q, k, layout)
     if token_rows:
-        rows = np.shape(positions)
+        rows = positions.shape if isinstance(positions, np.ndarray) else (0, -1)
         if not (rows[1] == q4.shape[1] and rows[0] in (1, q4.shape[0])):
             raise ValueError(f"cos and sin lined up with the tokens must have a row per token "
                              f"of q, (1 or {q4.shape[0]}, {q4.shape[1]}) rows for its (batch, "
