@@ -1730,7 +1730,7 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * non-temporal stores as in fpe_pe_row_stream_f32, and the call returns 0, having
  * done nothing, where the two rows cannot share that loop (not 8-byte aligned, or at
  * different alignments modulo 64 bytes); else plain stores, at any alignment.
- * Without AVX2 + FMA it returns 0. */
+ * With neither AVX2 + FMA nor SSE2 it returns 0. */
 static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
                                    const double *step_c, float *pe0, float *pe1,
                                    Py_ssize_t dim, Py_ssize_t nfreq, double mult, int stream)
@@ -1812,6 +1812,50 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
         const double c1 = fma(c[i], step_c[i], -(s[i] * step_s[i]));
         const double s2 = fma(s1, step_c[i], c1 * step_s[i]);
         const double c2 = fma(c1, step_c[i], -(s1 * step_s[i]));
+        s[i] = s2;
+        c[i] = c2;
+        if (i < ncos) {
+            pe0[2 * i] = (float)(s1 * mult);
+            pe0[2 * i + 1] = (float)(c1 * mult);
+            pe1[2 * i] = (float)(s2 * mult);
+            pe1[2 * i + 1] = (float)(c2 * mult);
+        } else {  /* an odd dim's last sine */
+            pe0[dim - 1] = (float)(s1 * mult);
+            pe1[dim - 1] = (float)(s2 * mult);
+        }
+    }
+    return 1;
+#elif FPE_PAIRS_SSE2
+    /* the baseline: two frequencies at a time, each product rounded and then summed as
+     * advance_angles compiles without FMA (the same bits); a table's streamed rows
+     * go one at a time (0) */
+    if (stream)
+        return 0;
+    const Py_ssize_t ncos = dim / 2, body = ncos / 2 * 2;
+    const __m128d m = _mm_set1_pd(mult);
+    const int scaled = mult != 1.0;
+    Py_ssize_t i = 0;
+    for (; i < body; i += 2) {
+        const __m128d ss = _mm_loadu_pd(step_s + i), sc = _mm_loadu_pd(step_c + i);
+        const __m128d s0 = _mm_loadu_pd(s + i), c0 = _mm_loadu_pd(c + i);
+        const __m128d s1 = _mm_add_pd(_mm_mul_pd(s0, sc), _mm_mul_pd(c0, ss));
+        const __m128d c1 = _mm_sub_pd(_mm_mul_pd(c0, sc), _mm_mul_pd(s0, ss));
+        const __m128d s2 = _mm_add_pd(_mm_mul_pd(s1, sc), _mm_mul_pd(c1, ss));
+        const __m128d c2 = _mm_sub_pd(_mm_mul_pd(c1, sc), _mm_mul_pd(s1, ss));
+        _mm_storeu_pd(s + i, s2);
+        _mm_storeu_pd(c + i, c2);
+        const __m128 a1 = _mm_cvtpd_ps(scaled ? _mm_mul_pd(s1, m) : s1);
+        const __m128 b1 = _mm_cvtpd_ps(scaled ? _mm_mul_pd(c1, m) : c1);
+        const __m128 a2 = _mm_cvtpd_ps(scaled ? _mm_mul_pd(s2, m) : s2);
+        const __m128 b2 = _mm_cvtpd_ps(scaled ? _mm_mul_pd(c2, m) : c2);
+        _mm_storeu_ps(pe0 + 2 * i, _mm_unpacklo_ps(a1, b1));
+        _mm_storeu_ps(pe1 + 2 * i, _mm_unpacklo_ps(a2, b2));
+    }
+    for (; i < nfreq; i++) {
+        const double s1 = s[i] * step_c[i] + c[i] * step_s[i];
+        const double c1 = c[i] * step_c[i] - s[i] * step_s[i];
+        const double s2 = s1 * step_c[i] + c1 * step_s[i];
+        const double c2 = c1 * step_c[i] - s1 * step_s[i];
         s[i] = s2;
         c[i] = c2;
         if (i < ncos) {
