@@ -388,6 +388,7 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
     """Refuse a rotary module whose own inverse frequencies or attention scaling (what
     its forward uses) are not those of its config, which fastpe reads: a config edited
     after the model was built, or an inv_freq buffer replaced or rescaled in place."""
+    import torch  # the module's own: fastpe.hf patches torch models
     for layer_type, rope in ropes.items():
         prefix = "" if layer_type is None else f"{layer_type}_"
         # dynamic NTK and LongRoPE replace inv_freq as calls get longer (or shorter), and
@@ -404,7 +405,6 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
         held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
         # within the rounding of the buffer's own dtype (model.half() rounds it): what
         # is refused is a different frequency, not its float16 or bfloat16 value
-        import torch  # the module's own: fastpe.hf patches torch models
         ulp = torch.finfo(buffer.dtype).eps if buffer.dtype.is_floating_point else 0.0
         if held.shape != expected.inv_freq.shape or not np.allclose(
                 held, expected.inv_freq, rtol=max(ulp, 1e-6), atol=0.0):
