@@ -16,8 +16,9 @@ from numpy.typing import NDArray
 from . import _checks, _constants, _math, _rope_scaling, _threads
 
 LAYOUTS = ("interleaved", "split", "split_cos")
-_F32_MAX = float(np.finfo(np.float32).max)
 SINUSOIDAL_FREQUENCIES = ("transformer", "fairseq")
+# the largest scale or slope of float32 arithmetic (float32 and half inputs)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class SinusoidalPlan(NamedTuple):

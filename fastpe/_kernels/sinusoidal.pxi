@@ -421,8 +421,8 @@ def sinusoidal_call(object x, object inv_freq, object positions, object offset,
     inv_freq fastpe's C-contiguous float64 (ceil(dim / 2),) frequencies (not checked:
     they come from fastpe, never from a caller); scale finite (in float32 unless x is
     float64); positions None and offset an int with every position below 2**32, or
-    offset 0 and positions as
-    owned_positions() takes them, each below 2**32 (copied before they are checked).
+    offset 0 and positions as owned_positions() takes them, each below 2**32 (copied
+    before they are checked).
     """
     cdef SinusoidalCall a
     cdef Py_ssize_t dims[3]
