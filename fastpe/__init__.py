@@ -8,7 +8,10 @@ pure-NumPy twin of every function in ``fastpe.reference``.
 
 from typing import TYPE_CHECKING
 
-from . import reference
+from . import (
+    _fork,  # noqa: F401  (first: it reads the process before the kernels load)
+    reference,
+)
 from ._backend import backend, use_backend
 from ._coordinates import (
     dinov3_positions,

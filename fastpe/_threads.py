@@ -8,8 +8,9 @@ CPUs on a 64-core host runs 2 threads, not 64.
 A process forked after fastpe ran a threaded call runs every later call on one
 thread: GNU OpenMP's thread pool does not survive fork(), and the child's first
 parallel region would wait forever for the parent's threads (PyTorch's
-intra-op pool does the same). Processes started with "spawn" or "forkserver"
-keep their threads.
+intra-op pool does the same). So does a forked child that imports fastpe for the
+first time, where its parent had the OpenMP runtime loaded (fastpe._fork).
+Processes started with "spawn" or "forkserver" keep their threads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import os
 from typing import Any
 
-from . import _backend, _checks, _constants
+from . import _backend, _checks, _constants, _fork
 
 # Waking an OpenMP team costs about a microsecond on an idle machine and several
 # on a shared 2-CPU VM, where calls touching up to 1 MiB (a (1, 32, 1, 4096) ALiBi
@@ -35,7 +36,9 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 _user_threads: int | None = None
 _cgroup_budget: int | None = None  # CPUs the cgroup quota allows; 0: no quota
-_forked = False
+# a fork() child: set by the hook below, or at import where the parent's OpenMP runtime
+# came with the fork (fastpe._fork)
+_forked = _fork.INHERITED_RUNTIME
 
 
 def _after_fork_in_child() -> None:
@@ -95,7 +98,9 @@ def _openmp_max() -> int:
         return 1
     n: int = compiled.openmp_max_threads()
     if os.environ.get("OMP_NUM_THREADS", "").strip():
-        return n  # an explicit request, as OpenMP itself reads it
+        # an explicit request, as OpenMP itself reads it, within the cap set_num_threads
+        # holds: past it OpenMP aborts the process when it cannot start the team
+        return min(n, MAX_THREADS)
     return min(n, usable_cpus())
 
 

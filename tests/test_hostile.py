@@ -251,6 +251,48 @@ if pid == 0:
     _assert_child_exits_cleanly(code, timeout=120)
 
 
+def test_a_child_that_imports_fastpe_after_the_fork_runs_serially():
+    """torch ran a team, then fork(), and fastpe is imported only in the child: fastpe's
+    fork hook never ran, yet the child shares the parent's dead libgomp pool. The child
+    sees the runtime it inherited and runs serially instead of hanging; a program
+    started by exec from the same parent, and a fork child whose parent had no OpenMP
+    runtime loaded, keep their threads."""
+    pytest.importorskip("torch")
+    code = """
+import os, subprocess, sys, numpy as np, torch
+torch.set_num_threads(2)
+torch.randn(1 << 20).exp_()
+pid = os.fork()
+if pid == 0:
+    import fastpe, fastpe._threads
+    fastpe._threads.SERIAL_BYTES = 0
+    x = np.zeros((4, 1024, 256), np.float32)
+    fastpe.add_sinusoidal(x, num_threads=2)
+    ok = np.array_equal(x[0], fastpe.sinusoidal_table(1024, 256))
+    os._exit(0 if ok and fastpe.get_num_threads() == 1 and fastpe._fork.INHERITED_RUNTIME
+             else 3)
+_, status = os.waitpid(pid, 0)
+print("forked child", os.waitstatus_to_exitcode(status))
+exec_child = subprocess.run([sys.executable, "-c", "import torch, fastpe; "
+                             "print(fastpe._fork.INHERITED_RUNTIME)"],
+                            capture_output=True, text=True, timeout=120)
+print("exec child", exec_child.stdout.strip())
+"""
+    proc = run_python(code, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "forked child 0" in proc.stdout and "exec child False" in proc.stdout, proc.stdout
+    plain = run_python("""
+import os
+pid = os.fork()
+if pid == 0:
+    import fastpe
+    os._exit(0 if not fastpe._fork.INHERITED_RUNTIME else 3)
+_, status = os.waitpid(pid, 0)
+print("fresh child", os.waitstatus_to_exitcode(status))
+""", timeout=120)
+    assert "fresh child 0" in plain.stdout, plain.stdout + plain.stderr[-2000:]
+
+
 def test_fork_while_another_thread_holds_the_frequency_lock():
     """A child forked while another thread inserts into a frequency cache does not wait
     forever on its first new dynamic NTK length."""

@@ -47,6 +47,14 @@ def test_honours_omp_num_threads(n):
     assert _threads_in_subprocess(OMP_NUM_THREADS=str(n)) == [n, n]
 
 
+@needs_openmp
+def test_omp_num_threads_past_the_cap_is_held_to_it():
+    """OMP_NUM_THREADS=100000 is honoured up to set_num_threads' cap, past which OpenMP
+    aborts the process when it cannot start the team."""
+    cap = fastpe._threads.MAX_THREADS
+    assert _threads_in_subprocess(OMP_NUM_THREADS="100000") == [cap, cap]
+
+
 def test_without_openmp_default_is_one():
     if OPENMP:
         # the same logic, seen from a build whose extension is missing
