@@ -582,7 +582,16 @@ class RotaryEmbedding:
     # caller passes q[:, prefix_tokens:]
     prefix_tokens: int = 0
 
+    # what the frequencies were parsed from: fixed once made (a new value would be kept
+    # and never used)
+    _FIXED = frozenset({"rotary_dim", "base", "scaling", "max_position_embeddings",
+                        "mrope_section", "mrope_interleaved"})
+
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._FIXED and (name != "rotary_dim" or name in self.__dict__):
+            raise AttributeError(f"RotaryEmbedding.{name} is fixed when the embedding is made "
+                                 f"(its frequencies come from it): make a new "
+                                 f"RotaryEmbedding, or use from_hf_config")
         object.__setattr__(self, name, value)
         if not name.startswith("_compiled_"):
             object.__setattr__(self, "_compiled_generation", self._compiled_generation + 1)

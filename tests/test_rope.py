@@ -2573,3 +2573,25 @@ def test_rope_row_step_width_follows_the_cpu_vendor():
     assert int(limit) == (sys.maxsize if vendor == "GenuineIntel" else 4 << 20)
     if cpu_vendor_id() is not None:
         assert vendor == cpu_vendor_id()
+
+
+@pytest.mark.parametrize("name, value", [("rotary_dim", 32), ("base", 100.0),
+                                         ("scaling", {"rope_type": "linear", "factor": 2.0}),
+                                         ("max_position_embeddings", 64),
+                                         ("mrope_section", [8, 12, 12]),
+                                         ("mrope_interleaved", True)])
+def test_an_embeddings_frequency_settings_are_fixed_once_made(name, value):
+    """What its frequencies were parsed from cannot be changed after the fact (the new
+    value was kept and never used: the same rotation as before); settings a call reads
+    (style, reverse) can."""
+    rope = fastpe.RotaryEmbedding(64)
+    with pytest.raises(AttributeError, match=rf"RotaryEmbedding\.{name} is fixed"):
+        setattr(rope, name, value)
+    q = np.random.default_rng(0).standard_normal((1, 4, 2, 64)).astype(np.float32)
+    got = rope(q.copy(), None, np.arange(4))[0]
+    want = fastpe.apply_rope(q.copy(), None, np.arange(4))[0]
+    assert_bytes_equal(got, want, f"{name} unchanged")
+    rope.style = "gptj"
+    assert_bytes_equal(rope(q.copy(), None, np.arange(4))[0],
+                       fastpe.apply_rope(q.copy(), None, np.arange(4), style="gptj")[0],
+                       "style set after construction")
