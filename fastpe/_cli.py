@@ -19,7 +19,7 @@ from typing import Any, Protocol, TextIO
 
 import fastpe
 
-from . import _bench, _checks
+from . import _bench, _checks, _threads
 
 PROG = "python -m fastpe"
 
@@ -189,6 +189,9 @@ def _threads_arg(text: str) -> int:
             f"expected a positive integer or 'all', got {text!r}") from None
     if n <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {n}")
+    if n > _threads.MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {_threads.MAX_THREADS} threads "
+                                         f"(fastpe.set_num_threads' cap), got {n}")
     return n
 
 
@@ -213,12 +216,28 @@ def _need_matplotlib() -> None:
                            "(pip install matplotlib, or pip install 'fastpe[bench]')") from None
 
 
+# what matplotlib's savefig writes, by the file name's suffix (none: PNG, FILE.png)
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
+                ".tiff", ".webp", ".pgf", ".raw", ".rgba")
+
+
 def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """Refuse, before anything runs, an output the run could not write at its end."""
     if path is None or path == "-":
         return
-    parent = Path(path).expanduser().resolve().parent
-    if not parent.is_dir():
-        parser.error(f"{option} {path}: directory {parent} does not exist")
+    target = Path(path).expanduser().resolve()
+    if not target.parent.is_dir():
+        parser.error(f"{option} {path}: directory {target.parent} does not exist")
+    if target.is_dir():
+        parser.error(f"{option} {path}: is a directory, not a file")
+    if option == "--plot" and target.suffix and target.suffix.lower() not in PLOT_FORMATS:
+        parser.error(f"--plot {path}: matplotlib writes {', '.join(PLOT_FORMATS)} files "
+                     f"(by the suffix), not {target.suffix}")
+
+
+def _plot_path(path: str) -> str:
+    """Where savefig writes `path`: a name without a suffix gets .png."""
+    return path if Path(path).suffix else path + ".png"
 
 
 def _peer_names(rows: list[dict[str, Any]]) -> list[str]:
@@ -414,12 +433,12 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for wl in _bench.select(_bench.workloads(size_wanted(args)), args.only):
             print(f"{wl.name:<22} {wl.title}")
         return 0
+    _check_output_path(parser, "--json", args.json)
+    _check_output_path(parser, "--plot", args.plot)
     if args.plot:
         _need_matplotlib()
     if args.dtype == "bfloat16" and _checks.ml_dtypes(load=True) is None:
         raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
-    _check_output_path(parser, "--json", args.json)
-    _check_output_path(parser, "--plot", args.plot)
     if not _bench.select(_bench.workloads(size_wanted(args)), args.only):
         parser.error(f"--only {args.only!r} matches no workload (see --list)")
     limits = _limit_blas_threads()
@@ -447,7 +466,7 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             bench_plot(report, args.plot)
         except OSError as exc:
             raise CommandError(f"cannot write --plot {args.plot}: {exc}") from None
-        print(f"plot written to {args.plot}", file=sys.stderr)
+        print(f"plot written to {_plot_path(args.plot)}", file=sys.stderr)
     bad = [r["name"] for r in report["results"] if r["check"] != "ok"]
     if bad:
         raise CommandError(f"results differ from fastpe.reference on: {', '.join(bad)}")
@@ -459,15 +478,15 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from . import _demo
     if args.plot:
-        _need_matplotlib()
         _check_output_path(parser, "--plot", args.plot)
+        _need_matplotlib()
     sys.stdout.write(_demo.demo_text())
     if args.plot:
         try:
             _demo.plot(args.plot)
         except OSError as exc:
             raise CommandError(f"cannot write --plot {args.plot}: {exc}") from None
-        print(f"plot written to {args.plot}", file=sys.stderr)
+        print(f"plot written to {_plot_path(args.plot)}", file=sys.stderr)
     return 0
 
 

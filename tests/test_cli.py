@@ -145,6 +145,10 @@ def test_version():
     ["bench", "--only", "no-such-workload"],
     ["bench", "--rounds", "0"],
     ["bench", "--json", "/no/such/directory/out.json"],
+    # refused before the run, which would only fail to write them at its end
+    ["bench", "--json", "."],
+    ["bench", "--plot", "table.txt"],
+    ["bench", "--threads", "257"],
     ["bench", "--peers", "no-such-library"],
     ["demo", "--plot"],
 ], ids=" ".join)
@@ -153,6 +157,11 @@ def test_usage_errors_exit_2(args):
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "usage:" in proc.stderr
     assert_no_traceback(proc)
+
+
+def test_a_plot_without_a_suffix_is_named_as_written():
+    assert _cli._plot_path("out") == "out.png"
+    assert _cli._plot_path("out.svg") == "out.svg"
 
 
 def test_threads_argument():
