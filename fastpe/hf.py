@@ -383,12 +383,15 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
     return ropes
 
 
+# the relative rounding of a model's half-precision copy of its inv_freq buffer
+_HALF_EPS = {"torch.float16": 2.0**-10, "torch.bfloat16": 2.0**-7}
+
+
 def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                         where: str) -> None:
     """Refuse a rotary module whose own inverse frequencies or attention scaling (what
     its forward uses) are not those of its config, which fastpe reads: a config edited
     after the model was built, or an inv_freq buffer replaced or rescaled in place."""
-    import torch  # the module's own: fastpe.hf patches torch models
     for layer_type, rope in ropes.items():
         prefix = "" if layer_type is None else f"{layer_type}_"
         # dynamic NTK and LongRoPE replace inv_freq as calls get longer (or shorter), and
@@ -405,7 +408,7 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
         held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
         # within the rounding of the buffer's own dtype (model.half() rounds it): what
         # is refused is a different frequency, not its float16 or bfloat16 value
-        ulp = torch.finfo(buffer.dtype).eps if buffer.dtype.is_floating_point else 0.0
+        ulp = _HALF_EPS.get(str(buffer.dtype), 0.0)
         if held.shape != expected.inv_freq.shape or not np.allclose(
                 held, expected.inv_freq, rtol=max(ulp, 1e-6), atol=0.0):
             raise ValueError(f"fastpe.hf: the rotary module {where} holds {name} other than "
