@@ -68,6 +68,24 @@ def _merged(grid: tuple[int, int, int], merge: int, name: str) -> tuple[int, int
     return h // merge, w // merge
 
 
+# A prompt of more tokens than this is refused before its positions are made (RoPE takes
+# positions below 2**32 too): a larger one would be a MemoryError naming nothing.
+MAX_TOKENS = 2**32
+
+
+class _Tokens:
+    """The running count of a prompt's tokens, refused past MAX_TOKENS by segment."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, n: int, name: str) -> None:
+        self.total += n
+        if self.total > MAX_TOKENS:
+            raise ValueError(f"{name} brings the tokens to {self.total}, past the "
+                             f"{MAX_TOKENS} (2**32) positions fastpe makes at once")
+
+
 def _frames(t: int, step: object, name: str) -> NDArray[np.int64]:
     """The temporal index of each of t frames `step` apart, as get_vision_position_ids
     forms it: arange(t) * step truncated, in integers for an int step, else in float32
@@ -134,10 +152,12 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
                         f"got {type(segments).__name__}")
     parts = []
     start = 0
+    tokens = _Tokens()
     for i, seg in enumerate(segments):
         if isinstance(seg, (int, np.integer)) and not isinstance(seg, (bool, np.bool_)):
             n = _checks.count(seg, f"segments[{i}]")
             _fits(start + n - 1, f"segments[{i}]")
+            tokens.add(n, f"segments[{i}]")
             parts.append(np.broadcast_to(start + np.arange(n, dtype=np.int64), (3, n)))
             start += n
             continue
@@ -145,6 +165,7 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
         step = entries.pop() if len(entries) == 4 else 1
         grid = _grid(entries, f"segments[{i}]")
         h, w = _merged(grid, merge, f"segments[{i}]")
+        tokens.add(grid[0] * h * w, f"segments[{i}]")
         frames = _frames(grid[0], step, f"segments[{i}]")
         _fits(start + max(int(frames[-1]), h - 1, w - 1), f"segments[{i}]")
         t_idx, h_idx, w_idx = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")
@@ -215,10 +236,12 @@ def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
         raise ValueError("grids must hold at least one grid")
     single = all(isinstance(v, (int, np.integer)) for v in items)
     parts = []
+    tokens = _Tokens()
     for i, value in enumerate([items] if single else items):
         name = "grids" if single else f"grids[{i}]"
         t, h, w = _grid(value, name)
         _merged((t, h, w), merge, name)
+        tokens.add(t * h * w + cls, name)
         _fits(max(t - 1, offset + max(h, w) - 1), "offset" if offset else name)
         row_grid, col_grid = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
         block = (h // merge, merge, w // merge, merge)

@@ -649,10 +649,16 @@ def test_position_helpers_take_grid_thw_arrays_and_tensors():
     (lambda: fastpe.mrope_positions([(3, 2, 2, 0)]), ValueError, r"segments\[0\] temporal step"),
     (lambda: fastpe.mrope_positions([(1, 2, 2), 2**63 - 1]), ValueError,
      r"segments\[1\].*int64"),
+    # more tokens than any call takes: refused before a grid of them is made
+    (lambda: fastpe.mrope_positions([5, (1, 2**31, 2**31)]), ValueError,
+     r"segments\[1\] brings the tokens to \d+, past the 4294967296"),
+    (lambda: fastpe.mrope_positions([2**62]), ValueError, r"segments\[0\] brings the tokens"),
+    (lambda: fastpe.vision_positions((2**31, 2**31)), ValueError, r"grids brings the tokens"),
 ], ids=["int-grids", "float-array", "no-grids", "none-segments", "2d-segment",
         "offset-overflow", "offset-past-int64", "temporal-step-overflow",
         "int-temporal-step-overflow", "temporal-step-past-float32",
-        "temporal-step-below-float32", "zero-temporal-step", "text-overflow"])
+        "temporal-step-below-float32", "zero-temporal-step", "text-overflow",
+        "grid-past-2**32-tokens", "text-past-2**32-tokens", "vision-grid-past-2**32-tokens"])
 def test_position_helpers_name_the_argument(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
