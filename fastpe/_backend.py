@@ -67,9 +67,9 @@ def backend() -> str:
     return "numpy" if _current.get() is None else "cython"
 
 
-@contextlib.contextmanager
-def use_backend(name: str) -> Iterator[None]:
-    """Run the enclosed block on backend `name` ("cython" or "numpy").
+def use_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """Run the enclosed block on backend `name` ("cython" or "numpy"): a context
+    manager, whose name is checked when it is made.
 
     >>> with fastpe.use_backend("numpy"):
     ...     fastpe.apply_rope(q, k)        # the pure-NumPy loops
@@ -78,7 +78,12 @@ def use_backend(name: str) -> Iterator[None]:
         raise ValueError(f"name must be 'cython' or 'numpy', got {name!r}")
     if name == "cython" and compiled is None:
         raise ImportError(f"the compiled kernels did not import ({import_error}); " + BUILD_HINT)
-    token = _current.set(compiled if name == "cython" else None)
+    return _using(compiled if name == "cython" else None)
+
+
+@contextlib.contextmanager
+def _using(kernels: Any) -> Iterator[None]:
+    token = _current.set(kernels)
     try:
         yield
     finally:

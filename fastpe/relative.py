@@ -450,7 +450,8 @@ class DisentangledBias:
                  p2c: ArrayLike | None = None, num_threads: int | None = None) -> InPlace:
         """add_disentangled_bias of these settings; a logit pos_att_type lacks, or one it
         has and the call lacks, is a ValueError."""
-        for name, given, wanted in (("c2p", c2p, self.c2p), ("p2c", p2c, self.p2c)):
+        for name, given, setting in (("c2p", c2p, self.c2p), ("p2c", p2c, self.p2c)):
+            wanted = _checks.flag(setting, name)   # an attribute set since, read as made
             if wanted != (given is not None):
                 raise ValueError(f"{name}: this model's pos_att_type "
                                  f"{'has' if wanted else 'lacks'} it; "

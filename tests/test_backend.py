@@ -84,6 +84,8 @@ def test_use_backend_rejects_unknown_names(name):
     with pytest.raises(ValueError, match=r"\bname\b"):
         with fastpe.use_backend(name):
             pass
+    with pytest.raises(ValueError, match=r"\bname\b"):
+        fastpe.use_backend(name)    # when it is made, not only when entered
     assert fastpe.backend() == start
 
 

@@ -711,3 +711,19 @@ BAD_DEBERTA_POSITIONS = [
                                                   "max_relative_positions": 5}, ValueError,
      ["max_relative_positions"]),
 ]
+
+
+def test_disentangled_bias_names_the_logit_a_call_lacks_or_has_too_many():
+    """pos_att_type decides which logits a call takes; one set to a non-bool since is
+    read as made (a TypeError naming it), not as truthy; scores unchanged."""
+    d = fastpe.DisentangledBias(position_buckets=8, max_relative_positions=24, p2c=False)
+    scores = np.zeros((1, 2, 5, 5), np.float32)
+    logits = np.zeros((1, 2, 5, 16), np.float32)
+    with pytest.raises(ValueError, match=r"p2c: this model's pos_att_type lacks it; pass None"):
+        d(scores, c2p=logits, p2c=logits)
+    with pytest.raises(ValueError, match=r"c2p: this model's pos_att_type has it; pass it"):
+        d(scores)
+    d.c2p = "x"
+    with pytest.raises(TypeError, match=r"c2p must be a bool, got 'x'"):
+        d(scores, c2p=logits)
+    assert not scores.any()
