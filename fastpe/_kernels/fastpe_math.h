@@ -1731,6 +1731,24 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * done nothing, where the two rows cannot share that loop (not 8-byte aligned, or at
  * different alignments modulo 64 bytes); else plain stores, at any alignment.
  * With neither AVX2 + FMA nor SSE2 it returns 0. */
+/* fpe_pe_rows2_f32's last frequencies, one at a time: frequency i's (sin, cos) of rows
+ * t and t + 1 into their interleaved columns (an odd dim's last, a sine alone) */
+static FPE_ALWAYS_INLINE void fpe_pe_pairs2_store(float *pe0, float *pe1, Py_ssize_t i,
+                                                  Py_ssize_t ncos, Py_ssize_t dim, double s1,
+                                                  double c1, double s2, double c2,
+                                                  double mult)
+{
+    if (i < ncos) {
+        pe0[2 * i] = (float)(s1 * mult);
+        pe0[2 * i + 1] = (float)(c1 * mult);
+        pe1[2 * i] = (float)(s2 * mult);
+        pe1[2 * i + 1] = (float)(c2 * mult);
+    } else {
+        pe0[dim - 1] = (float)(s1 * mult);
+        pe1[dim - 1] = (float)(s2 * mult);
+    }
+}
+
 static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
                                    const double *step_c, float *pe0, float *pe1,
                                    Py_ssize_t dim, Py_ssize_t nfreq, double mult, int stream)
@@ -1814,15 +1832,7 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
         const double c2 = fma(c1, step_c[i], -(s1 * step_s[i]));
         s[i] = s2;
         c[i] = c2;
-        if (i < ncos) {
-            pe0[2 * i] = (float)(s1 * mult);
-            pe0[2 * i + 1] = (float)(c1 * mult);
-            pe1[2 * i] = (float)(s2 * mult);
-            pe1[2 * i + 1] = (float)(c2 * mult);
-        } else {  /* an odd dim's last sine */
-            pe0[dim - 1] = (float)(s1 * mult);
-            pe1[dim - 1] = (float)(s2 * mult);
-        }
+        fpe_pe_pairs2_store(pe0, pe1, i, ncos, dim, s1, c1, s2, c2, mult);
     }
     return 1;
 #elif FPE_PAIRS_SSE2
@@ -1858,15 +1868,7 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
         const double c2 = c1 * step_c[i] - s1 * step_s[i];
         s[i] = s2;
         c[i] = c2;
-        if (i < ncos) {
-            pe0[2 * i] = (float)(s1 * mult);
-            pe0[2 * i + 1] = (float)(c1 * mult);
-            pe1[2 * i] = (float)(s2 * mult);
-            pe1[2 * i + 1] = (float)(c2 * mult);
-        } else {  /* an odd dim's last sine */
-            pe0[dim - 1] = (float)(s1 * mult);
-            pe1[dim - 1] = (float)(s2 * mult);
-        }
+        fpe_pe_pairs2_store(pe0, pe1, i, ncos, dim, s1, c1, s2, c2, mult);
     }
     return 1;
 #else
