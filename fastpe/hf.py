@@ -303,9 +303,14 @@ def _cell_holds(cell: Any, value: object) -> bool:
         return False
 
 
+def _own_forward(cls: Any) -> Any:
+    """The function cls.forward runs under its decorators' wrappers: its own code."""
+    return _wrapped_chain(cls.forward)[-1]
+
+
 def _apply_names(cls: Any) -> dict[str, Any]:
     """The global apply functions that cls.forward's own code calls, by name."""
-    inner = _wrapped_chain(cls.forward)[-1]
+    inner = _own_forward(cls)
     code = getattr(inner, "__code__", None)
     if code is None:
         return {}
@@ -326,8 +331,7 @@ _REORDERING_CALLS = {"permute_input_for_window_attn"}
 def _reorders_cos_sin(modules: dict[str, Any], name: str) -> bool:
     """Whether the module holding the rotary module `name` reorders its cos and sin."""
     owner = modules.get(name.rpartition(".")[0]) if name else None
-    inner = _wrapped_chain(type(owner).forward)[-1] if owner is not None else None
-    code = getattr(inner, "__code__", None)
+    code = getattr(_own_forward(type(owner)), "__code__", None) if owner is not None else None
     return code is not None and not _REORDERING_CALLS.isdisjoint(code.co_names)
 
 

@@ -231,6 +231,14 @@ print("child", os.waitstatus_to_exitcode(status))
     assert "child 0" in proc.stdout
 
 
+# a forked child's threaded call (every size threaded), checked against the table: `ok`
+_THREADED_CALL_IN_CHILD = """
+    fastpe._threads.SERIAL_BYTES = 0
+    x = np.zeros((4, 1024, 256), np.float32)
+    fastpe.add_sinusoidal(x, num_threads=2)
+    ok = np.array_equal(x[0], fastpe.sinusoidal_table(1024, 256))"""
+
+
 def test_fork_after_torch_ran_a_team_then_a_threaded_call_in_the_child():
     """torch and fastpe share libgomp; its pool does not survive fork(): the child
     runs fastpe serially instead of hanging in GOMP_parallel."""
@@ -242,10 +250,7 @@ a = torch.randn(256, 256); (a @ a).sum()
 torch.randn(1 << 20).exp_()
 pid = os.fork()
 if pid == 0:
-    fastpe._threads.SERIAL_BYTES = 0
-    x = np.zeros((4, 1024, 256), np.float32)
-    fastpe.add_sinusoidal(x, num_threads=2)
-    ok = np.array_equal(x[0], fastpe.sinusoidal_table(1024, 256))
+""" + _THREADED_CALL_IN_CHILD + """
     os._exit(0 if ok else 3)
 """
     _assert_child_exits_cleanly(code, timeout=120)
@@ -265,10 +270,7 @@ torch.randn(1 << 20).exp_()
 pid = os.fork()
 if pid == 0:
     import fastpe, fastpe._threads
-    fastpe._threads.SERIAL_BYTES = 0
-    x = np.zeros((4, 1024, 256), np.float32)
-    fastpe.add_sinusoidal(x, num_threads=2)
-    ok = np.array_equal(x[0], fastpe.sinusoidal_table(1024, 256))
+""" + _THREADED_CALL_IN_CHILD + """
     os._exit(0 if ok and fastpe.get_num_threads() == 1 and fastpe._fork.INHERITED_RUNTIME
              else 3)
 _, status = os.waitpid(pid, 0)
