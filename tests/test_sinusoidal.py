@@ -542,9 +542,10 @@ def test_staging_follows_the_cpu_vendor():
 @pytest.mark.parametrize("dim", [64, 37])
 def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, scale, dim, staging):
     """Batch rows sharing positions take the PE rows in groups (the first rows as each
-    PE row is made, the others several at a time, any remainder alone), in chunks of
-    tokens: every batch size and staging gives each row the bits of adding it on its
-    own, and one rounding of the float32 (float64) PE row and multiply-add."""
+    PE row is made, in registers for float32, the others several at a time, any
+    remainder alone), in chunks of tokens: every batch size and staging gives each row
+    the bits of adding it on its own, and (float32 and half precision) one rounding of
+    the float32 PE row and multiply-add."""
     rng = np.random.default_rng(11)
     seq = 70
     for batch in (2, 3, 4, 7, 8, 9, 15):
@@ -558,7 +559,7 @@ def test_batch_rows_added_in_groups_give_each_rows_own_bits(dtype, scale, dim, s
         for b in range(batch):
             alone = fastpe.add_sinusoidal(x[b:b + 1].copy(), scale=scale, offset=5)
             assert_bytes_equal(got[b:b + 1], alone, f"{dtype} batch {batch} row {b} dim {dim}")
-        if np.dtype(dtype).itemsize == 2:
+        if np.dtype(dtype).itemsize <= 4:
             pe = fastpe.sinusoidal_table(seq, dim, offset=5, dtype=np.float32)
             info = fastpe.info()
             fused = info["backend"] == "cython" and (

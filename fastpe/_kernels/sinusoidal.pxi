@@ -4,11 +4,14 @@ from libc.string cimport memcpy
 
 
 cdef enum:
-    # staged PE rows: added to every batch row as they are made where there are at most
-    # EARLY_ROWS of them, else made first and added stage_late_rows batch rows at a time
-    # (measured on a Zen 5 with 1 MiB chunks: of 0, 2 early with 3, 4, 6 or 8 late, at
-    # batch 8 none early and 4 late took 0.86-0.95x the time of the others; at batch
-    # 2 both early 0.9x that of none)
+    # staged PE rows: added to the first EARLY_ROWS batch rows as they are made, the
+    # others stage_late_rows batch rows at a time afterwards. float32 rows made in pairs
+    # go to the early rows in registers (fpe_pe_rows2_f32), at every batch size: on an
+    # Intel Xeon (8, 2048, 1024) took 0.89x the time of none early in the baseline, 0.9-1x
+    # in the wide variants, and (4, 2048, 1024) 0.88x. Other rows are added after each is
+    # made, and only where the batch has no more rows than that (on a Zen 5 with 1 MiB
+    # chunks, batch 8 with none early took 0.86-0.95x the time of 2 early and 3 to 8
+    # late; batch 2 both early 0.9x that of none).
     EARLY_ROWS = 2
     # staged rows that prefetch the next token's (row_prefetch) go to at most this many
     # batch rows at a time: on an Intel Xeon, (8, 2048, 1024) so took 0.87-0.88x the
@@ -32,8 +35,8 @@ cdef enum:
 # the time of 256 KiB chunks, float16 and bfloat16 the same time. On an Intel Xeon (2
 # MiB of L2) 256 KiB chunks eight rows at a time took 0.78-0.92x the time of 1 MiB ones
 # four at a time (batch 2 to 16, dim 1024 to 4096, float32 and half precision; avx2 and
-# avx512 variants alike; 128 KiB and 512 KiB chunks in between, early rows for a batch
-# of 8 slower).
+# avx512 variants alike; 128 KiB and 512 KiB chunks in between, and early rows added
+# after each row is made, for a batch of 8, slower).
 cdef Py_ssize_t stage_bytes = 1 << 20
 cdef Py_ssize_t stage_late_rows = 4
 
@@ -231,7 +234,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     float32/float64 table with unit stride), then every batch row that uses
     them, in long runs: long runs keep the streams sequential (blocks of
     32 tokens measured 1.8x a streaming pass). Batch rows of unit stride go
-    EARLY_ROWS of them as the rows are made, then a.late_rows at a time over
+    EARLY_ROWS of them as the rows are made, the others a.late_rows at a time over
     the chunk, each vector of a staged row read once for the group: for
     (8, 2048, 1024) float32 that measured 0.75x the time of one batch row
     after another (more streams of x in flight, making the rows overlapped
@@ -267,17 +270,27 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     # is made, while it is in L1 (a chunk of rows made first, then added, makes the
     # data pass twice)
     cdef bint fused = a.fused
-    # batch rows sharing PE rows, staged (unit stride): up to EARLY_ROWS of them take each
-    # row (or pair of rows) as soon as it is made, while it is in L1, so that making the
-    # rows, which is arithmetic, overlaps their memory traffic; more read the staged
-    # rows from the caches afterwards, a.late_rows at a time
-    cdef bint staged = not direct and not fused and a.sd == 1 and a.accumulate
-    cdef Py_ssize_t early = b1 - b0 if (
-        staged and a.fblock == a.nfreq and b1 - b0 <= EARLY_ROWS) else 0
     # float32 rows (a table's, staged for an add, or fused) two at a time: fpe_pe_rows2_f32
     cdef bint rows2 = store_t is not double and not a.split and a.fblock == a.nfreq
+    # batch rows sharing PE rows, staged (unit stride): up to EARLY_ROWS of them take each
+    # row (or pair of rows) as soon as it is made, while it is in L1, so that making the
+    # rows, which is arithmetic, overlaps their memory traffic (EARLY_ROWS says when);
+    # the others read the staged rows from the caches afterwards, a.late_rows at a time
+    cdef bint staged = not direct and not fused and a.sd == 1 and a.accumulate
+    cdef Py_ssize_t early = 0
+    if staged and a.fblock == a.nfreq:
+        if b1 - b0 <= EARLY_ROWS:
+            early = b1 - b0
+        elif rows2 and store_t is float:
+            early = EARLY_ROWS
     cdef float *pe0
     cdef float *pe1
+    # float32 batch rows that take each pair of rows as it is made, in registers
+    # (fpe_pe_rows2_f32 says why): the one batch row of a fused add, or the early rows
+    cdef Py_ssize_t nx = 0
+    cdef float *xrow
+    if store_t is float:
+        nx = 1 if fused and a.sd == 1 and a.accumulate else early
     f0 = 0
     while f0 < a.nfreq:  # one block unless the rows are very wide
         f1 = min(f0 + a.fblock, a.nfreq)
@@ -303,9 +316,15 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 else:
                     pe0 = pe_f + (0 if fused else (t - t0) * a.dim)
                     pe1 = pe0 + a.dim
+                xrow = NULL
+                if store_t is float:
+                    if nx:
+                        xrow = <float *>(x + b0 * a.sb + t * a.ss)
                 if fpe_pe_rows2_f32(s, c, step_s, step_c, pe0, pe1, a.dim, a.nfreq, mult,
-                                    a.stream):
-                    if fused:
+                                    a.stream, xrow, xrow + a.ss, nx, a.sb, <float>a.scale):
+                    if nx:
+                        pass
+                    elif fused:
                         add_block(x + b0 * a.sb + t * a.ss, a.sd, pe0, a.dim, a.nfreq,
                                   a.split, 0, a.nfreq, a.accumulate, <float>a.scale)
                         add_block(x + b0 * a.sb + (t + 1) * a.ss, a.sd, pe1, a.dim, a.nfreq,
