@@ -289,6 +289,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     # (fpe_pe_rows2_f32 says why): the one batch row of a fused add, or the early rows
     cdef Py_ssize_t nx = 0
     cdef float *xrow
+    cdef float *xnext
     if store_t is float:
         nx = 1 if fused and a.sd == 1 and a.accumulate else early
     f0 = 0
@@ -316,12 +317,13 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 else:
                     pe0 = pe_f + (0 if fused else (t - t0) * a.dim)
                     pe1 = pe0 + a.dim
-                xrow = NULL
+                xrow = xnext = NULL
                 if store_t is float:
                     if nx:
                         xrow = <float *>(x + b0 * a.sb + t * a.ss)
+                        xnext = xrow + a.ss
                 if fpe_pe_rows2_f32(s, c, step_s, step_c, pe0, pe1, a.dim, a.nfreq, mult,
-                                    a.stream, xrow, xrow + a.ss, nx, a.sb, <float>a.scale):
+                                    a.stream, xrow, xnext, nx, a.sb, <float>a.scale):
                     if nx:
                         pass
                     elif fused:
