@@ -12,7 +12,8 @@ import contextlib
 import contextvars
 import functools
 import os
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -67,9 +68,11 @@ def backend() -> str:
     return "numpy" if _current.get() is None else "cython"
 
 
-def use_backend(name: str) -> contextlib.AbstractContextManager[None]:
+def use_backend(name: str) -> _Using:
     """Run the enclosed block on backend `name` ("cython" or "numpy"): a context
-    manager, whose name is checked when it is made.
+    manager (reusable, reentrant) or a function decorator, whose name is checked when
+    it is made. Made and never entered it changes nothing, and says so (a
+    RuntimeWarning): FASTPE_BACKEND sets the process's default.
 
     >>> with fastpe.use_backend("numpy"):
     ...     fastpe.apply_rope(q, k)        # the pure-NumPy loops
@@ -78,19 +81,47 @@ def use_backend(name: str) -> contextlib.AbstractContextManager[None]:
         raise ValueError(f"name must be 'cython' or 'numpy', got {name!r}")
     if name == "cython" and compiled is None:
         raise ImportError(f"the compiled kernels did not import ({import_error}); " + BUILD_HINT)
-    return _using(compiled if name == "cython" else None)
-
-
-@contextlib.contextmanager
-def _using(kernels: Any) -> Iterator[None]:
-    token = _current.set(kernels)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+    return _Using(name)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class _Using(contextlib.ContextDecorator):
+    """use_backend's block: each entry sets the context variable, its exit restores what
+    that entry found (a stack of tokens, so that one object can be entered again,
+    nested or later)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._kernels = compiled if name == "cython" else None
+        self._tokens: list[contextvars.Token[ModuleType | None]] = []
+        self._used = False
+
+    def __call__(self, func: _F) -> _F:
+        self._used = True
+        return super().__call__(func)
+
+    def _recreate_cm(self) -> _Using:
+        # a decorated function's calls each enter their own (threads may run it at once)
+        return _Using(self._name)
+
+    def __enter__(self) -> None:
+        self._used = True
+        self._tokens.append(_current.set(self._kernels))
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._tokens.pop())
+
+    def __del__(self) -> None:
+        if not self._used:
+            # a statement `fastpe.use_backend("numpy")` reads as a switch and is not one
+            warnings.warn(
+                f"fastpe.use_backend({self._name!r}) was made and never entered, so it "
+                f"changed nothing: it applies inside `with fastpe.use_backend("
+                f"{self._name!r}):` or to a function it decorates (FASTPE_BACKEND="
+                f"{self._name} sets the process's default)", RuntimeWarning, stacklevel=2)
+
 
 
 def numpy_only(fn: _F) -> _F:

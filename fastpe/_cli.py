@@ -186,9 +186,9 @@ def _threads_arg(text: str) -> int:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected a positive integer or 'all', got {text!r}") from None
+            f"expected a positive integer, 'all' or -1, got {text!r}") from None
     if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {n}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'all' or -1, got {n}")
     if n > _threads.MAX_THREADS:
         raise argparse.ArgumentTypeError(f"expected at most {_threads.MAX_THREADS} threads "
                                          f"(fastpe.set_num_threads' cap), got {n}")
@@ -535,7 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
     # busy), which would make the default table a measure of the neighbours.
     p.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="threads for fastpe and the floor: a positive count or 'all' "
-                        f"(= {fastpe.get_num_threads()} here); default 1, like NumPy's "
+                        f"(-1 too, as set_num_threads reads it; = {fastpe.get_num_threads()} "
+                        "here); default 1, like NumPy's "
                         "single-threaded ufuncs")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
                    default="float32",

@@ -4,8 +4,10 @@ FASTPE_BACKEND, info(), OpenMP in the build, and the FASTPE_ISA variants."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -75,6 +77,62 @@ def test_use_backend_nests():
                 assert fastpe.backend() == "numpy"
             assert fastpe.backend() == "cython"
         assert fastpe.backend() == "numpy"
+    assert fastpe.backend() == start
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_one_object_entered_again():
+    """One object serves several blocks, nested or one after another, each exit
+    restoring what its entry found."""
+    start = fastpe.backend()
+    other = fastpe.use_backend(_other(start))
+    same = fastpe.use_backend(start)
+    with other:
+        assert fastpe.backend() == _other(start)
+        with same:
+            assert fastpe.backend() == start
+            with other:
+                assert fastpe.backend() == _other(start)
+            assert fastpe.backend() == start
+        assert fastpe.backend() == _other(start)
+    assert fastpe.backend() == start
+    with other:
+        assert fastpe.backend() == _other(start)
+    assert fastpe.backend() == start
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_decorates_functions():
+    start = fastpe.backend()
+    seen = []
+
+    @fastpe.use_backend(_other(start))
+    def run(depth):
+        seen.append(fastpe.backend())
+        if depth:
+            run(depth - 1)
+        seen.append(fastpe.backend())
+
+    run(1)
+    assert seen == [_other(start)] * 4
+    assert fastpe.backend() == start
+
+
+def test_use_backend_made_and_never_entered_warns():
+    """A statement `fastpe.use_backend("numpy")` reads as a switch: it changes nothing,
+    and says so where it is written; entered or decorating, it says nothing."""
+    start = fastpe.backend()
+    with pytest.warns(RuntimeWarning, match=r"never entered.*FASTPE_BACKEND=numpy") as got:
+        fastpe.use_backend("numpy")
+    assert got[0].filename == __file__
+    assert fastpe.backend() == start
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        with fastpe.use_backend("numpy"):
+            pass
+        fastpe.use_backend("numpy")(lambda: None)
+        gc.collect()
+    assert [str(w.message) for w in quiet] == []
     assert fastpe.backend() == start
 
 

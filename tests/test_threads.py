@@ -48,6 +48,15 @@ def test_honours_omp_num_threads(n):
 
 
 @needs_openmp
+@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"},
+                                 {"OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "3"}])
+def test_omp_thread_limit_bounds_the_count(env):
+    """OpenMP holds every team to OMP_THREAD_LIMIT, whatever is asked: the count says
+    so."""
+    assert _threads_in_subprocess(**env) == [1, 1]
+
+
+@needs_openmp
 def test_omp_num_threads_past_the_cap_is_held_to_it():
     """OMP_NUM_THREADS=100000 is honoured up to set_num_threads' cap, past which OpenMP
     aborts the process when it cannot start the team."""

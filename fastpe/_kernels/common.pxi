@@ -89,11 +89,13 @@ cdef extern from *:
     #define FPE_OPENMP 0
     static int omp_get_max_threads(void) { return 1; }
     static int omp_get_thread_num(void) { return 0; }
+    static int omp_get_thread_limit(void) { return 1; }
     #endif
     """
     int FPE_OPENMP
     int omp_get_max_threads() nogil
     int omp_get_thread_num() nogil
+    int omp_get_thread_limit() nogil
 
 cdef extern from *:
     """

@@ -110,8 +110,10 @@ sinusoidal_staging(*((256 << 10, 8) if cpu_vendor() == "GenuineIntel" else (1 <<
 
 
 def openmp_max_threads():
-    """omp_get_max_threads(): honours OMP_NUM_THREADS and threadpoolctl; 1 without OpenMP."""
-    return omp_get_max_threads()
+    """The largest team a parallel region gets: omp_get_max_threads() (OMP_NUM_THREADS,
+    threadpoolctl) within omp_get_thread_limit() (OMP_THREAD_LIMIT, which the runtime
+    holds every team to); 1 without OpenMP."""
+    return min(omp_get_max_threads(), omp_get_thread_limit())
 
 
 def int64_range(cnp.ndarray a):
