@@ -78,6 +78,7 @@ cdef extern from "fastpe_math.h" nogil:
     int FPE_HALF_RUNS_512
     int FPE_HALF_ADD_RUNS
     int FPE_ROWS_VECTOR
+    int FPE_PE_ROWS2
     int FPE_HALF_ROTATE
 
 cdef extern from *:

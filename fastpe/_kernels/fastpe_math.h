@@ -1739,6 +1739,7 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * pair of rows is made overlapped them in part (the out-of-order window is shorter
  * than the two rows): on an Intel Xeon the baseline's add_sinusoidal (8, 2048, 1024)
  * took 0.9x the time so. */
+#define FPE_PE_ROWS2 (FPE_PAIRS_AVX2 || FPE_PAIRS_SSE2)  /* it makes rows (not a table's) */
 #if FPE_ROWS_AVX2
 #define FPE_MADD_F32(a, s, p) fmaf((a), (s), (p))
 #else

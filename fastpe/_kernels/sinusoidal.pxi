@@ -281,7 +281,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     if staged and a.fblock == a.nfreq:
         if b1 - b0 <= EARLY_ROWS:
             early = b1 - b0
-        elif rows2 and store_t is float:
+        elif rows2 and store_t is float and FPE_PE_ROWS2:
             early = EARLY_ROWS
     cdef float *pe0
     cdef float *pe1
