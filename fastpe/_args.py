@@ -80,7 +80,7 @@ def sinusoidal_table(length: object, dim: object, *, base: object, offset: objec
     length = _checks.count(length, "length")
     dim = _checks.count(dim, "dim", minimum=1)
     inv_freq, split, cos_first, zero_tail = _sinusoidal_common(dim, base, layout, frequencies)
-    out = _checks.output(out, (length, dim), dtype)
+    out = _checks.output(out, (length, dim), dtype, "length and dim")
     positions = _padding_shift(_checks.positions(None, offset, 1, length), padding_idx)
     _checks.angle_positions(positions.max, "offset")
     return SinusoidalPlan(out[None], positions, inv_freq, split, False, 1.0,
@@ -737,9 +737,10 @@ def add_alibi(scores: object, *, slopes: object, max_bias: object, q_offset: obj
               causal: object, symmetric: object, q_positions: object, k_positions: object,
               key_mask: object, num_threads: object) -> AlibiPlan:
     scores = _alibi_target(scores, "scores")
-    if scores.ndim < 3:
-        raise ValueError(f"scores must have at least 3 dimensions (..., heads, q_len, "
-                         f"k_len), got shape {scores.shape}")
+    if not 3 <= scores.ndim <= _constants.VIEW_DIMS:
+        raise ValueError(f"scores must have 3 to {_constants.VIEW_DIMS} dimensions (up to "
+                         f"{_constants.VIEW_DIMS - 3} leading dims, heads, q_len, k_len), "
+                         f"got shape {scores.shape}")
     return _alibi_plan(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
                        causal=causal, symmetric=symmetric, q_positions=q_positions,
                        k_positions=k_positions, key_mask=key_mask, accumulate=True,
@@ -753,7 +754,7 @@ def alibi_bias(num_heads: object, q_len: object, k_len: object, *, slopes: objec
     heads = _checks.count(num_heads, "num_heads")
     q = _checks.count(q_len, "q_len")
     k = _checks.count(k_len, "k_len")
-    out = _checks.output(out, (heads, q, k), dtype)
+    out = _checks.output(out, (heads, q, k), dtype, "num_heads, q_len and k_len")
     return _alibi_plan(out, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
                        causal=causal, symmetric=symmetric, q_positions=q_positions,
                        k_positions=k_positions, key_mask=key_mask, accumulate=False,

@@ -628,12 +628,18 @@ def angle_positions(maximum: int, name: str) -> None:
                          f"precision")
 
 
-def output(out: object, shape: tuple[int, ...], dtype: object) -> np.ndarray:
+def output(out: object, shape: tuple[int, ...], dtype: object, names: str) -> np.ndarray:
     """The `out` argument of a table-producing function, validated, or a new
-    array of `dtype` (None: float32) when out is None. A dtype given beside
-    out must agree with it."""
+    array of `dtype` (None: float32) when out is None (`names`: the arguments that
+    gave its shape, for the message when NumPy cannot describe an array that large). A
+    dtype given beside out must agree with it."""
     if out is None:
-        return np.empty(shape, dtype=float_dtype(dtype, "dtype"))
+        dt = float_dtype(dtype, "dtype")
+        try:
+            return np.empty(shape, dtype=dt)
+        except ValueError:  # past what an array's size can hold, not a lack of memory
+            raise ValueError(f"{names} give a table of shape {shape}: more {dt} elements "
+                             f"than an array can hold") from None
     out = array(out, "out", (len(shape),), writable=True)
     if out.shape != shape:
         raise ValueError(f"out must have shape {shape}, got {out.shape}")

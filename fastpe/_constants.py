@@ -16,6 +16,10 @@ MAX_INV_FREQ = 1.7976931348623157e308 / 2.0**63
 # Positions of another integer dtype, or in a list, converted on the kernels' stack.
 POSITIONS_STACK = 512
 
+# Dimensions the compiled entries take in an operand (ALiBi scores: five leading dims
+# before heads, q_len and k_len).
+VIEW_DIMS = 8
+
 # Position axes of multi-axis RoPE (M-RoPE, 2D vision RoPE; HunYuan-VL has 4).
 MAX_AXES = 16
 

@@ -66,6 +66,10 @@ def _alibi_slopes_math(n: int, max_bias: float) -> NDArray[np.float64]:
     return np.exp2(-max_bias * e)
 
 
+# the most float64 values an array can hold
+MAX_HEADS = np.iinfo(np.intp).max // 8
+
+
 @functools.lru_cache(maxsize=512)
 def cached_alibi_slopes(num_heads: int, max_bias: float) -> NDArray[np.float64]:
     """alibi_slopes for validated arguments, read-only, computed once."""
@@ -90,4 +94,7 @@ def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> NDArray[np.float64
     """
     n = _checks.count(num_heads, "num_heads", minimum=1)
     mb = _checks.real(max_bias, "max_bias", positive=True)
+    if n > MAX_HEADS:
+        raise ValueError(f"num_heads must be at most {MAX_HEADS} (a float64 array's "
+                         f"largest size), got {n}")
     return cached_alibi_slopes(n, mb).copy()

@@ -109,7 +109,7 @@ def relative_bias(table: object, q_len: object, k_len: object, *, bidirectional:
     k = _checks.count(k_len, "k_len")
     if dtype is None and out is None:
         dtype = t.dtype.newbyteorder("=")
-    x = _checks.output(out, (t.shape[1], q, k), dtype)
+    x = _checks.output(out, (t.shape[1], q, k), dtype, "table's heads, q_len and k_len")
     given = ((table, "table"), (t, "table"))
     if x.dtype.itemsize == 2 and t.dtype.itemsize == 8:
         # each value rounded once to the half type: the kernels read a float64 table

@@ -116,8 +116,8 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         returned): an ndarray, or an array viewed in place through DLPack or
         the buffer protocol; any float dtype (float16/32/64, bfloat16 with
         ml_dtypes), any strides and byte order. The leading dims (none, or
-        batch, or several) are the sequences: flattened in C order they are
-        the ``batch`` rows that per-sequence arguments index.
+        batch, or several, up to 5) are the sequences: flattened in C order
+        they are the ``batch`` rows that per-sequence arguments index.
     slopes : array of float, optional
         One finite slope per head (axis -3); default :func:`alibi_slopes`
         (heads, max_bias).

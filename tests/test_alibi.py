@@ -742,6 +742,12 @@ BAD_ADD = [
     # finite as float64, infinite in float32 scores' arithmetic: inf * 0 = NaN at k == q
     ("slopes-past-float32", None, {"slopes": [0.5, -1e300, 0.1]}, ValueError,
      ["slopes", "float32", "head 1"]),
+    # the same as the float64 array the compiled entry reads itself
+    ("slopes-past-float32-array", None, {"slopes": np.array([0.5, -1e300, 0.1])}, ValueError,
+     ["slopes", "float32", "head 1"]),
+    ("slopes-past-float32-array-f16", lambda: np.zeros(S, np.float16),
+     {"slopes": np.array([0.5, 4e38, 0.1]), "causal": True}, ValueError,
+     ["slopes", "float16", "head 1"]),
     ("slopes-text", None, {"slopes": ["a", "b", "c"]}, TypeError, ["slopes"]),
     ("slopes-and-max_bias", None, {"slopes": np.ones(3), "max_bias": 8.0}, ValueError,
      ["slopes", "max_bias"]),
@@ -779,6 +785,8 @@ BAD_ADD = [
     ("int-dtype", lambda: np.zeros(S, np.int32), {}, TypeError, ["scores"]),
     ("complex-dtype", lambda: np.zeros(S, np.complex64), {}, TypeError, ["scores"]),
     ("two-dims", lambda: np.zeros((4, 6), np.float32), {}, ValueError, ["scores"]),
+    ("nine-dims", lambda: np.zeros((1,) * 6 + S[-3:], np.float32), {}, ValueError,
+     ["scores", "8 dimensions"]),
     ("q-longer-than-k", lambda: np.zeros((2, 3, 7, 6), np.float32), {}, ValueError,
      ["q_offset"]),
 ]
@@ -800,6 +808,7 @@ BAD_BIAS = [
     ("slopes-past-float32", (3, 4, 6), {"slopes": [1.0, 2.0, 1e39], "dtype": "float32"},
      ValueError, ["slopes", "float32", "head 2"]),
     ("q-longer-than-k", (3, 7, 6), {}, ValueError, ["q_offset"]),
+    ("past-arrays", (2**40, 2**20, 2**20), {}, ValueError, ["num_heads", "q_len", "k_len"]),
     ("out-shape", (3, 4, 6), {"out": np.zeros((3, 4, 5))}, ValueError, ["out"]),
     ("out-read-only", (3, 4, 6), {"out": np.zeros((3, 4, 6))}, TypeError, ["out"]),
     ("out-dtype-contradiction", (3, 4, 6), {"out": np.zeros((3, 4, 6)), "dtype": "float16"},

@@ -506,6 +506,7 @@ ROWS += [
           ("num_heads-float", 2.0, 8.0, TypeError, "num_heads"),
           ("num_heads-none", None, 8.0, TypeError, "num_heads"),
           ("num_heads-bool", True, 8.0, TypeError, "num_heads"),
+          ("num_heads-past-arrays", 2**70, 8.0, ValueError, "num_heads"),
           ("max_bias-nan", 8, float("nan"), ValueError, "max_bias"),
           ("max_bias-negative", 8, -1.0, ValueError, "max_bias"),
           ("max_bias-zero", 8, 0, ValueError, "max_bias"),

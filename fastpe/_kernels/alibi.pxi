@@ -1221,7 +1221,8 @@ cdef void alibi_owned_free(AlibiOwned *o) noexcept:
 cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
                        Py_ssize_t heads) noexcept:
     """slopes an exact, C-contiguous, aligned, native float64 vector of `heads` finite
-    values whose bytes are apart from x's, copied into o.slopes."""
+    values (within float32's range unless x is float64: its arithmetic is float32's)
+    whose bytes are apart from x's, copied into o.slopes."""
     if not cnp.PyArray_CheckExact(slopes):
         return False
     cdef cnp.ndarray s = <cnp.ndarray>slopes
@@ -1235,8 +1236,11 @@ cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
         return False
     memcpy(o.slopes, cnp.PyArray_DATA(s), heads * sizeof(double))
     cdef Py_ssize_t h
+    cdef bint f64 = cnp.PyArray_TYPE(x) == cnp.NPY_DOUBLE
     for h in range(heads):
         if not (o.slopes[h] - o.slopes[h] == 0):  # NaN or infinite
+            return False
+        if not f64 and not -FLT_MAX <= o.slopes[h] <= FLT_MAX:  # infinite as float32
             return False
     return True
 

@@ -281,11 +281,6 @@ cdef inline Py_ssize_t elem_stride(cnp.ndarray a, int axis) noexcept:
     return cnp.PyArray_STRIDES(a)[axis] // cnp.PyArray_ITEMSIZE(a)
 
 
-cdef enum:
-    # dimensions a View holds: more than any compiled entry's plain case takes
-    VIEW_DIMS = 8
-
-
 cdef struct View:
     # an operand's memory as the compiled entries check and read it: an ndarray's
     # (array_view) or a torch CPU tensor's, read without making an ndarray (tensor_view)
