@@ -375,6 +375,9 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
     q4, k4 = rope_views(q, k, layout)
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     head_dim = q4.shape[3]
+    if head_dim < 2:
+        raise ValueError(f"q must have a head_dim (its last axis) of at least 2, one pair to "
+                         f"rotate, got shape {q4.shape} ({layout} layout)")
     if spec is not None:
         if head_dim != spec_head_dim:
             raise ValueError(f"q has head_dim {head_dim} but this RotaryEmbedding is for "
@@ -652,8 +655,10 @@ def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
     m = _checks.as_array(value, "key_mask")
     rows = _per_sequence(m, "key_mask", lead, batch, length,
                             f"one flag per key, {length} keys")
+    # the call's own copy, in row order whatever the caller's layout (a transposed or
+    # broadcast mask, as transformers' expand() makes, keeps its order through astype)
     if m.dtype.kind == "b":
-        return m.astype(np.uint8).reshape(rows, length)  # the call's own copy
+        return np.array(m, dtype=np.uint8, order="C").reshape(rows, length)
     if m.dtype.kind not in "iu":
         raise TypeError(f"key_mask must be booleans (or integers 0/1; True = attend), got "
                         f"dtype {m.dtype}")
@@ -661,7 +666,7 @@ def _alibi_key_mask(value: object, lead: tuple[int, ...], batch: int,
     if m.size and not ((m == 0) | (m == 1)).all():
         raise ValueError("key_mask must hold only 0 and 1 (1 = a real key to attend to, "
                          "0 = padding)")
-    return m.astype(np.uint8).reshape(rows, length)
+    return np.array(m, dtype=np.uint8, order="C").reshape(rows, length)
 
 
 def _alibi_target(scores: object, name: str) -> np.ndarray:

@@ -634,6 +634,23 @@ def test_key_mask_accepts_bool_and_0_1_integers():
     assert np.all(np.isneginf(a[0, :, :, 0])) and np.isfinite(a[1]).all()
 
 
+@pytest.mark.parametrize("layout", ["fortran", "broadcast-row", "reversed"])
+def test_key_mask_of_any_layout(layout):
+    """A mask is read by its values, whatever its layout (transposed in memory, one row
+    broadcast to every sequence as transformers' mask.expand() gives, reversed)."""
+    m = np.random.default_rng(3).random((3, 7)) > 0.3
+    m[:, -1] = True
+    mask = {"fortran": np.asfortranarray(m), "reversed": m[:, ::-1],
+            "broadcast-row": np.broadcast_to(m[1:2], m.shape)}[layout]
+    values = {"fortran": m, "reversed": m[:, ::-1],
+              "broadcast-row": np.repeat(m[1:2], 3, 0)}[layout]
+    s = np.zeros((3, 2, 4, 7), np.float32)
+    got = fastpe.add_alibi(s.copy(), key_mask=mask)
+    assert_bytes_equal(got, fastpe.add_alibi(s.copy(), key_mask=np.ascontiguousarray(values)),
+                       layout)
+    assert (np.isneginf(got) == ~np.broadcast_to(values[:, None, None, :], got.shape)).all()
+
+
 
 @pytest.mark.parametrize("lead, forms", [
     ((1,), ["(6,)", "(1, 6)"]),

@@ -266,6 +266,31 @@ def test_key_mask_forms():
     assert_bytes_equal(shared, fastpe.add_relative_bias(s.copy(), table, key_mask=[m[0, 0]]))
 
 
+def key_mask_layouts(m):
+    """m (rows, k) as masks laid out other than row by row: transposed in memory, a row
+    broadcast to every sequence (transformers' mask.expand()), reversed keys."""
+    yield "fortran", np.asfortranarray(m), m
+    yield "broadcast-row", np.broadcast_to(m[1:2], m.shape), np.repeat(m[1:2], len(m), 0)
+    yield "int8-fortran", np.asfortranarray(m.astype(np.int8)), m
+    yield "reversed", m[:, ::-1], m[:, ::-1]
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_key_mask_layouts_mask_their_own_keys(i):
+    """A mask is read by its values, whatever its layout: -inf exactly on its zeros."""
+    table, _ = t5_inputs((3, 2, 4, 7), np.float32)
+    m = np.random.default_rng(i).random((3, 7)) > 0.4
+    name, mask, values = list(key_mask_layouts(m))[i]
+    s = np.zeros((3, 2, 4, 7), np.float32)
+    got = fastpe.add_relative_bias(s.copy(), table, key_mask=mask)
+    assert_bytes_equal(got, fastpe.add_relative_bias(s.copy(), table,
+                                                     key_mask=np.ascontiguousarray(values)),
+                       name)
+    assert (np.isneginf(got) == ~np.broadcast_to(values[:, None, None, :], got.shape)).all()
+    got = fastpe.RelativeBias()(s.copy(), table, key_mask=mask)
+    assert (np.isneginf(got) == ~np.broadcast_to(values[:, None, None, :], got.shape)).all()
+
+
 # ---- threads, views, memory --------------------------------------------------------------------------
 
 

@@ -217,6 +217,13 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
     a.mask = NULL
     a.mrows = 1
     if key_mask is not None:
+        # read as a block of rows: any other layout would mask the wrong keys
+        if (not cnp.PyArray_CheckExact(key_mask) or cnp.PyArray_NDIM(key_mask) != 2
+                or cnp.PyArray_TYPE(key_mask) != cnp.NPY_UBYTE
+                or not cnp.PyArray_IS_C_CONTIGUOUS(key_mask)
+                or (<cnp.ndarray>key_mask).shape[1] != a.k):
+            raise ValueError("t5_relative: key_mask is not a C-contiguous uint8 "
+                             "(rows, k) array")
         a.mask = <const unsigned char *>cnp.PyArray_DATA(<cnp.ndarray>key_mask)
         a.mrows = (<cnp.ndarray>key_mask).shape[0]
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
