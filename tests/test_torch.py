@@ -235,6 +235,16 @@ def test_tensors_that_require_grad_are_refused_by_name(what):
         fastpe.add_learned(x, table)
 
 
+def test_tensors_that_require_grad_are_written_under_no_grad_as_torch_writes_them():
+    """Under torch.no_grad() torch's in-place ops write a leaf that requires grad (an
+    optimizer's step): so does fastpe, bumping its version counter, and reads one."""
+    x = torch.zeros(1, 3, 8, requires_grad=True)
+    table = torch.ones(4, 8, requires_grad=True)
+    with torch.no_grad():
+        fastpe.add_learned(x, table)
+    assert x._version == 1 and (x == 1).all() and x.requires_grad
+
+
 def test_negated_views_are_refused_as_targets_and_read_as_values():
     q = torch.zeros(1, 2, 1, 8)
     with pytest.raises(TypeError, match=r"\bq\b.*negative or conjugate bit"):
