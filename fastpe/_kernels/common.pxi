@@ -33,8 +33,8 @@ cdef extern from "fastpe_math.h" nogil:
                                  Py_ssize_t n, int gather)
     int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,
                          float *pe0, float *pe1, Py_ssize_t dim, Py_ssize_t nfreq,
-                         double mult, int stream, float *x0, float *x1, Py_ssize_t nx,
-                         Py_ssize_t xs, float xscale)
+                         double mult, int stream, void *x0, void *x1, Py_ssize_t nx,
+                         int half, Py_ssize_t xs, float xscale)
     void fpe_rotate_f32(float *x, const float *c, const float *s, Py_ssize_t half, int neox,
                         int wide)
     void fpe_rotate_f64(double *x, const double *c, const double *s, Py_ssize_t half,

@@ -1733,7 +1733,9 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * With neither AVX2 + FMA nor SSE2 it returns 0.
  * nx > 0 (not with `stream`): the rows are also added as they are made, in registers,
  * to nx batch rows of x, xs elements apart, starting at x0 (token t) and x1 (token
- * t + 1): x = x * xscale + pe, rounded as fpe_f32_madd_rows rounds (the same bits).
+ * t + 1): x = x * xscale + pe, rounded as fpe_f32_madd_rows rounds (the same bits);
+ * float32 rows, or float16 with `half` (only where FPE_HALF_ADD_RUNS: widened, added
+ * and narrowed in registers as fpe_f16_madd_rows does).
  * Making the rows leaves memory idle and adding them leaves the arithmetic ports idle:
  * one instruction stream doing both overlaps them, where a batch row added after each
  * pair of rows is made overlapped them in part (the out-of-order window is shorter
@@ -1750,13 +1752,28 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
 #define FPE_PE_ADD2(V, LOAD, STORE, ADD, MADD, r1, r2, j)                               \
     do {                                                                               \
         for (Py_ssize_t xr_ = 0; xr_ < nx; xr_++) {                                    \
-            float *a0_ = x0 + xr_ * xs + (j), *a1_ = x1 + xr_ * xs + (j);               \
+            float *a0_ = (float *)x0 + xr_ * xs + (j);                                 \
+            float *a1_ = (float *)x1 + xr_ * xs + (j);                                 \
             const V u0_ = LOAD(a0_), u1_ = LOAD(a1_);                                  \
             STORE(a0_, xplain ? ADD(u0_, (r1)) : MADD(u0_, xsv, (r1)));                 \
             STORE(a1_, xplain ? ADD(u1_, (r2)) : MADD(u1_, xsv, (r2)));                 \
         }                                                                              \
     } while (0)
 #define FPE_SSE2_MADD(a, s, p) _mm_add_ps(_mm_mul_ps((a), (s)), (p))
+/* the same on float16 rows: LOAD (fpe_f16 *) and STORE (fpe_f16 *, v) convert */
+#define FPE_PE_ADD2_F16(LOAD, STORE, MADD, r1, r2, j)                                   \
+    do {                                                                               \
+        for (Py_ssize_t xr_ = 0; xr_ < nx; xr_++) {                                    \
+            fpe_f16 *a0_ = (fpe_f16 *)x0 + xr_ * xs + (j);                             \
+            fpe_f16 *a1_ = (fpe_f16 *)x1 + xr_ * xs + (j);                             \
+            STORE(a0_, MADD(LOAD(a0_), xsv, (r1)));                                    \
+            STORE(a1_, MADD(LOAD(a1_), xsv, (r2)));                                    \
+        }                                                                              \
+    } while (0)
+#if FPE_HALF_RUNS_512
+#define FPE_F16X16_LOAD(p) fpe_f16x16_load((p), (__mmask16)0xffff)
+#define FPE_F16X16_STORE(p, v) fpe_f16x16_store((p), (__mmask16)0xffff, (v))
+#endif
 /* fpe_pe_rows2_f32's last frequencies, one at a time: frequency i's (sin, cos) of rows
  * t and t + 1 into their interleaved columns (an odd dim's last, a sine alone) */
 static FPE_ALWAYS_INLINE void fpe_pe_pairs2_store(float *pe0, float *pe1, Py_ssize_t i,
@@ -1777,13 +1794,25 @@ static FPE_ALWAYS_INLINE void fpe_pe_pairs2_store(float *pe0, float *pe1, Py_ssi
 
 /* fpe_pe_rows2_f32's adds of columns from..dim - 1, one at a time */
 static FPE_ALWAYS_INLINE void fpe_pe_add2_tail(const float *pe0, const float *pe1,
-                                               float *x0, float *x1, Py_ssize_t nx,
+                                               void *x0, void *x1, Py_ssize_t nx, int half,
                                                Py_ssize_t xs, float xscale, Py_ssize_t from,
                                                Py_ssize_t dim)
 {
+#if FPE_HALF_ADD_RUNS
+    if (half) {
+        for (Py_ssize_t r = 0; r < nx; r++)
+            for (Py_ssize_t j = from; j < dim; j++) {
+                fpe_f16 *a0 = (fpe_f16 *)x0 + r * xs + j, *a1 = (fpe_f16 *)x1 + r * xs + j;
+                *a0 = fpe_f16_make(FPE_MADD_F(fpe_f16_load(*a0), xscale, pe0[j]));
+                *a1 = fpe_f16_make(FPE_MADD_F(fpe_f16_load(*a1), xscale, pe1[j]));
+            }
+        return;
+    }
+#endif
+    (void)half;
     for (Py_ssize_t r = 0; r < nx; r++)
         for (Py_ssize_t j = from; j < dim; j++) {
-            float *a0 = x0 + r * xs + j, *a1 = x1 + r * xs + j;
+            float *a0 = (float *)x0 + r * xs + j, *a1 = (float *)x1 + r * xs + j;
             *a0 = xscale == 1.0f ? *a0 + pe0[j] : FPE_MADD_F32(*a0, xscale, pe0[j]);
             *a1 = xscale == 1.0f ? *a1 + pe1[j] : FPE_MADD_F32(*a1, xscale, pe1[j]);
         }
@@ -1792,10 +1821,14 @@ static FPE_ALWAYS_INLINE void fpe_pe_add2_tail(const float *pe0, const float *pe
 static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
                                    const double *step_c, float *pe0, float *pe1,
                                    Py_ssize_t dim, Py_ssize_t nfreq, double mult, int stream,
-                                   float *x0, float *x1, Py_ssize_t nx, Py_ssize_t xs,
-                                   float xscale)
+                                   void *x0, void *x1, Py_ssize_t nx, int half,
+                                   Py_ssize_t xs, float xscale)
 {
     const int xplain = xscale == 1.0f;
+#if !FPE_HALF_ADD_RUNS
+    if (half && nx)
+        return 0;   /* no conversions in registers here: the caller adds the rows */
+#endif
 #if FPE_PAIRS_AVX2
     const Py_ssize_t ncos = dim / 2;
     if (stream && (((uintptr_t)pe0 & 7) || (((uintptr_t)pe0 ^ (uintptr_t)pe1) & 63)))
@@ -1839,8 +1872,14 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
                     _mm512_storeu_ps(pe0 + 2 * i, r1);
                     _mm512_storeu_ps(pe1 + 2 * i, r2);
                     const __m512 xsv = _mm512_set1_ps(xscale);
-                    FPE_PE_ADD2(__m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps,
-                                _mm512_fmadd_ps, r1, r2, 2 * i);
+#if FPE_HALF_RUNS_512 && FPE_HALF_ADD_RUNS
+                    if (half)
+                        FPE_PE_ADD2_F16(FPE_F16X16_LOAD, FPE_F16X16_STORE, _mm512_fmadd_ps,
+                                        r1, r2, 2 * i);
+                    else
+#endif
+                        FPE_PE_ADD2(__m512, _mm512_loadu_ps, _mm512_storeu_ps,
+                                    _mm512_add_ps, _mm512_fmadd_ps, r1, r2, 2 * i);
                 }
             }
 #endif
@@ -1868,8 +1907,14 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
                     _mm256_storeu_ps(pe0 + 2 * i, r1);
                     _mm256_storeu_ps(pe1 + 2 * i, r2);
                     const __m256 xsv = _mm256_set1_ps(xscale);
-                    FPE_PE_ADD2(__m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps,
-                                _mm256_fmadd_ps, r1, r2, 2 * i);
+#if FPE_HALF_ADD_RUNS
+                    if (half)
+                        FPE_PE_ADD2_F16(fpe_f16x8_load, fpe_f16x8_store, _mm256_fmadd_ps,
+                                        r1, r2, 2 * i);
+                    else
+#endif
+                        FPE_PE_ADD2(__m256, _mm256_loadu_ps, _mm256_storeu_ps,
+                                    _mm256_add_ps, _mm256_fmadd_ps, r1, r2, 2 * i);
                 }
             }
             if (i >= nfreq)
@@ -1883,7 +1928,7 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
         c[i] = c2;
         fpe_pe_pairs2_store(pe0, pe1, i, ncos, dim, s1, c1, s2, c2, mult);
     }
-    fpe_pe_add2_tail(pe0, pe1, x0, x1, nx, xs, xscale, 2 * body, dim);
+    fpe_pe_add2_tail(pe0, pe1, x0, x1, nx, half, xs, xscale, 2 * body, dim);
     return 1;
 #elif FPE_PAIRS_SSE2
     /* the baseline: two frequencies at a time, each product rounded and then summed as
@@ -1924,12 +1969,12 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
         c[i] = c2;
         fpe_pe_pairs2_store(pe0, pe1, i, ncos, dim, s1, c1, s2, c2, mult);
     }
-    fpe_pe_add2_tail(pe0, pe1, x0, x1, nx, xs, xscale, 2 * body, dim);
+    fpe_pe_add2_tail(pe0, pe1, x0, x1, nx, half, xs, xscale, 2 * body, dim);
     return 1;
 #else
     (void)s; (void)c; (void)step_s; (void)step_c; (void)pe0; (void)pe1;
     (void)dim; (void)nfreq; (void)mult; (void)stream; (void)x0; (void)x1; (void)nx;
-    (void)xs; (void)xscale; (void)xplain;
+    (void)half; (void)xs; (void)xscale; (void)xplain;
     return 0;
 #endif
 }

@@ -281,16 +281,18 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     if staged and a.fblock == a.nfreq:
         if b1 - b0 <= EARLY_ROWS:
             early = b1 - b0
-        elif rows2 and store_t is float and FPE_PE_ROWS2:
+        elif rows2 and FPE_PE_ROWS2 and (
+                store_t is float or (store_t is fpe_f16 and FPE_HALF_ADD_RUNS)):
             early = EARLY_ROWS
     cdef float *pe0
     cdef float *pe1
-    # float32 batch rows that take each pair of rows as it is made, in registers
-    # (fpe_pe_rows2_f32 says why): the one batch row of a fused add, or the early rows
+    # float32 (float16, where it converts in registers) batch rows that take each pair
+    # of rows as it is made, in registers (fpe_pe_rows2_f32 says why): the one batch row
+    # of a fused add, or the early rows
     cdef Py_ssize_t nx = 0
-    cdef float *xrow
-    cdef float *xnext
-    if store_t is float:
+    cdef void *xrow
+    cdef void *xnext
+    if store_t is float or (store_t is fpe_f16 and FPE_HALF_ADD_RUNS):
         nx = 1 if fused and a.sd == 1 and a.accumulate else early
     f0 = 0
     while f0 < a.nfreq:  # one block unless the rows are very wide
@@ -318,12 +320,12 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                     pe0 = pe_f + (0 if fused else (t - t0) * a.dim)
                     pe1 = pe0 + a.dim
                 xrow = xnext = NULL
-                if store_t is float:
-                    if nx:
-                        xrow = <float *>(x + b0 * a.sb + t * a.ss)
-                        xnext = xrow + a.ss
+                if nx:
+                    xrow = <void *>(x + b0 * a.sb + t * a.ss)
+                    xnext = <void *>(x + b0 * a.sb + (t + 1) * a.ss)
                 if fpe_pe_rows2_f32(s, c, step_s, step_c, pe0, pe1, a.dim, a.nfreq, mult,
-                                    a.stream, xrow, xnext, nx, a.sb, <float>a.scale):
+                                    a.stream, xrow, xnext, nx, store_t is fpe_f16, a.sb,
+                                    <float>a.scale):
                     if nx:
                         pass
                     elif fused:
