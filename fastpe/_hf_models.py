@@ -379,10 +379,13 @@ WIDTH_KEYS: dict[str, tuple[str, float | None]] = {
 
 # Families whose rotary module computes its default-type frequencies with a function of
 # its own that reads no partial_rotary_factor (other rope types go through transformers'
-# shared functions, which read it): with rope type "default" the whole head rotates.
+# shared functions, which read it): with rope type "default" the whole head rotates; with
+# another type a partial factor narrows the frequencies while their attention rotates the
+# whole head, and the model's own code fails (refused).
 DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
-    apertus apertus1p5_text cwm gemma4_text gemma4_unified_text higgs_audio_v2 lfm3
-    ministral3 qwen3_omni_moe_talker_text qwen3_omni_moe_text qwen3_vl_moe_text
+    apertus apertus1p5_text cwm gemma4_text gemma4_unified_text higgs_audio_v2
+    hunyuan_vl_text lfm3 ministral3 paddleocr_vl_text qwen2_5_omni_text qwen2_5_vl_text
+    qwen2_vl_text qwen3_omni_moe_talker_text qwen3_omni_moe_text qwen3_vl_moe_text
     qwen3_vl_text
 """.split())
 

@@ -405,6 +405,17 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
             "config class derives from qk_rope_head_dim / head_dim (and its defaults) and "
             "fastpe does not: give the config object, its to_dict(), or the config.json "
             "save_pretrained writes")
+    if model_type in _hf_models.DEFAULT_TYPE_WHOLE and rope_type != "default" and not per_layer:
+        # their other rope types go through transformers' shared frequency functions,
+        # which read the factor, while their attention applies cos and sin to the whole
+        # head
+        moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
+        if moved is not None and moved != 1:
+            raise ValueError(
+                f"model_type {model_type!r} rotates the whole head, but its config sets "
+                f"partial_rotary_factor={moved!r} with rope_type {rope_type!r}, whose "
+                "transformers frequencies cover only that part of it: the model's own code "
+                "fails on this config")
     whole = (part is None and conv.width_key is None and not conv.trailing
              and conv.fixed_base is None
              and not (per_layer and partial is not None

@@ -396,6 +396,16 @@ def test_unsupported_models_raise(name):
         fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
 
 
+@pytest.mark.parametrize("name", _hf_case_ids("model_fails"))
+def test_configs_the_models_own_code_fails_on_raise(name):
+    """A partial_rotary_factor with a rope type whose transformers frequencies read it, in
+    a family whose attention rotates the whole head: the model raised (the fixture keeps
+    its error); fastpe refuses rather than rotate part of the head."""
+    assert HF_CASES[name]["error"].startswith("RuntimeError")
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=0\.5.*own code fails"):
+        fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
+
+
 # ---- position helpers against the models' own functions ------------------------------
 
 

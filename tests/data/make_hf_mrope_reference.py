@@ -185,7 +185,52 @@ TEXT_CASES = [
      dict(SMALL, rope_parameters=rp(5e5, mrope_section=[4, 6, 6])), 3, None),
     ("cosmos3_edge", "cosmos3_edge", "Cosmos3EdgeTextConfig", "Cosmos3EdgeTextRotaryEmbedding",
      dict(SMALL, rope_parameters=rp(5e6, mrope_section=[6, 5, 5])), 3, None),
+    # a top-level partial_rotary_factor, which these families' own default-type frequency
+    # functions do not read: the whole head rotates
+    *[(f"{name}_top_partial", pkg, cfg_cls, rot_cls,
+       dict(SMALL, partial_rotary_factor=0.5, rope_parameters=rp(theta, mrope_section=sec,
+                                                                 **extra)), axes, None)
+      for name, pkg, cfg_cls, rot_cls, theta, sec, extra, axes in [
+          ("qwen2_vl", "qwen2_vl", "Qwen2VLTextConfig", "Qwen2VLRotaryEmbedding", 1e6,
+           [4, 6, 6], {}, 3),
+          ("qwen2_5_vl", "qwen2_5_vl", "Qwen2_5_VLTextConfig", "Qwen2_5_VLRotaryEmbedding",
+           1e6, [4, 6, 6], {}, 3),
+          ("qwen2_5_omni", "qwen2_5_omni", "Qwen2_5OmniTextConfig",
+           "Qwen2_5OmniRotaryEmbedding", 1e6, [2, 7, 7], {}, 3),
+          ("paddleocr_vl", "paddleocr_vl", "PaddleOCRTextConfig", "PaddleOCRRotaryEmbedding",
+           5e5, [4, 6, 6], {}, 3),
+          ("hunyuan_vl", "hunyuan_vl", "HunYuanVLTextConfig", "HunYuanVLRotaryEmbedding", 1e4,
+           [2, 6, 6, 2], {}, 4),
+          ("qwen3_vl", "qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding", 5e6,
+           [6, 5, 5], {"mrope_interleaved": True}, 3)]],
 ]
+
+# (name, package, config class, rotary class, config kwargs, axes): configs on which the
+# model's own rotary module and apply function fail (a partial_rotary_factor read by
+# transformers' shared frequency functions for these rope types, while the attention
+# rotates the whole head): fastpe must refuse them
+MODEL_FAILS = [
+    ("qwen2_vl_linear_top_partial", "qwen2_vl", "Qwen2VLTextConfig", "Qwen2VLRotaryEmbedding",
+     dict(SMALL, partial_rotary_factor=0.5,
+          rope_parameters=dict(rp(1e6, mrope_section=[4, 6, 6]), rope_type="linear",
+                               factor=2.0)), 3),
+    ("qwen3_vl_yarn_top_partial", "qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding",
+     dict(SMALL, partial_rotary_factor=0.5,
+          rope_parameters=dict(rp(5e6, mrope_section=[6, 5, 5], mrope_interleaved=True),
+                               rope_type="yarn", factor=2.0,
+                               original_max_position_embeddings=1024)), 3),
+]
+
+
+def run_model_fails(case):
+    name, pkg, cfg_cls, rot_cls, kw, axes = case
+    try:
+        run_text((name, pkg, cfg_cls, rot_cls, kw, axes, None), 0)
+    except (RuntimeError, ValueError) as exc:
+        cfg = getattr(module(pkg, "configuration"), cfg_cls)(**kw)
+        return {"name": name, "kind": "model_fails", "config": config_json(cfg),
+                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+    raise AssertionError(f"{name}: the model's own code ran")
 
 
 def run_text(case, seed):
@@ -448,6 +493,7 @@ def main():
         arrays.update(arr)
     cases += [run_rope_index(c) for c in ROPE_INDEX_CASES]
     cases += [run_vision_grid(c) for c in VISION_GRID_CASES]
+    cases += [run_model_fails(c) for c in MODEL_FAILS]
     for name, pkg, cfg_cls, kw in UNSUPPORTED:
         cfg = getattr(module(pkg, "configuration"), cfg_cls)(**kw)
         cases.append({"name": name, "kind": "unsupported", "config": config_json(cfg)})
