@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _checks
-from ._rope_scaling import MAX_INV_FREQ
+from ._rope_scaling import MAX_SPEC_INV_FREQ
 
 _T = TypeVar("_T", bound=np.generic)
 
@@ -29,11 +29,18 @@ def sinusoidal_inv_freq(dim: int, base: float) -> NDArray[np.float64]:
         return frozen(np.empty(0))
     with np.errstate(over="ignore"):
         w = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(base) / dim))
-    if not w[-1] <= MAX_INV_FREQ:  # the largest; inf when base**(-2i/dim) overflows
-        raise ValueError(f"base={base!r} gives inverse wavelength {float(w[-1])!r} for "
-                         f"dim {dim}, above {MAX_INV_FREQ:.3g} (the largest for which "
-                         f"every int64 position has a finite angle); use a larger base")
+    _check_inv_freq(w, base, dim)
     return frozen(w)
+
+
+def _check_inv_freq(w: NDArray[np.float64], base: float, dim: int) -> None:
+    """RoPE's limit on frequencies (MAX_SPEC_INV_FREQ) for the sinusoids: past it, the
+    angles position * w carry whole radians of rounding (a base far below 1)."""
+    if w.size and not w.max() <= MAX_SPEC_INV_FREQ:  # inf when base**(-2i/dim) overflows
+        raise ValueError(f"base={base!r} gives inverse wavelength {float(w.max())!r} for "
+                         f"dim {dim}, above {MAX_SPEC_INV_FREQ} (radians per position: past "
+                         f"it the float64 angles carry more rounding than float32 "
+                         f"precision); use a base of at least 1")
 
 
 @functools.lru_cache(maxsize=256)
@@ -44,9 +51,7 @@ def fairseq_inv_freq(dim: int, base: float) -> NDArray[np.float64]:
     half = dim // 2
     with np.errstate(over="ignore"):
         w = np.exp(np.arange(half, dtype=np.float64) * (-math.log(base) / (half - 1)))
-    if not w.max() <= MAX_INV_FREQ:
-        raise ValueError(f"base={base!r} gives inverse wavelength {float(w.max())!r} for "
-                         f"dim {dim}, above {MAX_INV_FREQ:.3g}; use a larger base")
+    _check_inv_freq(w, base, dim)
     return frozen(w)
 
 

@@ -153,18 +153,25 @@ def test_out_of_range_derived_values_are_refused(entry, kw, match):
 
 
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
-def test_sinusoidal_base_that_overflows_the_frequencies(backend):
+@pytest.mark.parametrize("frequencies", ["transformer", "fairseq"])
+def test_sinusoidal_base_whose_frequencies_lose_the_angles(backend, frequencies):
+    """A base far below 1 gives inverse wavelengths of whole radians or more per position
+    (1e-3: up to 800; 1e-320: past float64), whose float64 angles carry rounding past
+    float32 precision: refused as RoPE refuses them, naming base. A base below 1 whose
+    frequencies stay within 8 rad per position is as accurate as any."""
     if backend == "cython" and fastpe.info()["backend"] != "cython":
         pytest.skip("the compiled extension is not built")
     x = np.zeros((2, 64), np.float32)
     with fastpe.use_backend(backend):
-        with pytest.raises(ValueError, match=r"\bbase\b"):
-            fastpe.add_sinusoidal(x, base=1e-320)
-        with pytest.raises(ValueError, match=r"\bbase\b"):
-            fastpe.sinusoidal_table(2, 64, base=1e-320)
-        # the smallest bases whose frequencies stay in range still give finite values
-        fastpe.add_sinusoidal(x, base=1e-3)
-    assert np.isfinite(x).all() and x.any()
+        for base in (1e-320, 1e-10, 1e-3):
+            with pytest.raises(ValueError, match=r"\bbase\b.*at least 1"):
+                fastpe.add_sinusoidal(x, base=base, frequencies=frequencies)
+            with pytest.raises(ValueError, match=r"\bbase\b.*at least 1"):
+                fastpe.sinusoidal_table(2, 64, base=base, frequencies=frequencies)
+        assert not x.any()
+        got = fastpe.sinusoidal_table(300, 64, base=0.5)
+    assert_close(got, pe_exact(np.arange(300), 64, base=0.5), np.float32, max_position=300,
+                 context="sinusoidal_table(base=0.5)")
 
 
 @pytest.mark.parametrize("freqs, match", [
