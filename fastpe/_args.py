@@ -551,7 +551,7 @@ def token_cos_sin(cos: object, sin: object, positions: object, offset: object,
                          f"of {c.shape[-1]} and {s.shape[:-1]} of {s.shape[-1]} frequencies")
     rows, seq = c.shape[0], c.shape[1]
     pos = np.arange(rows * seq, dtype=np.int64).reshape(rows, seq)
-    return c.reshape(rows * seq, -1), s.reshape(rows * seq, -1), pos
+    return c.reshape(rows * seq, c.shape[-1]), s.reshape(rows * seq, s.shape[-1]), pos
 
 
 def rope_cos_sin(positions: object, freqs: object,

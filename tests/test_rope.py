@@ -1177,6 +1177,22 @@ def test_tiny_and_empty_sizes(shape, k_shape, dtype):
                        max_position=4200, context=f"{backend_fn.__module__} {shape}")
 
 
+@pytest.mark.parametrize("form", ["3-d", "per_token"])
+@pytest.mark.parametrize("shape", [(2, 0, 4, 64), (0, 5, 4, 64)], ids=["seq=0", "batch=0"])
+def test_per_token_cos_sin_of_no_tokens_rotate_nothing(form, shape):
+    """transformers' (batch, seq, head_dim) cos and sin of an empty batch or sequence: a
+    call with nothing to rotate, as with a table and positions."""
+    for fn in (fastpe.apply_rope_cached, reference.apply_rope_cached):
+        q = np.zeros(shape, np.float32)
+        c = np.ones(shape[:2] + (64,), np.float32)
+        if form == "3-d":
+            got = fn(q, q.copy(), c, c)
+        else:
+            rows = np.ones((shape[1], 64), np.float32)  # (seq, rotary_dim), shared
+            got = fn(q, None, rows, rows, per_token=True)
+        assert got[0].shape == shape
+
+
 def test_empty_positions_give_empty_cos_sin():
     for fn in (fastpe.rope_cos_sin, reference.rope_cos_sin):
         c, s = fn(np.zeros((0,), np.int64), fastpe.rope_frequencies(8))
