@@ -18,9 +18,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _checks
+from ._grids import MAX_TOKENS
 
 __all__ = ["dinov3_positions", "efficientloftr_positions", "sam2_memory_positions",
            "sam3_vit_positions"]
+
+
+def _tokens(names: str, *counts: int) -> None:
+    """Refuse a grid of more than MAX_TOKENS positions before it is made (a larger one
+    would be a MemoryError naming nothing)."""
+    total = 1
+    for n in counts:
+        total *= n
+    if total > MAX_TOKENS:
+        raise ValueError(f"{names} give {total} positions, past the {MAX_TOKENS} (2**32) "
+                         f"positions fastpe makes at once")
 
 
 def _patches(size: object, patch_size: object, name: str) -> int:
@@ -49,6 +61,7 @@ def dinov3_positions(height: int, width: int, *,
     """
     h = _patches(height, patch_size, "height")
     w = _patches(width, patch_size, "width")
+    _tokens("height and width", h, w)
     # the same operations as the model (centre, divide, then 2c - 1), bit for bit in float64
     ys = 2.0 * ((np.arange(h, dtype=np.float64) + 0.5) / h) - 1.0
     xs = 2.0 * ((np.arange(w, dtype=np.float64) + 0.5) / w) - 1.0
@@ -68,6 +81,8 @@ def sam2_memory_positions(height: int, width: int, *, frames: int = 1) -> NDArra
     keys are not rotated: pass ``k[:, :-num_object_pointer_tokens]``.
     """
     f = _checks.count(frames, "frames", minimum=1)
+    _tokens("height, width and frames", _checks.count(height, "height", minimum=1),
+            _checks.count(width, "width", minimum=1), f)
     return np.tile(_grid(height, width, 1.0), (1, f))
 
 
@@ -95,6 +110,7 @@ def efficientloftr_positions(height: int, width: int) -> NDArray[np.float64]:
 def _grid(height: object, width: object, scale: float) -> NDArray[np.float64]:
     h = _checks.count(height, "height", minimum=1)
     w = _checks.count(width, "width", minimum=1)
+    _tokens("height and width", h, w)
     rows, cols = np.meshgrid(np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64),
                              indexing="ij")
     return np.stack([rows.ravel(), cols.ravel()]) * scale

@@ -356,6 +356,16 @@ ROWS += [
         2, 2, frames="2"), TypeError, r"\bframes\b"),
     Row("sam2_memory_positions/width-zero", lambda a: fastpe.sam2_memory_positions(2, 0),
         ValueError, r"\bwidth\b"),
+    # more positions than fastpe makes at once: named before anything is allocated
+    Row("dinov3_positions/past-2**32", lambda a: fastpe.dinov3_positions(2**20, 2**20),
+        ValueError, r"\bheight and width\b.*2\*\*32", category="value"),
+    Row("sam2_memory_positions/past-2**32", lambda a: fastpe.sam2_memory_positions(
+        2**16, 2**16, frames=2), ValueError, r"\bframes\b.*2\*\*32", category="value"),
+    Row("sam3_vit_positions/past-2**32", lambda a: fastpe.sam3_vit_positions(
+        2**20, 2**20, window_size=24), ValueError, r"\bwidth\b.*2\*\*32",
+        category="value"),
+    Row("efficientloftr_positions/past-2**32", lambda a: fastpe.efficientloftr_positions(
+        2**36, 1), ValueError, r"\bheight\b.*2\*\*32", category="value"),
     Row("sam3_vit_positions/window-size-float", lambda a: fastpe.sam3_vit_positions(
         4, 4, window_size=4.5), TypeError, r"\bwindow_size\b"),
     Row("sam3_vit_positions/height-negative", lambda a: fastpe.sam3_vit_positions(
