@@ -74,6 +74,13 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
     shift, jitter and rescale of the coordinates run only in training mode, so
     inference ignores pos_embed_shift / pos_embed_jitter / pos_embed_rescale."""
     head_dim = _head_dim(config, model_type, "hidden_size", "num_attention_heads")
+    # the model's torch.arange(0, 1, 4 / head_dim) has ceil(1 / (4 / head_dim)) entries in
+    # float64: one too many where that quotient rounds up past head_dim / 4 (196, 392, ...)
+    count = math.ceil(1.0 / (4.0 / head_dim))
+    if count != head_dim // 4:
+        raise ValueError(f"model_type {model_type!r} with head_dim {head_dim}: its code forms "
+                         f"torch.arange(0, 1, 4 / {head_dim}), {count} frequencies where the "
+                         f"head holds {head_dim // 4} per axis, and fails on them")
     theta = _theta(config, model_type, 100.0)
     axes, width, pair_axis, pair_freq, own_style = _vision_layout("hw", head_dim)
     emb = cls(head_dim, base=theta, style=style or own_style)

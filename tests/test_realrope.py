@@ -37,6 +37,23 @@ def fixture(name: str, key: str) -> np.ndarray:
     return ARRAYS[f"{name}/{key}"]
 
 
+@pytest.mark.parametrize("model_type", ["dinov3_vit", "eomt_dinov3", "sapiens2"])
+@pytest.mark.parametrize("head_dim", [192, 196, 200, 392, 1012])
+def test_dinov3_head_dims_whose_arange_miscounts_are_refused(model_type, head_dim):
+    """The family forms its frequencies as arange(0, 1, 4 / head_dim): for some head_dim
+    (196, 392, ...) the float step makes it one entry longer than head_dim / 4 (NumPy's
+    arange counts as torch's does), and the model's own code fails on its cos and sin:
+    refused, the others taken."""
+    count = np.arange(0, 1, 4 / head_dim, dtype=np.float32).size
+    config = dict(DINOV3, model_type=model_type, hidden_size=head_dim,
+                  num_attention_heads=1)
+    if count == head_dim // 4:
+        assert fastpe.RotaryEmbedding.from_hf_config(config).head_dim == head_dim
+    else:
+        with pytest.raises(ValueError, match=rf"head_dim {head_dim}: .*{count} frequencies"):
+            fastpe.RotaryEmbedding.from_hf_config(config)
+
+
 def test_fixture_is_transformers_525():
     assert FIXTURE["transformers_version"].startswith("5.25")
     assert {c["model_type"] for c in CASES.values()} >= {
