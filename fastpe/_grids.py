@@ -134,6 +134,9 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
         position where the grid starts; text after a grid resumes at that start plus
         max(h, w) / m (the frames do not count). This is what transformers'
         ``get_rope_index`` gives Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4V prompts.
+        A Qwen3-VL video is one ``(1, h, w)`` grid per frame, with the frame's
+        timestamp text tokens between them (its ``get_rope_index`` splits
+        ``video_grid_thw`` so): a ``(t, h, w)`` grid takes Qwen2-VL's frame layout.
 
     Examples
     --------
