@@ -591,7 +591,7 @@ ROPE_SCALING_UNREAD: frozenset[str] = frozenset(("cohere2_moe",))
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width.
-PARTIAL_FAILS: frozenset[str] = frozenset(("gpt_oss", "openai_privacy_filter"))
+PARTIAL_FAILS: frozenset[str] = frozenset(("gpt_oss", "openai_privacy_filter", "solar_open"))
 
 # Filled from tests/data/hf_zoo_reference.json (its "known" list, the model types of its
 # cases, the layer types its trace found without rotation in each family's default
