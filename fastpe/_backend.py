@@ -123,7 +123,6 @@ class _Using(contextlib.ContextDecorator):
                 f"{self._name} sets the process's default)", RuntimeWarning, stacklevel=2)
 
 
-
 def numpy_only(fn: _F) -> _F:
     """Run fn with the NumPy backend active: fastpe.reference's functions, which share
     the validating layer with the compiled backend, so never reach compiled code."""

@@ -6,7 +6,8 @@ from libc.string cimport memcpy
 cdef enum:
     # staged PE rows: added to the first EARLY_ROWS batch rows as they are made, the
     # others stage_late_rows batch rows at a time afterwards. float32 rows made in pairs
-    # go to the early rows in registers (fpe_pe_rows2_f32), at every batch size: on an
+    # (and float16 ones where the variant converts in registers) go to the early rows in
+    # registers (fpe_pe_rows2_f32), at every batch size: on an
     # Intel Xeon (8, 2048, 1024) took 0.89x the time of none early in the baseline, 0.9-1x
     # in the wide variants, and (4, 2048, 1024) 0.88x. Other rows are added after each is
     # made, and only where the batch has no more rows than that (on a Zen 5 with 1 MiB
