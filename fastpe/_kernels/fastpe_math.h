@@ -1742,11 +1742,6 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
  * than the two rows): on an Intel Xeon the baseline's add_sinusoidal (8, 2048, 1024)
  * took 0.9x the time so. */
 #define FPE_PE_ROWS2 (FPE_PAIRS_AVX2 || FPE_PAIRS_SSE2)  /* it makes rows (not a table's) */
-#if FPE_ROWS_AVX2
-#define FPE_MADD_F32(a, s, p) fmaf((a), (s), (p))
-#else
-#define FPE_MADD_F32(a, s, p) ((a) * (s) + (p))
-#endif
 /* fpe_pe_rows2_f32's adds of a vector of each row (at column j) into x's rows: LOAD,
  * STORE, ADD and MADD (a * s + p) name the width's operations */
 #define FPE_PE_ADD2(V, LOAD, STORE, ADD, MADD, r1, r2, j)                               \
@@ -1792,30 +1787,25 @@ static FPE_ALWAYS_INLINE void fpe_pe_pairs2_store(float *pe0, float *pe1, Py_ssi
     }
 }
 
-/* fpe_pe_rows2_f32's adds of columns from..dim - 1, one at a time */
+/* fpe_pe_rows2_f32's adds of columns from..dim - 1: the row adds themselves, whose
+ * rounding the vector adds above follow */
 static FPE_ALWAYS_INLINE void fpe_pe_add2_tail(const float *pe0, const float *pe1,
                                                void *x0, void *x1, Py_ssize_t nx, int half,
                                                Py_ssize_t xs, float xscale, Py_ssize_t from,
                                                Py_ssize_t dim)
 {
+    if (nx == 0 || from >= dim)
+        return;
 #if FPE_HALF_ADD_RUNS
     if (half) {
-        for (Py_ssize_t r = 0; r < nx; r++)
-            for (Py_ssize_t j = from; j < dim; j++) {
-                fpe_f16 *a0 = (fpe_f16 *)x0 + r * xs + j, *a1 = (fpe_f16 *)x1 + r * xs + j;
-                *a0 = fpe_f16_make(FPE_MADD_F(fpe_f16_load(*a0), xscale, pe0[j]));
-                *a1 = fpe_f16_make(FPE_MADD_F(fpe_f16_load(*a1), xscale, pe1[j]));
-            }
+        fpe_f16_madd_rows((fpe_f16 *)x0 + from, nx, xs, pe0 + from, dim - from, xscale, 0);
+        fpe_f16_madd_rows((fpe_f16 *)x1 + from, nx, xs, pe1 + from, dim - from, xscale, 0);
         return;
     }
 #endif
     (void)half;
-    for (Py_ssize_t r = 0; r < nx; r++)
-        for (Py_ssize_t j = from; j < dim; j++) {
-            float *a0 = (float *)x0 + r * xs + j, *a1 = (float *)x1 + r * xs + j;
-            *a0 = xscale == 1.0f ? *a0 + pe0[j] : FPE_MADD_F32(*a0, xscale, pe0[j]);
-            *a1 = xscale == 1.0f ? *a1 + pe1[j] : FPE_MADD_F32(*a1, xscale, pe1[j]);
-        }
+    fpe_f32_madd_rows((float *)x0 + from, nx, xs, pe0 + from, dim - from, xscale, 0);
+    fpe_f32_madd_rows((float *)x1 + from, nx, xs, pe1 + from, dim - from, xscale, 0);
 }
 
 static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
