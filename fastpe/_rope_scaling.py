@@ -405,17 +405,6 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
             "config class derives from qk_rope_head_dim / head_dim (and its defaults) and "
             "fastpe does not: give the config object, its to_dict(), or the config.json "
             "save_pretrained writes")
-    if model_type in _hf_models.DEFAULT_TYPE_WHOLE and rope_type != "default" and not per_layer:
-        # their other rope types go through transformers' shared frequency functions,
-        # which read the factor, while their attention applies cos and sin to the whole
-        # head
-        moved = partial if partial is not None else _hf_get(config, "partial_rotary_factor")
-        if moved is not None and moved != 1:
-            raise ValueError(
-                f"model_type {model_type!r} rotates the whole head, but its config sets "
-                f"partial_rotary_factor={moved!r} with rope_type {rope_type!r}, whose "
-                "transformers frequencies cover only that part of it: the model's own code "
-                "fails on this config")
     whole = (part is None and conv.width_key is None and not conv.trailing
              and conv.fixed_base is None
              and not (per_layer and partial is not None
@@ -1098,6 +1087,15 @@ def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
             f"model_type {model_type!r}: its config sets partial_rotary_factor={moved!r}, "
             "which its rotary module reads while its attention applies cos and sin to the "
             "whole head: the model's own code fails on this config")
+    # a family whose default-type frequencies alone ignore the factor rotates the whole
+    # head too, and fails the same way with another rope type
+    if ((whole or (top_level and model_type in _hf_models.DEFAULT_TYPE_WHOLE))
+            and rope_type != "default" and narrowed):
+        raise ValueError(
+            f"model_type {model_type!r} rotates the whole head, but its config sets "
+            f"partial_rotary_factor={moved!r} with rope_type {rope_type!r}, whose "
+            "transformers frequencies cover only that part of it: the model's own code "
+            "fails on this config")
     if not whole and model_type in _hf_models.KNOWN:
         return False
     given = [(name, value) for name, value in (
@@ -1113,12 +1111,6 @@ def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
             "whose rotary module rotates the whole head whatever that key says, while other "
             "families rotate part of it; fastpe cannot tell which this model does (give "
             "RotaryEmbedding(head_dim, rotary_dim=...) directly)")
-    if rope_type != "default" and narrowed:
-        raise ValueError(
-            f"model_type {model_type!r} rotates the whole head, but its config sets "
-            f"partial_rotary_factor={moved!r} with rope_type {rope_type!r}, whose "
-            "transformers frequencies cover only that part of it: the model's own code "
-            "fails on this config")
     return True
 
 
