@@ -10,7 +10,9 @@ caller's dtype. It never calls the compiled kernels.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -49,6 +51,21 @@ __all__ = [
 
 # ---- loops (the backend interface: plans in, arrays written) ----------------
 
+_Loop = TypeVar("_Loop", bound=Callable[..., None])
+
+
+def _ieee(loop: _Loop) -> _Loop:
+    """The loop with NumPy's floating-point warnings off: infinities and NaNs in the
+    caller's values (inf + -inf in an add, a NaN in a RoPE row, a sum past float16's
+    range) give their IEEE results, as the compiled kernels give them, without a
+    RuntimeWarning that only this backend would raise."""
+    @functools.wraps(loop)
+    def run(*args: Any) -> None:
+        with np.errstate(all="ignore"):
+            loop(*args)
+    return cast(_Loop, run)
+
+
 def _sinusoidal_rows(positions: np.ndarray, inv_freq: np.ndarray, dim: int,
                      split: bool) -> np.ndarray:
     """float64 PE rows for an int64 positions array: shape positions.shape + (dim,)."""
@@ -64,6 +81,7 @@ def _sinusoidal_rows(positions: np.ndarray, inv_freq: np.ndarray, dim: int,
     return pe
 
 
+@_ieee
 def run_sinusoidal(plan: _args.SinusoidalPlan) -> None:
     x = plan.x
     width = x.shape[2] - plan.zero_tail
@@ -82,6 +100,7 @@ def run_sinusoidal(plan: _args.SinusoidalPlan) -> None:
         x[...] = pe
 
 
+@_ieee
 def run_learned(plan: _args.LearnedPlan) -> None:
     x = plan.x
     work = _checks.compute_dtype(x.dtype)
@@ -128,6 +147,7 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: n
     second[...] = b * (cos if cos2 is None else cos2) + a * (sin if sin2 is None else sin2)
 
 
+@_ieee
 def run_rope(plan: _args.RopePlan) -> None:
     work = _checks.compute_dtype(plan.q.dtype)
     cos, sin = _rope_cos_sin(plan, work)
@@ -237,6 +257,7 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
 
 # ---- ALiBi ---------------------------------------------------------------------
 
+@_ieee
 def run_alibi(plan: _args.AlibiPlan) -> None:
     """scores (+)= slope[h] * (k_pos - q_pos), -inf where masked, the obvious way:
     the (rows, q, k) int64 distances, converted once to the compute dtype."""
@@ -265,8 +286,7 @@ def run_alibi(plan: _args.AlibiPlan) -> None:
         value = x.astype(work) + value
     if keep is not None:
         value = np.where(_alibi_rows(keep[:, None], lead), value, work.type(-np.inf))
-    with np.errstate(over="ignore"):  # a bias past float16's range rounds to -inf
-        x[...] = value
+    x[...] = value
 
 
 def _alibi_rows(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
@@ -315,6 +335,7 @@ def _leading_rows(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
     return a[0] if a.shape[0] == 1 else a.reshape(lead + a.shape[1:])
 
 
+@_ieee
 def run_relative_bias(plan: _relative_args.T5Plan) -> None:
     """scores (+)= table[bucket(j - q_pos_i), h], -inf where masked: the buckets of the
     (q, k) distances gathered from the table, converted once to the compute dtype."""
@@ -337,10 +358,10 @@ def run_relative_bias(plan: _relative_args.T5Plan) -> None:
         keep = keys if keep is None else keep & keys
     if keep is not None:
         value = np.where(keep, value, work.type(-np.inf))
-    with np.errstate(over="ignore"):  # a sum past float16's range rounds to inf
-        x[...] = value
+    x[...] = value
 
 
+@_ieee
 def run_disentangled_bias(plan: _relative_args.DebertaPlan) -> None:
     """scores += c2p[..., i, ci(i - j)] + p2c[..., j, pi(i - j)]: the gathers of
     transformers' disentangled_attention_bias, the sum rounded once before the add."""
@@ -362,8 +383,7 @@ def run_disentangled_bias(plan: _relative_args.DebertaPlan) -> None:
         p = np.swapaxes(np.take_along_axis(plan.p2c.astype(work), pi, axis=-1), -1, -2)
         total = p if total is None else total + p
     assert total is not None
-    with np.errstate(over="ignore"):
-        x[...] = x.astype(work) + total
+    x[...] = x.astype(work) + total
 
 
 @_backend.numpy_only
