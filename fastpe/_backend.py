@@ -70,9 +70,10 @@ def backend() -> str:
 
 def use_backend(name: str) -> _Using:
     """Run the enclosed block on backend `name` ("cython" or "numpy"): a context
-    manager (reusable, reentrant) or a function decorator, whose name is checked when
-    it is made. Made and never entered it changes nothing, and says so (a
-    RuntimeWarning): FASTPE_BACKEND sets the process's default.
+    manager (reusable, reentrant, one object usable by several threads at once) or a
+    function decorator, whose name is checked when it is made. Made and never entered
+    it changes nothing, and says so (a RuntimeWarning): FASTPE_BACKEND sets the
+    process's default.
 
     >>> with fastpe.use_backend("numpy"):
     ...     fastpe.apply_rope(q, k)        # the pure-NumPy loops
@@ -87,31 +88,36 @@ def use_backend(name: str) -> _Using:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+# What each use_backend block found on entry, innermost last, per thread and task (a
+# context variable: blocks nest within a context, whichever objects they are, so its
+# exits restore in that order whatever other threads enter and leave meanwhile)
+_entered: contextvars.ContextVar[tuple[ModuleType | None, ...]] = contextvars.ContextVar(
+    "fastpe_backend_entered", default=())
+
+
 class _Using(contextlib.ContextDecorator):
     """use_backend's block: each entry sets the context variable, its exit restores what
-    that entry found (a stack of tokens, so that one object can be entered again,
-    nested or later)."""
+    that entry found, so one object can be entered again (nested, later, or by several
+    threads at once)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._kernels = compiled if name == "cython" else None
-        self._tokens: list[contextvars.Token[ModuleType | None]] = []
         self._used = False
 
     def __call__(self, func: _F) -> _F:
         self._used = True
         return super().__call__(func)
 
-    def _recreate_cm(self) -> _Using:
-        # a decorated function's calls each enter their own (threads may run it at once)
-        return _Using(self._name)
-
     def __enter__(self) -> None:
         self._used = True
-        self._tokens.append(_current.set(self._kernels))
+        _entered.set(_entered.get() + (_current.get(),))
+        _current.set(self._kernels)
 
     def __exit__(self, *exc: object) -> None:
-        _current.reset(self._tokens.pop())
+        found = _entered.get()
+        _current.set(found[-1])
+        _entered.set(found[:-1])
 
     def __del__(self) -> None:
         if not self._used:

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -98,6 +99,49 @@ def test_use_backend_one_object_entered_again():
     assert fastpe.backend() == start
     with other:
         assert fastpe.backend() == _other(start)
+    assert fastpe.backend() == start
+
+
+@pytest.mark.skipif(not COMPILED, reason="needs both backends")
+def test_use_backend_one_object_in_two_threads_at_once():
+    """Blocks of one object in two threads, the first to enter leaving first: each
+    thread's exit restores its own backend, the other thread's block holds."""
+    start = fastpe.backend()
+    shared = fastpe.use_backend(_other(start))
+    step = [threading.Event() for _ in range(3)]
+    seen, errors = {}, []
+
+    def first():
+        try:
+            with shared:
+                step[0].set()
+                assert step[1].wait(10)
+            seen["first after"] = fastpe.backend()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            step[2].set()
+
+    def second():
+        try:
+            assert step[0].wait(10)
+            with shared:
+                step[1].set()
+                assert step[2].wait(10)
+                seen["second inside"] = fastpe.backend()
+            seen["second after"] = fastpe.backend()
+        except BaseException as exc:
+            errors.append(exc)
+            step[1].set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert errors == []
+    assert seen == {"first after": start, "second inside": _other(start),
+                    "second after": start}
     assert fastpe.backend() == start
 
 
