@@ -22,10 +22,12 @@ from typing import Any
 from . import _backend, _checks, _constants, _fork
 
 # Waking an OpenMP team costs about a microsecond on an idle machine and several
-# on a shared 2-CPU VM, where calls touching up to 1 MiB (a (1, 32, 1, 4096) ALiBi
-# decode, a (16, 1, 32, 128) batched RoPE decode) measured slower on two threads
-# than on one; below this many bytes touched a call runs on one thread.
-SERIAL_BYTES = 2 * 1024 * 1024
+# on a shared 2-CPU VM, where calls touching 2 MiB (read and written: a (32, 1, 32,
+# 128) batched RoPE decode, causal ALiBi on (1, 16, 64, 256) scores) took 1.2-1.35x
+# the time on two threads than on one, calls touching 4 MiB the same time either way
+# and larger ones less on two (an Intel Xeon, 2 MiB of L2 a core); below this many
+# bytes touched a call runs on one thread.
+SERIAL_BYTES = 4 * 1024 * 1024
 
 # More threads than this is a mistake, not a request: OpenMP runtimes abort the
 # whole process when they cannot create a team (libgomp: "Thread creation

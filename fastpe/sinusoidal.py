@@ -42,7 +42,8 @@ def _run(plan: _args.SinusoidalPlan) -> None:
         done = kern.sinusoidal_call(work, plan.inv_freq, plan.positions.array,
                                     plan.positions.offset, plan.scale, plan.split,
                                     plan.cos_first, plan.accumulate,
-                                    _threads.resolve(plan.num_threads, plan.x.nbytes))
+                                    _threads.resolve(plan.num_threads, (
+                                        2 if plan.accumulate else 1) * plan.x.nbytes))
     if not done:
         raise _checks.entry_declined("sinusoidal")
     if plan.zero_tail:
@@ -147,7 +148,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         arr: Any = x
         if arr.ndim in (2, 3) and kern.sinusoidal_call(
                 arr, _math.sinusoidal_inv_freq(arr.shape[-1], base), positions, offset, scale,
-                False, False, True, _threads.resolve(num_threads, arr.nbytes)):
+                False, False, True, _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,
                               scale=scale, num_threads=num_threads, frequencies=frequencies,

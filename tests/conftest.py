@@ -467,7 +467,7 @@ def awkward_params(shapes, dtypes=FLOAT_DTYPES, marks=None):
 
 @pytest.fixture(params=[1, 2], ids=["threads=1", "threads=2"])
 def both_threads(request, monkeypatch):
-    """num_threads 1 and 2. fastpe runs calls under 2 MiB serially whatever num_threads
+    """num_threads 1 and 2. fastpe runs calls under 4 MiB serially whatever num_threads
     says (an OpenMP region costs more than the work); for 2 the fixture lowers that
     threshold to 0 so that the small arrays of these tests really are split between two
     threads (when they have at least two 32-token blocks)."""

@@ -87,7 +87,7 @@ def test_honours_threadpoolctl():
         assert fastpe.get_num_threads() == 1, (
             f"threadpool_limits(1) did not reach fastpe's OpenMP runtime; threadpoolctl "
             f"sees {[lib['filepath'] for lib in openmp]}")
-        x = np.zeros((4, 512, 256), np.float32)  # above the serial threshold
+        x = np.zeros((4, 1024, 256), np.float32)  # at the serial threshold: threaded
         fastpe.add_sinusoidal(x)
     assert fastpe.get_num_threads() == default
 
@@ -147,15 +147,17 @@ def test_call_argument_overrides_the_setting():
 
 
 def _big(dtype, seed=0):
-    # 4 x 512 x 256 float32 = 2 MiB: calls stay serial only below 2 MiB
-    return np.random.default_rng(seed).uniform(-2, 2, (4, 512, 256)).astype(dtype)
+    # 4 x 1024 x 256 float32 = 4 MiB: calls touching less than SERIAL_BYTES stay serial
+    x = np.random.default_rng(seed).uniform(-2, 2, (4, 1024, 256)).astype(dtype)
+    assert x.nbytes >= _threads.SERIAL_BYTES
+    return x
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
 @pytest.mark.parametrize("positions", ["none", "per-row"])
 def test_large_add_sinusoidal_identical_for_1_2_3_threads(positions, dtype):
     pos = None if positions == "none" else \
-        np.random.default_rng(1).integers(0, 2**20, (4, 512))
+        np.random.default_rng(1).integers(0, 2**20, (4, 1024))
     results = []
     for n in (1, 2, 3):
         x = _big(dtype)
@@ -164,20 +166,20 @@ def test_large_add_sinusoidal_identical_for_1_2_3_threads(positions, dtype):
     for n, r in zip((2, 3), results[1:]):
         assert_bytes_equal(r, results[0], f"add_sinusoidal {dtype} positions={positions} "
                                           f"num_threads={n} vs 1")
-    full = np.broadcast_to(np.arange(512), (4, 512)) if pos is None else pos
+    full = np.broadcast_to(np.arange(1024), (4, 1024)) if pos is None else pos
     assert_close(results[0], _big(dtype).astype(np.float64) * 16 + pe_exact(full, 256), dtype,
                  magnitude=33.0, max_position=full.max(), context="add_sinusoidal large")
 
 
 def test_large_table_and_learned_identical_for_1_2_3_threads():
-    tables = [fastpe.sinusoidal_table(2048, 256, offset=5, num_threads=n) for n in (1, 2, 3)]
+    tables = [fastpe.sinusoidal_table(4096, 256, offset=5, num_threads=n) for n in (1, 2, 3)]
     for n, t in zip((2, 3), tables[1:]):
         assert_bytes_equal(t, tables[0], f"sinusoidal_table num_threads={n}")
     table = _big(np.float32, seed=3)[0]
     out = []
     for n in (1, 2, 3):
         x = _big(np.float32)
-        fastpe.add_learned(x, table, np.random.default_rng(4).integers(0, 512, (4, 512)),
+        fastpe.add_learned(x, table, np.random.default_rng(4).integers(0, 1024, (4, 1024)),
                            num_threads=n)
         out.append(x)
     for n, r in zip((2, 3), out[1:]):
