@@ -14,7 +14,7 @@ cdef enum:
     # chunks, batch 8 with none early took 0.86-0.95x the time of 2 early and 3 to 8
     # late; batch 2 both early 0.9x that of none). bfloat16 rows added in registers so
     # (rounded in integers, in element order or split into even and odd elements, or by
-    # VCVTNEPS2BF16) took 1.0-1.5x the time of adding them after each pair on that Xeon,
+    # VCVTNEPS2BF16) took 0.95-1.5x the time of adding them after each pair on that Xeon,
     # batch 1 to 8: their rounding takes the vector ports that making the rows needs.
     EARLY_ROWS = 2
     # staged rows that prefetch the next token's (row_prefetch) go to at most this many
