@@ -433,6 +433,10 @@ def test_disentangled_bias_equals_the_modules_score(case, backend):
     loader = fastpe.DisentangledBias.from_hf_config(case["config"])
     got = loader(np.zeros(want.shape), c2p=c2p, p2c=p2c)
     assert_close(got, want, np.float64, context=name)
+    q_len, k_len = want.shape[-2:]   # the model's settings (a span < 1: its max positions)
+    assert np.array_equal(loader.relative_positions(q_len, k_len),
+                          fastpe.deberta_relative_positions(q_len, k_len,
+                                                            **deberta_settings(case)))
     f32 = [None if a is None else a.astype(np.float32) for a in (c2p, p2c)]
     got32 = loader(np.zeros(want.shape, np.float32), c2p=f32[0], p2c=f32[1])
     assert_close(got32, want, np.float32, magnitude=float(np.abs(want).max()), context=name)
