@@ -151,14 +151,19 @@ def deberta_check(position_buckets: int, max_relative_positions: int) -> None:
 
 
 def deberta_span(position_buckets: int, max_relative_positions: int) -> int:
-    """transformers' pos_ebd_size: position_buckets when > 0, else max_relative_positions."""
+    """transformers' pos_ebd_size: position_buckets when > 0, else max_relative_positions.
+    A bias needs max_relative_positions >= 1 either way: DebertaV2's attention replaces a
+    value < 1 by the config's max_position_embeddings before it builds any positions, so
+    with position_buckets > 0 the raw value would give linear positions the model never
+    uses, where it takes log buckets."""
     span = position_buckets if position_buckets > 0 else max_relative_positions
-    if span < 1:
+    if max_relative_positions < 1:
+        role = ("the range its log buckets cover" if position_buckets > 0
+                else "the span of the relative embeddings")
         raise ValueError(
-            "max_relative_positions must be >= 1 when position_buckets <= 0: it is the span "
-            "of the relative embeddings (DebertaV2 replaces a value < 1 by the config's "
-            f"max_position_embeddings: pass that); got position_buckets={position_buckets}, "
-            f"max_relative_positions={max_relative_positions}")
+            f"max_relative_positions must be >= 1: it is {role} (DebertaV2 replaces a value "
+            f"< 1 by the config's max_position_embeddings: pass that); got position_buckets="
+            f"{position_buckets}, max_relative_positions={max_relative_positions}")
     if span > MAX_TABLE_DISTANCE:
         name = "position_buckets" if position_buckets > 0 else "max_relative_positions"
         raise ValueError(f"{name} must be at most {MAX_TABLE_DISTANCE} (2**22: the index of "

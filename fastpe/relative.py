@@ -33,6 +33,7 @@ __all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_rel
 TRANSFORMERS_CHECKED = "5.25"
 
 
+
 def _run_t5(plan: _relative_args.T5Plan) -> None:
     kern = _backend.kernels()
     if kern is None:
@@ -195,8 +196,8 @@ def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
         k_len (transformers' own p2c term has no other shape that adds to the scores).
     position_buckets, max_relative_positions : int
         The model's settings, as its attention module resolves them (DebertaV2 replaces a
-        max_relative_positions < 1 by max_position_embeddings); see
-        :meth:`DisentangledBias.from_hf_config`.
+        max_relative_positions < 1 by max_position_embeddings, so one < 1 is a
+        ValueError: pass that); see :meth:`DisentangledBias.from_hf_config`.
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``.
 

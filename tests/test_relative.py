@@ -618,6 +618,10 @@ def test_deberta_loader_settings():
         fastpe.DisentangledBias.from_hf_config({**cfg, "relative_attention": False})
     with pytest.raises(ValueError, match="c2p"):
         db(np.zeros((1, 1, 2, 2)), p2c=np.zeros((1, 1, 2, 512)))
+    # the config's values as they stand, not as the attention resolves them: refused
+    with pytest.raises(ValueError, match=r"max_relative_positions must be >= 1.*log buckets"
+                                         r".*max_position_embeddings"):
+        fastpe.DisentangledBias(position_buckets=256, max_relative_positions=-1)
 
 
 # ---- bad input: rows for tests/test_bad_input.py -------------------------------------------------------
@@ -709,6 +713,11 @@ BAD_DEBERTA = [
      ["max_relative_positions"]),
     ("max_relative_positions-below-buckets", None,
      {"c2p": _logits(5), "max_relative_positions": 4}, ValueError, ["max_relative_positions"]),
+    # the model's attention replaces it by max_position_embeddings before any positions:
+    # the raw -1 beside log buckets would give linear positions it never uses
+    ("max_relative_positions-unresolved-beside-buckets", None,
+     {"c2p": _logits(5), "max_relative_positions": -1}, ValueError,
+     ["max_relative_positions", "max_position_embeddings"]),
     ("position_buckets-one", None, {"c2p": _logits(5, 1), "position_buckets": 1}, ValueError,
      ["position_buckets"]),
     ("position_buckets-past-tables", None, {"c2p": _logits(5), "position_buckets": 2**40,
@@ -740,6 +749,8 @@ BAD_DEBERTA_POSITIONS = [
     ("max_relative_positions-too-small", (4, 4), {"position_buckets": 8,
                                                   "max_relative_positions": 5}, ValueError,
      ["max_relative_positions"]),
+    ("lengths-past-an-array", (2**62, 2), {}, ValueError, ["q_len", "k_len"]),
+    ("lengths-past-memory", (2**40, 2**40), {}, ValueError, ["q_len", "k_len"]),
 ]
 
 
