@@ -32,6 +32,14 @@ __all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_rel
 
 TRANSFORMERS_CHECKED = "5.25"
 
+# T5's and DeBERTa's gathers are bound by the core and by scattered reads rather than by
+# streaming bandwidth, so a team pays off on fewer bytes than fastpe._threads.SERIAL_BYTES
+# (set by streaming passes): on the 2-vCPU Intel Xeon two threads took 0.65-0.69x the
+# time of one on a T5 table of 1 MiB of float32 written, and 0.67-0.72x on a DeBERTa bias
+# of 2.5 MiB read and written, where streaming passes of 2 MiB took 1.2-1.35x. Their
+# bytes count this many times.
+T5_BYTES_WEIGHT = 4
+DEBERTA_BYTES_WEIGHT = 2
 
 
 def _run_t5(plan: _relative_args.T5Plan) -> None:
@@ -39,7 +47,7 @@ def _run_t5(plan: _relative_args.T5Plan) -> None:
     if kern is None:
         reference.run_relative_bias(plan)
         return
-    nbytes = plan.scores.nbytes * (2 if plan.accumulate else 1)
+    nbytes = T5_BYTES_WEIGHT * plan.scores.nbytes * (2 if plan.accumulate else 1)
     with _checks.kernel_views(plan.scores) as (work,):
         kern.t5_relative(work, _checks.dtype_code(work.dtype, "scores"),
                          _checks.kernel_view(plan.table), plan.spec.lut, plan.spec.reach,
@@ -52,8 +60,8 @@ def _run_deberta(plan: _relative_args.DebertaPlan) -> None:
     if kern is None:
         reference.run_disentangled_bias(plan)
         return
-    nbytes = 2 * plan.scores.nbytes + sum(a.nbytes for a in (plan.c2p, plan.p2c)
-                                          if a is not None)
+    nbytes = DEBERTA_BYTES_WEIGHT * (2 * plan.scores.nbytes + sum(
+        a.nbytes for a in (plan.c2p, plan.p2c) if a is not None))
     c2p = None if plan.c2p is None else _checks.kernel_view(plan.c2p)
     p2c = None if plan.p2c is None else _checks.kernel_view(plan.p2c)
     with _checks.kernel_views(plan.scores) as (work,):
