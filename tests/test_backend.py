@@ -7,6 +7,9 @@ import contextlib
 import gc
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -15,7 +18,9 @@ import pytest
 from conftest import (
     COMPILED,
     ISA_NAMES,
+    PACKAGE_ROOT,
     REQUESTED_BACKEND,
+    clean_env,
     cpu_family_id,
     cpu_runs,
     cpu_vendor_id,
@@ -276,6 +281,19 @@ def test_missing_extension_falls_back_to_numpy():
     info = report["info"]
     assert info["compiled"] is False and info["openmp"] is False and info["num_threads"] == 1
     assert info.get("import_error"), info
+
+
+def test_a_checkout_without_its_built_kernels_says_so(tmp_path):
+    """The package's files without the extension modules (a checkout never built): the
+    NumPy backend, and an import error that says the kernels are not built."""
+    shutil.copytree(PACKAGE_ROOT / "fastpe", tmp_path / "fastpe",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    proc = subprocess.run([sys.executable, "-c", REPORT], cwd=tmp_path, env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    report = _report(proc)
+    assert report["backend"] == "numpy"
+    error = report["info"]["import_error"]
+    assert "not built" in error and "circular" not in error, error
 
 
 def test_use_backend_cython_without_extension_is_an_import_error():

@@ -19,10 +19,18 @@ built or this CPU cannot run it (never a silent fallback); tests use it to check
 """
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 import os as _os
 from types import ModuleType as _ModuleType
 
-from . import kernels_baseline as _baseline
+try:
+    from . import kernels_baseline as _baseline
+except ImportError:
+    # Python's own message names a "partially initialized module" and a circular import
+    if _importlib_util.find_spec(__name__ + ".kernels_baseline") is None:
+        raise ImportError("the compiled kernels are not built here: no extension module "
+                          "fastpe._kernels.kernels_baseline") from None
+    raise
 
 # every variant there is, widest first
 VARIANTS = ("avx512", "avx2", "baseline")
