@@ -6,10 +6,11 @@ instruction-set level: ``kernels_baseline`` everywhere, plus ``kernels_avx2``
 on x86-64. ``fastpe._kernels`` chooses one for the CPU at import time (CPUID, and
 XGETBV for the OS's saving of the wider registers), so a wheel stays portable (no
 ``-march=native``) while still running wide vector code. Without ``FASTPE_ISA``
-that is kernels_avx512 on Intel CPUs that run it and kernels_avx2 elsewhere:
-kernels_avx512 measured faster in half precision on an Intel Xeon, and on an AMD Zen
-4, which executes 512-bit vectors as two 256-bit halves, faster in half-precision RoPE
-but slower on a float32 ALiBi decode (README, "Backends and threads").
+that is kernels_avx512 on CPUs that run it at full width (Intel's, AMD's from Zen 5)
+and kernels_avx2 elsewhere: kernels_avx512 measured faster in half precision on an
+Intel Xeon, and on an AMD Zen 4, which executes 512-bit vectors as two 256-bit halves,
+faster in half-precision RoPE but slower on a float32 ALiBi decode (README, "Backends
+and threads").
 
 Environment variables read here:
 
@@ -21,9 +22,11 @@ FASTPE_DISABLE_OPENMP=1
 FASTPE_ISA_VARIANTS=baseline,avx2,avx512
     Which variants to build (default: all the platform supports; baseline always).
 FASTPE_DEBUG=1
-    Cython bounds checks and wraparound back on, ``-O0 -g``: slow, for debugging.
+    Cython bounds checks and wraparound back on, ``-O0 -g3``: slow, for debugging.
 FASTPE_SANITIZE=address,undefined
     Build with those sanitizers (``-fsanitize=...``); see README "Development".
+FASTPE_LIBOMP_PREFIX=/path
+    macOS: the prefix of the libomp to build and link against (default: Homebrew's).
 """
 
 import os

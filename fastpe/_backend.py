@@ -75,8 +75,10 @@ def use_backend(name: str) -> _Using:
     it changes nothing, and says so (a RuntimeWarning): FASTPE_BACKEND sets the
     process's default.
 
-    >>> with fastpe.use_backend("numpy"):
-    ...     fastpe.apply_rope(q, k)        # the pure-NumPy loops
+    For example::
+
+        with fastpe.use_backend("numpy"):
+            fastpe.apply_rope(q, k)        # the pure-NumPy loops
     """
     if name not in BACKENDS:
         raise ValueError(f"name must be 'cython' or 'numpy', got {name!r}")

@@ -94,8 +94,8 @@ def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> NDArray[np.float64
     in float32; these are the float64 values they round.
 
     >>> fastpe.alibi_slopes(8)
-    array([0.5      , 0.25     , 0.125    , 0.0625   , 0.03125  , 0.015625 ,
-           0.0078125, 0.00390625])
+    array([0.5       , 0.25      , 0.125     , 0.0625    , 0.03125   ,
+           0.015625  , 0.0078125 , 0.00390625])
     """
     n = _checks.count(num_heads, "num_heads", minimum=1)
     mb = _checks.real(max_bias, "max_bias", positive=True)

@@ -93,6 +93,11 @@ class RopeFrequencies(NamedTuple):
     attention_scaling: float
 
 
+RopeFrequencies.inv_freq.__doc__ = (
+    "(rotary_dim // 2,) float64, read-only: pair j turns by position * inv_freq[j] rad")
+RopeFrequencies.attention_scaling.__doc__ = (
+    "The factor on cos and sin (YaRN's and LongRoPE's attention factor, else 1.0)")
+
 
 # One lock for every spec's frequency cache (held only to insert): a child forked while
 # another thread holds it gets a fresh one, or its first new length would wait forever.

@@ -147,8 +147,10 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
     softmax is unchanged by a constant per row, so this equals BLOOM's form
     ``scores + slope_h * k_pos_j`` (with its causal mask) after softmax.
 
-    >>> scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)   # (b, h, q, k)
-    >>> fastpe.add_alibi(scores, causal=True, key_mask=attention_mask)
+    In an attention layer::
+
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)   # (b, h, q, k)
+        fastpe.add_alibi(scores, causal=True, key_mask=attention_mask)
     """
     if type(scores) is not np.ndarray and _checks.is_tensor(scores):
         # a model's own torch tensors: viewed once, then the path of NumPy arrays

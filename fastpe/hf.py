@@ -460,9 +460,11 @@ def patch(model: Any) -> Any:
     Raises ValueError naming what is missing when fastpe cannot reproduce the model
     (see the module's docstring); the model is then unchanged.
 
-    >>> model = fastpe.hf.patch(LlamaForCausalLM(config).eval())
-    >>> with torch.no_grad():
-    ...     tokens = model.generate(input_ids, max_new_tokens=20)
+    With a transformers config and input ids::
+
+        model = fastpe.hf.patch(LlamaForCausalLM(config).eval())
+        with torch.no_grad():
+            tokens = model.generate(input_ids, max_new_tokens=20)
     """
     if getattr(model, _STATE, None) is not None:
         return model

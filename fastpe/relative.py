@@ -155,8 +155,10 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``; small calls run serially.
 
-    >>> scores = q @ k.transpose(0, 1, 3, 2)                 # T5 does not scale
-    >>> fastpe.add_relative_bias(scores, table, key_mask=attention_mask)
+    In a T5 layer (``table`` its ``relative_attention_bias.weight``)::
+
+        scores = q @ k.transpose(0, 1, 3, 2)                 # T5 does not scale
+        fastpe.add_relative_bias(scores, table, key_mask=attention_mask)
     """
     _run_t5(_relative_args.add_relative_bias(
         scores, table, bidirectional=bidirectional, max_distance=max_distance,
@@ -266,9 +268,17 @@ class RelativeBias:
     """T5-style bucketed relative bias settings, parsed once; the weight table is given
     per call (UMT5 has one per layer).
 
-    >>> rb = fastpe.RelativeBias.from_hf_config(t5_config)               # encoder
-    >>> rb(scores, layer.relative_attention_bias.weight, key_mask=attention_mask)
-    >>> dec = fastpe.RelativeBias.from_hf_config(t5_config, decoder=True)  # causal
+    ``num_buckets``, ``max_distance`` and ``bidirectional`` are
+    :func:`relative_position_bucket`'s (the config's relative_attention_num_buckets and
+    relative_attention_max_distance; bidirectional False for a decoder), ``causal`` masks
+    the keys after each query (a decoder's self-attention); a call is
+    :func:`add_relative_bias` with them.
+
+    With a model's config and one layer's logits and weights::
+
+        rb = fastpe.RelativeBias.from_hf_config(t5_config)               # encoder
+        rb(scores, layer.relative_attention_bias.weight, key_mask=attention_mask)
+        dec = fastpe.RelativeBias.from_hf_config(t5_config, decoder=True)  # causal
     """
 
     def __init__(self, num_buckets: int = 32, *, max_distance: int = 128,
@@ -382,6 +392,13 @@ class DisentangledBias:
     logits (``sqrt(head_dim * (1 + len(pos_att_type)))``), ``c2p`` / ``p2c`` whether
     pos_att_type has them and ``share_att_key`` whether the positions are projected by
     the query and key projections themselves.
+
+    ``position_buckets`` and ``max_relative_positions`` are
+    :func:`add_disentangled_bias`'s (as the attention resolves them: a
+    max_relative_positions < 1 is a ValueError, pass the config's
+    max_position_embeddings); ``head_dim`` (optional) gives ``scale``; a call is
+    :func:`add_disentangled_bias` with these settings, the logits that ``c2p`` and
+    ``p2c`` say the model has.
     """
 
     def __init__(self, *, position_buckets: int = -1, max_relative_positions: int = -1,

@@ -344,12 +344,20 @@ class RotaryEmbedding:
     ``feature_slice`` is the slice of the model's query head that this embedding's
     head_dim covers (all of it, except for MLA and trailing partial rotary; see
     :meth:`from_hf_config`). ``reverse`` is True for a model that rotates by -angle:
-    calls then rotate that way (and ``inverse=True`` undoes it).
+    calls then rotate that way (and ``inverse=True`` undoes it). ``prefix_tokens`` is
+    the count of leading tokens the model leaves unrotated (DINOv3's class and register
+    tokens; 0 elsewhere): pass ``q[:, prefix_tokens:]``. The embeddings of vision models
+    on real-valued coordinates also carry what their positions are made from (README,
+    "RoPE on real coordinates (DINOv3, SAM)"): ``grid``, the patch grid's (rows, columns) (SAM 2,
+    EdgeTAM, SAM 3), ``key_grid`` (SAM 2's and EdgeTAM's memory keys), ``window_size``
+    (SAM 3) and ``q_aggregation``, (kernel, stride) (EfficientLoFTR).
 
-    >>> rope = fastpe.RotaryEmbedding.from_hf_config(config)   # or a config.json dict
-    >>> q, k = rope(q, k, positions)
-    >>> mrope = fastpe.RotaryEmbedding(128, base=1e6, mrope_section=[16, 24, 24])
-    >>> q, k = mrope(q, k, position_ids)     # (3, batch, seq): temporal, height, width
+    With a model's config, q, k and its positions::
+
+        rope = fastpe.RotaryEmbedding.from_hf_config(config)   # or a config.json dict
+        q, k = rope(q, k, positions)
+        mrope = fastpe.RotaryEmbedding(128, base=1e6, mrope_section=[16, 24, 24])
+        q, k = mrope(q, k, position_ids)     # (3, batch, seq): temporal, height, width
     """
 
     def __init__(self, head_dim: int, *, base: float | None = None,

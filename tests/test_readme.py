@@ -1,4 +1,5 @@
-"""Every Python block in README.md runs as written.
+"""Every Python block in README.md runs as written, and every docstring example
+(``>>>``) of the public API prints what it shows.
 
 Each block runs on its own, in a fresh namespace, so a block that leans on a
 name another block defined (or on a name nobody defined) fails here. Blocks are
@@ -10,11 +11,17 @@ extra) is skipped, naming it.
 from __future__ import annotations
 
 import ast
+import doctest
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+import fastpe
+import fastpe.hf
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -64,3 +71,33 @@ def test_readme_example_runs(code, tmp_path, monkeypatch):
         pytest.skip(f"needs {', '.join(missing)}, not installed")
     monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here
     exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+
+
+def _documented() -> dict[str, object]:
+    """The public functions and classes, with the methods and properties of each class."""
+    found: dict[str, object] = {}
+    for module, prefix in ((fastpe, ""), (fastpe.hf, "hf.")):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not (inspect.isroutine(obj) or inspect.isclass(obj)):
+                continue
+            found[prefix + name] = obj
+            if inspect.isclass(obj):
+                for attr, raw in vars(obj).items():
+                    if (not attr.startswith("_") or attr == "__call__") and (
+                            inspect.isroutine(raw) or isinstance(raw, (property, classmethod,
+                                                                        staticmethod))):
+                        found[f"{prefix}{name}.{attr}"] = getattr(obj, attr)
+    return found
+
+
+def test_docstring_examples_print_what_they_show():
+    finder = doctest.DocTestFinder(recurse=False)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report: list[str] = []
+    ran = 0
+    for name, obj in _documented().items():
+        for test in finder.find(obj, name, globs={"np": np, "fastpe": fastpe}):
+            ran += runner.run(test, out=report.append).attempted
+    assert report == [], "".join(report)
+    assert ran >= 15, f"only {ran} docstring examples found"
