@@ -134,8 +134,9 @@ def test_bad_counts(bad, exc):
 
 def test_call_argument_overrides_the_setting():
     """num_threads= per call, including more threads than CPUs and -1, gives the same bits
-    as the process setting."""
-    x = np.random.default_rng(0).uniform(-1, 1, (4, 300, 256)).astype(np.float32)
+    as the process setting (on an x big enough to be threaded)."""
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 1024, 256)).astype(np.float32)
+    assert 2 * x.nbytes >= _threads.SERIAL_BYTES
     fastpe.set_num_threads(1)
     want = fastpe.add_sinusoidal(x.copy())
     for n in (2, -1, 64):
