@@ -628,18 +628,25 @@ def angle_positions(maximum: int, name: str) -> None:
                          f"precision")
 
 
+def new_array(shape: tuple[int, ...], dtype: np.dtype, names: str,
+              what: str = "a table") -> np.ndarray:
+    """np.empty(shape, dtype); past what an array's size can hold (not a lack of memory,
+    which stays a MemoryError) a ValueError naming `names`, the arguments that gave the
+    shape, before anything that size is made."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except ValueError:
+        raise ValueError(f"{names} give {what} of shape {shape}: more {dtype} elements "
+                         f"than an array can hold") from None
+
+
 def output(out: object, shape: tuple[int, ...], dtype: object, names: str) -> np.ndarray:
     """The `out` argument of a table-producing function, validated, or a new
     array of `dtype` (None: float32) when out is None (`names`: the arguments that
     gave its shape, for the message when NumPy cannot describe an array that large). A
     dtype given beside out must agree with it."""
     if out is None:
-        dt = float_dtype(dtype, "dtype")
-        try:
-            return np.empty(shape, dtype=dt)
-        except ValueError:  # past what an array's size can hold, not a lack of memory
-            raise ValueError(f"{names} give a table of shape {shape}: more {dt} elements "
-                             f"than an array can hold") from None
+        return new_array(shape, float_dtype(dtype, "dtype"), names)
     out = array(out, "out", (len(shape),), writable=True)
     if out.shape != shape:
         raise ValueError(f"out must have shape {shape}, got {out.shape}")

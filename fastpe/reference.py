@@ -431,11 +431,7 @@ def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int 
     pb = _checks.count(position_buckets, "position_buckets", minimum=None)
     mr = _checks.count(max_relative_positions, "max_relative_positions", minimum=None)
     _relative_math.deberta_check(pb, mr)
-    try:  # before anything of that size is made
-        d = np.empty((q, k), dtype=np.int64)
-    except ValueError:  # past what an array's size can hold, not a lack of memory
-        raise ValueError(f"q_len and k_len give ({q}, {k}) relative positions: more int64 "
-                         f"elements than an array can hold") from None
+    d = _checks.new_array((q, k), np.dtype(np.int64), "q_len and k_len", "relative positions")
     np.subtract(np.arange(q, dtype=np.int64)[:, None], np.arange(k, dtype=np.int64)[None, :],
                 out=d)
     return _relative_math.deberta_positions(d, pb, mr)
