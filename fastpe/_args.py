@@ -40,9 +40,9 @@ class LearnedPlan(NamedTuple):
     num_threads: int | None
 
 
-def _sinusoidal_common(dim: int, base: object, layout: object,
-                       frequencies: object) -> tuple[np.ndarray, bool, bool, bool]:
-    """(inv_freq, split, cos_first, zero_tail)."""
+def _sinusoidal_common(dim: int, base: object, layout: object, frequencies: object,
+                       rows: bool) -> tuple[np.ndarray, bool, bool, bool]:
+    """(inv_freq, split, cos_first, zero_tail); no frequencies without rows to fill."""
     base = _checks.real(base, "base", positive=True)
     layout = _checks.choice(layout, "layout", LAYOUTS)
     fairseq = _checks.choice(frequencies, "frequencies", SINUSOIDAL_FREQUENCIES) == "fairseq"
@@ -50,12 +50,12 @@ def _sinusoidal_common(dim: int, base: object, layout: object,
         raise ValueError(f"layout='split_cos' with an odd dim ({dim}) needs "
                          "frequencies='fairseq' (its last column is zero)")
     if not fairseq:
-        return (_math.sinusoidal_inv_freq(dim, base), layout != "interleaved",
+        return (_math.sinusoidal_inv_freq(dim, base, rows), layout != "interleaved",
                 layout == "split_cos", False)
     if dim < 4:
         raise ValueError(f"frequencies='fairseq' needs dim >= 4 (it divides by dim // 2 - 1), "
                          f"got {dim}")
-    return (_math.fairseq_inv_freq(dim, base), layout != "interleaved",
+    return (_math.fairseq_inv_freq(dim, base, rows), layout != "interleaved",
             layout == "split_cos", dim % 2 == 1)
 
 
@@ -79,8 +79,11 @@ def sinusoidal_table(length: object, dim: object, *, base: object, offset: objec
                      padding_idx: object = None) -> SinusoidalPlan:
     length = _checks.count(length, "length")
     dim = _checks.count(dim, "dim", minimum=1)
-    inv_freq, split, cos_first, zero_tail = _sinusoidal_common(dim, base, layout, frequencies)
+    # the table first: one past what memory holds is named by its shape, not by the
+    # frequencies' size
     out = _checks.output(out, (length, dim), dtype, "length and dim")
+    inv_freq, split, cos_first, zero_tail = _sinusoidal_common(dim, base, layout, frequencies,
+                                                               length > 0)
     positions = _padding_shift(_checks.positions(None, offset, 1, length), padding_idx)
     _checks.angle_positions(positions.max, "offset")
     return SinusoidalPlan(out[None], positions, inv_freq, split, False, 1.0,
@@ -92,8 +95,8 @@ def add_sinusoidal(x: object, *, positions: object, offset: object, base: object
                    padding_idx: object = None) -> SinusoidalPlan:
     x = _checks.array(x, "x", (2, 3), writable=True)
     x3 = x if x.ndim == 3 else x[None]
-    inv_freq, split, cos_first, zero_tail = _sinusoidal_common(x3.shape[2], base, layout,
-                                                               frequencies)
+    inv_freq, split, cos_first, zero_tail = _sinusoidal_common(
+        x3.shape[2], base, layout, frequencies, x3.shape[0] * x3.shape[1] > 0)
     scale = _checks.real(scale, "scale")
     if x.dtype != np.float64 and not abs(scale) <= _F32_MAX:
         raise ValueError(f"scale must be finite in float32, the arithmetic of {x.dtype} x "

@@ -22,15 +22,24 @@ def frozen(a: NDArray[_T]) -> NDArray[_T]:
 
 
 @functools.lru_cache(maxsize=256)
-def sinusoidal_inv_freq(dim: int, base: float) -> NDArray[np.float64]:
+def sinusoidal_inv_freq(dim: int, base: float, rows: bool = True) -> NDArray[np.float64]:
     """w_i = base^(-2i/dim) for i < ceil(dim / 2), computed as exp(2i * -ln(base) / dim)
-    like the Transformer's reference code (Vaswani et al., 2017). Read-only float64."""
-    if dim == 0:
-        return frozen(np.empty(0))
+    like the Transformer's reference code (Vaswani et al., 2017). Read-only float64;
+    none formed (base checked) for a call without rows to fill (rows False)."""
+    return _powers((dim + 1) // 2, 2, -math.log(base) / dim if dim else 0.0, base, dim, rows)
+
+
+def _powers(count: int, stride: int, step: float, base: float, dim: int,
+            rows: bool) -> NDArray[np.float64]:
+    """exp(stride * i * step) for i < count, read-only, checked by _check_inv_freq. With
+    no rows to fill, only the check, on the two ends (exp is monotonic): an empty
+    call's dim may ask for more frequencies than memory holds."""
+    i = (np.arange(0, stride * count, stride, dtype=np.float64) if rows else
+         np.array([0, stride * (count - 1)] if count else [], dtype=np.float64))
     with np.errstate(over="ignore"):
-        w = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(base) / dim))
+        w = np.exp(i * step)
     _check_inv_freq(w, base, dim)
-    return frozen(w)
+    return frozen(w if rows else w[:0])
 
 
 def _check_inv_freq(w: NDArray[np.float64], base: float, dim: int) -> None:
@@ -44,15 +53,12 @@ def _check_inv_freq(w: NDArray[np.float64], base: float, dim: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def fairseq_inv_freq(dim: int, base: float) -> NDArray[np.float64]:
+def fairseq_inv_freq(dim: int, base: float, rows: bool = True) -> NDArray[np.float64]:
     """w_j = base^(-j / (half - 1)) for j < half = dim // 2, computed as
     exp(j * -ln(base) / (half - 1)) like fairseq's sinusoidal positional embedding
-    (and M2M100, Whisper, MusicGen after it). Read-only float64; dim >= 4."""
-    half = dim // 2
-    with np.errstate(over="ignore"):
-        w = np.exp(np.arange(half, dtype=np.float64) * (-math.log(base) / (half - 1)))
-    _check_inv_freq(w, base, dim)
-    return frozen(w)
+    (and M2M100, Whisper, MusicGen after it). Read-only float64; dim >= 4; none formed
+    (base checked) for a call without rows to fill (rows False)."""
+    return _powers(dim // 2, 1, -math.log(base) / (dim // 2 - 1), base, dim, rows)
 
 
 def _alibi_slopes_math(n: int, max_bias: float) -> NDArray[np.float64]:

@@ -598,8 +598,16 @@ def _resolve_base(base: object, scaling: Mapping[str, Any]) -> float:
     return base
 
 
+# the most float64 values an array can hold
+_MAX_FREQUENCIES = np.iinfo(np.intp).max // 8
+
+
 def _rotary_width(head_dim: int, partial: object, name: str, dim_name: str = "dim") -> int:
-    """int(head_dim * partial), truncated as transformers does; it must be even."""
+    """int(head_dim * partial), truncated as transformers does; it must be even, and
+    its frequencies fit an array."""
+    if head_dim // 2 > _MAX_FREQUENCIES:
+        raise ValueError(f"{dim_name}={head_dim} asks for {head_dim // 2} frequencies: more "
+                         f"float64 values than an array can hold")
     if partial is None:
         if head_dim % 2:
             raise ValueError(

@@ -80,8 +80,11 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
         Threads; default ``fastpe.get_num_threads()``.
 
     Each value is one rounding of the slope (rounded to float32, or float64 for
-    float64 output) times the exact integer distance: exact to float32 and float64
-    output precision. float16 and bfloat16 tables hold that float32 value rounded
+    float64 output) times the exact integer distance while that distance is exact in
+    the type (below 2**24 for float32, 2**53 for float64): exact to float32 and
+    float64 output precision. A longer distance is rounded to the type first, as the
+    models' float32 arithmetic rounds it (under two units in the last place).
+    float16 and bfloat16 tables hold that float32 value rounded
     to their type, as BLOOM's ``build_alibi_tensor`` forms its bias in float32 and
     then casts it (in rare near-ties one unit in the last place from a single
     rounding of the exact product).

@@ -84,6 +84,8 @@ def _sinusoidal_rows(positions: np.ndarray, inv_freq: np.ndarray, dim: int,
 @_ieee
 def run_sinusoidal(plan: _args.SinusoidalPlan) -> None:
     x = plan.x
+    if not x.size:  # no rows, and no frequencies formed for them
+        return
     width = x.shape[2] - plan.zero_tail
     pe = _sinusoidal_rows(plan.positions.as_array(x.shape[1]), plan.inv_freq, width,
                           plan.split)

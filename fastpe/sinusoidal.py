@@ -32,7 +32,7 @@ from ._typing import (
 def _run(plan: _args.SinusoidalPlan) -> None:
     """The validated, normalised call, through the same compiled entry."""
     kern = _backend.kernels()
-    if kern is None:
+    if kern is None or not plan.x.size:
         reference.run_sinusoidal(plan)
         return
     x = plan.x
@@ -147,7 +147,7 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         # least 1 gives frequencies of at most 1, which sinusoidal_inv_freq never refuses
         arr: Any = x
         if arr.ndim in (2, 3) and kern.sinusoidal_call(
-                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base), positions, offset, scale,
+                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base, arr.size > 0), positions, offset, scale,
                 False, False, True, _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,

@@ -172,8 +172,9 @@ def bias_loop(slopes, q_len, k_len, q_offset, causal=False, symmetric=False) -> 
 
 
 def rounded_bias(slopes, dist, dtype) -> np.ndarray:
-    """What fastpe stores: the slope in the compute type times the exact distance in it,
-    one rounding (float64 for float64 storage, float32 otherwise), then the storage type."""
+    """What fastpe stores: the slope in the compute type times the distance converted to
+    it, one rounding of that product (float64 for float64 storage, float32 otherwise),
+    then the storage type. The distance itself is exact below 2**24 (2**53)."""
     work = np.float64 if np.dtype(dtype) == F64 else np.float32
     with np.errstate(over="ignore"):  # past float16's range: -inf, as fastpe stores it
         return (np.asarray(slopes, work)[:, None, None]
@@ -270,8 +271,9 @@ def test_large_tables_written_past_the_caches_are_the_reference(dtype, mode, shi
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_positions_past_2_24_are_exact(dtype):
     """Past 2^24 (float32) or 2^53 (float64) positions are no longer exact in the compute
-    type: the kernel switches to an exact integer loop; the value is still one rounding of
-    slope * (exact distance)."""
+    type: the kernel switches to an integer loop, whose distances are exact until they
+    are converted to the compute type (rounded past 2^24 or 2^53, as the models' own
+    float32 arithmetic rounds them); the value is then one rounding of slope * that."""
     for q_offset in (2**24 - 2, 2**24 - 1, 2**24, 2**40, 2**53 - 2, 2**53 - 1, 2**53, 2**62):
         got = fastpe.alibi_bias(3, 2, 5, q_offset=q_offset, dtype=dtype)
         dist = np.arange(5)[None, :] - (q_offset + np.arange(2))[:, None]

@@ -105,6 +105,7 @@ ROWS += [
     Row("table/dim-none", lambda a: ST(8, None), TypeError, r"\bdim\b"),
     Row("table/dim-zero", lambda a: ST(8, 0), ValueError, r"\bdim\b"),
     Row("table/dim-negative", lambda a: ST(8, -2), ValueError, r"\bdim\b"),
+    Row("table/dim-past-an-array", lambda a: ST(0, 2**62), ValueError, r"length and dim"),
     Row("table/base-str", lambda a: ST(8, D, base="10000"), TypeError, r"\bbase\b"),
     *[Row(f"table/base-{n}", lambda a, v=v: ST(8, D, base=v), ValueError, r"\bbase\b")
       for n, v in BAD_BASES],
@@ -413,6 +414,8 @@ ROWS += [
         r"\bdim\b"),
     Row("rope_frequencies/dim-zero", lambda a: fastpe.rope_frequencies(0), ValueError,
         r"\bdim\b"),
+    Row("rope_frequencies/dim-past-an-array", lambda a: fastpe.rope_frequencies(2**62),
+        ValueError, r"\bdim\b"),
     Row("rope_frequencies/base-nan", lambda a: fastpe.rope_frequencies(8, base=float("nan")),
         ValueError, r"\bbase\b"),
     Row("rope_frequencies/base-negative", lambda a: fastpe.rope_frequencies(8, base=-1.0),

@@ -277,6 +277,21 @@ def test_add_sinusoidal_on_x_with_no_features(backend):
         assert fastpe.add_sinusoidal(x) is x
 
 
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+@pytest.mark.parametrize("frequencies", ["transformer", "fairseq"])
+def test_no_rows_form_no_frequencies(backend, frequencies):
+    """A call with no rows to fill forms no frequencies: a width past what memory holds
+    costs nothing (x of zero elements, a table of no rows); the base is still checked."""
+    x = np.empty((1, 0, 2**40), np.float32)
+    with fastpe.use_backend(backend):
+        assert fastpe.add_sinusoidal(x, frequencies=frequencies) is x
+        assert fastpe.sinusoidal_table(0, 2**40, frequencies=frequencies).shape == (0, 2**40)
+        with pytest.raises(ValueError, match=r"base=1e-300"):
+            fastpe.add_sinusoidal(x, base=1e-300, frequencies=frequencies)
+        with pytest.raises(ValueError, match=r"base=1e-300"):
+            fastpe.sinusoidal_table(0, 2**40, base=1e-300, frequencies=frequencies)
+
+
 def test_empty_out():
     out = np.zeros((0, 6), np.float32)
     fastpe.sinusoidal_table(0, 6, out=out)

@@ -2,9 +2,11 @@
 # the key is masked (causal: kpos > qpos; padding: key_mask == 0). Symmetric uses
 # -|kpos - qpos|. Or write the bias itself (a table) instead of adding it.
 #
-# Arithmetic: the bias of one element is slope * (real_t)(kpos - qpos), one rounding
-# of the exact integer distance times the slope rounded to real_t (float32 for
-# float32/float16/bfloat16 storage, float64 for float64). While every position is
+# Arithmetic: the bias of one element is slope * (real_t)(kpos - qpos), the slope
+# rounded to real_t (float32 for float32/float16/bfloat16 storage, float64 for
+# float64): one rounding of the exact product while the distance is exact in real_t
+# (below 2**24 or 2**53), the distance rounded first past that, as the models' own
+# float32 arithmetic (slope * float32 distance) rounds it. While every position is
 # at most 2**24 (float32) or 2**53 (float64), key positions and their distances
 # from a query are exact in real_t, so the loops read a row of key positions
 # converted once per call and the distance is one vector subtraction. Larger
