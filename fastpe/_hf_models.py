@@ -84,6 +84,13 @@ class Convention:
         The base of a family whose rotary code reads no rope parameters (GPT-J's
         ``create_sinusoidal_positions``): the config's rope_theta, rope type and
         partial_rotary_factor are not read.
+    default_only : bool
+        The family's rotary module raises on every rope type but "default"
+        (RecurrentGemma's): the model's own code fails on a scaled type.
+    theta_only : bool
+        The family's rotary module reads the top-level ``rope_theta`` and nothing else
+        (ESM's): a rope dict (its type, scaling and base) and partial_rotary_factor
+        are stored by the config class but never applied.
     """
 
     style: str | None = "neox"
@@ -100,6 +107,8 @@ class Convention:
     aliases: tuple[tuple[str, str], ...] = ()
     width_rule: str | None = None
     fixed_base: float | None = None
+    default_only: bool = False
+    theta_only: bool = False
 
 
 LLAMA = Convention()
@@ -151,7 +160,10 @@ MODELS: dict[str, Convention] = {
     "granitemoehybrid": Convention(requires=(("position_embedding_type", "rope", None),)),
     # ESM's and Evolla's protein encoders rotate only with position_embedding_type
     # "rotary" (ESM's config class defaults to "absolute", Evolla's to "rotary").
-    "esm": Convention(requires=(("position_embedding_type", "rotary", "absolute"),)),
+    "recurrent_gemma": Convention(default_only=True),
+    # ESM's rotary module reads only the top-level rope_theta.
+    "esm": Convention(requires=(("position_embedding_type", "rotary", "absolute"),),
+                      theta_only=True),
     "evolla": Convention(requires=(("position_embedding_type", "rotary", "rotary"),)),
     "bamba": Convention(needs=("attn_layer_indices",)),
     "moonshine": Convention(style="gptj",
@@ -167,7 +179,8 @@ MODELS: dict[str, Convention] = {
         requires=(("position_embeddings_type", "rotary", "relative"),),
         aliases=(("num_attention_heads", "speech_encoder_attention_heads"),)),
     "falcon": Convention(requires=(("alibi", False, False),)),
-    "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"))),
+    "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"),
+                                ("max_position_embeddings", "max_seq_len"))),
     # CLVP's encoder rotates q, k and v (call the embedding on v too) with a module of
     # its own: base 10000 whatever the config says, positions 0 .. seq - 1.
     "clvp_encoder": Convention(width_rule="clvp",

@@ -18,7 +18,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, NamedTuple, TypedDict
 
@@ -129,11 +129,15 @@ class RopeSpec:
     attention_scaling: float = 1.0
     params: tuple[tuple[str, Any], ...] = ()
     depends_on_seq_len: bool = field(init=False, repr=False, compare=False)
+    mscaled: bool = field(init=False, repr=False, compare=False)
     _cache: dict[Regime, RopeFrequencies] = field(default_factory=dict, init=False, repr=False,
                                                   compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "depends_on_seq_len", self.rope_type in ("dynamic", "longrope"))
+        # Phi-3.5-MoE's short_mscale / long_mscale (_with_mscales)
+        object.__setattr__(self, "mscaled", any(name == "short_mscale" for name, _ in self.params))
+        object.__setattr__(self, "depends_on_seq_len",
+                           self.rope_type in ("dynamic", "longrope") or self.mscaled)
 
     # A pickle (a RotaryEmbedding sent to a worker process) carries the configuration,
     # not the lock or the cache: cached arrays would come back writable.
@@ -163,21 +167,23 @@ class RopeSpec:
         if not self.depends_on_seq_len:
             return None
         original = self.original_max_position_embeddings
-        assert original is not None  # _parse sets it for both types
-        if self.rope_type == "dynamic":
+        assert original is not None  # _parse sets it for these types
+        if self.rope_type == "dynamic" and not self.mscaled:
             return original if seq_len is None else max(seq_len, original)
         return seq_len is not None and seq_len > original
 
     def _compute(self, regime: Regime) -> RopeFrequencies:
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            inv_freq = _INV_FREQ[self.rope_type](self, regime)
-        self._check_frequencies(inv_freq)
         attention = self.attention_scaling
-        if self.rope_type == "longrope":
-            # Phi-3.5-MoE: an explicit multiplier per side of the original length.
-            side = "long_mscale" if regime else "short_mscale"
-            attention = dict(self.params).get(side, attention)
-            _check_attention_scaling(attention, (side,))
+        shape = regime
+        if self.mscaled:
+            # Phi-3.5-MoE's module: at every length the frequencies formed without one
+            # (longrope's short factors, dynamic NTK's plain ones), and cos and sin
+            # multiplied by the mscale of the call's side of the original length
+            shape = self.original_max_position_embeddings if self.rope_type == "dynamic" else False
+            attention = dict(self.params)["long_mscale" if regime else "short_mscale"]
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            inv_freq = _INV_FREQ[self.rope_type](self, shape)
+        self._check_frequencies(inv_freq)
         # shared by every later caller: a view of immutable bytes, so that not even
         # flags.writeable = True can make it writable
         freqs = RopeFrequencies(np.frombuffer(inv_freq.tobytes(), dtype=np.float64),
@@ -232,10 +238,10 @@ def rope_frequencies(
         (``factor``), "dynamic" (``factor``), "yarn" (``factor``, ``beta_fast`` = 32,
         ``beta_slow`` = 1, ``attention_factor``, ``mscale``, ``mscale_all_dim``,
         ``truncate`` = True), "longrope" (``short_factor``, ``long_factor``,
-        ``factor``, ``attention_factor``, and Phi-3.5-MoE's ``short_mscale`` /
-        ``long_mscale``), "llama3" (``factor``, ``low_freq_factor``,
+        ``factor``, ``attention_factor``), "llama3" (``factor``, ``low_freq_factor``,
         ``high_freq_factor``) or "proportional" (``factor`` = 1,
-        ``partial_rotary_factor``). Other keys are ignored.
+        ``partial_rotary_factor``); with any type but "default", Phi-3.5-MoE's
+        ``short_mscale`` and ``long_mscale`` (Notes). Other keys are ignored.
     seq_len : int, optional
         The number of positions the frequencies serve, i.e. the largest position + 1.
         Only dynamic and longrope depend on it; None means "not past the original
@@ -280,11 +286,15 @@ def rope_frequencies(
       the ratio instead.
     - longrope: long factors when ``seq_len > L``, short ones otherwise; attention
       factor ``attention_factor``, else ``sqrt(1 + ln factor / ln L)`` (1 when
-      factor <= 1). With ``short_mscale`` and ``long_mscale`` (Phi-3.5-MoE) those
-      replace the attention factor on their side of L.
+      factor <= 1).
     - proportional (Gemma 4 full attention, LFM3): the rotary width stays ``dim``; the
       first ``int(partial_rotary_factor * dim // 2)`` pairs get the plain frequencies
       of width ``dim``, the rest 0 (they do not rotate); all divided by ``factor``.
+    - ``short_mscale`` and ``long_mscale`` (Phi-3.5-MoE's rotary module, any type but
+      default): they replace the attention factor, ``long_mscale`` when ``seq_len`` is
+      above ``original_max_position_embeddings`` (which the dict must give), and the
+      frequencies are those of no ``seq_len`` at every length (dynamic's plain ones,
+      longrope's short factors), as the module forms them.
 
     Where fastpe differs from transformers:
 
@@ -373,6 +383,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     per_layer = layer_type is not None and _hf_rope_per_layer(config)
     if conv.fixed_base is not None:
         scaling = {"rope_theta": conv.fixed_base}
+    elif conv.theta_only:
+        scaling = {}  # the top-level base, read below, is all the module reads
     for key in ("rope_type", "type"):
         if key in scaling and scaling[key] in (None, ""):
             # transformers 5.25 looks the type up as given: KeyError for these
@@ -392,6 +404,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         # (transformers' ntk_alpha): no growth with the length, the other keys unread
         ntk_alpha = _checks.real(scaling["alpha"], "rope parameters' alpha", positive=True)
         scaling, rope_type = {}, "default"
+    if conv.default_only and rope_type != "default":
+        raise ValueError(f"model_type {model_type!r}: its rotary module refuses rope type "
+                         f"{rope_type!r} (default only): the model's own code fails on this "
+                         "config")
     if rope_type == "axial":
         raise ValueError(
             "config rope_type 'axial' is a 2-D vision RoPE (patch rows and columns); "
@@ -410,27 +426,24 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
             "config class derives from qk_rope_head_dim / head_dim (and its defaults) and "
             "fastpe does not: give the config object, its to_dict(), or the config.json "
             "save_pretrained writes")
-    whole = (part is None and conv.width_key is None and not conv.trailing
-             and conv.fixed_base is None
-             and not (per_layer and partial is not None
-                      and model_type in _hf_models.ENTRY_PARTIAL)
-             and (_hf_whole_head(config, model_type, rope_type, partial, not per_layer)
-                  or (rope_type == "default" and model_type in _hf_models.DEFAULT_TYPE_WHOLE)))
+    whole = conv.theta_only or (
+        part is None and conv.width_key is None and not conv.trailing
+        and conv.fixed_base is None
+        and not (per_layer and partial is not None and model_type in _hf_models.ENTRY_PARTIAL)
+        and (_hf_whole_head(config, model_type, rope_type, partial, not per_layer)
+             or (rope_type == "default" and model_type in _hf_models.DEFAULT_TYPE_WHOLE)))
     if per_layer and rope_type == "yarn":
         # transformers reads truncate from the top-level rope dict, which per layer type
         # holds none: the default, True
         scaling.pop("truncate", None)
-    if rope_type == "dynamic":
-        # transformers' dynamic NTK grows the base past the config's
-        # max_position_embeddings, whatever the rope dict says (it warns of the key)
-        scaling.pop("original_max_position_embeddings", None)
     if not conv.mscale:
-        for name in ("short_mscale", "long_mscale"):
+        for name in _MSCALES:
             scaling.pop(name, None)  # only Phi-3.5-MoE's rotary module reads them
-    elif rope_type == "longrope" and "short_factor" in scaling:
-        # transformers' Phi-3.5-MoE module recomputes its frequencies without the
-        # sequence length, so only the multiplier follows it: short factors throughout.
-        scaling["long_factor"] = scaling["short_factor"]
+    if rope_type == "dynamic" and not (conv.mscale and "short_mscale" in scaling):
+        # transformers' dynamic NTK grows the base past the config's
+        # max_position_embeddings, whatever the rope dict says (it warns of the key);
+        # Phi-3.5-MoE's module never grows it and switches its mscale at the key
+        scaling.pop("original_max_position_embeddings", None)
     # transformers moves a top-level original length (Phi-3) into a flat dict for these
     # types only; a layer type's entry keeps its own, or takes max_position_embeddings
     original = _hf_get(config, "original_max_position_embeddings")
@@ -540,8 +553,8 @@ def _parse(dim: object, base: object, scaling: object, max_position_embeddings: 
     original = None
     if rope_type in _NEEDS_ORIGINAL_LENGTH:
         original = _original_length(rope_type, scaling, max_position_embeddings)
-    spec = _intern(_PARSERS[rope_type](rotary_dim, base, scaling, original,
-                                       max_position_embeddings))
+    spec = _intern(_with_mscales(_PARSERS[rope_type](rotary_dim, base, scaling, original,
+                                                     max_position_embeddings), scaling))
     _check_attention_scaling(spec.attention_scaling,
                              [k for k in ("attention_factor", "mscale", "mscale_all_dim",
                                           "factor") if k in scaling])
@@ -750,14 +763,34 @@ def _parse_longrope(dim: int, base: float, scaling: Mapping[str, Any], original:
         else:
             attention = math.sqrt(1.0 + math.log(factor) / math.log(original))
     params: tuple[tuple[str, Any], ...] = (("short_factor", short), ("long_factor", long))
-    mscales = [scaling.get(name) for name in ("short_mscale", "long_mscale")]
-    if any(m is not None for m in mscales):
-        if None in mscales:
-            raise ValueError(f"{_key('short_mscale')} and {_key('long_mscale')} go together; "
-                             "give both or neither")
-        params += tuple((name, _checks.real(m, _key(name), positive=True))
-                        for name, m in zip(("short_mscale", "long_mscale"), mscales))
     return RopeSpec("longrope", dim, base, original, factor, attention, params)
+
+
+def _with_mscales(spec: RopeSpec, scaling: Mapping[str, Any]) -> RopeSpec:
+    """`spec` with Phi-3.5-MoE's ``short_mscale`` and ``long_mscale``, which its rotary
+    module applies with every rope type but default: they replace the attention factor
+    on their side of ``original_max_position_embeddings`` (read from the dict, as the
+    module reads it), and the frequencies are those formed without a sequence length."""
+    mscales = [scaling.get(name) for name in _MSCALES]
+    if spec.rope_type == "default" or all(m is None for m in mscales):
+        return spec
+    if None in mscales:
+        raise ValueError(f"{_key('short_mscale')} and {_key('long_mscale')} go together; "
+                         "give both or neither")
+    original = scaling.get("original_max_position_embeddings")
+    if original is None:
+        raise ValueError(f"{_key('short_mscale')} and {_key('long_mscale')} switch at "
+                         f"{_key('original_max_position_embeddings')}, which is not given")
+    original = _checks.count(original, _key("original_max_position_embeddings"), minimum=1,
+                             whole_float=True)
+    values = tuple((name, _checks.real(m, _key(name), positive=True))
+                   for name, m in zip(_MSCALES, mscales))
+    for name, value in values:
+        _check_attention_scaling(value, (name,))
+    return replace(spec, original_max_position_embeddings=original, params=spec.params + values)
+
+
+_MSCALES = ("short_mscale", "long_mscale")
 
 
 def _factor_list(scaling: Mapping[str, Any], name: str, dim: int) -> tuple[float, ...]:
@@ -1102,7 +1135,7 @@ def _hf_whole_head(config: object, model_type: str | None, rope_type: str,
             "whole head: the model's own code fails on this config")
     # a family whose default-type frequencies alone ignore the factor rotates the whole
     # head too, and fails the same way with another rope type
-    if ((whole or (top_level and model_type in _hf_models.DEFAULT_TYPE_WHOLE))
+    if ((whole or model_type in _hf_models.DEFAULT_TYPE_WHOLE)
             and rope_type != "default" and narrowed):
         raise ValueError(
             f"model_type {model_type!r} rotates the whole head, but its config sets "

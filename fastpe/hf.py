@@ -132,7 +132,9 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
     it to the copy's module, whose dynamic NTK state is its own)."""
     pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
-    dynamic = {t for t, rope in ropes.items() if rope._spec.rope_type == "dynamic"}
+    # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
+    dynamic = {t for t, rope in ropes.items()
+               if rope._spec.rope_type == "dynamic" and not rope._spec.mscaled}
 
     def forward(module: Any, x: Any, position_ids: Any,
                 layer_type: str | None = None) -> tuple[Any, Any]:
@@ -419,7 +421,9 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                              f"its config gives (edited after the model was built, or "
                              f"replaced): fastpe reads the config, so it would rotate "
                              f"differently")
-        scaling = getattr(module, f"{prefix}attention_scaling", None)
+        # Phi-3.5-MoE's forward multiplies by its mscales, not by this attribute
+        scaling = None if rope._spec.mscaled else getattr(module, f"{prefix}attention_scaling",
+                                                           None)
         if isinstance(scaling, (int, float)) and not math.isclose(
                 scaling, expected.attention_scaling, rel_tol=1e-6):
             raise ValueError(f"fastpe.hf: the rotary module {where} holds "

@@ -83,7 +83,7 @@ def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> A
     if spec.depends_on_seq_len:
         assert spec.original_max_position_embeddings is not None  # _parse sets it for both
         switch = spec.original_max_position_embeddings
-        if spec.rope_type == "dynamic" and spec.dim > 2:
+        if spec.rope_type == "dynamic" and spec.dim > 2 and not spec.mscaled:
             # each length past the original has frequencies of its own, which the entry
             # forms from the plain ones and the factor (a float, as _dynamic_inv_freq
             # computes with it; else each such call asks spec.frequencies)

@@ -115,6 +115,14 @@ FAMILIES = {
     "qwen2_yarn": (lambda: text_model("qwen2", rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
         "original_max_position_embeddings": 8}), None),
+    # Phi-3.5-MoE's short_mscale / long_mscale on cos and sin (every type but default),
+    # switching past the 8 prompt tokens, frequencies of no length (longrope: short factors)
+    **{f"phimoe_{rope_type}": (lambda extra=extra: text_model("phimoe", rope_parameters={
+        "rope_theta": 10000.0, "short_mscale": 1.243, "long_mscale": 1.118,
+        "original_max_position_embeddings": 8, **extra}), None) for rope_type, extra in (
+        ("linear", {"rope_type": "linear", "factor": 4.0}),
+        ("longrope", {"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+                      "long_factor": [4.0 + i for i in range(8)]}))},
 }
 
 

@@ -397,6 +397,39 @@ def test_partial_rotary_factor_is_ignored_where_llama_ignores_it():
         fastpe.RotaryEmbedding.from_hf_config(config)
 
 
+@pytest.mark.parametrize("model_type", ["gemma4_text", "lfm3"])
+@pytest.mark.parametrize("entry", [
+    {"rope_type": "linear", "factor": 4.0}, {"rope_type": "dynamic", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}],
+    ids=["linear", "dynamic", "yarn"])
+def test_a_layer_types_partial_width_with_a_scaled_type_is_refused(model_type, entry):
+    """Gemma 4's and LFM3's full-attention layers rotate the whole head: a partial factor
+    in their entry narrows the frequencies of every rope type but default and proportional
+    (transformers' own model then fails: "size of tensor a (512) must match ... (128)")."""
+    case = CASES[f"{model_type}[full_attention]"]
+    params = dict(case["config"]["rope_parameters"])
+    partial = params["full_attention"]["partial_rotary_factor"]
+    config = dict(case["config"], rope_parameters={
+        **params, "full_attention": {**entry, "rope_theta": 1e6, "partial_rotary_factor": partial}})
+    with pytest.raises(ValueError, match=r"rotates the whole head.*own code fails"):
+        fastpe.RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
+    # the proportional type keeps the width, and the sliding layers are untouched
+    config["rope_parameters"]["full_attention"] = params["full_attention"]
+    rope = fastpe.RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
+    assert rope.rotary_dim == rope.head_dim
+
+
+def test_a_scaled_type_recurrent_gemma_refuses_is_refused():
+    """RecurrentGemma's rotary module raises on every rope type but default."""
+    case = CASES["recurrent_gemma"]
+    config, layer = case["config"], {"layer": case.get("layer")}
+    scaled = dict(config, rope_parameters={**config["rope_parameters"], "rope_type": "linear",
+                                           "factor": 2.0})
+    with pytest.raises(ValueError, match=r"refuses rope type 'linear'.*own code fails"):
+        fastpe.RotaryEmbedding.from_hf_config(scaled, **layer)
+    assert fastpe.RotaryEmbedding.from_hf_config(config, **layer)._spec.rope_type == "default"
+
+
 def test_custom_model_with_a_partial_width_is_refused():
     # Llama's code (what a custom model loads as) ignores the key; others read it
     config = {"model_type": "my_custom_llm", "hidden_size": 256, "num_attention_heads": 4,

@@ -426,6 +426,65 @@ def test_longrope_switches_strictly_above_original():
     assert spec.depends_on_seq_len
 
 
+PHIMOE_MSCALES = {"short_mscale": 1.243, "long_mscale": 1.118,
+                  "original_max_position_embeddings": 100}
+
+
+@pytest.mark.parametrize("rope_type, extra, short_freqs", [
+    ("linear", {"factor": 4.0}, lambda: ref_linear(16, 10000.0, 4.0)),
+    ("dynamic", {"factor": 4.0}, lambda: ref_plain(16, 10000.0)),
+    ("yarn", {"factor": 4.0}, lambda: ref_yarn(16, 10000.0, 4.0, 100)),
+    ("llama3", {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+     lambda: ref_llama3(16, 10000.0, 4.0, 1.0, 4.0, 100)),
+    ("longrope", {"short_factor": [1.5] * 8, "long_factor": [3.0] * 8, "factor": 2.0},
+     lambda: ref_longrope(16, 10000.0, [1.5] * 8)),
+])
+@pytest.mark.parametrize("seq_len", [None, 100, 101, 10**6])
+def test_phimoe_mscales_replace_the_attention_factor_by_side(rope_type, extra, short_freqs,
+                                                             seq_len):
+    """Phi-3.5-MoE's rotary module, for every rope type but default: the frequencies
+    formed without a sequence length at every length (dynamic NTK never grows, longrope
+    keeps its short factors), cos and sin multiplied by short_mscale, or long_mscale
+    past original_max_position_embeddings, in place of the type's attention factor."""
+    scaling = {"rope_type": rope_type, **extra, **PHIMOE_MSCALES}
+    freqs = rope_frequencies(16, scaling=scaling, seq_len=seq_len)
+    long = seq_len is not None and seq_len > 100
+    assert_freqs(freqs, short_freqs(), 1.118 if long else 1.243)
+
+
+def test_phimoe_mscales_rotate_by_side_in_the_compiled_and_reference_backends():
+    """A decode step past the original length takes long_mscale on both backends, with
+    the frequencies of a short call (no dynamic NTK growth)."""
+    scaling = {"rope_type": "dynamic", "factor": 4.0, **PHIMOE_MSCALES}
+    w = np.array(ref_plain(16, 10000.0))
+    rng = np.random.default_rng(7)
+    q0 = rng.standard_normal((1, 1, 2, 16))
+    for position, att in ((50, 1.243), (100, 1.118), (5000, 1.118)):
+        angle = position * w
+        x1, x2 = q0[..., :8], q0[..., 8:]
+        c, s = np.cos(angle) * att, np.sin(angle) * att
+        want = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+        for backend in ("cython", "numpy") if fastpe.info()["compiled"] else ("numpy",):
+            with fastpe.use_backend(backend):
+                for _ in range(2):  # the second call finds the kept state
+                    q = q0.copy()
+                    fastpe.apply_rope(q, positions=[position], scaling=scaling)
+                    np.testing.assert_allclose(q, want, rtol=1e-13, atol=1e-13,
+                                               err_msg=f"{backend} {position}")
+
+
+def test_phimoe_mscales_need_the_original_length_and_each_other():
+    with pytest.raises(ValueError, match=r"original_max_position_embeddings"):
+        parse_rope_spec(16, scaling={"rope_type": "linear", "factor": 2.0,
+                                     "short_mscale": 1.2, "long_mscale": 1.1})
+    with pytest.raises(ValueError, match=r"short_mscale.*long_mscale.*together"):
+        parse_rope_spec(16, scaling={"rope_type": "linear", "factor": 2.0, "short_mscale": 1.2,
+                                     "original_max_position_embeddings": 100})
+    # the module multiplies by neither with the default type
+    spec = parse_rope_spec(16, scaling={"rope_type": "default", **PHIMOE_MSCALES})
+    assert not spec.depends_on_seq_len and spec.frequencies(10**6).attention_scaling == 1.0
+
+
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0}, dict(LLAMA31),
                                      {"rope_type": "yarn", "factor": 4.0,
                                       "original_max_position_embeddings": 1024}])

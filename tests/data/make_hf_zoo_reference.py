@@ -738,8 +738,22 @@ def config_dict(config):
 # Default configs that the small head width would make odd (int(32 * 0.8) = 25).
 SMALL_EXTRA = {"moonshine_streaming": {"head_dim": 40}}
 
+def _phimoe(rope_type, original, **params):
+    """PhiMoE with a rope type of its own: its module multiplies cos and sin by
+    short_mscale or long_mscale (past original) for every type but default."""
+    return (f"{rope_type}_mscale_{original}", {
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": rope_type, "rope_theta": 10000.0,
+                            "short_mscale": 1.243, "long_mscale": 1.118,
+                            "original_max_position_embeddings": original, **params}})
+
+
 VARIANTS = {
-    "esm": [("rotary", {"position_embedding_type": "rotary"})],
+    # ESM's rotary module reads the top-level rope_theta only: the rope dict is not its
+    "esm": [("rotary", {"position_embedding_type": "rotary"}),
+            ("rotary_dict_unread", {"position_embedding_type": "rotary", "rope_theta": 500.0,
+                                    "rope_parameters": {"rope_type": "linear", "factor": 4.0,
+                                                        "rope_theta": 100.0}})],
     "deepseek_v2": [("yarn", {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
@@ -759,7 +773,18 @@ VARIANTS = {
                             "short_factor": [1.0 + i / 40 for i in range(16)],
                             "long_factor": [2.0 + i for i in range(16)],
                             "short_mscale": 1.243, "long_mscale": 1.118,
-                            "original_max_position_embeddings": 128}})],
+                            "original_max_position_embeddings": 128}}),
+               ("longrope_mscale_short", {
+                   "max_position_embeddings": 4096,
+                   "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0 + i / 40 for i in range(16)],
+                                       "long_factor": [2.0 + i for i in range(16)],
+                                       "short_mscale": 1.243, "long_mscale": 1.118,
+                                       "original_max_position_embeddings": 512}}),
+               *[_phimoe(t, original, **params) for original in (128, 512) for t, params in (
+                   ("linear", {"factor": 4.0}), ("dynamic", {"factor": 4.0}),
+                   ("yarn", {"factor": 4.0}),
+                   ("llama3", {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}))]],
     # transformers' dynamic NTK takes its original length from max_position_embeddings,
     # whatever the rope dict says (also under the legacy "type" key)
     "llama": [("dynamic", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
@@ -772,6 +797,9 @@ VARIANTS = {
                   "max_position_embeddings": 64}),
               ("linear", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
                                               "factor": 4.0}})],
+    # DBRX keeps its length under max_seq_len (attribute_map: max_position_embeddings)
+    "dbrx": [("dynamic", {"max_seq_len": 64, "rope_parameters": {
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}})],
     "zamba2": [("mem_rope", {"use_mem_rope": True})],
     # Bamba's default config has no attention layers at all
     "bamba": [("attention", {"attn_layer_indices": [1], "num_hidden_layers": 2})],
