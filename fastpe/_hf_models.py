@@ -76,6 +76,8 @@ class Convention:
     aliases : tuple of (str, str)
         Config keys the family stores under another name (transformers'
         ``attribute_map``): ("head_dim", "kv_channels") reads head_dim from kv_channels.
+        A dict that sets both to different values is refused (config classes differ
+        in which one they keep).
     width_rule : str or None
         How the family's rotary module sizes the rotated width where no config key
         says it: "clvp" is CLVP's ``max(projection_dim // (2 * num_attention_heads),
@@ -173,10 +175,12 @@ MODELS: dict[str, Convention] = {
     **dict.fromkeys(("wav2vec2-conformer", "wav2vec2-bert"), Convention(
         base_keys=("rotary_embedding_base",),
         requires=(("position_embeddings_type", "rotary", "relative"),))),
-    # SeamlessM4T's only RoPE: its speech encoder's, heads under their own key.
+    # SeamlessM4T's only RoPE: its speech encoder's, heads under their own key (its
+    # num_attention_heads are the text decoder's).
     "seamless_m4t": Convention(
         base_keys=("rotary_embedding_base",),
         requires=(("position_embeddings_type", "rotary", "relative"),),
+        ignored=("num_attention_heads",),
         aliases=(("num_attention_heads", "speech_encoder_attention_heads"),)),
     "falcon": Convention(requires=(("alibi", False, False),)),
     "dbrx": Convention(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"),
@@ -406,7 +410,7 @@ DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
 # but whose rotary module reads one inside a layer type's rope parameters (Step 3.5's
 # per-layer partial_rotary_factors land there) and whose attention then rotates that
 # many leading features.
-ENTRY_PARTIAL: frozenset[str] = frozenset(("mellum", "step3p5"))
+ENTRY_PARTIAL: frozenset[str] = frozenset(("step3p5",))
 
 # Families whose own default-type frequency function reads a layer type's
 # partial_rotary_factor with a default of its own where the entry gives none (MiMo-V2-Flash
@@ -603,8 +607,10 @@ NTK_ALPHA: frozenset[str] = frozenset(("hunyuan_v1_dense", "hunyuan_v1_moe"))
 ROPE_SCALING_UNREAD: frozenset[str] = frozenset(("cohere2_moe",))
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
-# cos and sin to the whole head: transformers' own code fails on a partial width.
-PARTIAL_FAILS: frozenset[str] = frozenset(("gpt_oss", "openai_privacy_filter", "solar_open"))
+# cos and sin to the whole head: transformers' own code fails on a partial width (a
+# top-level one, or DiffusionGemma's and Mellum's in a default-type layer type's entry).
+PARTIAL_FAILS: frozenset[str] = frozenset(("diffusion_gemma_text", "gpt_oss", "mellum",
+                                           "openai_privacy_filter", "solar_open"))
 
 # Filled from tests/data/hf_zoo_reference.json (its "known" list, the model types of its
 # cases, the layer types its trace found without rotation in each family's default

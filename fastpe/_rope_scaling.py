@@ -377,8 +377,16 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     hf_requirements(config, model_type)
     if (conv.aliases or conv.ignored) and isinstance(config, Mapping):
         config = {k: v for k, v in config.items() if k not in conv.ignored}
-        config.update({name: config[key] for name, key in conv.aliases
-                       if _hf_get(config, key) is not None})
+        for name, key in conv.aliases:
+            stored, given = _hf_get(config, key), _hf_get(config, name)
+            if stored is not None and given is not None and stored != given:
+                # which one the config class keeps differs by class (DBRX the given name,
+                # Bailing-hybrid the stored key)
+                raise ValueError(f"config of model_type {model_type!r} sets both {name}="
+                                 f"{given!r} and {key}={stored!r}, which its config class "
+                                 f"stores as one value: give one of them")
+            if stored is not None:
+                config[name] = stored
     scaling = _hf_scaling(config, layer_type)
     per_layer = layer_type is not None and _hf_rope_per_layer(config)
     if conv.fixed_base is not None:
@@ -787,7 +795,9 @@ def _with_mscales(spec: RopeSpec, scaling: Mapping[str, Any]) -> RopeSpec:
                    for name, m in zip(_MSCALES, mscales))
     for name, value in values:
         _check_attention_scaling(value, (name,))
-    return replace(spec, original_max_position_embeddings=original, params=spec.params + values)
+    # the scaling of a call within the original length, as frequencies(None) gives it
+    return replace(spec, original_max_position_embeddings=original,
+                   attention_scaling=values[0][1], params=spec.params + values)
 
 
 _MSCALES = ("short_mscale", "long_mscale")

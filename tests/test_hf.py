@@ -571,11 +571,6 @@ def _module_cos(model_type, config, positions, layer_type=None):
     ("step3p5", dict(num_hidden_layers=2, layer_types=["full_attention"] * 2, rope_parameters={
         "full_attention": {"rope_type": "default", "rope_theta": 5e6,
                            "partial_rotary_factor": 0.5}}), "full_attention"),
-    ("mellum", dict(rope_parameters={
-        "full_attention": {"rope_type": "default", "rope_theta": 3.8e5,
-                           "partial_rotary_factor": 0.25},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
-     "full_attention"),
     ("gemma4_text", dict(head_dim=32, rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
                               "partial_rotary_factor": 0.5},

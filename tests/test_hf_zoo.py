@@ -366,22 +366,29 @@ def test_whole_head_families_are_those_the_partial_variant_did_not_narrow():
 
 
 def test_families_whose_code_fails_on_a_partial_width_refuse_it():
-    """The partial variants transformers' code failed on: families whose rotary module
-    reads partial_rotary_factor for every rope type while their attention rotates the
-    whole head, and (their default-type frequencies reading none) families whose variant's
+    """The partial variants transformers' code failed on (a top-level factor, or one in
+    each default-type layer type's entry): families whose rotary module reads
+    partial_rotary_factor for every rope type while their attention rotates the whole
+    head, and (their default-type frequencies reading none) families whose variant's
     rope type is another."""
-    failed = {name.split("/")[0] for name in FIXTURE["not_run"]
-              if name.endswith("/partial") and name.split("/")[0] in TEXT_CHECKED}
-    other_type = failed & fastpe._hf_models.DEFAULT_TYPE_WHOLE
-    assert fastpe._hf_models.PARTIAL_FAILS == failed - other_type
-    assert {"apertus", "ministral3"} <= other_type
-    for model_type in other_type:
-        config = FIXTURE["not_run"][f"{model_type}/partial"]["config"]
-        assert config["rope_parameters"]["rope_type"] != "default", model_type
-    for model_type in failed:
-        config = dict(FIXTURE["not_run"][f"{model_type}/partial"]["config"])
-        with pytest.raises(ValueError, match=r"own code fails"):
-            fastpe.RotaryEmbedding.from_hf_config(config)
+    failed = {name for name in FIXTURE["not_run"] if name.endswith(("/partial", "/entry_partial"))
+              and name.split("/")[0] in TEXT_CHECKED}
+    other_type = {n for n in failed if n.split("/")[0] in fastpe._hf_models.DEFAULT_TYPE_WHOLE}
+    assert fastpe._hf_models.PARTIAL_FAILS == {n.split("/")[0] for n in failed - other_type}
+    assert {"apertus/partial", "ministral3/partial"} <= other_type
+    for name in other_type:
+        config = FIXTURE["not_run"][name]["config"]
+        assert config["rope_parameters"]["rope_type"] != "default", name
+    for name in failed:
+        config = dict(FIXTURE["not_run"][name]["config"])
+        # a layer type's own factor: those of its default-type layers narrowed by it
+        layer_types = [None] if name.endswith("/partial") else [
+            t for t, e in config["rope_parameters"].items()
+            if e.get("rope_type", "default") == "default" and e.get("partial_rotary_factor")]
+        assert layer_types, name
+        for layer_type in layer_types:
+            with pytest.raises(ValueError, match=r"own code fails"):
+                fastpe.RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
 
 
 def test_partial_rotary_factor_is_ignored_where_llama_ignores_it():
@@ -428,6 +435,24 @@ def test_a_scaled_type_recurrent_gemma_refuses_is_refused():
     with pytest.raises(ValueError, match=r"refuses rope type 'linear'.*own code fails"):
         fastpe.RotaryEmbedding.from_hf_config(scaled, **layer)
     assert fastpe.RotaryEmbedding.from_hf_config(config, **layer)._spec.rope_type == "default"
+
+
+def test_a_key_and_its_alias_set_apart_are_refused():
+    """DBRX's config class keeps max_position_embeddings over max_seq_len when a dict
+    sets both, Bailing-hybrid's model_max_length over max_position_embeddings: fastpe
+    refuses to guess; equal values, or one of them, load."""
+    config = dict(CASES["dbrx/dynamic"]["config"])
+    assert config["max_seq_len"] == 64 and "max_position_embeddings" not in config
+    with pytest.raises(ValueError, match=r"max_position_embeddings=128 and max_seq_len=64"):
+        fastpe.RotaryEmbedding.from_hf_config(dict(config, max_position_embeddings=128))
+    same = fastpe.RotaryEmbedding.from_hf_config(dict(config, max_position_embeddings=64))
+    assert same._spec == fastpe.RotaryEmbedding.from_hf_config(config)._spec
+    # SeamlessM4T's num_attention_heads are its text decoder's, not an alias: unread
+    speech = dict(CASES["seamless_m4t/rotary"]["config"])
+    heads = speech["speech_encoder_attention_heads"]
+    wider = dict(speech, num_attention_heads=heads * 2)
+    assert (fastpe.RotaryEmbedding.from_hf_config(wider).head_dim
+            == fastpe.RotaryEmbedding.from_hf_config(speech).head_dim)
 
 
 def test_custom_model_with_a_partial_width_is_refused():

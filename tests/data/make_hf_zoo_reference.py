@@ -852,6 +852,57 @@ def partial_variant(config_class, model_type):
     return [("partial", {**(SMALL_EXTRA.get(model_type) or {}), "partial_rotary_factor": 0.5})]
 
 
+def one_axis_rope_parameters(config_class, model_type):
+    """The rope parameters of the family's default config, None where they are absent,
+    multi-axis, or the family's rotation is not its rotary module's."""
+    if model_type in CONFORMERS or model_type in OWN_ROTATION:
+        return None
+    try:
+        params = config_class(**(SMALL_EXTRA.get(model_type) or {})).to_dict().get(
+            "rope_parameters")
+    except Exception:
+        return None
+    if not isinstance(params, dict) or not params or "mrope_section" in str(params):
+        return None
+    return params
+
+
+def entry_partial_variant(config_class, model_type):
+    """With rope parameters per layer type: partial_rotary_factor=0.5 in each default-type
+    entry that has none (the top-level factor of partial_variant does not reach those),
+    so that the family's own default-type frequencies and attention say what it does."""
+    params = one_axis_rope_parameters(config_class, model_type)
+    if params is None or not all(isinstance(v, dict) or v is None for v in params.values()):
+        return []
+    narrowed = {t: {**e, "partial_rotary_factor": 0.5} if isinstance(e, dict) and e.get(
+        "rope_type", "default") == "default" and e.get("partial_rotary_factor") is None else e
+        for t, e in params.items()}
+    if narrowed == params:
+        return []
+    return [("entry_partial", {**(SMALL_EXTRA.get(model_type) or {}),
+                               "rope_parameters": narrowed})]
+
+
+def scaled_variant(config_class, model_type):
+    """The default config's rope parameters as linear position interpolation (factor 2,
+    each layer type's entry of the default type): whether the family's rotary module reads
+    them, and what it does with them, is its code's to say (ESM's reads none, PhiMoE's
+    multiplies by its mscales). Multi-axis configs, and families that have variants of
+    their own scaled types, have none."""
+    params = one_axis_rope_parameters(config_class, model_type)
+    if params is None or model_type in VARIANTS:
+        return []
+    linear = {"rope_type": "linear", "factor": 2.0}
+    if all(isinstance(v, dict) or v is None for v in params.values()):
+        scaled = {t: {**e, **linear} if isinstance(e, dict) and e.get(
+            "rope_type", "default") == "default" else e for t, e in params.items()}
+    elif params.get("rope_type", "default") == "default":
+        scaled = {**params, **linear}
+    else:
+        return []
+    return [("scaled", {**(SMALL_EXTRA.get(model_type) or {}), "rope_parameters": scaled})]
+
+
 # Lightning indexers (DeepSeek-V3.2 sparse attention) that rotate their own q and k
 # with the main attention's cos and sin.
 INDEXERS = ("deepseek_v32", "axk2", "glm_moe_dsa", "hy_v4")
@@ -989,6 +1040,8 @@ def main():
             continue
         variants = [("default", SMALL_EXTRA.get(model_type))] + VARIANTS.get(model_type, [])
         variants += partial_variant(config_class, model_type)
+        variants += scaled_variant(config_class, model_type)
+        variants += entry_partial_variant(config_class, model_type)
         for variant, extra in variants:
             name = model_type if variant == "default" else f"{model_type}/{variant}"
             try:
