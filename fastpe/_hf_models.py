@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 __all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_THETA", "DEFAULT_TYPE_PARTIAL",
            "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "HEAD_DIM_UNREAD", "INDEXERS", "KNOWN",
-           "MODELS", "NOPE_LAYERS", "NO_ROPE", "NTK_ALPHA", "PAIRED_BLOCKS", "PARTIAL_FAILS",
+           "MLA_DEFAULT_HEAD_DIM", "MODELS", "NOPE_LAYERS", "NO_ROPE", "NTK_ALPHA",
+           "PAIRED_BLOCKS", "PARTIAL_FAILS",
            "PER_LAYER_CONFIG", "REFUSED", "ROPE_DEFAULTS", "ROPE_PER_LAYER_TYPE",
            "ROPE_SCALING_UNREAD", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS",
            "Convention", "Indexer", "convention"]
@@ -87,8 +88,8 @@ class Convention:
         ``create_sinusoidal_positions``): the config's rope_theta, rope type and
         partial_rotary_factor are not read.
     default_only : bool
-        The family's rotary module raises on every rope type but "default"
-        (RecurrentGemma's): the model's own code fails on a scaled type.
+        The family's rotary module (RecurrentGemma's, ERNIE-4.5-VL's) or config class
+        (Cosmos3-Edge's) raises on every rope type but "default".
     theta_only : bool
         The family's rotary module reads the top-level ``rope_theta`` and nothing else
         (ESM's): a rope dict (its type, scaling and base) and partial_rotary_factor
@@ -162,7 +163,8 @@ MODELS: dict[str, Convention] = {
     "granitemoehybrid": Convention(requires=(("position_embedding_type", "rope", None),)),
     # ESM's and Evolla's protein encoders rotate only with position_embedding_type
     # "rotary" (ESM's config class defaults to "absolute", Evolla's to "rotary").
-    "recurrent_gemma": Convention(default_only=True),
+    **dict.fromkeys(("recurrent_gemma", "ernie4_5_vl_moe_text", "cosmos3_edge_text"),
+                    Convention(default_only=True)),
     # ESM's rotary module reads only the top-level rope_theta.
     "esm": Convention(requires=(("position_embedding_type", "rotary", "absolute"),),
                       theta_only=True),
@@ -400,8 +402,9 @@ WIDTH_KEYS: dict[str, tuple[str, float | None]] = {
 # another type a partial factor narrows the frequencies while their attention rotates the
 # whole head, and the model's own code fails (refused).
 DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
-    apertus apertus1p5_text cwm gemma4_text gemma4_unified_text higgs_audio_v2
-    hunyuan_vl_text lfm3 ministral3 paddleocr_vl_text qwen2_5_omni_text qwen2_5_vl_text
+    apertus apertus1p5_text cohere_compass_text cosmos3_edge_text cwm gemma4_text
+    gemma4_unified_text higgs_audio_v2 hunyuan_vl_text lfm3 ministral3 paddleocr_vl_text
+    qwen2_5_omni_text qwen2_5_vl_text
     qwen2_vl_text qwen3_omni_moe_talker_text qwen3_omni_moe_text qwen3_vl_moe_text
     qwen3_vl_text
 """.split())
@@ -605,6 +608,11 @@ NTK_ALPHA: frozenset[str] = frozenset(("hunyuan_v1_dense", "hunyuan_v1_moe"))
 # Families whose config class keeps a rope_scaling field that their code never reads
 # (Cohere2-MoE rotates with rope_parameters alone): the fixture above.
 ROPE_SCALING_UNREAD: frozenset[str] = frozenset(("cohere2_moe",))
+
+# MLA families whose default-type frequencies (Llama's function) span head_dim whatever
+# partial_rotary_factor says, where head_dim is more than the rope part (Mistral 4's
+# nope + rope): the model's own code fails on the default type.
+MLA_DEFAULT_HEAD_DIM: frozenset[str] = frozenset(("mistral4",))
 
 # Families whose rotary module reads partial_rotary_factor while their attention applies
 # cos and sin to the whole head: transformers' own code fails on a partial width (a

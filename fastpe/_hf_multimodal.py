@@ -157,10 +157,11 @@ def _sections(value: object, name: str) -> list[int]:
 
 
 def text_mrope(config: object,
-               layer_type: str | None) -> tuple[dict[str, Any], TextMRope] | None:
+               layer_type: str | None) -> tuple[dict[str, Any], TextMRope, bool] | None:
     """(the config as a dict with a one-axis rope dict, for `layer_type` where the
-    config has one per layer type; the family's layout) for a text model with M-RoPE
-    that fastpe reproduces; None for any other model."""
+    config has one per layer type; the family's layout; whether that dict is a layer
+    type's entry) for a text model with M-RoPE that fastpe reproduces; None for any
+    other model."""
     model_type = _hf_get(config, "model_type")
     family = TEXT_MROPE.get(str(model_type))
     if family is None:
@@ -168,7 +169,8 @@ def text_mrope(config: object,
     cfg = _as_dict(config)
     name = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
     rope = dict(cfg.get(name) or {})
-    if rope and all(v is None or isinstance(v, Mapping) for v in rope.values()):
+    entry = bool(rope) and all(v is None or isinstance(v, Mapping) for v in rope.values())
+    if entry:
         if layer_type is None or rope.get(layer_type) is None:
             raise ValueError(f"this M-RoPE model's config {name} has one entry per layer "
                              f"type ({', '.join(map(str, rope))}); choose one with "
@@ -184,12 +186,21 @@ def text_mrope(config: object,
         if sections is None:
             raise ValueError(f"model_type {model_type!r}: the config has no mrope_section "
                              f"(its axes), which HunYuan-VL's rotary embedding needs")
-        if rope.get("rope_type") == "ntk_alpha":
-            # HunYuan's NTK with a fixed alpha only stretches the base
+        if rope.get("rope_type", rope.get("type")) == "xdrope":
+            # the checkpoints' name, which HunYuan-VL's config class reads as "dynamic"
+            rope.pop("type", None)
+            rope["rope_type"] = "dynamic"
+        if rope.get("rope_type") == "ntk_alpha" or (rope.get("rope_type") == "dynamic"
+                                                    and rope.get("alpha")):
+            # HunYuan's NTK with a fixed alpha only stretches the base (its module reads
+            # "dynamic" with an alpha so, the other keys unread)
             d = _hf_get(cfg, "head_dim")
             if d is None:
                 raise ValueError("HunYuan-VL's ntk_alpha RoPE needs the config's head_dim")
             d = _checks.count(d, "head_dim", minimum=4, whole_float=True)
+            if rope.get("rope_theta") is None:
+                # a config.json's top-level base, which the config class moves in
+                rope["rope_theta"] = _hf_get(cfg, "rope_theta")
             for key in ("alpha", "rope_theta"):
                 if rope.get(key) is None:
                     raise ValueError(f"HunYuan-VL's ntk_alpha RoPE needs rope parameters' "
@@ -197,15 +208,14 @@ def text_mrope(config: object,
             alpha = _checks.real(rope.pop("alpha"), "rope parameters' alpha", positive=True)
             theta = _checks.real(rope["rope_theta"], "rope parameters' rope_theta",
                                  positive=True)
-            rope["rope_type"] = "default"
-            rope["rope_theta"] = theta * alpha ** (d / (d - 2))
+            rope = {"rope_type": "default", "rope_theta": theta * alpha ** (d / (d - 2))}
     if rope.get("rope_type", rope.get("type")) == "mrope":
         # Qwen2-VL's original config.json; transformers reads it as default RoPE
         rope.pop("type", None)
         rope["rope_type"] = "default"
     cfg[name] = rope
     cfg["mrope_section"] = list(family.sections if sections is None else sections)
-    return cfg, family
+    return cfg, family, entry
 
 
 # Vision towers' 2D RoPE (transformers' "axial" rope_type), by the layout of the
@@ -361,12 +371,13 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
         if vision is None:
             check_supported(config)
         return vision
-    cfg, family = text
+    cfg, family, entry = text
     if family.scheme == "hunyuan" and style not in (None, family.style):
         raise ValueError(f"style={style!r}: HunYuan-VL's M-RoPE lays each axis over runs of "
                          "the rotate_half pairs ('neox'); fastpe does not run it another way")
-    # the rope dict is flat now (RotaryEmbedding.from_hf_config checked the layers first)
-    c = hf_rope_config(cfg, layer_type=layer_type, multi_axis=True)
+    # the rope dict is flat now (RotaryEmbedding.from_hf_config checked the layers first),
+    # read as the layer type's entry it was
+    c = hf_rope_config(cfg, layer_type=layer_type, multi_axis=True, entry=entry)
     rope = cls(c["head_dim"], base=c["base"], scaling=c["scaling"], rotary_dim=c["rotary_dim"],
                style=style or family.style, max_position_embeddings=c["max_position_embeddings"])
     if family.scheme == "hunyuan":

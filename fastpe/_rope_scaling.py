@@ -328,7 +328,7 @@ def parse_rope_spec(dim: object, *, base: object = None, scaling: object = None,
 
 
 def hf_rope_config(config: object, *, layer_type: str | None = None, part: str | None = None,
-                   multi_axis: bool = False) -> HfRope:
+                   multi_axis: bool = False, entry: bool = False) -> HfRope:
     """The RoPE settings of a Hugging Face model config, ready for :func:`rope_frequencies`.
 
     ``config`` is a transformers config object (its ``to_dict()``, or getattr) or its
@@ -365,7 +365,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     reproduce exactly (multi-axis M-RoPE, vision towers, composite configs, unknown rope
     types, model types of transformers it has not checked) are a ValueError that says
     what is missing. ``multi_axis``: the caller is the M-RoPE loader, whose model types
-    are checked by their own fixture.
+    are checked by their own fixture; ``entry``: its flat rope dict is a layer type's
+    entry.
     """
     config, model_type = hf_config(config)
     _hf_refuse(config, model_type)
@@ -388,7 +389,9 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
             if stored is not None:
                 config[name] = stored
     scaling = _hf_scaling(config, layer_type)
-    per_layer = layer_type is not None and _hf_rope_per_layer(config)
+    # entry: the config's rope dict is a layer type's entry, flattened by the multi-axis
+    # loader, read as transformers reads an entry
+    per_layer = entry or (layer_type is not None and _hf_rope_per_layer(config))
     if conv.fixed_base is not None:
         scaling = {"rope_theta": conv.fixed_base}
     elif conv.theta_only:
@@ -413,9 +416,8 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
         ntk_alpha = _checks.real(scaling["alpha"], "rope parameters' alpha", positive=True)
         scaling, rope_type = {}, "default"
     if conv.default_only and rope_type != "default":
-        raise ValueError(f"model_type {model_type!r}: its rotary module refuses rope type "
-                         f"{rope_type!r} (default only): the model's own code fails on this "
-                         "config")
+        raise ValueError(f"model_type {model_type!r} takes the default rope type only: "
+                         f"the model's own code fails on rope type {rope_type!r}")
     if rope_type == "axial":
         raise ValueError(
             "config rope_type 'axial' is a 2-D vision RoPE (patch rows and columns); "
@@ -466,7 +468,9 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
     if part is not None:
         head_dim, rotary_dim, features, indexer_style = _hf_indexer(config, model_type)
     elif conv.width_key is not None:
-        head_dim, rotary_dim, features = _hf_mla_width(config, conv, layer_type, partial)
+        head_dim, rotary_dim, features = _hf_mla_width(
+            config, conv, layer_type, partial,
+            rope_type == "default" and model_type in _hf_models.MLA_DEFAULT_HEAD_DIM)
     else:
         head_dim = _hf_head_dim(config, layer_type)
         if conv.width_rule == "clvp":
@@ -1244,7 +1248,7 @@ def _hf_per_layer(config: object, name: str, layer_type: str | None) -> object:
 
 
 def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str | None,
-                  partial: object) -> tuple[int, int, tuple[int, int]]:
+                  partial: object, default_type: bool) -> tuple[int, int, tuple[int, int]]:
     """(rotated width, rotary_dim, features of the query head) of an MLA config."""
     assert conv.width_key is not None and conv.offset_key is not None
     width = _hf_get(config, conv.width_key)
@@ -1266,9 +1270,11 @@ def _hf_mla_width(config: object, conv: _hf_models.Convention, layer_type: str |
     if partial is not None and _rotary_width(head_dim, partial, "partial_rotary_factor") != width:
         raise ValueError(f"config's head_dim {head_dim} * partial_rotary_factor {partial!r} "
                          f"does not give {conv.width_key}={width}")
-    if partial is None and head_dim != width:
+    if (partial is None or default_type) and head_dim != width:
         raise ValueError(f"config's head_dim {head_dim} differs from {conv.width_key}={width}: "
-                         "its rotary module would rotate head_dim features")
+                         f"its rotary module would rotate head_dim features "
+                         f"{'(default rope type) ' if default_type else ''}and the model's own "
+                         "code fails on this config")
     offset = _hf_per_layer(config, conv.offset_key, layer_type)  # dots.llm3: per layer type
     if offset is None:
         offset = _hf_get(config, conv.offset_key)

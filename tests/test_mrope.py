@@ -398,12 +398,30 @@ def test_unsupported_models_raise(name):
 
 @pytest.mark.parametrize("name", _hf_case_ids("model_fails"))
 def test_configs_the_models_own_code_fails_on_raise(name):
-    """A partial_rotary_factor with a rope type whose transformers frequencies read it, in
-    a family whose attention rotates the whole head: the model raised (the fixture keeps
-    its error); fastpe refuses rather than rotate part of the head."""
-    assert HF_CASES[name]["error"].startswith("RuntimeError")
-    with pytest.raises(ValueError, match=r"partial_rotary_factor=0\.5.*own code fails"):
+    """The model raised (the fixture keeps its error), fastpe refuses: a
+    partial_rotary_factor with a rope type whose transformers frequencies read it, in a
+    family whose attention rotates the whole head (rather than rotate part of it), or a
+    rope type the family's module does not take."""
+    error = HF_CASES[name]["error"]
+    pattern = (r"partial_rotary_factor=0\.5.*own code fails" if error.startswith("RuntimeError")
+               else r"default rope type only.*own code fails on rope type 'linear'")
+    assert error.startswith("RuntimeError") or "requires the `default` rope type" in error
+    with pytest.raises(ValueError, match=pattern):
         fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
+
+
+def test_hunyuan_vl_checkpoint_dict_reads_as_its_config_class_reads_it():
+    """HunYuan-VL's config.json says "xdrope" with the base at the top level; its config
+    class makes that "dynamic" with the base inside, which the module reads, with an
+    alpha, as a fixed NTK base: the fixture's case (from the class) and the raw dict agree."""
+    case = HF_CASES["hunyuan_vl_dynamic_alpha"]["config"]
+    rope = dict(case["rope_parameters"])
+    raw = dict(case, rope_theta=rope.pop("rope_theta"),
+               rope_parameters=dict(rope, rope_type="xdrope"))
+    want = fastpe.RotaryEmbedding.from_hf_config(case)
+    got = fastpe.RotaryEmbedding.from_hf_config(raw)
+    assert got._spec == want._spec and want._spec.rope_type == "default"
+    assert want._spec.base == pytest.approx(1e4 * 1000.0 ** (32 / 30), rel=1e-15)
 
 
 # ---- position helpers against the models' own functions ------------------------------

@@ -157,6 +157,26 @@ TEXT_CASES = [
     ("hunyuan_vl_ntk_alpha", "hunyuan_vl", "HunYuanVLTextConfig", "HunYuanVLRotaryEmbedding",
      dict(SMALL, rope_parameters=dict(rope_type="ntk_alpha", rope_theta=1e4, alpha=1000.0,
                                       mrope_section=[4, 4, 4, 4])), 4, None),
+    # the checkpoints' "xdrope" (read as "dynamic") with an alpha: a fixed NTK base
+    ("hunyuan_vl_dynamic_alpha", "hunyuan_vl", "HunYuanVLTextConfig", "HunYuanVLRotaryEmbedding",
+     dict(SMALL, rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, alpha=1000.0,
+                                      factor=1.0, mrope_section=[4, 4, 4, 4])), 4, None),
+    # per layer type: a layer type's entry reads as transformers reads it (a partial
+    # factor the default type ignores, YaRN's truncate from the top-level dict, never a
+    # top-level original length)
+    *[(f"cohere_compass_{name}", "cohere_compass", "CohereCompassTextConfig",
+       "CohereCompassRotaryEmbedding",
+       dict(SMALL, head_dim=64, num_hidden_layers=2,
+            layer_types=["full_attention", "sliding_attention"], **top,
+            rope_parameters={"full_attention": dict(full, mrope_section=[10, 11, 11]),
+                             "sliding_attention": rp(1e4, partial_rotary_factor=0.5)}),
+       3, "full_attention") for name, full, top in [
+          ("entry_partial", rp(1e6, partial_rotary_factor=0.5), {}),
+          ("yarn_no_truncate", dict(rope_type="yarn", rope_theta=1e6, factor=4.0,
+                                    original_max_position_embeddings=1024, truncate=False),
+           {}),
+          ("yarn_top_original", dict(rope_type="yarn", rope_theta=1e6, factor=4.0),
+           {"original_max_position_embeddings": 2048})]],
     ("glm4v_partial_gptj", "glm4v", "Glm4vTextConfig", "Glm4vTextRotaryEmbedding",
      dict(SMALL, rope_parameters=rp(1e4, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)),
      3, None),
@@ -202,7 +222,9 @@ TEXT_CASES = [
           ("hunyuan_vl", "hunyuan_vl", "HunYuanVLTextConfig", "HunYuanVLRotaryEmbedding", 1e4,
            [2, 6, 6, 2], {}, 4),
           ("qwen3_vl", "qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding", 5e6,
-           [6, 5, 5], {"mrope_interleaved": True}, 3)]],
+           [6, 5, 5], {"mrope_interleaved": True}, 3),
+          ("cosmos3_edge", "cosmos3_edge", "Cosmos3EdgeTextConfig",
+           "Cosmos3EdgeTextRotaryEmbedding", 5e6, [6, 5, 5], {}, 3)]],
 ]
 
 # (name, package, config class, rotary class, config kwargs, axes): configs on which the
@@ -219,6 +241,11 @@ MODEL_FAILS = [
           rope_parameters=dict(rp(5e6, mrope_section=[6, 5, 5], mrope_interleaved=True),
                                rope_type="yarn", factor=2.0,
                                original_max_position_embeddings=1024)), 3),
+    # its rotary module takes the default rope type alone
+    ("ernie4_5_vl_moe_linear", "ernie4_5_vl_moe", "Ernie4_5_VLMoeTextConfig",
+     "Ernie4_5_VLMoeTextRotaryEmbedding",
+     dict(SMALL, rope_parameters=dict(rp(5e5, mrope_section=[5, 5, 6]), rope_type="linear",
+                                      factor=2.0)), 3),
 ]
 
 

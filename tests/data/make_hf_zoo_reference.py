@@ -471,6 +471,10 @@ def run_case(config, rot_cls, apply, kind, layer_type, seed):
         # off the rotated slice itself, or (Phi, StableLM, Persimmon, GPT-J) only the
         # leading slice its attention cut out.
         dim = width if sl is not None else head
+        if sl is not None and width != sl[1] - sl[0]:
+            # the attention hands the apply function its qk_rope_head_dim features
+            raise RuntimeError(f"cos and sin of {width} features for a rope part of "
+                               f"{sl[1] - sl[0]}")
         q = inputs(seed, dim)[None, None]
         k = inputs(seed + 1, dim)[None, None]
         try:
@@ -883,6 +887,25 @@ def entry_partial_variant(config_class, model_type):
                                "rope_parameters": narrowed})]
 
 
+def unscaled_variant(config_class, model_type):
+    """Where the default config scales (YaRN, llama3, ...): the same base with the default
+    rope type, each layer type's entry too (proportional and vision ones kept), as the
+    family's own default-type frequencies and attention make it."""
+    params = one_axis_rope_parameters(config_class, model_type)
+    if params is None:
+        return []
+    plain = lambda e: e if not isinstance(e, dict) or e.get("rope_type", "default") not in (  # noqa: E731
+        "linear", "dynamic", "yarn", "longrope", "llama3") else {"rope_type": "default",
+                                                               "rope_theta": e.get("rope_theta")}
+    if all(isinstance(v, dict) or v is None for v in params.values()):
+        unscaled = {t: plain(e) for t, e in params.items()}
+    else:
+        unscaled = plain(params)
+    if unscaled == params:
+        return []
+    return [("unscaled", {**(SMALL_EXTRA.get(model_type) or {}), "rope_parameters": unscaled})]
+
+
 def scaled_variant(config_class, model_type):
     """The default config's rope parameters as linear position interpolation (factor 2,
     each layer type's entry of the default type): whether the family's rotary module reads
@@ -1042,6 +1065,7 @@ def main():
         variants += partial_variant(config_class, model_type)
         variants += scaled_variant(config_class, model_type)
         variants += entry_partial_variant(config_class, model_type)
+        variants += unscaled_variant(config_class, model_type)
         for variant, extra in variants:
             name = model_type if variant == "default" else f"{model_type}/{variant}"
             try:
