@@ -742,10 +742,10 @@ def config_dict(config):
 # Default configs that the small head width would make odd (int(32 * 0.8) = 25).
 SMALL_EXTRA = {"moonshine_streaming": {"head_dim": 40}}
 
-def _phimoe(rope_type, original, **params):
+def _phimoe(rope_type, original, name=None, **params):
     """PhiMoE with a rope type of its own: its module multiplies cos and sin by
     short_mscale or long_mscale (past original) for every type but default."""
-    return (f"{rope_type}_mscale_{original}", {
+    return (name or f"{rope_type}_mscale_{original}", {
         "max_position_embeddings": 4096,
         "rope_parameters": {"rope_type": rope_type, "rope_theta": 10000.0,
                             "short_mscale": 1.243, "long_mscale": 1.118,
@@ -771,20 +771,11 @@ VARIANTS = {
                            "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                                "short_factor": [1.0 + i / 40 for i in range(16)],
                                                "long_factor": [2.0 + i for i in range(16)]}})],
-    "phimoe": [("longrope_mscale", {
-        "max_position_embeddings": 4096,
-        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
-                            "short_factor": [1.0 + i / 40 for i in range(16)],
-                            "long_factor": [2.0 + i for i in range(16)],
-                            "short_mscale": 1.243, "long_mscale": 1.118,
-                            "original_max_position_embeddings": 128}}),
-               ("longrope_mscale_short", {
-                   "max_position_embeddings": 4096,
-                   "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
-                                       "short_factor": [1.0 + i / 40 for i in range(16)],
-                                       "long_factor": [2.0 + i for i in range(16)],
-                                       "short_mscale": 1.243, "long_mscale": 1.118,
-                                       "original_max_position_embeddings": 512}}),
+    "phimoe": [*[_phimoe("longrope", original, name=name,
+                         short_factor=[1.0 + i / 40 for i in range(16)],
+                         long_factor=[2.0 + i for i in range(16)])
+                 for name, original in (("longrope_mscale", 128),
+                                        ("longrope_mscale_short", 512))],
                *[_phimoe(t, original, **params) for original in (128, 512) for t, params in (
                    ("linear", {"factor": 4.0}), ("dynamic", {"factor": 4.0}),
                    ("yarn", {"factor": 4.0}),
