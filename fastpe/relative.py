@@ -307,8 +307,10 @@ class RelativeBias:
     def from_hf_config(cls, config: object, *, decoder: bool = False) -> RelativeBias:
         """The settings transformers' attention uses for this config: the encoder's
         self-attention (bidirectional), or with ``decoder=True`` the decoder's (keys
-        after the query share bucket 0, and causal). A family whose relative bias is
-        not T5's per-distance bucket lookup is a ValueError naming what it adds."""
+        after the query share bucket 0, and causal). A decoder stack's own config
+        (``is_decoder=True``, as ``model.decoder.config``) needs ``decoder=True``. A
+        family whose relative bias is not T5's per-distance bucket lookup is a
+        ValueError naming what it adds."""
         cfg = _config_dict(config)
         decoder = _checks.flag(decoder, "decoder")
         model_type = cfg.get("model_type")
@@ -335,6 +337,12 @@ class RelativeBias:
             # max_distance 128) whatever the config says: relative_attention_num_buckets
             # only sizes the table, whose later rows are never read
             return cls(32, max_distance=128, bidirectional=True)
+        if not decoder and cfg.get("is_decoder"):
+            # a decoder stack's own config (model.decoder.config) buckets one way; a
+            # top-level config's encoder ignores the key: which one this is, it cannot say
+            raise ValueError(f"config of model_type {model_type!r} has is_decoder="
+                             f"{cfg['is_decoder']!r} (a decoder stack's config): pass "
+                             "decoder=True for the decoder's self-attention")
         num_buckets = _setting(cfg, "relative_attention_num_buckets", 32)
         max_distance = _setting(cfg, "relative_attention_max_distance", 128)
         return cls(num_buckets, max_distance=max_distance, bidirectional=not decoder,

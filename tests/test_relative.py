@@ -577,6 +577,18 @@ def test_half_types_sum_the_logits_in_float32():
 # ---- loaders -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("case", [c for c in cases("t5") if c["decoder"]],
+                         ids=[i for c, i in zip(cases("t5"), ids("t5")) if c["decoder"]])
+def test_a_decoder_stacks_config_needs_decoder_true(case):
+    """The decoder's own config (is_decoder=True, as model.decoder.config) buckets one
+    way: without decoder=True the loader refuses rather than give the encoder's bias."""
+    assert case["config"]["is_decoder"] is True
+    refused = {"longt5": "encoder_attention_type", "pix2struct_text_model": "it is a decoder"}
+    with pytest.raises(ValueError, match=refused.get(case["config"]["model_type"],
+                                                     r"is_decoder=True.*decoder=True")):
+        fastpe.RelativeBias.from_hf_config(case["config"])
+
+
 @pytest.mark.parametrize("model_type", ["udop", "layoutlmv2", "layoutlmv3", "wavlm",
                                         "prophetnet", "cpmant", "deberta", "llama", None])
 def test_loaders_refuse_what_they_cannot_reproduce(model_type):
