@@ -161,11 +161,13 @@ MODELS: dict[str, Convention] = {
                                   ("layer_types", "layers_block_type")),
                          requires=(("use_mem_rope", True, False),)),
     "granitemoehybrid": Convention(requires=(("position_embedding_type", "rope", None),)),
-    # ESM's and Evolla's protein encoders rotate only with position_embedding_type
-    # "rotary" (ESM's config class defaults to "absolute", Evolla's to "rotary").
+    # RecurrentGemma's and ERNIE-4.5-VL's rotary modules and Cosmos3-Edge's config class
+    # raise on any rope type but default.
     **dict.fromkeys(("recurrent_gemma", "ernie4_5_vl_moe_text", "cosmos3_edge_text"),
                     Convention(default_only=True)),
-    # ESM's rotary module reads only the top-level rope_theta.
+    # ESM's and Evolla's protein encoders rotate only with position_embedding_type
+    # "rotary" (ESM's config class defaults to "absolute", Evolla's to "rotary"); ESM's
+    # rotary module reads only the top-level rope_theta.
     "esm": Convention(requires=(("position_embedding_type", "rotary", "absolute"),),
                       theta_only=True),
     "evolla": Convention(requires=(("position_embedding_type", "rotary", "rotary"),)),

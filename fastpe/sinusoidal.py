@@ -147,8 +147,9 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         # least 1 gives frequencies of at most 1, which sinusoidal_inv_freq never refuses
         arr: Any = x
         if arr.ndim in (2, 3) and kern.sinusoidal_call(
-                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base, arr.size > 0), positions, offset, scale,
-                False, False, True, _threads.resolve(num_threads, 2 * arr.nbytes)):
+                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base, arr.size > 0), positions,
+                offset, scale, False, False, True,
+                _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,
                               scale=scale, num_threads=num_threads, frequencies=frequencies,
