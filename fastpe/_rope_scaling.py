@@ -174,15 +174,15 @@ class RopeSpec:
 
     def _compute(self, regime: Regime) -> RopeFrequencies:
         attention = self.attention_scaling
-        shape = regime
+        formed_at = regime
         if self.mscaled:
             # Phi-3.5-MoE's module: at every length the frequencies formed without one
             # (longrope's short factors, dynamic NTK's plain ones), and cos and sin
             # multiplied by the mscale of the call's side of the original length
-            shape = self.original_max_position_embeddings if self.rope_type == "dynamic" else False
+            formed_at = self.original_max_position_embeddings if self.rope_type == "dynamic" else False
             attention = dict(self.params)["long_mscale" if regime else "short_mscale"]
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            inv_freq = _INV_FREQ[self.rope_type](self, shape)
+            inv_freq = _INV_FREQ[self.rope_type](self, formed_at)
         self._check_frequencies(inv_freq)
         # shared by every later caller: a view of immutable bytes, so that not even
         # flags.writeable = True can make it writable
