@@ -177,5 +177,11 @@ def add_disentangled_bias(scores: object, *, c2p: object, p2c: object,
     return DebertaPlan(x, c, p, spec, threads)
 
 
+def nothing_to_add(scores: object, num_threads: object) -> None:
+    """The checks of a DeBERTa call whose pos_att_type has neither logit: its bias is 0."""
+    _target(scores, "scores")
+    _threads.check(num_threads)
+
+
 def deberta_lengths(q_len: object, k_len: object) -> tuple[int, int]:
     return _checks.count(q_len, "q_len"), _checks.count(k_len, "k_len")

@@ -244,6 +244,15 @@ def _setting(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return value
 
 
+def _int_setting(cfg: Mapping[str, Any], key: str, default: Any = None) -> int:
+    """An integer setting, named when it is not one (the model's own code would fail on
+    it with Python's comparison error, or index with it)."""
+    value = _setting(cfg, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"config[{key!r}] must be an int, got {value!r}")
+    return int(value)
+
+
 # The T5-bucket families whose attention is T5Attention's (a bucket per distance, one
 # table per layer or per stack): model_type -> (encoder has it, decoder has it)
 T5_FAMILIES = {
@@ -343,8 +352,8 @@ class RelativeBias:
             raise ValueError(f"config of model_type {model_type!r} has is_decoder="
                              f"{cfg['is_decoder']!r} (a decoder stack's config): pass "
                              "decoder=True for the decoder's self-attention")
-        num_buckets = _setting(cfg, "relative_attention_num_buckets", 32)
-        max_distance = _setting(cfg, "relative_attention_max_distance", 128)
+        num_buckets = _int_setting(cfg, "relative_attention_num_buckets", 32)
+        max_distance = _int_setting(cfg, "relative_attention_max_distance", 128)
         return cls(num_buckets, max_distance=max_distance, bidirectional=not decoder,
                    causal=decoder)
 
@@ -397,7 +406,7 @@ class DisentangledBias:
 
     ``span`` is transformers' ``pos_ebd_size`` (the relative embeddings used are
     ``rel_embeddings[:2 * span]``), ``scale`` the divisor of the scores and of both
-    logits (``sqrt(head_dim * (1 + len(pos_att_type)))``), ``c2p`` / ``p2c`` whether
+    logits (``sqrt(head_dim * (1 + c2p + p2c))``: "p2p" does not count), ``c2p`` / ``p2c`` whether
     pos_att_type has them and ``share_att_key`` whether the positions are projected by
     the query and key projections themselves.
 
@@ -464,13 +473,16 @@ class DisentangledBias:
         types = cfg.get("pos_att_type") or []
         if isinstance(types, str):
             types = [t.strip() for t in types.lower().split("|")]
-        types = list(types)
-        buckets = cfg.get("position_buckets", -1)
-        max_rel = cfg.get("max_relative_positions", -1)
+        if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
+            raise TypeError(f"config['pos_att_type'] must be a list of strings or one "
+                            f"'|'-separated string, got {cfg.get('pos_att_type')!r}")
+        buckets = _int_setting(cfg, "position_buckets", -1)
+        max_rel = _int_setting(cfg, "max_relative_positions", -1)
         if max_rel < 1:
-            max_rel = _setting(cfg, "max_position_embeddings")
-        heads = _setting(cfg, "num_attention_heads")
-        head_dim = cfg.get("attention_head_size") or _setting(cfg, "hidden_size") // heads
+            max_rel = _int_setting(cfg, "max_position_embeddings")
+        heads = _int_setting(cfg, "num_attention_heads")
+        head_dim = (_int_setting(cfg, "attention_head_size") if "attention_head_size" in cfg
+                    else _int_setting(cfg, "hidden_size") // heads)
         return cls(position_buckets=buckets, max_relative_positions=max_rel,
                    c2p="c2p" in types, p2c="p2c" in types,
                    share_att_key=bool(cfg.get("share_att_key", False)), head_dim=head_dim)
@@ -483,13 +495,18 @@ class DisentangledBias:
     def __call__(self, scores: InPlace, *, c2p: ArrayLike | None = None,
                  p2c: ArrayLike | None = None, num_threads: int | None = None) -> InPlace:
         """add_disentangled_bias of these settings; a logit pos_att_type lacks, or one it
-        has and the call lacks, is a ValueError."""
+        has and the call lacks, is a ValueError. With neither (pos_att_type empty, or
+        "p2p" alone) the model adds nothing: the scores are checked and left as they are."""
+        wanted = {}
         for name, given, setting in (("c2p", c2p, self.c2p), ("p2c", p2c, self.p2c)):
-            wanted = _checks.flag(setting, name)   # an attribute set since, read as made
-            if wanted != (given is not None):
+            wanted[name] = _checks.flag(setting, name)   # an attribute set since, read as made
+            if wanted[name] != (given is not None):
                 raise ValueError(f"{name}: this model's pos_att_type "
-                                 f"{'has' if wanted else 'lacks'} it; "
-                                 f"{'pass it' if wanted else 'pass None'}")
+                                 f"{'has' if wanted[name] else 'lacks'} it; "
+                                 f"{'pass it' if wanted[name] else 'pass None'}")
+        if not any(wanted.values()):
+            _relative_args.nothing_to_add(scores, num_threads)
+            return scores
         return add_disentangled_bias(scores, c2p=c2p, p2c=p2c,
                                      position_buckets=self.position_buckets,
                                      max_relative_positions=self.max_relative_positions,

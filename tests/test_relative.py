@@ -7,6 +7,7 @@ thread count, the config loaders, and the bad-input rows (run by tests/test_bad_
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -634,6 +635,49 @@ def test_deberta_loader_settings():
     with pytest.raises(ValueError, match=r"max_relative_positions must be >= 1.*log buckets"
                                          r".*max_position_embeddings"):
         fastpe.DisentangledBias(position_buckets=256, max_relative_positions=-1)
+
+
+@pytest.mark.parametrize("types", [None, [], ["p2p"], "p2p", "P2P | x"])
+def test_deberta_without_c2p_or_p2c_adds_nothing(types):
+    """DebertaV2's disentangled_attention_bias starts from a score of 0 and adds only
+    c2p and p2c terms, and its scale counts only those: with neither, the scores are
+    scaled by sqrt(head_dim) and left as they are, not refused."""
+    cfg = {"model_type": "deberta-v2", "relative_attention": True, "pos_att_type": types,
+           "max_relative_positions": 16, "position_buckets": 8, "hidden_size": 48,
+           "num_attention_heads": 3}
+    db = fastpe.DisentangledBias.from_hf_config(cfg)
+    assert (db.c2p, db.p2c, db.scale) == (False, False, 4.0)
+    scores = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3)
+    assert db(scores) is scores
+    assert scores.ravel().tolist() == list(range(18))
+    with pytest.raises(ValueError, match="c2p: this model's pos_att_type lacks it"):
+        db(scores, c2p=np.zeros((1, 2, 3, 16), np.float32))
+    with pytest.raises(TypeError, match="scores must have a floating dtype"):
+        db(np.zeros((1, 2, 3, 3), np.int32))
+    with pytest.raises(ValueError, match="scores must have at least 3 dimensions"):
+        db(np.zeros((3, 3), np.float32))
+    with pytest.raises(ValueError, match="num_threads"):
+        db(scores, num_threads=0)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("max_relative_positions", "512"), ("position_buckets", 256.0),
+    ("max_position_embeddings", "512"), ("num_attention_heads", True),
+    ("attention_head_size", 64.0), ("hidden_size", [768]), ("pos_att_type", 3),
+    ("pos_att_type", ["c2p", 2])])
+def test_deberta_loader_names_a_config_value_of_the_wrong_type(key, value):
+    cfg = {"model_type": "deberta-v2", "relative_attention": True, "position_buckets": 256,
+           "max_relative_positions": -1, "max_position_embeddings": 512,
+           "pos_att_type": "p2c|c2p", "hidden_size": 768, "num_attention_heads": 12}
+    with pytest.raises(TypeError, match=re.escape(f"config[{key!r}] must be")):
+        fastpe.DisentangledBias.from_hf_config({**cfg, key: value})
+
+
+@pytest.mark.parametrize("key", ["relative_attention_num_buckets",
+                                 "relative_attention_max_distance"])
+def test_t5_loader_names_a_config_value_of_the_wrong_type(key):
+    with pytest.raises(TypeError, match=re.escape(f"config[{key!r}] must be an int, got '32'")):
+        fastpe.RelativeBias.from_hf_config({"model_type": "t5", key: "32"})
 
 
 # ---- bad input: rows for tests/test_bad_input.py -------------------------------------------------------
