@@ -217,9 +217,10 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     """Positions for an embedding with `axes` position axes: (Positions, multi).
 
     (axes, seq) and (axes, 1 or batch, seq) are per-axis positions (multi is
-    True and the array is (axes, rows, seq)); None, (seq,) and (1 or batch,
-    seq) are text positions that every axis shares. A 2-D array that reads
-    both ways (batch == axes) is refused."""
+    True and the array is (axes, rows, seq)); None, (seq,), (1 or batch, seq)
+    and (1, 1 or batch, seq) are text positions that every axis shares (the
+    M-RoPE models' rotary modules broadcast a single row over their axes). A
+    2-D array that reads both ways (batch == axes) is refused."""
     if not 1 <= axes <= MAX_AXES:
         raise ValueError(f"axes must be in [1, {MAX_AXES}], got {axes}")
     if positions is None:
@@ -231,12 +232,15 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     per_axis = ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch)
                  and shape[2] == seq) or (len(shape) == 2 and shape == (axes, seq)))
     text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
-    if not (per_axis or text):
+    one_row = (len(shape) == 3 and shape[0] == 1 and shape[1] in (1, batch)
+               and shape[2] == seq and not per_axis)
+    if not (per_axis or text or one_row):
         raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, "
-                         f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) for "
-                         f"text tokens, got {shape}")
-    if text:
-        return _checks.positions(positions, offset, batch, seq, converted=converted), False
+                         f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) / "
+                         f"(1, {batch}, {seq}) for text tokens, got {shape}")
+    if text or one_row:
+        return _checks.positions(positions, offset, batch, seq,
+                                 converted=converted[0] if one_row else converted), False
     _checks.count(offset, "offset")
     if offset:
         raise ValueError(f"give either positions or offset, not both (offset={offset})")

@@ -338,8 +338,9 @@ class RotaryEmbedding:
     it: contiguous runs of pairs (Qwen2-VL) or, with ``mrope_interleaved``,
     axes taking turns pair by pair (Qwen3-VL). Positions are then
     ``(axes, seq)`` or ``(axes, batch, seq)``, as Hugging Face's
-    ``position_ids`` for these models; ``(seq,)`` or ``(batch, seq)`` text
-    positions give every axis the same position.
+    ``position_ids`` for these models; ``(seq,)``, ``(batch, seq)`` or
+    ``(1, batch, seq)`` text positions give every axis the same position (the
+    models broadcast a single row over their axes).
 
     ``feature_slice`` is the slice of the model's query head that this embedding's
     head_dim covers (all of it, except for MLA and trailing partial rotary; see

@@ -267,6 +267,27 @@ def test_positions_shared_by_the_batch_and_per_sequence():
         assert_bytes_equal(q, outs[0])
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cython"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_one_row_of_positions_is_read_by_every_axis(backend, rows):
+    """(1, rows, seq) is what Qwen2-VL's and Qwen3-VL's rotary modules broadcast to their
+    three axes (position_ids[:, :, None, :] against inv_freq expanded to 3 rows): the
+    same as that row given to each axis, bit for bit."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("no compiled backend")
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS, mrope_interleaved=True)
+    row = np.random.default_rng(5).integers(0, 1000, (1, rows, S))
+    outs = []
+    with fastpe.use_backend(backend):
+        for form in (row, np.repeat(row, 3, axis=0)):
+            q = make("contiguous", (2, S, HQ, D), F32, seed=4)
+            k = make("contiguous", (2, S, HK, D), F32, seed=5)
+            rope(q, k, form)
+            outs.append((q, k))
+    assert_bytes_equal(outs[0][0], outs[1][0])
+    assert_bytes_equal(outs[0][1], outs[1][1])
+
+
 def test_cos_sin_of_multi_axis_positions():
     rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
     pos = vl_positions(1, S, seed=3)[:, 0]
