@@ -237,6 +237,8 @@ VISION: dict[str, str] = {
     "minimax_m3_vl_vision": "thw",
     "gemma4_vision": "halves",
 }
+# The base a tower's config class gives a config.json without one, where not 10000.
+VISION_THETA: dict[str, float] = {"gemma4_vision": 100.0, "lfm3_vl_vision": 1e6}
 
 def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, Style]:
     """(axes, width of the frequency spectrum, axis of each pair, index of each pair's
@@ -313,13 +315,17 @@ def vision_rope(cls: type[RotaryEmbedding], config: object,
     if kind is None:
         return None
     rope = _rope_dict(config)
-    rope_type = rope.get("rope_type", rope.get("type", "axial"))
-    # Llama 4's tower reads only rope_theta, from a dict typed "default"
+    # the config classes read a missing or "default" type as "axial"; Llama 4's tower
+    # reads only rope_theta, from a dict typed "default"
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
     allowed = ("axial", "default") if model_type == "llama4_vision_model" else ("axial",)
-    if rope_type not in allowed:
+    if rope_type not in allowed and rope_type != "default":
         raise ValueError(f"model_type {model_type!r}: its vision rotary embedding supports only "
                          f"rope_type {' or '.join(map(repr, allowed))}, got {rope_type!r}")
+    # a base the rope parameters lack: the top-level key, else the class's default
     theta = rope.get("rope_theta", _hf_get(config, "rope_theta"))
+    if theta is None:
+        theta = VISION_THETA.get(model_type, 10000.0)
     head_dim = _vision_head_dim(config, model_type)
     if kind == "halves":
         if style not in (None, "neox"):

@@ -47,19 +47,49 @@ def _head_dim(config: Mapping[str, Any], model_type: str, hidden: str, *divisors
     return head_dim
 
 
+# The families whose rotary module reads rope_parameters: each config class's default
+# base and the rope_type it reads "default" as (SAM's "axial").
+_CLASS_ROPE = {
+    "eomt_dinov3": (100.0, "default"),
+    "sam2_video": (10000.0, "axial"),
+    "sam3_tracker_video": (10000.0, "axial"),
+    "edgetam_video": (10000.0, "axial"),
+    "sam3_vit_model": (10000.0, "axial"),
+    "efficientloftr": (10000.0, "default"),
+}
+# What the config classes of DINOv3 and the models on its backbone fill in.
+_CLASS_REGISTERS = {"dinov3_vit": 0, "eomt_dinov3": 4, "sapiens2": 8}
+
+
+def _class_rope(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The rope parameters the family's config class makes of ``config`` (transformers'
+    convert_rope_params_to_dict and standardize_rope_params): rope_scaling before
+    rope_parameters; a base they lack from a top-level rope_theta, else the class's
+    default; a missing type "default", read as the class's own (SAM's "axial");
+    EfficientLoFTR's partial factor 4 where neither gives one. The SAM video classes'
+    deprecated memory_attention_rope_theta is set after, so it wins."""
+    default_theta, default_type = _CLASS_ROPE[model_type]
+    given = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(given, Mapping):
+        raise ValueError(f"model_type {model_type!r}: rope_parameters must be a dict, got "
+                         f"{given!r}")
+    rope = dict(given)
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    rope.setdefault("rope_theta", config.get("rope_theta", default_theta))
+    if model_type == "efficientloftr":
+        rope.setdefault("partial_rotary_factor", config.get("partial_rotary_factor", 4.0))
+    if rope["rope_type"] == "default":
+        rope["rope_type"] = default_type
+    legacy = config.get("memory_attention_rope_theta")
+    if model_type.endswith("_video") and legacy is not None:
+        rope["rope_theta"] = legacy
+    return rope
+
+
 def _theta(config: Mapping[str, Any], model_type: str, default: float) -> float:
-    """rope_theta where the model's code reads it: a rope_parameters dict of rope_type
-    "default" (EoMT-DINOv3) or the top-level key (DINOv3, Sapiens 2; for the SAM
-    family and EfficientLoFTR ``config`` is their rope_parameters dict itself)."""
-    rope = config.get("rope_parameters")
-    if model_type == "eomt_dinov3" and isinstance(rope, Mapping):
-        kind = rope.get("rope_type", "default")
-        if kind != "default":
-            raise ValueError(f"model_type {model_type!r} supports only rope_type 'default' in "
-                             f"rope_parameters, got {kind!r}")
-        theta = rope.get("rope_theta", default)
-    else:
-        theta = config.get("rope_theta", default)
+    """rope_theta where the model's code reads it: the top-level key (DINOv3, Sapiens
+    2), or for the families of _CLASS_ROPE ``config`` is their _class_rope."""
+    theta = config.get("rope_theta", default)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ValueError(f"model_type {model_type!r}: rope_theta must be a positive number, "
                          f"got {theta!r}")
@@ -81,7 +111,14 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
         raise ValueError(f"model_type {model_type!r} with head_dim {head_dim}: its code forms "
                          f"torch.arange(0, 1, 4 / {head_dim}), {count} frequencies where the "
                          f"head holds {head_dim // 4} per axis, and fails on them")
-    theta = _theta(config, model_type, 100.0)
+    if model_type in _CLASS_ROPE:
+        rope = _class_rope(config, model_type)
+        if rope["rope_type"] != "default":
+            raise ValueError(f"model_type {model_type!r} supports only rope_type 'default' in "
+                             f"rope_parameters, got {rope['rope_type']!r}")
+        theta = _theta(rope, model_type, 100.0)
+    else:
+        theta = _theta(config, model_type, 100.0)
     axes, width, pair_axis, pair_freq, own_style = _vision_layout("hw", head_dim)
     emb = cls(head_dim, base=theta, style=style or own_style)
     # the 2 pi of the angle folded into the frequencies: a linear scaling divides by
@@ -89,7 +126,7 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
     spec = parse_rope_spec(width, base=theta,
                            scaling={"rope_type": "linear", "factor": 1.0 / (2.0 * math.pi)})
     emb._set_layout(axes, pair_axis, pair_freq, spec)
-    registers = config.get("num_register_tokens", 0)
+    registers = config.get("num_register_tokens", _CLASS_REGISTERS[model_type])
     if isinstance(registers, bool) or not isinstance(registers, int) or registers < 0:
         raise ValueError(f"model_type {model_type!r}: num_register_tokens must be an int >= 0, "
                          f"got {registers!r}")
@@ -126,10 +163,10 @@ def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_ty
     that grid once per frame and then the object pointers, which are not rotated.
     EdgeTAM's keys are grouped per memory frame, each group's first tokens (temporal)
     unrotated and the rest on ``key_grid`` (memory_attention_rope_k_sizes)."""
-    rope = config.get("rope_parameters") or {"rope_type": "axial", "rope_theta": 10000.0}
-    if not isinstance(rope, Mapping) or rope.get("rope_type", "axial") != "axial":
+    rope = _class_rope(config, model_type)
+    if rope["rope_type"] != "axial":
         raise ValueError(f"model_type {model_type!r}: its memory attention supports only "
-                         f"rope_type 'axial' in rope_parameters, got {rope!r}")
+                         f"rope_type 'axial' in rope_parameters, got {rope['rope_type']!r}")
     theta = _theta(rope, model_type, 10000.0)
     head_dim = _head_dim(config, model_type, "memory_attention_hidden_size",
                          "memory_attention_downsample_rate",
@@ -154,10 +191,10 @@ def _sam3_vit(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type:
     head_dim), adjacent pairs, column first) over hidden_size / num_attention_heads
     features, on the window's patch grid in windowed layers and on the image's
     (``grid``) times window_size / columns in the global_attn_indexes layers."""
-    rope = config.get("rope_parameters") or {"rope_type": "axial", "rope_theta": 10000.0}
-    if not isinstance(rope, Mapping) or rope.get("rope_type", "axial") != "axial":
+    rope = _class_rope(config, model_type)
+    if rope["rope_type"] != "axial":
         raise ValueError(f"model_type {model_type!r}: its ViT supports only rope_type "
-                         f"'axial' in rope_parameters, got {rope!r}")
+                         f"'axial' in rope_parameters, got {rope['rope_type']!r}")
     head_dim = _head_dim(config, model_type, "hidden_size", "num_attention_heads",
                          defaults={"hidden_size": 1024, "num_attention_heads": 16})
     if config.get("head_dim") not in (None, head_dim):
@@ -195,10 +232,10 @@ def _efficientloftr(cls: type[RotaryEmbedding], config: Mapping[str, Any], model
     pair 2m by the row and pair 2m + 1 by the column, both at theta^(-2m / dim) with
     dim = head_dim * partial_rotary_factor, which its code needs to be hidden_size / 2.
     Pass q as (batch, tokens, 1, hidden_size): ``rope.head_dim`` is hidden_size."""
-    rope = config.get("rope_parameters")
-    if not isinstance(rope, Mapping) or rope.get("rope_type", "default") != "default":
+    rope = _class_rope(config, model_type)
+    if rope["rope_type"] != "default":
         raise ValueError(f"model_type {model_type!r}: fastpe reproduces only rope_type "
-                         f"'default' in rope_parameters, got {rope!r}")
+                         f"'default' in rope_parameters, got {rope['rope_type']!r}")
     theta = _theta(rope, model_type, 10000.0)
     hidden = config.get("hidden_size", 256)
     heads = config.get("num_attention_heads", 8)
@@ -208,7 +245,7 @@ def _efficientloftr(cls: type[RotaryEmbedding], config: Mapping[str, Any], model
                          f"hidden_size (divisible by 4) and num_attention_heads, got "
                          f"{hidden!r} and {heads!r}")
     head_dim = config.get("head_dim") or hidden // heads
-    factor = rope.get("partial_rotary_factor", 1.0)
+    factor = rope["partial_rotary_factor"]
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
             int(head_dim * factor) != hidden // 2:
         raise ValueError(f"model_type {model_type!r}: head_dim * partial_rotary_factor = "
@@ -258,4 +295,21 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
     plain = _hf_plain(config)
     if not isinstance(plain, Mapping):
         plain = dict(vars(plain))
+    if model_type == "sam3_tracker_video" and isinstance(config, Mapping):
+        plain = {**plain, "memory_attention_rope_feat_sizes": _sam3_tracker_map(plain)}
     return loader(cls, plain, model_type, style)
+
+
+def _sam3_tracker_map(config: Mapping[str, Any]) -> list[int]:
+    """The memory feature map SAM 3's tracker config class makes of a config.json: it
+    sets image_size (default 1008) last, and that sets the map to image_size //
+    the vision backbone's patch_size (default 14) per side, whatever the dict says."""
+    image = config.get("image_size", 1008)
+    backbone = (config.get("vision_config") or {}).get("backbone_config") or {}
+    patch = backbone.get("patch_size", 14) if isinstance(backbone, Mapping) else None
+    if not (type(image) is int and type(patch) is int and image >= patch > 0):
+        raise ValueError(f"model_type 'sam3_tracker_video': its memory feature map is "
+                         f"image_size // vision_config.backbone_config.patch_size, which "
+                         f"needs positive ints with image_size >= patch_size, got "
+                         f"{image!r} and {patch!r}")
+    return [image // patch, image // patch]

@@ -385,14 +385,17 @@ def _hf_case_ids(kind):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", _hf_case_ids("text") + _hf_case_ids("vision"))
-def test_models_match_transformers(name, backend):
+@pytest.mark.parametrize("name, config", [
+    (name, key) for name in _hf_case_ids("text") + _hf_case_ids("vision")
+    for key in ("config", "typed_config") if key in HF_CASES[name]])
+def test_models_match_transformers(name, config, backend):
     """Each family's M-RoPE (text) or 2D RoPE (vision tower) through from_hf_config
     equals its own rotary module and apply function (run in float64) to float64
     rounding, on (axes, batch, seq) positions (text, layout bhsd) or (axes, tokens)
-    (vision, layout shd)."""
+    (vision, layout shd); from the config transformers writes, and for a vision tower
+    from the same config.json typed without its base (the class's default)."""
     case = HF_CASES[name]
-    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"], layer_type=case["layer_type"],
+    rope = fastpe.RotaryEmbedding.from_hf_config(case[config], layer_type=case["layer_type"],
                                                  layer=case.get("layer"))
     rng = np.random.default_rng(case["seed"])
     q = rng.standard_normal(case["q_shape"])

@@ -181,10 +181,10 @@ def test_sam_memory_cross_attention_matches_transformers(name, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layer", ["windowed", "global"])
-def test_sam3_vit_matches_transformers(layer, backend):
-    name = "sam3_vit_model"
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if "window" in c])
+def test_sam3_vit_matches_transformers(name, layer, backend):
     rope = fastpe.RotaryEmbedding.from_hf_config(CASES[name]["config"])
-    assert rope.window_size == CASES[name]["window"] and rope.grid == (4, 6)
+    assert rope.window_size == CASES[name]["window"]
     ws = rope.window_size
     grid = (ws, ws) if layer == "windowed" else rope.grid
     pos = fastpe.sam3_vit_positions(*grid, window_size=ws)
@@ -249,7 +249,8 @@ SAM2 = {"model_type": "sam2_video", "memory_attention_hidden_size": 64,
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, r"only rope_type 'axial'"),
+    # "default" is read as "axial" by the config classes (the fixture's edgetam_video_typed)
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, r"only rope_type 'axial'"),
     ({"memory_attention_downsample_rate": 3}, r"// \(memory_attention_downsample_rate \* "
                                               r"memory_attention_num_attention_heads\) = 10"),
     ({"memory_attention_num_attention_heads": 0}, r"positive ints"),
@@ -301,7 +302,7 @@ LOFTR_CONFIG = {"model_type": "efficientloftr", "hidden_size": 256, "num_attenti
 
 @pytest.mark.parametrize("change, match", [
     ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, r"only rope_type 'default'"),
-    ({"rope_parameters": None}, r"only rope_type 'default'"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, r"only rope_type 'default'"),
     ({"num_attention_heads": 4}, r"64 \* 4.0 must be hidden_size / 2 = 128"),
     ({"hidden_size": 250}, r"hidden_size \(divisible by 4\)"),
     ({"q_aggregation_stride": 0}, r"q_aggregation_stride must be positive ints"),

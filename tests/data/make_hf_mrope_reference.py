@@ -19,7 +19,9 @@ Cases:
   (HY-V4-VL's ``apply_rotary_pos_emb_interleave`` from transformers 5.25), which the
   q.k products do not see;
 - ``vision``: a vision tower's rotary module and ``apply_rotary_pos_emb_vision``, on its
-  own patch grid positions; q, k are (tokens, heads, head_dim);
+  own patch grid positions; q, k are (tokens, heads, head_dim); ``typed_config`` is
+  the same config as a hand-typed config.json without its base, which the tower's
+  config class fills in with its own default;
 - ``unsupported``: configs from_hf_config must refuse (stored without outputs);
 - ``grid``: the models' own position helpers (``get_rope_index``, vision grids), to
   check fastpe.mrope_positions / vision_positions.
@@ -30,6 +32,7 @@ patched while a case runs), so every step is the model's own, in double precisio
 """
 
 import contextlib
+import copy
 import importlib
 import json
 import sys
@@ -90,6 +93,17 @@ def vl_positions(axes, batch, seq, seed):
 
 def config_json(cfg):
     return json.loads(cfg.to_json_string())
+
+
+def typed_without_base(cfg):
+    """cfg's config.json as a user may type it, without its base and the version
+    transformers writes: the class fills in its own default base, which cfg (made with
+    the class's defaults) holds."""
+    typed = {key: value for key, value in config_json(cfg).items()
+             if key not in ("rope_parameters", "rope_scaling", "rope_theta",
+                            "transformers_version")}
+    assert type(cfg).from_dict(copy.deepcopy(typed)).rope_parameters == cfg.rope_parameters
+    return typed
 
 
 # (name, package, config class, rotary class, config kwargs, axes, layer_type)
@@ -368,7 +382,8 @@ def run_vision(case, seed):
             qo, ko = getattr(mod, apply_name)(tq, tk, cos, sin)
     assert qo.dtype == torch.float64 and qo.shape == q.shape
     return ({"name": f"{name}_vision", "kind": "vision", "config": config_json(cfg),
-             "layer_type": None, "positions": pos.T.tolist(), "seed": seed,
+             "typed_config": typed_without_base(cfg), "layer_type": None,
+             "positions": pos.T.tolist(), "seed": seed,
              "q_shape": list(q.shape), "k_shape": list(k.shape), "layout": "shd"},
             {f"{name}_vision/q": qo.numpy(), f"{name}_vision/k": ko.numpy()})
 
@@ -491,7 +506,8 @@ def run_gemma4(seed):
         ko = mod.apply_multidimensional_rope(torch.from_numpy(k), cos, sin, pid)
     assert qo.dtype == torch.float64
     return ({"name": "gemma4_vision", "kind": "vision", "config": config_json(cfg),
-             "layer_type": None, "positions": grid.T.tolist(), "seed": seed,
+             "typed_config": typed_without_base(cfg), "layer_type": None,
+             "positions": grid.T.tolist(), "seed": seed,
              "q_shape": list(q.shape), "k_shape": list(k.shape), "layout": "bshd"},
             {"gemma4_vision/q": qo.numpy(), "gemma4_vision/k": ko.numpy()})
 

@@ -34,8 +34,15 @@ with unit frequencies.
 
 The models compute in float32; as make_hf_mrope_reference.py does, each case runs with
 float32 promoted to float64, so every step is the model's own, in double precision.
+
+Cases named ``*_typed`` are config.json dicts as a user may type them, leaving out keys
+or holding the base where the config class moves it from (a top-level ``rope_theta``,
+SAM's deprecated ``memory_attention_rope_theta``, no register count, SAM 3's tracker
+map from ``image_size``): the model is built from ``from_dict`` of the dict, as
+AutoConfig loads config.json, and the JSON's ``config`` is the dict itself.
 """
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -57,6 +64,22 @@ NPZ_OUT = HERE / "hf_realrope_reference.npz"
 SMALL = dict(hidden_size=64, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1,
              patch_size=4, image_size=16)
 
+
+def load_config(config_cls, kwargs, name):
+    """The config the model is built from and the dict fastpe is given: the class's
+    to_dict(), or for a ``*_typed`` case the dict as typed, which the class completes
+    (from_dict, as AutoConfig loads a config.json)."""
+    cls = getattr(transformers, config_cls)
+    if not name.endswith("_typed"):
+        cfg = cls(**kwargs)
+        return cfg, None
+    given = {"model_type": cls.model_type, **kwargs}
+    return cls.from_dict(copy.deepcopy(given)), given
+
+
+def config_of(cfg, given):
+    return given if given is not None else config_json(cfg)
+
 # (name, package, config class, rotary class, config kwargs, (rows, cols) of patches,
 #  batch, query tokens in front of the prefix (EoMT's last blocks), key heads)
 DINOV3_CASES = [
@@ -73,13 +96,23 @@ DINOV3_CASES = [
      dict(SMALL, hidden_size=128, num_attention_heads=4, num_register_tokens=3,
           num_key_value_attention_heads=2, num_first_full_attention_layers=0,
           num_last_full_attention_layers=0, rope_theta=100.0), (5, 2), 1, 0, 2),
+    # the class's registers (0, 4, 8) and bases (100; EoMT's from a top-level rope_theta)
+    ("dinov3_vit_typed", "dinov3_vit", "DINOv3ViTConfig", "DINOv3ViTRopePositionEmbedding",
+     dict(SMALL), (2, 3), 1, 0, 2),
+    ("eomt_dinov3_typed", "eomt_dinov3", "EomtDinov3Config", "EomtDinov3RotaryEmbedding",
+     dict(SMALL, num_queries=2, num_blocks=1, rope_parameters=dict(rope_type="default"),
+          rope_theta=7.0), (3, 2), 1, 2, 2),
+    ("sapiens2_typed", "sapiens2", "Sapiens2Config", "Sapiens2RopePositionEmbedding",
+     dict(SMALL, hidden_size=128, num_attention_heads=4, num_key_value_attention_heads=2,
+          num_first_full_attention_layers=0, num_last_full_attention_layers=0), (2, 2), 1, 0,
+     2),
 ]
 
 
 def run_dinov3(case, seed):
     name, package, config_cls, rotary_cls, kwargs, (rows, cols), batch, queries, kv_heads = case
     mod = module(package)
-    cfg = getattr(transformers, config_cls)(**kwargs)
+    cfg, given = load_config(config_cls, kwargs, name)
     patch = cfg.patch_size
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     prefix = queries + 1 + cfg.num_register_tokens
@@ -99,7 +132,7 @@ def run_dinov3(case, seed):
     assert q_out.dtype == torch.float64 and cos.dtype == torch.float64
     arrays = {"q": q, "k": k, "q_out": q_out.numpy(), "k_out": k_out.numpy(),
               "coords": coords.numpy()}
-    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg),
+    meta = dict(name=name, model_type=cfg.model_type, config=config_of(cfg, given),
                 grid=[rows, cols], prefix=prefix, queries=queries)
     return meta, arrays
 
@@ -112,21 +145,31 @@ MEMORY = dict(memory_attention_hidden_size=64, memory_attention_num_attention_he
 #  pointers, EdgeTAM's temporal tokens per frame)
 SAM_CASES = [
     ("sam2_video", "sam2_video", "Sam2VideoConfig", "Sam2Video", MEMORY, 2, 3, 0),
+    # its class sets the map from image_size // patch_size (14): 2 x 2 here
     ("sam3_tracker_video", "sam3_tracker_video", "Sam3TrackerVideoConfig", "Sam3TrackerVideo",
      dict(MEMORY, memory_attention_num_attention_heads=1, memory_attention_downsample_rate=2,
-          rope_parameters=dict(rope_type="axial", rope_theta=1000.0)), 3, 0, 0),
+          image_size=28, rope_parameters=dict(rope_type="axial", rope_theta=1000.0)), 3, 0, 0),
     ("edgetam_video", "edgetam_video", "EdgeTamVideoConfig", "EdgeTamVideo",
      dict(MEMORY, memory_attention_rope_feat_sizes=[2, 2], memory_attention_rope_k_sizes=[3, 2]),
      2, 2, 2),
+    # bases where the classes move them from: the deprecated key (set last, so it wins
+    # over rope_parameters), a top-level rope_theta beside rope parameters without one
+    ("sam2_video_typed", "sam2_video", "Sam2VideoConfig", "Sam2Video",
+     dict(MEMORY, memory_attention_rope_theta=100.0,
+          rope_parameters=dict(rope_type="axial", rope_theta=77.0)), 1, 2, 0),
+    ("sam3_tracker_video_typed", "sam3_tracker_video", "Sam3TrackerVideoConfig",
+     "Sam3TrackerVideo", dict(MEMORY, rope_parameters=None, rope_theta=300.0, image_size=42,
+                              memory_attention_rope_feat_sizes=[9, 9]), 2, 1, 0),
+    ("edgetam_video_typed", "edgetam_video", "EdgeTamVideoConfig", "EdgeTamVideo",
+     dict(MEMORY, memory_attention_rope_feat_sizes=[2, 3], memory_attention_rope_k_sizes=[2, 2],
+          rope_parameters=dict(rope_type="default"), rope_theta=100.0), 2, 1, 1),
 ]
 
 
 def run_sam(case, seed):
     name, package, config_cls, prefix, kwargs, frames, pointers, temporal = case
     mod = module(package)
-    cfg = getattr(transformers, config_cls)(**kwargs)
-    # SAM 3's tracker derives its feature map from image_size when it is built
-    cfg.memory_attention_rope_feat_sizes = kwargs["memory_attention_rope_feat_sizes"]
+    cfg, given = load_config(config_cls, kwargs, name)
     heads = cfg.memory_attention_num_attention_heads
     head_dim = cfg.memory_attention_hidden_size // (cfg.memory_attention_downsample_rate * heads)
     attention = getattr(mod, f"{prefix}MemoryAttention")
@@ -164,8 +207,8 @@ def run_sam(case, seed):
               "k_self": k_self.numpy(), "q_cross": q_cross.numpy(), "k_cross": k_cross.numpy(),
               "coords": positions.numpy().astype(np.float64),
               "key_coords": key_positions.numpy().astype(np.float64)}
-    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg), frames=frames,
-                pointers=pointers, temporal=temporal)
+    meta = dict(name=name, model_type=cfg.model_type, config=config_of(cfg, given),
+                frames=frames, pointers=pointers, temporal=temporal)
     return meta, arrays
 
 
@@ -175,13 +218,16 @@ SAM3_VIT_CASES = [
                             num_hidden_layers=2, image_size=[24, 16], patch_size=4,
                             window_size=4, global_attn_indexes=[1],
                             rope_parameters=dict(rope_type="axial", rope_theta=10000.0)), 2),
+    ("sam3_vit_model_typed", dict(hidden_size=64, num_attention_heads=2, intermediate_size=64,
+                                  num_hidden_layers=2, image_size=16, patch_size=4,
+                                  window_size=2, global_attn_indexes=[1], rope_theta=100.0), 1),
 ]
 
 
 def run_sam3_vit(case, seed):
     name, kwargs, batch = case
     mod = module("sam3")
-    cfg = transformers.Sam3ViTConfig(**kwargs)
+    cfg, given = load_config("Sam3ViTConfig", kwargs, name)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     rng = np.random.default_rng(seed)
     arrays = {}
@@ -199,7 +245,7 @@ def run_sam3_vit(case, seed):
             assert cos.dtype == torch.float64 and q_out.dtype == torch.float64
             arrays.update({f"{layer}/q": q, f"{layer}/k": k, f"{layer}/q_out": q_out.numpy(),
                            f"{layer}/k_out": k_out.numpy(), f"{layer}/coords": positions.numpy()})
-    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg),
+    meta = dict(name=name, model_type=cfg.model_type, config=config_of(cfg, given),
                 window=cfg.window_size)
     return meta, arrays
 
@@ -214,13 +260,16 @@ LOFTR_CASES = [
                                     q_aggregation_stride=2,
                                     rope_parameters=dict(rope_type="default", rope_theta=100.0,
                                                          partial_rotary_factor=2.0)), (6, 4), 1),
+    # no rope parameters: the class's partial factor 4, the base from rope_theta
+    ("efficientloftr_typed", dict(hidden_size=64, out_features=[16, 16, 32, 64],
+                                  num_attention_heads=8, rope_theta=100.0), (8, 12), 1),
 ]
 
 
 def run_loftr(case, seed):
     name, kwargs, (rows, cols), batch = case
     mod = module("efficientloftr")
-    cfg = transformers.EfficientLoFTRConfig(**kwargs)
+    cfg, given = load_config("EfficientLoFTRConfig", kwargs, name)
     hidden = cfg.hidden_size
     rng = np.random.default_rng(seed)
     with float64_everywhere():
@@ -239,7 +288,7 @@ def run_loftr(case, seed):
     assert cos.dtype == torch.float64 and q_out.dtype == torch.float64
     arrays = {"q": q, "k": k, "q_out": q_out.numpy(), "k_out": k_out.numpy(),
               "coords": coords.numpy()}
-    meta = dict(name=name, model_type=cfg.model_type, config=config_json(cfg),
+    meta = dict(name=name, model_type=cfg.model_type, config=config_of(cfg, given),
                 coarse=[rows, cols], map=[h, w])
     return meta, arrays
 
