@@ -75,7 +75,8 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
         As in :func:`add_alibi`, shared by every sequence: shape (q_len,) /
         (k_len,) or (1, len).
     max_bias : float, optional
-        For the default slopes: MPT's alibi_bias_max (8 when not given).
+        For the default slopes (8 when not given): MosaicML's MPT code reads it from
+        its config's alibi_bias_max; transformers' MptModel always uses 8.
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``.
 
@@ -145,7 +146,8 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``; small calls run serially.
     max_bias : float, optional
-        For the default slopes: MPT's alibi_bias_max (8 when not given).
+        For the default slopes (8 when not given): MosaicML's MPT code reads it from
+        its config's alibi_bias_max; transformers' MptModel always uses 8.
 
     softmax is unchanged by a constant per row, so this equals BLOOM's form
     ``scores + slope_h * k_pos_j`` (with its causal mask) after softmax.
