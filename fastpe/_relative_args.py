@@ -35,7 +35,7 @@ class DebertaPlan(NamedTuple):
     num_threads: int | None
 
 
-def _target(scores: object, name: str) -> np.ndarray:
+def target(scores: object, name: str) -> np.ndarray:
     x = _checks.in_place_view(scores, name)
     _checks.dtype_code(x.dtype, name)
     _checks.writable_array(x, name)
@@ -94,7 +94,7 @@ def _t5_plan(x: np.ndarray, table: np.ndarray, *, bidirectional: object, max_dis
 def add_relative_bias(scores: object, table: object, *, bidirectional: object,
                       max_distance: object, q_offset: object, causal: object, key_mask: object,
                       num_threads: object) -> T5Plan:
-    x = _target(scores, "scores")
+    x = target(scores, "scores")
     t = _table(table, x.shape[-3])
     return _t5_plan(x, t, bidirectional=bidirectional, max_distance=max_distance,
                     q_offset=q_offset, causal=causal, key_mask=key_mask, accumulate=True,
@@ -156,7 +156,7 @@ def _logits(value: object, name: str, x: np.ndarray, rows: int, span: int) -> np
 def add_disentangled_bias(scores: object, *, c2p: object, p2c: object,
                           position_buckets: object, max_relative_positions: object,
                           num_threads: object) -> DebertaPlan:
-    x = _target(scores, "scores")
+    x = target(scores, "scores")
     spec = deberta_settings(position_buckets, max_relative_positions)
     if c2p is None and p2c is None:
         raise ValueError("give c2p, p2c or both (the content-to-position and "
@@ -179,7 +179,7 @@ def add_disentangled_bias(scores: object, *, c2p: object, p2c: object,
 
 def nothing_to_add(scores: object, num_threads: object) -> None:
     """The checks of a DeBERTa call whose pos_att_type has neither logit: its bias is 0."""
-    _target(scores, "scores")
+    target(scores, "scores")
     _threads.check(num_threads)
 
 

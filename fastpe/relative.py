@@ -392,23 +392,21 @@ class RelativeBias:
                                  num_threads=num_threads)
 
 
-# DeBERTa-v2's attention (DisentangledSelfAttention) and the families that copy it.
-DEBERTA_FAMILIES = ("deberta-v2", "sew-d")
-DEBERTA_REFUSED = {
-    "deberta": "DeBERTa (v1) sizes its span by the sequence (min(max(q_len, k_len), "
-               "max_relative_positions)) and slices the relative embeddings around the "
-               "middle; fastpe reproduces DebertaV2's fixed span only",
-}
+# DeBERTa-v2's attention (DisentangledSelfAttention) and the families that copy it, and
+# DeBERTa (v1), whose span follows the sequence.
+DEBERTA_FAMILIES = ("deberta", "deberta-v2", "sew-d")
 
 
 class DisentangledBias:
-    """DeBERTa-v2/v3 disentangled attention settings, parsed once.
+    """DeBERTa's disentangled attention settings, parsed once: DeBERTa-v2/v3, mDeBERTa,
+    SEW-D, and DeBERTa (v1) with ``sequence_span``.
 
     ``span`` is transformers' ``pos_ebd_size`` (the relative embeddings used are
     ``rel_embeddings[:2 * span]``), ``scale`` the divisor of the scores and of both
-    logits (``sqrt(head_dim * (1 + c2p + p2c))``: "p2p" does not count), ``c2p`` / ``p2c`` whether
-    pos_att_type has them and ``share_att_key`` whether the positions are projected by
-    the query and key projections themselves.
+    logits (``sqrt(head_dim * scale_factor)``, scale_factor 1 + c2p + p2c unless given:
+    DebertaV2's "p2p" does not count), ``c2p`` / ``p2c`` whether pos_att_type has them
+    and ``share_att_key`` whether the positions are projected by the query and key
+    projections themselves.
 
     ``position_buckets`` and ``max_relative_positions`` are
     :func:`add_disentangled_bias`'s (as the attention resolves them: a
@@ -416,17 +414,30 @@ class DisentangledBias:
     max_position_embeddings); ``head_dim`` (optional) gives ``scale``; a call is
     :func:`add_disentangled_bias` with these settings, the logits that ``c2p`` and
     ``p2c`` say the model has.
+
+    With ``sequence_span`` (DeBERTa v1, no buckets) a call's span is
+    ``min(max(q_len, k_len), max_relative_positions)`` (:meth:`span_for`), its logits
+    are over ``rel_embeddings[embedding_rows(q_len, k_len)]``, the middle 2 span rows of
+    the model's 2 max_relative_positions, and its relative positions are ``q - k``
+    unclipped; v1 counts every pos_att_type entry in its scale_factor.
     """
 
     def __init__(self, *, position_buckets: int = -1, max_relative_positions: int = -1,
                  c2p: bool = True, p2c: bool = True, share_att_key: bool = False,
-                 head_dim: int | None = None) -> None:
+                 head_dim: int | None = None, sequence_span: bool = False,
+                 scale_factor: int | None = None) -> None:
         self._spec = _relative_args.deberta_settings(position_buckets, max_relative_positions)
         self.c2p = _checks.flag(c2p, "c2p")
         self.p2c = _checks.flag(p2c, "p2c")
         self.share_att_key = _checks.flag(share_att_key, "share_att_key")
         self.head_dim = None if head_dim is None else _checks.count(head_dim, "head_dim",
                                                                     minimum=1)
+        self.sequence_span = _checks.flag(sequence_span, "sequence_span")
+        if self.sequence_span and self._spec.position_buckets > 0:
+            raise ValueError(f"sequence_span (DeBERTa v1) has no log buckets: position_buckets "
+                             f"must be < 1, got {self._spec.position_buckets}")
+        self.scale_factor = (1 + int(self.c2p) + int(self.p2c) if scale_factor is None
+                             else _checks.count(scale_factor, "scale_factor", minimum=1))
 
     @property
     def position_buckets(self) -> int:
@@ -438,31 +449,49 @@ class DisentangledBias:
 
     @property
     def span(self) -> int:
+        if self.sequence_span:
+            raise ValueError("DeBERTa v1's span follows the call's lengths: use "
+                             "span_for(q_len, k_len)")
         return self._spec.span
+
+    def span_for(self, q_len: int, k_len: int) -> int:
+        """The span of a call with these lengths: ``span``, or with sequence_span
+        ``min(max(q_len, k_len), max_relative_positions)`` (at least 1)."""
+        q, k = _relative_args.deberta_lengths(q_len, k_len)
+        if not self.sequence_span:
+            return self._spec.span
+        return max(1, min(max(q, k), self._spec.max_relative_positions))
+
+    def embedding_rows(self, q_len: int, k_len: int) -> slice:
+        """The rows of the model's relative embeddings a call with these lengths
+        projects into its logits: the first 2 span, or with sequence_span the 2 span
+        around the middle of its 2 max_relative_positions."""
+        span = self.span_for(q_len, k_len)
+        start = self._spec.max_relative_positions - span if self.sequence_span else 0
+        return slice(start, start + 2 * span)
 
     @property
     def scale(self) -> float:
         """sqrt(head_dim * scale_factor), rounded to float32 as transformers computes it."""
         if self.head_dim is None:
             raise ValueError("scale needs head_dim (from_hf_config sets it)")
-        factor = 1 + int(self.c2p) + int(self.p2c)
-        return float(np.sqrt(np.float32(self.head_dim) * np.float32(factor)))
+        return float(np.sqrt(np.float32(self.head_dim) * np.float32(self.scale_factor)))
 
     def __repr__(self) -> str:
         return (f"DisentangledBias(position_buckets={self.position_buckets}, "
                 f"max_relative_positions={self.max_relative_positions}, c2p={self.c2p}, "
                 f"p2c={self.p2c}, share_att_key={self.share_att_key}, "
-                f"head_dim={self.head_dim})")
+                f"head_dim={self.head_dim}, sequence_span={self.sequence_span}, "
+                f"scale_factor={self.scale_factor})")
 
     @classmethod
     def from_hf_config(cls, config: object) -> DisentangledBias:
-        """The settings DebertaV2's attention module derives from this config (also
-        mDeBERTa and DeBERTa-v3, model_type "deberta-v2", and SEW-D). A config without
+        """The settings the attention module derives from this config: DebertaV2's
+        (also mDeBERTa and DeBERTa-v3, model_type "deberta-v2", and SEW-D) or DeBERTa
+        (v1)'s, whose span follows the sequence (``sequence_span``). A config without
         relative attention, or of a family fastpe does not reproduce, is a ValueError."""
         cfg = _config_dict(config)
         model_type = cfg.get("model_type")
-        if model_type in DEBERTA_REFUSED:
-            raise ValueError(f"model_type {model_type!r}: {DEBERTA_REFUSED[model_type]}")
         if model_type not in DEBERTA_FAMILIES:
             raise ValueError(f"model_type {model_type!r} is not a DeBERTa-v2 family fastpe "
                              f"checked against transformers {TRANSFORMERS_CHECKED} (known: "
@@ -476,11 +505,18 @@ class DisentangledBias:
         if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
             raise TypeError(f"config['pos_att_type'] must be a list of strings or one "
                             f"'|'-separated string, got {cfg.get('pos_att_type')!r}")
-        buckets = _int_setting(cfg, "position_buckets", -1)
         max_rel = _int_setting(cfg, "max_relative_positions", -1)
         if max_rel < 1:
             max_rel = _int_setting(cfg, "max_position_embeddings")
         heads = _int_setting(cfg, "num_attention_heads")
+        if model_type == "deberta":
+            # v1: no buckets, no shared projections, its own head width, and a scale
+            # factor of 1 + len(pos_att_type), whatever the entries
+            return cls(position_buckets=-1, max_relative_positions=max_rel,
+                       c2p="c2p" in types, p2c="p2c" in types,
+                       head_dim=_int_setting(cfg, "hidden_size") // heads,
+                       sequence_span=True, scale_factor=1 + len(types))
+        buckets = _int_setting(cfg, "position_buckets", -1)
         head_dim = (_int_setting(cfg, "attention_head_size") if "attention_head_size" in cfg
                     else _int_setting(cfg, "hidden_size") // heads)
         return cls(position_buckets=buckets, max_relative_positions=max_rel,
@@ -490,7 +526,11 @@ class DisentangledBias:
     def relative_positions(self, q_len: int, k_len: int) -> np.ndarray:
         """deberta_relative_positions of these settings."""
         return deberta_relative_positions(q_len, k_len, position_buckets=self.position_buckets,
-                                          max_relative_positions=self.max_relative_positions)
+                                          max_relative_positions=self._reach(q_len, k_len))
+
+    def _reach(self, q_len: int, k_len: int) -> int:
+        return (self.span_for(q_len, k_len) if self.sequence_span
+                else self.max_relative_positions)
 
     def __call__(self, scores: InPlace, *, c2p: ArrayLike | None = None,
                  p2c: ArrayLike | None = None, num_threads: int | None = None) -> InPlace:
@@ -507,7 +547,16 @@ class DisentangledBias:
         if not any(wanted.values()):
             _relative_args.nothing_to_add(scores, num_threads)
             return scores
-        return add_disentangled_bias(scores, c2p=c2p, p2c=p2c,
-                                     position_buckets=self.position_buckets,
-                                     max_relative_positions=self.max_relative_positions,
-                                     num_threads=num_threads)
+        if not self.sequence_span:
+            return add_disentangled_bias(scores, c2p=c2p, p2c=p2c,
+                                         position_buckets=self.position_buckets,
+                                         max_relative_positions=self.max_relative_positions,
+                                         num_threads=num_threads)
+        # converted once: its lengths set the span the logits are checked against
+        x = _relative_args.target(scores, "scores")
+        _run_deberta(_relative_args.add_disentangled_bias(
+            x, c2p=c2p, p2c=p2c, position_buckets=-1,
+            max_relative_positions=self.span_for(*x.shape[-2:]), num_threads=num_threads))
+        if type(scores) is not np.ndarray:
+            _checks.bump_written(scores)
+        return scores

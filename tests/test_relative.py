@@ -591,7 +591,7 @@ def test_a_decoder_stacks_config_needs_decoder_true(case):
 
 
 @pytest.mark.parametrize("model_type", ["udop", "layoutlmv2", "layoutlmv3", "wavlm",
-                                        "prophetnet", "cpmant", "deberta", "llama", None])
+                                        "prophetnet", "cpmant", "llama", None])
 def test_loaders_refuse_what_they_cannot_reproduce(model_type):
     cfg = {"model_type": model_type, "relative_attention": True}
     for loader in (fastpe.RelativeBias.from_hf_config, fastpe.DisentangledBias.from_hf_config):
@@ -635,6 +635,38 @@ def test_deberta_loader_settings():
     with pytest.raises(ValueError, match=r"max_relative_positions must be >= 1.*log buckets"
                                          r".*max_position_embeddings"):
         fastpe.DisentangledBias(position_buckets=256, max_relative_positions=-1)
+
+
+@pytest.mark.parametrize("case", [c for c in cases("deberta_layer") if c["family"] == "deberta"],
+                         ids=lambda c: c["name"])
+def test_deberta_v1_span_rows_and_scale_are_its_modules(case):
+    """DeBERTa (v1): the span of a call is min(max(q_len, k_len), max_relative_positions),
+    its logits come from the middle 2 span rows of the 2 max_relative_positions relative
+    embeddings, and its scale counts every pos_att_type entry ("p2p" too)."""
+    rel = fastpe.DisentangledBias.from_hf_config(case["config"])
+    n, mr = case["length"], deberta_settings(case)["max_relative_positions"]
+    assert rel.sequence_span and rel.span_for(n, n) == case["span"]
+    assert rel.span_for(1, n) == rel.span_for(n, 1) == case["span"]
+    assert rel.embedding_rows(n, n) == slice(mr - case["span"], mr + case["span"])
+    head_dim = case["config"]["hidden_size"] // case["config"]["num_attention_heads"]
+    assert rel.scale == pytest.approx(np.sqrt(head_dim * (1 + len(case["pos_att_type"]))),
+                                      rel=1e-7)
+    with pytest.raises(ValueError, match=r"span_for\(q_len, k_len\)"):
+        _ = rel.span
+    width = 2 * case["span"]
+    logits = np.zeros((1, 2, n, width + 2), np.float32)     # another span's logits
+    scores = np.zeros((1, 2, n, n), np.float32)
+    with pytest.raises(ValueError, match="c2p"):
+        rel(scores, c2p=logits, p2c=logits if rel.p2c else None)
+    assert not scores.any()
+
+
+def test_deberta_v1_settings_have_no_buckets():
+    with pytest.raises(ValueError, match="position_buckets must be < 1"):
+        fastpe.DisentangledBias(position_buckets=8, max_relative_positions=24,
+                                sequence_span=True)
+    v2 = fastpe.DisentangledBias(position_buckets=8, max_relative_positions=24)
+    assert (v2.span_for(100, 100), v2.embedding_rows(3, 3)) == (8, slice(0, 16))
 
 
 @pytest.mark.parametrize("types", [None, [], ["p2p"], "p2p", "P2P | x"])

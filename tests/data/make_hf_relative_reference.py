@@ -21,7 +21,9 @@ module ran; the npz (compressed) holds the arrays, keyed ``<case>/<array>``:
   torch.bmm returning logits that hold their own column (c2p: c, p2c: 4096 c), decoded
   back to the column each of its gathers took for every (query, key): int16 (2, q, k);
 - ``deberta_layer/<name>``: the module with random weights in float64: its c2p and p2c
-  logits divided by its scale (what fastpe is given), and the ``score`` it returns.
+  logits divided by its scale (what fastpe is given), and the ``score`` it returns;
+  DeBERTa (v1, family "deberta") cases run its ``disentangled_att_bias`` on a query
+  scaled as its forward scales it, whose logits it does not divide again.
 """
 
 import json
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from transformers.models.deberta import modeling_deberta as deberta
 from transformers.models.deberta_v2 import modeling_deberta_v2 as deberta_v2
 from transformers.models.mpnet import modeling_mpnet as mpnet
 from transformers.models.sew_d import modeling_sew_d as sew_d
@@ -280,6 +283,43 @@ for name in ("v3", "small-log", "c2p-only", "p2c-only", "sew-d"):
     cases.append({"kind": "deberta_layer", "name": name, "family": family, "batch": batch,
                   "length": n, "span": attn.pos_ebd_size, "pos_att_type": list(types),
                   "config": cfg.to_dict()})
+
+# DeBERTa (v1): a span of min(length, max_relative_positions), the middle rows of its
+# relative embeddings; (config, batch, length)
+DEBERTA_V1 = {
+    "v1-span-length": (dict(max_relative_positions=-1, max_position_embeddings=48,
+                            pos_att_type="c2p|p2c"), 2, 20),
+    "v1-span-max": (dict(max_relative_positions=8, pos_att_type=["c2p", "p2c", "p2p"]), 2, 30),
+    "v1-c2p": (dict(max_relative_positions=16, pos_att_type="c2p"), 1, 12),
+}
+for name, (kw, batch, n) in DEBERTA_V1.items():
+    cfg = transformers.DebertaConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                     relative_attention=True, **kw)
+    torch.manual_seed(7)
+    attn = deberta.DisentangledSelfAttention(cfg).eval().double()
+    types = attn.pos_att_type
+    heads = cfg.num_attention_heads
+    gen = torch.Generator().manual_seed(11)
+    hidden = torch.randn(batch, n, cfg.hidden_size, generator=gen, dtype=torch.float64)
+    rel = torch.randn(2 * attn.max_relative_positions, cfg.hidden_size, generator=gen,
+                      dtype=torch.float64)
+    scale_factor = 1 + len(types)
+    with torch.no_grad():
+        query, key, _ = attn.transpose_for_scores(attn.in_proj(hidden)).chunk(3, dim=-1)
+        query = query / deberta.scaled_size_sqrt(query, scale_factor)   # as its forward does
+        relative_pos = deberta.build_relative_position(query, key)
+        rec = Recorder()
+        torch.gather = rec
+        try:
+            score = attn.disentangled_att_bias(query, key, relative_pos, rel, scale_factor)
+        finally:
+            torch.gather = rec.gather
+    for t, v in zip([t for t in ("c2p", "p2c") if t in types], rec.inputs):
+        arrays[f"deberta_layer/{name}/{t}"] = v.reshape(batch, heads, n, -1).numpy()
+    arrays[f"deberta_layer/{name}/score"] = score.reshape(batch, heads, n, n).numpy()
+    cases.append({"kind": "deberta_layer", "name": name, "family": "deberta", "batch": batch,
+                  "length": n, "span": min(n, attn.max_relative_positions),
+                  "pos_att_type": list(types), "config": cfg.to_dict()})
 
 # q_len != k_len with p2c: what transformers does with it
 cfg = deberta_config("deberta-v2", **DEBERTA_CONFIGS["small-log"][1])
