@@ -182,6 +182,23 @@ def _hub_function(value: Any) -> Any:
     return functions[0] if len(functions) == 1 else value
 
 
+def _q_takes_last_positions(original: Callable[..., Any]) -> bool:
+    """Whether the apply function rotates a query shorter than its keys by the keys'
+    last positions (MuseGlimmer's drafter, whose keys hold the main model's context
+    before its own tokens), found by running it: a query of one token beside keys of
+    two, the first position's rotation the identity, the second's a quarter turn."""
+    import torch
+
+    q, k = torch.tensor([[[[1.0, 2.0]]]]), torch.ones(1, 1, 2, 2)
+    cos, sin = torch.tensor([[[1.0, 1.0], [0.0, 0.0]]]), torch.tensor([[[0.0, 0.0], [1.0, 1.0]]])
+    try:
+        rotated = original(q.clone(), k, cos, sin)[0]
+    except Exception:    # a query of another length than cos: the usual apply function
+        return False
+    return bool(getattr(rotated, "shape", None) == q.shape
+                and torch.equal(rotated, torch.tensor([[[[-2.0, 1.0]]]])))
+
+
 def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """fastpe's stand-in for the modeling file's apply function `original`, called as
     the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x,
@@ -201,6 +218,7 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
     where = {p.name: (i - tensors - 2, p.default) for i, p in enumerate(params)
              if p.name in _EXTRA_PARAMS}
     layouts: dict[object, RopeLayout] = {1: "bhsd", 2: "bshd"}
+    q_last = tensors == 2 and _q_takes_last_positions(original)
 
     def argument(key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         i, default = where[key]
@@ -234,6 +252,15 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             rope = cos.narrow
         if layout == "shd" and rope.axes > 1:
             positions = _axis_first(positions, rope.axes, name)
+        if q_last:
+            axis = {"bhsd": 2, "bshd": 1, "shd": 0}[layout]
+            q_len = q.shape[axis]
+            if q_len != k.shape[axis]:
+                # its query holds the last q_len of the keys' positions
+                rope(q, None, positions[..., -q_len:] if q_len else positions[..., :0],
+                     layout=layout)
+                rope(k, None, positions, layout=layout)
+                return q, k
         if cos.freqs is None:
             rope(q, k, positions, layout=layout)
         else:
@@ -378,6 +405,12 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
                                      or getattr(config, "layer_types", None) or ()))
             if not layer_types:
                 raise ValueError("it takes layer_type but its config lists no layer_types")
+            # a layer type whose rope parameters are None (Beam's and Ergo's NoPE layers):
+            # the module makes no frequencies for it, and those layers rotate nothing
+            rope_parameters = getattr(config, "rope_parameters", None)
+            if isinstance(rope_parameters, dict):
+                layer_types = [t for t in layer_types
+                               if not (t in rope_parameters and rope_parameters[t] is None)]
             ropes = {t: RotaryEmbedding._from_hf_module(config, None, t, None)
                      for t in layer_types}
         else:
@@ -415,8 +448,10 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
         # within the rounding of the buffer's own dtype (model.half() rounds it): what
         # is refused is a different frequency, not its float16 or bfloat16 value
         ulp = _HALF_EPS.get(str(buffer.dtype), 0.0)
+        # float16 holds frequencies below 2**-14 (large bases) as subnormals, spaced 2**-24
+        tiny = 2.0**-24 if str(buffer.dtype) == "torch.float16" else 0.0
         if held.shape != expected.inv_freq.shape or not np.allclose(
-                held, expected.inv_freq, rtol=max(ulp, 1e-6), atol=0.0):
+                held, expected.inv_freq, rtol=max(ulp, 1e-6), atol=tiny):
             raise ValueError(f"fastpe.hf: the rotary module {where} holds {name} other than "
                              f"its config gives (edited after the model was built, or "
                              f"replaced): fastpe reads the config, so it would rotate "

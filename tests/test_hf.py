@@ -416,6 +416,55 @@ def test_inference_mode_and_float16():
     torch.testing.assert_close(got16, want16, rtol=0, atol=2e-3)  # float16's ulp at 1: 1e-3
 
 
+def test_float16_frequencies_held_as_subnormals_are_float16_rounding():
+    """A large base (Llama 3's 500000) puts inv_freq below float16's normal range, where
+    model.half() rounds to steps of 2**-24: not a frequency edited after the build."""
+    model = text_model("llama", head_dim=32, num_attention_heads=2,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    half = model.half()
+    assert half.model.rotary_emb.inv_freq.min() < 2.0**-14
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        want = half(ids).logits
+        got = fastpe.hf.patch(half)(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=4e-3)
+
+
+@pytest.mark.parametrize("model_type", ["beam", "ergo"])
+def test_layer_types_without_rope_parameters_are_nope_layers(model_type):
+    """Beam's and Ergo's full-attention layers have rope parameters None: their rotary
+    module makes no frequencies for them and those layers rotate nothing."""
+    model = text_model(model_type, head_dim=HEAD_DIM,
+                       layer_types=["sliding_attention", "full_attention"])
+    assert model.config.rope_parameters["full_attention"] is None
+    inputs = prompt("llama")
+    stock_logits, stock_tokens = run(model, inputs)
+    fastpe.hf.patch(model)
+    logits, tokens = run(model, inputs)
+    torch.testing.assert_close(logits, stock_logits, rtol=0, atol=2e-5)
+    assert torch.equal(tokens, stock_tokens)
+
+
+def test_a_query_rotated_by_the_keys_last_positions():
+    """MuseGlimmer's drafter: its keys hold the main model's context before its own
+    block, and its apply function rotates the shorter query by the keys' last
+    positions."""
+    config = transformers.MuseGlimmerAssistantConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=HEAD_DIM, block_size=4, target_layer_ids=[0, 1],
+        max_position_embeddings=128, sliding_window=64)
+    torch.manual_seed(0)
+    model = transformers.MuseGlimmerAssistantModel(config).eval()
+    g = torch.Generator().manual_seed(1)
+    noise = torch.randn(1, 4, 64, generator=g)
+    context = torch.randn(1, 6, 128, generator=g)
+    with torch.no_grad():
+        want = model(noise_embeds=noise, context_hidden_states=context).last_hidden_state
+        fastpe.hf.patch(model)
+        got = model(noise_embeds=noise, context_hidden_states=context).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
 def test_an_apply_function_wrapped_by_the_kernel_hub_is_read_as_its_function():
     """transformers 5.25 and later (with `kernels`) hold each modeling file's apply
     function as an nn.Module instance whose forward(*args, **kwargs) calls it: fastpe.hf
