@@ -438,7 +438,8 @@ _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
     ({"head_dim": 80}, "timesfm2_5"),
     ({"head_dim": 128}, """
         afmoe beam cohere2_moe cwm dia_decoder dia_encoder ernie4_5 flint helium
-        higgs_audio_v2 hrm_text hy_v3 internlm3 iquestcoder jetmoe kolibri1 laguna lara_mini
+        higgs_audio_v2 hrm_text hy_v3 internlm3 iquestcoder jetmoe kolibri1 kolibri1_1
+        laguna lara_mini
         lfm3 llama4_text mellum minicpm5_moe minimax_m2 minimax_m3_vl_text ministral3
         molmo2_text muse_glimmer_assistant muse_glimmer_text pe_audio_encoder
         pe_audio_video_encoder pe_video_encoder qwen3 qwen3_omni_moe_talker_code_predictor
@@ -451,7 +452,8 @@ _CLASS_DEFAULTS_BY_VALUE: tuple[tuple[dict[str, object], str], ...] = (
     """),
     ({"head_dim": 512}, "deepseek_v4"),
     ({"partial_rotary_factor": 0.5}, """
-        bamba glm4_moe glmasr_encoder nemotron persimmon phi recurrent_gemma
+        bamba dots3_note_audio_encoder glm4_moe glmasr_encoder nemotron persimmon phi
+        recurrent_gemma
     """),
     ({"partial_rotary_factor": 0.9}, "moonshine"),
     ({"partial_rotary_factor": 0.25}, "stablelm"),
@@ -588,8 +590,9 @@ PER_LAYER_CONFIG: frozenset[str] = frozenset((
 # Families whose config class sets head_dim whatever a dict says (from hidden_size /
 # num_attention_heads, or latent attention's rope width): the fixture above.
 HEAD_DIM_UNREAD: frozenset[str] = frozenset("""
-    axk2 bailing_hybrid deepseek_ocr2_text deepseek_v2 deepseek_v32 glm_moe_dsa
-    hy_v4 minicpm3 mistral_large4_text sarvam_mla unlimited_ocr_text
+    axk2 bailing_hybrid deepseek_ocr2_text deepseek_v2 deepseek_v32
+    dots3_note_audio_encoder glm_moe_dsa hy_v4 minicpm3 mistral_large4_text sarvam_mla
+    unlimited_ocr_text
 """.split())
 
 
@@ -853,7 +856,8 @@ WHOLE_HEAD: frozenset[str] = frozenset("""
     embedding_gemma2_text emu3_text_model ergo ernie4_5 ernie4_5_moe esmc eurobert
     evolla exaone exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2
     gemma3_text gemma3n_text gradium_phonon_tts granite granite4_vision_text
-    granite_docling_text granite_swa granitemoe granitemoe_swa granitemoeshared gte
+    granite_docling_text granite_swa granitemoe granitemoe_swa granitemoehybrid
+    granitemoeshared gte
     helium hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax idefics
     internlm3 iquestcoder jais2 jetmoe jina_embeddings_v3 kolibri1 kolibri1_1
     kyutai_speech_to_text lara_mini lasr_encoder lfm2 lfm2_moe llama llama4_text
@@ -867,5 +871,5 @@ WHOLE_HEAD: frozenset[str] = frozenset("""
     qwen3_moe qwen3_omni_moe_talker_code_predictor seed_oss smollm3 starcoder2
     step3p5 t5_gemma_module t5gemma2_decoder t5gemma2_text timesfm2_5 ultrabert
     unlimited_ocr_text vaultgemma voxtral_realtime_encoder voxtral_realtime_text
-    xcodec2
+    xcodec2 zamba2
 """.split())

@@ -1084,6 +1084,7 @@ def hf_config(config: object) -> tuple[object, str | None]:
         if unread:
             config = {k: v for k, v in config.items() if k not in unread}
         if "transformers_version" not in config:
+            _hf_refuse_incomplete_entries(config, model_type)
             config = _hf_class_fill(config, model_type)
     if model_type == "":
         raise ValueError(
@@ -1091,6 +1092,34 @@ def hf_config(config: object) -> tuple[object, str | None]:
             "composite models (an adaptor, an encoder of a protein or speech model, ...), "
             "whose attention fastpe cannot tell from their keys; fastpe does not load it")
     return config, model_type
+
+
+def _hf_refuse_incomplete_entries(config: Mapping[str, Any], model_type: str) -> None:
+    """A hand-typed dict whose rope parameters per layer type leave a base or a partial
+    factor to the config class: each class fills an entry's base from keys and defaults
+    of its own (Gemma 3's sliding layers from rope_local_base_freq, else 10000, its full
+    ones from rope_theta, else 1e6; ModernBERT's 160000 and 10000), and copies a top-level
+    partial_rotary_factor into every entry, which fastpe does not derive."""
+    scaling = _hf_rope_dict(config)[1]
+    if not (isinstance(scaling, Mapping) and _is_per_layer_type(scaling)):
+        return
+    top_partial = config.get("partial_rotary_factor")
+    if model_type in _hf_models.WHOLE_HEAD and model_type not in _hf_models.ENTRY_PARTIAL:
+        top_partial = None     # read nowhere: the whole head rotates whatever an entry says
+    for layer_type, entry in scaling.items():
+        if not isinstance(entry, Mapping):
+            continue
+        missing = [key for key, absent in (
+            ("rope_theta", "rope_theta" not in entry),
+            ("partial_rotary_factor",
+             top_partial is not None and "partial_rotary_factor" not in entry)) if absent]
+        if missing:
+            raise ValueError(
+                f"config of model_type {model_type!r} (a dict without transformers_version: "
+                f"typed, not written by transformers) has rope parameters for layer type "
+                f"{layer_type!r} without {' or '.join(missing)}, which its config class fills "
+                "in from keys and defaults of its own; give each layer type's entry its "
+                "own, or the config object (AutoConfig.from_pretrained) or its to_dict()")
 
 
 def _hf_refuse_unchecked(model_type: str | None) -> None:

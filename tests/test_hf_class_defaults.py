@@ -131,3 +131,46 @@ def test_hunyuan_alpha_stretches_the_base():
          "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}})
     assert loaded["scaling"] is None
     assert loaded["base"] == 1e4 * 1000.0 ** (128 / 126)
+
+
+GEMMA3_LAYERS = {"model_type": "gemma3_text", "hidden_size": 128, "num_attention_heads": 4,
+                 "head_dim": 32, "num_hidden_layers": 2,
+                 "layer_types": ["sliding_attention", "full_attention"]}
+
+
+@pytest.mark.parametrize("config, missing", [
+    # Gemma 3's class gives the full layers rope_theta, else 1e6, the sliding ones
+    # rope_local_base_freq, else 10000: not the top-level base fastpe would take
+    ({**GEMMA3_LAYERS, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default"},
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
+     "'sliding_attention' without rope_theta"),
+    ({"model_type": "modernbert", "hidden_size": 128, "num_attention_heads": 4,
+      "rope_parameters": {"full_attention": {"rope_type": "default"},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "'full_attention' without rope_theta"),
+    # the class copies a top-level partial factor into every entry, which these read
+    ({"model_type": "step3p5", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 64,
+      "partial_rotary_factor": 0.5, "layer_types": ["full_attention"],
+      "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "'full_attention' without partial_rotary_factor"),
+])
+def test_a_typed_dict_leaving_a_layer_types_entry_to_its_class_is_refused(config, missing):
+    layer_type = missing.split("'")[1]
+    with pytest.raises(ValueError, match=rf"without transformers_version.*{missing}"):
+        fastpe.RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+    # transformers wrote it: its entries are complete as they stand
+    written = {**config, "transformers_version": "5.25.0"}
+    try:
+        fastpe.RotaryEmbedding.from_hf_config(written, layer_type=layer_type)
+    except ValueError as err:
+        assert "without transformers_version" not in str(err)
+
+
+def test_a_top_level_partial_factor_beside_entries_of_a_whole_head_family_is_not_refused():
+    config = {**GEMMA3_LAYERS, "partial_rotary_factor": 0.5, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}
+    rope = fastpe.RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention")
+    assert rope.rotary_dim == 32                        # Gemma 3 rotates the whole head
+    assert rope.frequencies().inv_freq[1] == pytest.approx(1e4 ** (-2 / 32), rel=1e-15)

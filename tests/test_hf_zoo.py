@@ -592,7 +592,7 @@ def test_per_layer_config_needs_layer_type():
       "qk_nope_head_dim": 128, "layer_types": ["indexed_attention", "sliding_attention"],
       "per_layer_config": {"01": {"qk_nope_head_dim": 192}},
       "rope_parameters": {
-          layer_type: {"rope_type": "default", "partial_rotary_factor": 0.25}
+          layer_type: {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}
           for layer_type in ("indexed_attention", "sliding_attention")}},
      r"indexed_attention.*layer_type="),
     ({"model_type": "gemma3_text", "transformers_version": "4.50.0", "head_dim": 64,

@@ -55,6 +55,14 @@ VARIANTS = {
     "rope_parameters_no_base": {"hidden_size": 192, "rope_parameters": {"rope_type": "default"}},
 }
 PLAIN = ("hidden192", "hidden320", "mla")
+# keys a family's config class checks against hidden_size or the head count (its
+# validators refuse the dicts above without them)
+COUPLED = {
+    "dots3_note_audio_encoder": lambda hidden: {"adapter_input_size": hidden},
+    "gradium_phonon_tts": lambda hidden: {"flow_head_config": {"condition_dim": hidden}},
+    "pocket_tts": lambda hidden: {"flow_head_config": {"condition_dim": hidden}},
+    "kolibri1_1": lambda hidden: {"index_num_heads": 1},
+}
 DEFAULT_BASE = 10000.0  # fastpe's base where a config gives none
 
 
@@ -184,6 +192,8 @@ def main():
         for name, variant in variants.items():
             given = {"model_type": model_type, **variant, "num_attention_heads": 4,
                      "num_key_value_heads": 4}
+            if model_type in COUPLED:
+                given.update(COUPLED[model_type](given["hidden_size"]))
             case = {"model_type": model_type, "variant": name, "config": given}
             try:
                 # a copy: classes fill their defaults into the nested dicts
