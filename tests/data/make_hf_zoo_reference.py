@@ -752,6 +752,22 @@ def _phimoe(rope_type, original, name=None, **params):
                             "original_max_position_embeddings": original, **params}})
 
 
+# The settings without which a family's default config rotates nothing: the variants
+# below (partial, scaled, unscaled, entry_partial) are made on top of them.
+ENABLES = {
+    "zamba2": ("mem_rope", {"use_mem_rope": True}),
+    # Bamba's default config has no attention layers at all
+    "bamba": ("attention", {"attn_layer_indices": [1], "num_hidden_layers": 2}),
+    "granitemoehybrid": ("rope", {"position_embedding_type": "rope", "num_hidden_layers": 2,
+                                  "layer_types": ["linear_attention", "full_attention"]}),
+}
+
+
+def variant_base(model_type):
+    """The settings every derived variant of a family starts from."""
+    return {**(SMALL_EXTRA.get(model_type) or {}), **ENABLES.get(model_type, ("", {}))[1]}
+
+
 VARIANTS = {
     # ESM's rotary module reads the top-level rope_theta only: the rope dict is not its
     "esm": [("rotary", {"position_embedding_type": "rotary"}),
@@ -795,11 +811,7 @@ VARIANTS = {
     # DBRX keeps its length under max_seq_len (attribute_map: max_position_embeddings)
     "dbrx": [("dynamic", {"max_seq_len": 64, "rope_parameters": {
         "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}})],
-    "zamba2": [("mem_rope", {"use_mem_rope": True})],
-    # Bamba's default config has no attention layers at all
-    "bamba": [("attention", {"attn_layer_indices": [1], "num_hidden_layers": 2})],
-    "granitemoehybrid": [("rope", {"position_embedding_type": "rope", "num_hidden_layers": 2,
-                                   "layer_types": ["linear_attention", "full_attention"]})],
+    **{mt: [(name, settings)] for mt, (name, settings) in ENABLES.items()},
     "qwen2": [("yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
                                             "original_max_position_embeddings": 128}})],
     # Layers that differ by index in whether, or with which base, they rotate: the
@@ -844,7 +856,7 @@ def partial_variant(config_class, model_type):
                                                 for v in params.values()) else [params])
     if any(isinstance(p, dict) and p.get("partial_rotary_factor") is not None for p in nested):
         return []
-    return [("partial", {**(SMALL_EXTRA.get(model_type) or {}), "partial_rotary_factor": 0.5})]
+    return [("partial", {**variant_base(model_type), "partial_rotary_factor": 0.5})]
 
 
 def one_axis_rope_parameters(config_class, model_type):
@@ -874,8 +886,7 @@ def entry_partial_variant(config_class, model_type):
         for t, e in params.items()}
     if narrowed == params:
         return []
-    return [("entry_partial", {**(SMALL_EXTRA.get(model_type) or {}),
-                               "rope_parameters": narrowed})]
+    return [("entry_partial", {**variant_base(model_type), "rope_parameters": narrowed})]
 
 
 def unscaled_variant(config_class, model_type):
@@ -894,7 +905,7 @@ def unscaled_variant(config_class, model_type):
         unscaled = plain(params)
     if unscaled == params:
         return []
-    return [("unscaled", {**(SMALL_EXTRA.get(model_type) or {}), "rope_parameters": unscaled})]
+    return [("unscaled", {**variant_base(model_type), "rope_parameters": unscaled})]
 
 
 def scaled_variant(config_class, model_type):
@@ -904,7 +915,7 @@ def scaled_variant(config_class, model_type):
     multiplies by its mscales). Multi-axis configs, and families that have variants of
     their own scaled types, have none."""
     params = one_axis_rope_parameters(config_class, model_type)
-    if params is None or model_type in VARIANTS:
+    if params is None or (model_type in VARIANTS and model_type not in ENABLES):
         return []
     linear = {"rope_type": "linear", "factor": 2.0}
     if all(isinstance(v, dict) or v is None for v in params.values()):
@@ -914,7 +925,7 @@ def scaled_variant(config_class, model_type):
         scaled = {**params, **linear}
     else:
         return []
-    return [("scaled", {**(SMALL_EXTRA.get(model_type) or {}), "rope_parameters": scaled})]
+    return [("scaled", {**variant_base(model_type), "rope_parameters": scaled})]
 
 
 # Lightning indexers (DeepSeek-V3.2 sparse attention) that rotate their own q and k
