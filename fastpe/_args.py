@@ -457,6 +457,10 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
     shape = positions.shape
     if pair_axis is not None:
         _refuse_ambiguous_axes(shape, axes, batch, seq)
+        if (len(shape) == 3 and shape[0] == 1 and axes > 1 and shape[1] in (1, batch)
+                and shape[2] == seq):
+            positions = positions[0]    # one row: text positions every axis reads
+            shape = positions.shape
     per_axis = pair_axis is not None and (
         (len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
         or (len(shape) == 2 and shape == (axes, seq) and batch != axes))

@@ -323,6 +323,9 @@ def vision_rope(cls: type[RotaryEmbedding], config: object,
         raise ValueError(f"model_type {model_type!r}: its vision rotary embedding supports only "
                          f"rope_type {' or '.join(map(repr, allowed))}, got {rope_type!r}")
     # a base the rope parameters lack: the top-level key, else the class's default
+    if "rope_theta" in rope and rope["rope_theta"] is None:
+        raise ValueError(f"model_type {model_type!r}: its rope parameters' rope_theta is None, "
+                         "which its vision rotary module cannot compute with")
     theta = rope.get("rope_theta", _hf_get(config, "rope_theta"))
     if theta is None:
         theta = VISION_THETA.get(model_type, 10000.0)

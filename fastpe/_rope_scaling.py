@@ -1104,7 +1104,8 @@ def _hf_refuse_incomplete_entries(config: Mapping[str, Any], model_type: str) ->
     if not (isinstance(scaling, Mapping) and _is_per_layer_type(scaling)):
         return
     top_partial = config.get("partial_rotary_factor")
-    if model_type in _hf_models.WHOLE_HEAD and model_type not in _hf_models.ENTRY_PARTIAL:
+    if ((model_type in _hf_models.WHOLE_HEAD or model_type in _hf_models.DEFAULT_TYPE_WHOLE)
+            and model_type not in _hf_models.ENTRY_PARTIAL):
         top_partial = None     # read nowhere: the whole head rotates whatever an entry says
     for layer_type, entry in scaling.items():
         if not isinstance(entry, Mapping):

@@ -252,23 +252,25 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             rope = cos.narrow
         if layout == "shd" and rope.axes > 1:
             positions = _axis_first(positions, rope.axes, name)
+        def rotate(q: Any, k: Any, positions: Any) -> None:
+            if cos.freqs is None:
+                rope(q, k, positions, layout=layout)
+            else:   # the frequencies dynamic NTK's state holds
+                width = getattr(q, "shape", (0,))[-1]
+                apply_rope(q, k, positions, freqs=cos.freqs, layout=layout,
+                           style="neox" if rope.style == "neox" else "gptj",
+                           rotary_dim=None if width == rope.rotary_dim else rope.rotary_dim,
+                           inverse=bool(rope.reverse))
+
         if q_last:
             axis = {"bhsd": 2, "bshd": 1, "shd": 0}[layout]
             q_len = q.shape[axis]
             if q_len != k.shape[axis]:
                 # its query holds the last q_len of the keys' positions
-                rope(q, None, positions[..., -q_len:] if q_len else positions[..., :0],
-                     layout=layout)
-                rope(k, None, positions, layout=layout)
+                rotate(q, None, positions[..., -q_len:] if q_len else positions[..., :0])
+                rotate(k, None, positions)
                 return q, k
-        if cos.freqs is None:
-            rope(q, k, positions, layout=layout)
-        else:
-            width = getattr(q, "shape", (0,))[-1]
-            apply_rope(q, k, positions, freqs=cos.freqs, layout=layout,
-                       style="neox" if rope.style == "neox" else "gptj",
-                       rotary_dim=None if width == rope.rotary_dim else rope.rotary_dim,
-                       inverse=bool(rope.reverse))
+        rotate(q, k, positions)
         return (q, k) if tensors == 2 else q
 
     return apply

@@ -499,8 +499,9 @@ class DisentangledBias:
         if not cfg.get("relative_attention", False):
             raise ValueError(f"config['relative_attention'] is {cfg.get('relative_attention')!r}"
                              f": this {model_type!r} model has no relative attention to add")
-        types = cfg.get("pos_att_type") or []
-        if isinstance(types, str):
+        types = cfg.get("pos_att_type")
+        types = [] if types is None else types
+        if isinstance(types, str):       # as the config classes split it ("" gives [""])
             types = [t.strip() for t in types.lower().split("|")]
         if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
             raise TypeError(f"config['pos_att_type'] must be a list of strings or one "

@@ -445,24 +445,28 @@ def test_layer_types_without_rope_parameters_are_nope_layers(model_type):
     assert torch.equal(tokens, stock_tokens)
 
 
-def test_a_query_rotated_by_the_keys_last_positions():
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 10000.0},
+                                  {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}],
+                         ids=["default", "dynamic"])
+def test_a_query_rotated_by_the_keys_last_positions(rope):
     """MuseGlimmer's drafter: its keys hold the main model's context before its own
     block, and its apply function rotates the shorter query by the keys' last
-    positions."""
+    positions; with dynamic NTK, by the frequencies of the longest call so far."""
     config = transformers.MuseGlimmerAssistantConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=HEAD_DIM, block_size=4, target_layer_ids=[0, 1],
-        max_position_embeddings=128, sliding_window=64)
+        max_position_embeddings=32, sliding_window=64, rope_parameters=rope)
     torch.manual_seed(0)
-    model = transformers.MuseGlimmerAssistantModel(config).eval()
+    stock = transformers.MuseGlimmerAssistantModel(config).eval()
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
     g = torch.Generator().manual_seed(1)
-    noise = torch.randn(1, 4, 64, generator=g)
-    context = torch.randn(1, 6, 128, generator=g)
-    with torch.no_grad():
-        want = model(noise_embeds=noise, context_hidden_states=context).last_hidden_state
-        fastpe.hf.patch(model)
-        got = model(noise_embeds=noise, context_hidden_states=context).last_hidden_state
-    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    for context in (100, 40, 6):          # keys of 104, 44 and 10 positions
+        noise = torch.randn(1, 4, 64, generator=g)
+        hidden = torch.randn(1, context, 128, generator=g)
+        with torch.no_grad():
+            want = stock(noise_embeds=noise, context_hidden_states=hidden).last_hidden_state
+            got = patched(noise_embeds=noise, context_hidden_states=hidden).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
 
 
 def test_an_apply_function_wrapped_by_the_kernel_hub_is_read_as_its_function():

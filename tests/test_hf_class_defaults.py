@@ -173,4 +173,10 @@ def test_a_top_level_partial_factor_beside_entries_of_a_whole_head_family_is_not
         "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}
     rope = fastpe.RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention")
     assert rope.rotary_dim == 32                        # Gemma 3 rotates the whole head
+    # LFM3's default-type frequencies read no partial factor either (its sliding layers)
+    zoo = json.loads((Path(__file__).parent / "data" / "hf_zoo_reference.json").read_text())
+    lfm3 = next(c["config"] for c in zoo["cases"] if c["name"] == "lfm3[sliding_attention]")
+    lfm3 = {**lfm3, "partial_rotary_factor": 0.5}
+    rope = fastpe.RotaryEmbedding.from_hf_config(lfm3, layer_type="sliding_attention")
+    assert rope.rotary_dim == rope.head_dim
     assert rope.frequencies().inv_freq[1] == pytest.approx(1e4 ** (-2 / 32), rel=1e-15)

@@ -288,6 +288,17 @@ def test_one_row_of_positions_is_read_by_every_axis(backend, rows):
     assert_bytes_equal(outs[0][1], outs[1][1])
 
 
+def test_one_row_of_real_positions_is_read_by_every_axis():
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    row = np.random.default_rng(6).uniform(-50, 50, (1, 2, S))
+    outs = []
+    for form in (row, row[0]):
+        q = make("contiguous", (2, S, HQ, D), F64, seed=4)
+        rope(q, None, form)
+        outs.append(q)
+    assert_bytes_equal(outs[0], outs[1])
+
+
 def test_cos_sin_of_multi_axis_positions():
     rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
     pos = vl_positions(1, S, seed=3)[:, 0]
@@ -772,9 +783,12 @@ def _hunyuan(**rope):
     (_hunyuan(mrope_section=[-2, 18, 16, 16]), ValueError, r"mrope_section\[0\]"),
     (_hunyuan(rope_type="ntk_alpha", alpha=None), ValueError, r"alpha"),
     (_hunyuan(rope_type="ntk_alpha", alpha="2"), TypeError, r"alpha"),
+    ({"model_type": "qwen2_vl_vision", "head_dim": 80,
+      "rope_parameters": {"rope_type": "axial", "rope_theta": None}}, ValueError,
+     r"rope_theta is None"),
 ], ids=["head_dim-fraction", "head_dim-str", "embed_dim-str", "num_heads-fraction",
         "num_heads-zero", "sections-int", "sections-float", "sections-str",
-        "sections-negative", "alpha-missing", "alpha-str"])
+        "sections-negative", "alpha-missing", "alpha-str", "vision-theta-none"])
 def test_loaders_name_the_key_they_cannot_read(config, error, pattern):
     with pytest.raises(error, match=pattern):
         fastpe.RotaryEmbedding.from_hf_config(config)

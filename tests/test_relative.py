@@ -661,6 +661,17 @@ def test_deberta_v1_span_rows_and_scale_are_its_modules(case):
     assert not scores.any()
 
 
+@pytest.mark.parametrize("types, factor", [("", 2), (None, 1), ("c2p|p2c|p2p", 4), ([], 1)])
+def test_deberta_v1_scale_counts_pos_att_type_as_its_config_class_splits_it(types, factor):
+    """DebertaConfig splits a string at "|" ("" gives [""]), and v1's scale counts
+    every entry: a scale_factor of 1 + len(pos_att_type)."""
+    cfg = {"model_type": "deberta", "relative_attention": True, "pos_att_type": types,
+           "max_relative_positions": 16, "hidden_size": 64, "num_attention_heads": 4}
+    rel = fastpe.DisentangledBias.from_hf_config(cfg)
+    assert rel.scale_factor == factor
+    assert rel.scale == pytest.approx(np.sqrt(16 * factor), rel=1e-7)
+
+
 def test_deberta_v1_settings_have_no_buckets():
     with pytest.raises(ValueError, match="position_buckets must be < 1"):
         fastpe.DisentangledBias(position_buckets=8, max_relative_positions=24,
