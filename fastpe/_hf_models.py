@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 __all__ = ["BASE_KEYS", "CHECKED", "CLASS_DEFAULTS", "DEFAULT_THETA", "DEFAULT_TYPE_PARTIAL",
-           "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "HEAD_DIM_UNREAD", "INDEXERS", "KNOWN",
-           "MLA_DEFAULT_HEAD_DIM", "MODELS", "NOPE_LAYERS", "NO_ROPE", "NTK_ALPHA",
+           "DEFAULT_TYPE_WHOLE", "ENTRY_PARTIAL", "ENTRY_PARTIAL_FILLED", "HEAD_DIM_UNREAD",
+           "INDEXERS", "KNOWN", "MLA_DEFAULT_HEAD_DIM", "MODELS", "NOPE_LAYERS", "NO_ROPE", "NTK_ALPHA",
            "PAIRED_BLOCKS", "PARTIAL_FAILS",
            "PER_LAYER_CONFIG", "REFUSED", "ROPE_DEFAULTS", "ROPE_PER_LAYER_TYPE",
            "ROPE_SCALING_UNREAD", "TRANSFORMERS_VERSION", "WHOLE_HEAD", "WIDTH_KEYS",
@@ -410,6 +410,11 @@ DEFAULT_TYPE_WHOLE: frozenset[str] = frozenset("""
     qwen2_vl_text qwen3_omni_moe_talker_text qwen3_omni_moe_text qwen3_vl_moe_text
     qwen3_vl_text
 """.split())
+
+# Families whose config class fills each layer type's partial_rotary_factor with defaults
+# of its own (NeoMME: a quarter of the head in full-attention layers): a typed dict whose
+# entries leave it out is refused.
+ENTRY_PARTIAL_FILLED: frozenset[str] = frozenset(("neomme",))
 
 # Families that rotate the whole head whatever a top-level partial_rotary_factor says,
 # but whose rotary module reads one inside a layer type's rope parameters (Step 3.5's

@@ -1110,10 +1110,11 @@ def _hf_refuse_incomplete_entries(config: Mapping[str, Any], model_type: str) ->
     for layer_type, entry in scaling.items():
         if not isinstance(entry, Mapping):
             continue
+        filled = top_partial is not None or model_type in _hf_models.ENTRY_PARTIAL_FILLED
         missing = [key for key, absent in (
             ("rope_theta", "rope_theta" not in entry),
-            ("partial_rotary_factor",
-             top_partial is not None and "partial_rotary_factor" not in entry)) if absent]
+            ("partial_rotary_factor", filled and "partial_rotary_factor" not in entry))
+            if absent]
         if missing:
             raise ValueError(
                 f"config of model_type {model_type!r} (a dict without transformers_version: "

@@ -154,6 +154,14 @@ GEMMA3_LAYERS = {"model_type": "gemma3_text", "hidden_size": 128, "num_attention
       "partial_rotary_factor": 0.5, "layer_types": ["full_attention"],
       "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
      "'full_attention' without partial_rotary_factor"),
+    # NeoMME's class fills each entry's factor (a quarter of the head in full attention)
+    ({"model_type": "neomme", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+      "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+      "rope_parameters": {
+          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                "partial_rotary_factor": 1.0},
+          "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
+     "'full_attention' without partial_rotary_factor"),
 ])
 def test_a_typed_dict_leaving_a_layer_types_entry_to_its_class_is_refused(config, missing):
     layer_type = missing.split("'")[1]
