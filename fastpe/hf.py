@@ -182,6 +182,20 @@ def _hub_function(value: Any) -> Any:
     return functions[0] if len(functions) == 1 else value
 
 
+def _rotate(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any,
+            positions: Any, layout: RopeLayout) -> None:
+    """q and k in place by the patched module's embedding, or by the frequencies its
+    dynamic NTK state holds."""
+    if freqs is None:
+        rope(q, k, positions, layout=layout)
+        return
+    width = getattr(q, "shape", (0,))[-1]
+    apply_rope(q, k, positions, freqs=freqs, layout=layout,
+               style="neox" if rope.style == "neox" else "gptj",
+               rotary_dim=None if width == rope.rotary_dim else rope.rotary_dim,
+               inverse=bool(rope.reverse))
+
+
 def _q_takes_last_positions(original: Callable[..., Any]) -> bool:
     """Whether the apply function rotates a query shorter than its keys by the keys'
     last positions (MuseGlimmer's drafter, whose keys hold the main model's context
@@ -252,25 +266,16 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             rope = cos.narrow
         if layout == "shd" and rope.axes > 1:
             positions = _axis_first(positions, rope.axes, name)
-        def rotate(q: Any, k: Any, positions: Any) -> None:
-            if cos.freqs is None:
-                rope(q, k, positions, layout=layout)
-            else:   # the frequencies dynamic NTK's state holds
-                width = getattr(q, "shape", (0,))[-1]
-                apply_rope(q, k, positions, freqs=cos.freqs, layout=layout,
-                           style="neox" if rope.style == "neox" else "gptj",
-                           rotary_dim=None if width == rope.rotary_dim else rope.rotary_dim,
-                           inverse=bool(rope.reverse))
-
-        if q_last:
+        if q_last and k is not None:
             axis = {"bhsd": 2, "bshd": 1, "shd": 0}[layout]
             q_len = q.shape[axis]
             if q_len != k.shape[axis]:
                 # its query holds the last q_len of the keys' positions
-                rotate(q, None, positions[..., -q_len:] if q_len else positions[..., :0])
-                rotate(k, None, positions)
+                _rotate(rope, cos.freqs, q, None,
+                        positions[..., -q_len:] if q_len else positions[..., :0], layout)
+                _rotate(rope, cos.freqs, k, None, positions, layout)
                 return q, k
-        rotate(q, k, positions)
+        _rotate(rope, cos.freqs, q, k, positions, layout)
         return (q, k) if tensors == 2 else q
 
     return apply
