@@ -436,8 +436,8 @@ class DisentangledBias:
         if self.sequence_span and self._spec.position_buckets > 0:
             raise ValueError(f"sequence_span (DeBERTa v1) has no log buckets: position_buckets "
                              f"must be < 1, got {self._spec.position_buckets}")
-        self.scale_factor = (1 + int(self.c2p) + int(self.p2c) if scale_factor is None
-                             else _checks.count(scale_factor, "scale_factor", minimum=1))
+        self._scale_factor = (None if scale_factor is None
+                              else _checks.count(scale_factor, "scale_factor", minimum=1))
 
     @property
     def position_buckets(self) -> int:
@@ -469,6 +469,13 @@ class DisentangledBias:
         span = self.span_for(q_len, k_len)
         start = self._spec.max_relative_positions - span if self.sequence_span else 0
         return slice(start, start + 2 * span)
+
+    @property
+    def scale_factor(self) -> int:
+        """The one given, else 1 + c2p + p2c as they stand."""
+        if self._scale_factor is not None:
+            return self._scale_factor
+        return 1 + int(_checks.flag(self.c2p, "c2p")) + int(_checks.flag(self.p2c, "p2c"))
 
     @property
     def scale(self) -> float:
