@@ -240,6 +240,7 @@ VISION: dict[str, str] = {
 # The base a tower's config class gives a config.json without one, where not 10000.
 VISION_THETA: dict[str, float] = {"gemma4_vision": 100.0, "lfm3_vl_vision": 1e6}
 
+
 def _vision_layout(kind: str, head_dim: int) -> tuple[int, int, np.ndarray, np.ndarray, Style]:
     """(axes, width of the frequency spectrum, axis of each pair, index of each pair's
     frequency in that spectrum, style) of a vision tower's 2D (or 3D) RoPE; the rotated
