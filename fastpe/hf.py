@@ -50,6 +50,7 @@ has no autograd: run the patched model under ``torch.no_grad()`` or
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import math
 import re
@@ -201,8 +202,8 @@ def _q_takes_last_positions(original: Callable[..., Any]) -> bool:
     last positions (MuseGlimmer's drafter, whose keys hold the main model's context
     before its own tokens), found by running it: a query of one token beside keys of
     two, the first position's rotation the identity, the second's a quarter turn."""
-    import torch
-
+    # imported by name: fastpe's own type checks run without torch installed
+    torch: Any = importlib.import_module("torch")
     q, k = torch.tensor([[[[1.0, 2.0]]]]), torch.ones(1, 1, 2, 2)
     cos, sin = torch.tensor([[[1.0, 1.0], [0.0, 0.0]]]), torch.tensor([[[0.0, 0.0], [1.0, 1.0]]])
     try:
