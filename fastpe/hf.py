@@ -404,6 +404,11 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
         raise ValueError(f"fastpe.hf: neither the rotary module {where} nor its model keeps a "
                          f"config to read its RoPE from")
     model_type = getattr(config, "model_type", None)
+    if model_type == "":
+        raise ValueError(f"fastpe.hf: the rotary module {where} reads a config with an empty "
+                         "model_type, which transformers gives to sub-configs of composite "
+                         "models (Evolla's protein encoder): fastpe cannot tell their "
+                         "attention from their keys")
     if model_type in _NOT_REPRODUCED:
         raise ValueError(f"fastpe.hf: model type {model_type!r} is not reproduced: "
                          f"{_NOT_REPRODUCED[model_type]}")

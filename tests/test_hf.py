@@ -350,6 +350,17 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
     deepseek_v4 = text_model("deepseek_v4")
     with pytest.raises(ValueError, match="'deepseek_v4' is not reproduced: its attention also"):
         fastpe.hf.patch(deepseek_v4)
+    # Evolla's protein encoder keeps a sub-config of model_type "": refused by what it is
+    evolla = transformers.EvollaForProteinText2Text(transformers.EvollaConfig(
+        protein_encoder_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64, vocab_size=50),
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, aligner_num_add_layers=1, resampler_depth=1,
+        resampler_heads=2, resampler_dim_head=8, resampler_num_latents=4,
+        bos_token_id=1, eos_token_id=2))
+    with pytest.raises(ValueError, match=r"empty model_type.*sub-configs of composite models"):
+        fastpe.hf.patch(evolla)
+    assert not hasattr(evolla, "_fastpe_hf_patched")
     llama = text_model("llama")
     hooked = llama.model.layers[1].self_attn
     hooked.forward = hooked.forward  # as accelerate's hooks do
