@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from ._hf_multimodal import VISION
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
 
@@ -363,6 +364,10 @@ def _apply_names(cls: Any) -> dict[str, Any]:
 # them: Qwen2.5-VL's, Qwen2.5-Omni's and EXAONE 4.5's vision towers put them in window
 # order. fastpe.hf leaves such a rotary module, and the blocks that apply it, stock.
 _REORDERING_CALLS = {"permute_input_for_window_attn"}
+# Vision towers whose rotary module fastpe.hf cannot give positions: Pixtral's looks its
+# cos and sin up by flat patch ids over a grid of the largest image (and its attention
+# applies them with unsqueeze_dim=0). Left stock, as the towers above.
+_LEFT_STOCK = frozenset(("pixtral",))
 
 
 def _reorders_cos_sin(modules: dict[str, Any], name: str) -> bool:
@@ -431,7 +436,7 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
     except ValueError as err:
         raise ValueError(f"fastpe.hf: cannot reproduce the rotary module {where} of model type "
                          f"{model_type!r}: {err}") from err
-    _check_module_state(module, ropes, where)
+    _check_module_state(module, ropes, where, model_type in VISION)
     return ropes
 
 
@@ -440,10 +445,11 @@ _HALF_EPS = {"torch.float16": 2.0**-10, "torch.bfloat16": 2.0**-7}
 
 
 def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
-                        where: str) -> None:
+                        where: str, vision: bool) -> None:
     """Refuse a rotary module whose own inverse frequencies or attention scaling (what
     its forward uses) are not those of its config, which fastpe reads: a config edited
-    after the model was built, or an inv_freq buffer replaced or rescaled in place."""
+    after the model was built, or an inv_freq buffer replaced or rescaled in place.
+    ``vision``: a vision tower's module, whose frequencies are checked in order."""
     for layer_type, rope in ropes.items():
         prefix = "" if layer_type is None else f"{layer_type}_"
         # dynamic NTK and LongRoPE replace inv_freq as calls get longer (or shorter), and
@@ -458,13 +464,18 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             continue  # a module that keeps none: its config is all there is
         expected = rope._spec.frequencies(None)
         held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+        want = expected.inv_freq
+        if rope.axes > 1 and not vision:
+            # a text M-RoPE module may hold its spectrum in its axes' order (ERNIE-4.5-VL),
+            # which fastpe's pair layout reproduces: the values are what is checked
+            held, want = np.sort(held), np.sort(want)
         # within the rounding of the buffer's own dtype (model.half() rounds it): what
         # is refused is a different frequency, not its float16 or bfloat16 value
         ulp = _HALF_EPS.get(str(buffer.dtype), 0.0)
         # float16 holds frequencies below 2**-14 (large bases) as subnormals, spaced 2**-24
         tiny = 2.0**-24 if str(buffer.dtype) == "torch.float16" else 0.0
-        if held.shape != expected.inv_freq.shape or not np.allclose(
-                held, expected.inv_freq, rtol=max(ulp, 1e-6), atol=tiny):
+        if held.shape != want.shape or not np.allclose(
+                held, want, rtol=max(ulp, 1e-6), atol=tiny):
             raise ValueError(f"fastpe.hf: the rotary module {where} holds {name} other than "
                              f"its config gives (edited after the model was built, or "
                              f"replaced): fastpe reads the config, so it would rotate "
@@ -527,7 +538,8 @@ def patch(model: Any) -> Any:
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)): "
                          f"fastpe.hf patches only models whose RoPE comes from one (not "
                          f"RoFormer's sinusoidal position module, nor models without RoPE)")
-    rotary = {name: m for name, m in rotary.items() if not _reorders_cos_sin(modules, name)}
+    rotary = {name: m for name, m in rotary.items() if not _reorders_cos_sin(modules, name)
+              and getattr(_config(modules, name), "model_type", None) not in _LEFT_STOCK}
     if not rotary:
         raise ValueError(f"fastpe.hf: every rotary embedding of {type(model).__name__} has its "
                          f"cos and sin reordered before its apply function (window "

@@ -812,6 +812,64 @@ def test_a_model_patched_after_a_long_call_matches_its_stock_copy(name):
                                        rtol=0, atol=2e-5)
 
 
+def _positions_matter(model):
+    """Weights large enough that the logits depend on the positions (a tiny model's
+    default init barely does)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.normal_(0, m.in_features ** -0.5)
+    return model
+
+
+def test_a_text_mrope_module_holding_its_spectrum_in_axis_order_is_patched():
+    """ERNIE-4.5-VL's text rotary module holds its frequencies in its axes' order, not
+    the spectrum's: the same values, which fastpe's pair layout reproduces."""
+    text = dict(vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0,
+                                 "mrope_section": [2, 2, 4]},
+                moe_intermediate_size=[32, 32], moe_k=2, moe_num_experts=4,
+                moe_num_shared_experts=1, mlp_layer_types=["dense", "sparse"])
+    torch.manual_seed(0)
+    model = _positions_matter(transformers.Ernie4_5_VLMoeForConditionalGeneration(
+        transformers.Ernie4_5_VLMoeConfig(
+            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
+                                                 num_heads=2, patch_size=4),
+            image_token_id=150, video_token_id=151, image_start_token_id=152,
+            image_end_token_id=153)).eval())
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
+    with torch.no_grad():
+        want = model(ids).logits
+        got = fastpe.hf.patch(model)(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
+
+
+def test_pixtral_tower_is_left_stock_and_its_text_model_patched():
+    """Pixtral's rotary module looks its cos and sin up by flat patch ids over the
+    largest image's grid: its tower runs stock, the text model through fastpe."""
+    torch.manual_seed(0)
+    model = _positions_matter(transformers.Mistral3ForConditionalGeneration(
+        transformers.Mistral3Config(
+            vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=1, num_attention_heads=2, image_size=64,
+                               patch_size=8, head_dim=16),
+            text_config=dict(model_type="mistral", vocab_size=160, hidden_size=32,
+                             intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=16),
+            image_token_index=10)).eval())
+    ids = torch.tensor([[1, 5, 9] + [10] * 6 + [2, 7]])
+    pixels = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    inputs = dict(input_ids=ids, pixel_values=pixels, image_sizes=torch.tensor([[32, 48]]))
+    with torch.no_grad():
+        want = model(**inputs).logits
+        fastpe.hf.patch(model)
+        got = model(**inputs).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
+    patched = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
+    assert "MistralRotaryEmbedding" in patched and "PixtralRotaryEmbedding" not in patched
+
+
 def test_a_vision_tower_that_reorders_cos_and_sin_is_left_stock():
     """Qwen2.5-VL's vision tower puts its rotary cos and sin in window order before its
     blocks apply them: patch() leaves that tower (its rotary module and blocks) stock and
