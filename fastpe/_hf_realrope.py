@@ -67,7 +67,8 @@ def _class_rope(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     rope_parameters; a base they lack from a top-level rope_theta, else the class's
     default; a missing type "default", read as the class's own (SAM's "axial");
     EfficientLoFTR's partial factor 4 where neither gives one. The SAM video classes'
-    deprecated memory_attention_rope_theta is set after, so it wins."""
+    deprecated memory_attention_rope_theta is set after, so it wins. Another type than
+    the class's own is a ValueError: the only one fastpe reproduces for these families."""
     default_theta, default_type = _CLASS_ROPE[model_type]
     given = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if not isinstance(given, Mapping):
@@ -80,6 +81,9 @@ def _class_rope(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         rope.setdefault("partial_rotary_factor", config.get("partial_rotary_factor", 4.0))
     if rope["rope_type"] == "default":
         rope["rope_type"] = default_type
+    if rope["rope_type"] != default_type:
+        raise ValueError(f"model_type {model_type!r}: fastpe's loader supports only rope_type "
+                         f"{default_type!r} in rope_parameters, got {rope['rope_type']!r}")
     legacy = config.get("memory_attention_rope_theta")
     if model_type.endswith("_video") and legacy is not None:
         rope["rope_theta"] = legacy
@@ -112,11 +116,7 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
                          f"torch.arange(0, 1, 4 / {head_dim}), {count} frequencies where the "
                          f"head holds {head_dim // 4} per axis, and fails on them")
     if model_type in _CLASS_ROPE:
-        rope = _class_rope(config, model_type)
-        if rope["rope_type"] != "default":
-            raise ValueError(f"model_type {model_type!r} supports only rope_type 'default' in "
-                             f"rope_parameters, got {rope['rope_type']!r}")
-        theta = _theta(rope, model_type, 100.0)
+        theta = _theta(_class_rope(config, model_type), model_type, 100.0)
     else:
         theta = _theta(config, model_type, 100.0)
     axes, width, pair_axis, pair_freq, own_style = _vision_layout("hw", head_dim)
@@ -164,9 +164,6 @@ def _sam2_memory(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_ty
     EdgeTAM's keys are grouped per memory frame, each group's first tokens (temporal)
     unrotated and the rest on ``key_grid`` (memory_attention_rope_k_sizes)."""
     rope = _class_rope(config, model_type)
-    if rope["rope_type"] != "axial":
-        raise ValueError(f"model_type {model_type!r}: its memory attention supports only "
-                         f"rope_type 'axial' in rope_parameters, got {rope['rope_type']!r}")
     theta = _theta(rope, model_type, 10000.0)
     head_dim = _head_dim(config, model_type, "memory_attention_hidden_size",
                          "memory_attention_downsample_rate",
@@ -192,9 +189,6 @@ def _sam3_vit(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type:
     features, on the window's patch grid in windowed layers and on the image's
     (``grid``) times window_size / columns in the global_attn_indexes layers."""
     rope = _class_rope(config, model_type)
-    if rope["rope_type"] != "axial":
-        raise ValueError(f"model_type {model_type!r}: its ViT supports only rope_type "
-                         f"'axial' in rope_parameters, got {rope['rope_type']!r}")
     head_dim = _head_dim(config, model_type, "hidden_size", "num_attention_heads",
                          defaults={"hidden_size": 1024, "num_attention_heads": 16})
     if config.get("head_dim") not in (None, head_dim):
@@ -233,9 +227,6 @@ def _efficientloftr(cls: type[RotaryEmbedding], config: Mapping[str, Any], model
     dim = head_dim * partial_rotary_factor, which its code needs to be hidden_size / 2.
     Pass q as (batch, tokens, 1, hidden_size): ``rope.head_dim`` is hidden_size."""
     rope = _class_rope(config, model_type)
-    if rope["rope_type"] != "default":
-        raise ValueError(f"model_type {model_type!r}: fastpe reproduces only rope_type "
-                         f"'default' in rope_parameters, got {rope['rope_type']!r}")
     theta = _theta(rope, model_type, 10000.0)
     hidden = config.get("hidden_size", 256)
     heads = config.get("num_attention_heads", 8)

@@ -1103,14 +1103,15 @@ def _hf_refuse_incomplete_entries(config: Mapping[str, Any], model_type: str) ->
     scaling = _hf_rope_dict(config)[1]
     if not (isinstance(scaling, Mapping) and _is_per_layer_type(scaling)):
         return
-    top_partial = config.get("partial_rotary_factor")
-    if ((model_type in _hf_models.WHOLE_HEAD or model_type in _hf_models.DEFAULT_TYPE_WHOLE)
-            and model_type not in _hf_models.ENTRY_PARTIAL):
-        top_partial = None     # read nowhere: the whole head rotates whatever an entry says
+    # a top-level factor is copied into the entries, and read there unless the whole head
+    # rotates whatever an entry says
+    whole = ((model_type in _hf_models.WHOLE_HEAD or model_type in _hf_models.DEFAULT_TYPE_WHOLE)
+             and model_type not in _hf_models.ENTRY_PARTIAL)
+    filled = ((config.get("partial_rotary_factor") is not None and not whole)
+              or model_type in _hf_models.ENTRY_PARTIAL_FILLED)
     for layer_type, entry in scaling.items():
         if not isinstance(entry, Mapping):
             continue
-        filled = top_partial is not None or model_type in _hf_models.ENTRY_PARTIAL_FILLED
         missing = [key for key, absent in (
             ("rope_theta", "rope_theta" not in entry),
             ("partial_rotary_factor", filled and "partial_rotary_factor" not in entry))

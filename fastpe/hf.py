@@ -543,7 +543,8 @@ def patch(model: Any) -> Any:
     if not rotary:
         raise ValueError(f"fastpe.hf: every rotary embedding of {type(model).__name__} has its "
                          f"cos and sin reordered before its apply function (window "
-                         f"attention), which fastpe.hf cannot reproduce")
+                         f"attention) or looked up by flat patch ids (Pixtral), which "
+                         f"fastpe.hf cannot reproduce")
     applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
     plan: list[tuple[Any, Callable[..., Any]]] = []
     appliers: set[str] = set()
