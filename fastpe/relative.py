@@ -160,12 +160,38 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
         scores = q @ k.transpose(0, 1, 3, 2)                 # T5 does not scale
         fastpe.add_relative_bias(scores, table, key_mask=attention_mask)
     """
-    _run_t5(_relative_args.add_relative_bias(
-        scores, table, bidirectional=bidirectional, max_distance=max_distance,
-        q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
-    if type(scores) is not np.ndarray:
-        _checks.bump_written(scores)
+    if not _t5_compiled(scores, table, bidirectional, max_distance, q_offset, causal,
+                        key_mask, num_threads):
+        _run_t5(_relative_args.add_relative_bias(
+            scores, table, bidirectional=bidirectional, max_distance=max_distance,
+            q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
+        if type(scores) is not np.ndarray:
+            _checks.bump_written(scores)
     return scores
+
+
+def _t5_compiled(scores: object, table: object, bidirectional: object, max_distance: object,
+                 q_offset: object, causal: object, key_mask: object,
+                 num_threads: object) -> bool:
+    """add_relative_bias on NumPy arrays through the compiled entry, which checks the
+    call in C: False, with nothing written, for a call it does not take (the validating
+    path then runs it, or names what is wrong)."""
+    kern = _backend.kernels()
+    if (kern is None or type(scores) is not np.ndarray or type(table) is not np.ndarray
+            or type(bidirectional) is not bool or type(max_distance) is not int
+            or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
+        return False
+    x: Any = scores
+    t: Any = table
+    if t.ndim != 2:
+        return False
+    try:
+        spec = _relative_math.t5_spec(t.shape[0], max_distance, bidirectional)
+    except ValueError:
+        return False  # the validating path names the setting
+    done: bool = kern.t5_call(x, t, spec.lut, spec.reach, q_offset, causal, key_mask,
+                              _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * x.nbytes))
+    return done
 
 
 # ---- DeBERTa ------------------------------------------------------------------------------
@@ -386,6 +412,11 @@ class RelativeBias:
                  key_mask: ArrayLike | None = None,
                  num_threads: int | None = None) -> InPlace:
         """add_relative_bias of these settings."""
+        t: Any = table
+        if (type(t) is np.ndarray and t.ndim == 2 and t.shape[0] == self.num_buckets
+                and _t5_compiled(scores, t, self.bidirectional, self.max_distance, q_offset,
+                                 self.causal, key_mask, num_threads)):
+            return scores
         return add_relative_bias(scores, self._rows(table), bidirectional=self.bidirectional,
                                  max_distance=self.max_distance, q_offset=q_offset,
                                  causal=self.causal, key_mask=key_mask,

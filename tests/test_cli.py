@@ -334,7 +334,7 @@ def test_bench_list():
                 "rope-embedding-decode", "rope-cached-decode", "rope-batched-decode",
                 "rope-llama3", "rope-prefill-mrope", "rope-vl-decode", "sinusoidal-table",
                 "sinusoidal-add", "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode",
-                "alibi-padded-decode", "deberta-bias", "llama-decode"}
+                "alibi-padded-decode", "t5-decode", "deberta-bias", "llama-decode"}
     assert {w.name for w in _bench.workloads()} == expected
 
 

@@ -292,6 +292,41 @@ def test_key_mask_layouts_mask_their_own_keys(i):
     assert (np.isneginf(got) == ~np.broadcast_to(values[:, None, None, :], got.shape)).all()
 
 
+@needs_compiled
+def test_plain_t5_calls_take_the_compiled_entry(monkeypatch):
+    """A decode step on NumPy arrays (padding mask, the settings' own call too) runs in the
+    compiled entry, which matches the reference without the validating path; what the
+    entry does not take still reaches that path."""
+    shape = (2, 3, 1, 9)
+    table, mask = t5_inputs(shape, np.float32)
+    s = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    kw = {"bidirectional": False, "causal": True, "q_offset": 8}
+    want = fastpe.reference.add_relative_bias(s.copy(), table, key_mask=mask, **kw)
+    plain = fastpe.reference.add_relative_bias(s.copy(), table, **kw)
+
+    def validating(*args, **kwargs):
+        raise AssertionError("the validating path ran")
+    monkeypatch.setattr(fastpe._relative_args, "add_relative_bias", validating)
+    assert_bytes_equal(fastpe.add_relative_bias(s.copy(), table, key_mask=mask, **kw), want)
+    assert_bytes_equal(fastpe.add_relative_bias(s.copy(), table, key_mask=mask.astype(int),
+                                                **kw), want)
+    settings = fastpe.RelativeBias(bidirectional=False, causal=True)
+    assert_bytes_equal(settings(s.copy(), table, q_offset=8), plain)
+    assert_bytes_equal(fastpe.add_relative_bias(s.copy(), table, bidirectional=False,
+                                                causal=True, num_threads=2), plain)
+    inside = np.zeros((1, 3, 4, 32), np.float32)
+    declined = [
+        ("byteswapped table", s.copy(), dict(table=table.astype(">f4"))),
+        ("table inside the scores", inside, dict(table=inside[0, 0, :, :3])),
+        ("mask of 2s", s.copy(), dict(table=table, key_mask=mask * 2)),
+        ("float max_distance", s.copy(), dict(table=table, max_distance=128.0)),
+        ("queries past the keys", np.zeros((2, 3, 10, 9), np.float32), dict(table=table)),
+    ]
+    for _name, x, args in declined:
+        with pytest.raises(AssertionError, match="validating path"):
+            fastpe.add_relative_bias(x, **args)
+
+
 # ---- threads, views, memory --------------------------------------------------------------------------
 
 

@@ -303,6 +303,33 @@ def numpy_alibi_bias(arrays: Arrays, threads: int) -> Runner:
     return run
 
 
+def numpy_t5_decode(table: np.ndarray, max_distance: int) -> Prepare:
+    """The best NumPy for a T5 decoder's decode step: the bucket of every (query, key)
+    distance over the keys cached as a model would (not timed), then per call the
+    query's row of buckets gathered from the table's columns into a preallocated
+    (heads, k_len) bias and one in-place add (keys after the query: none in a decode
+    step, so no mask)."""
+    def prepare(arrays: Arrays, threads: int) -> Runner:
+        x0 = arrays["scores"]
+        k = x0.shape[-1]
+        work = work_dtype(x0.dtype)
+        qpos = k - x0.shape[-2]
+        rel = np.arange(k)[None, :] - (qpos + np.arange(x0.shape[-2]))[:, None]
+        buckets = fastpe.relative_position_bucket(rel, bidirectional=False,
+                                                  num_buckets=table.shape[0],
+                                                  max_distance=max_distance)
+        columns = np.ascontiguousarray(table.T.astype(work))      # (heads, buckets)
+        bias = np.empty((x0.shape[-3],) + buckets.shape, work)
+
+        def run(a: Arrays) -> Result:
+            scores = a["scores"]
+            np.take(columns, buckets, axis=1, out=bias)
+            np.add(scores, bias, out=scores, casting="same_kind")
+            return (scores,)
+        return run
+    return prepare
+
+
 def prepare_numpy_disentangled(position_buckets: int, max_relative_positions: int) -> Any:
     """The best NumPy for DeBERTa's gather-add (the logits already made): the flat gather
     index of each term cached as a model caches its relative positions (not timed; the

@@ -33,6 +33,7 @@ FULL: Size = dict(batch=1, seq=2048, heads=32, kv_heads=8, head_dim=128, decode_
             decode_batch=32, table=(8192, 1024), embed=(8, 2048, 1024), max_len=4096,
             alibi_heads=32, alibi_seq=2048, alibi_keys=4096,
             deberta=dict(heads=12, seq=512, position_buckets=256, max_relative_positions=512),
+            t5=dict(batch=4, heads=12, keys=512),
             llama=dict(vocab=8192, hidden=512, layers=4, heads=8, kv_heads=2, head_dim=64,
                        intermediate=1408, max_len=1024, batch=4, lengths=(1000, 733, 517, 301)))
 # A few kilobytes each: for the tests of the command line and of the baselines.
@@ -40,6 +41,7 @@ TINY: Size = dict(batch=1, seq=48, heads=4, kv_heads=2, head_dim=32, decode_pos=
             decode_batch=3, table=(40, 33), embed=(2, 24, 20), max_len=64,
             alibi_heads=3, alibi_seq=24, alibi_keys=40,
             deberta=dict(heads=2, seq=16, position_buckets=8, max_relative_positions=24),
+            t5=dict(batch=2, heads=3, keys=40),
             llama=dict(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
                        intermediate=48, max_len=16, batch=4, lengths=(15, 11, 7, 3)))
 # --quick: the canonical shapes, but ALiBi prefill and bias over 1024 tokens (128 MiB of

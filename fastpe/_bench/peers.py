@@ -342,6 +342,30 @@ def _torch(wl: Workload, compiled: bool) -> MaybePrepare:
     return prepare
 
 
+def _torch_t5(wl: Workload) -> MaybePrepare:
+    """T5's bias in torch eager as a decode loop keeps it: the bucket of every distance
+    cached, per call one gather of the table's columns and an in-place add."""
+    def prepare(arrays: Arrays, threads: int) -> Runner | None:
+        if arrays["scores"].dtype != np.float32:
+            return None
+        import torch
+        torch.set_num_threads(1)
+        q, k = arrays["scores"].shape[-2:]
+        table = wl.params["table"]
+        rel = np.arange(k)[None, :] - (k - q + np.arange(q))[:, None]
+        buckets = torch.from_numpy(fastpe.relative_position_bucket(
+            rel, bidirectional=wl.params["bidirectional"], num_buckets=table.shape[0],
+            max_distance=wl.params["max_distance"]))
+        columns = torch.from_numpy(np.ascontiguousarray(table.T))
+
+        def run(a: Arrays) -> Result:
+            with torch.no_grad():
+                torch.from_numpy(a["scores"]).add_(columns[:, buckets])
+            return (a["scores"],)
+        return run
+    return prepare
+
+
 def _torch_disentangled(wl: Workload) -> MaybePrepare:
     def prepare(arrays: Arrays, threads: int) -> Runner | None:
         if arrays["scores"].dtype != np.float32:
@@ -392,7 +416,9 @@ def _peer_for(name: str, wl: Workload) -> MaybePrepare | None:
     if name == "fastpe-torch":
         return _fastpe_torch(wl)
     if wl.family == "relative":
-        return _torch_disentangled(wl) if name == "torch" else None
+        if name != "torch":
+            return None
+        return _torch_t5(wl) if "bidirectional" in wl.params else _torch_disentangled(wl)
     if wl.family == "rope":
         if "style" not in wl.params:
             return None

@@ -22,6 +22,7 @@ from .baselines import (
     numpy_alibi_decode,
     numpy_alibi_padded_decode,
     numpy_alibi_prefill,
+    numpy_t5_decode,
     prepare_numpy_disentangled,
     prepare_numpy_table,
     prepare_textbook_table,
@@ -438,6 +439,38 @@ def alibi_workloads(size: Size) -> list[Workload]:
 
 # ---- relative positions --------------------------------------------------------------------
 
+def t5_decode_workload(size: Size) -> Workload:
+    """A T5 decoder's self-attention decode step: a batch of one query per sequence at
+    the last of k_len positions, 32 unidirectional buckets (max_distance 128), causal."""
+    d = size["t5"]
+    shape = (d["batch"], d["heads"], 1, d["keys"])
+    table = np.random.default_rng(5).standard_normal((32, d["heads"])).astype(np.float32)
+    settings = dict(bidirectional=False, max_distance=128, causal=True)
+
+    def fastpe_(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return (fastpe.add_relative_bias(a["scores"], table, bidirectional=False,
+                                             max_distance=128, causal=True,
+                                             num_threads=threads),)
+        return run
+
+    def reference(arrays: Arrays, threads: int) -> Runner:
+        def run(a: Arrays) -> Result:
+            return (fastpe.reference.add_relative_bias(a["scores"], table, bidirectional=False,
+                                                       max_distance=128, causal=True),)
+        return run
+
+    return Workload(
+        name="t5-decode", family="relative",
+        title=f"add_relative_bias(scores {shape}, causal) (T5 decoder)",
+        make=_make_scores(shape), inplace=("scores",), result=("scores",), floor="stream",
+        impls={"fastpe": fastpe_, "reference": reference,
+               "numpy": numpy_t5_decode(table, settings["max_distance"])},
+        numpy_note="the bucket of every distance cached; per step one gather of the "
+                   "table's columns and one add",
+        per_call=True, params={**settings, "table": table})
+
+
 def deberta_workload(size: Size) -> Workload:
     """DeBERTa-v2/v3's disentangled attention: both logit tables given, their gathers
     added into the scores. The floor reads both tables and reads and writes the scores."""
@@ -502,7 +535,8 @@ def workloads(size: str = "full") -> list[Workload]:
     sz = SIZES[size]
     rope = [*rope_workloads(sz), mrope_prefill_workload(sz), mrope_decode_workload(sz)]
     return [*rope, _table_workload(sz), _add_sinusoidal_workload(sz), _learned_workload(sz),
-            *alibi_workloads(sz), deberta_workload(sz), llama_decode_workload(sz)]
+            *alibi_workloads(sz), t5_decode_workload(sz), deberta_workload(sz),
+            llama_decode_workload(sz)]
 
 
 def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:

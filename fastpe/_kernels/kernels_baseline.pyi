@@ -179,6 +179,16 @@ def t5_relative(
     accumulate: bool,
     num_threads: int,
 ) -> None: ...
+def t5_call(
+    scores: object,
+    table: object,
+    lut: NDArray[np.int32],
+    reach: int,
+    q_offset: object,
+    causal: object,
+    key_mask: object,
+    num_threads: int,
+) -> bool: ...
 def deberta_disentangled(
     scores: NDArray[Any],
     code: int,

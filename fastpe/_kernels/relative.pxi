@@ -183,6 +183,12 @@ cdef inline double element_as_double(const char *p, int code) noexcept nogil:
     return fpe_bf16_load((<const fpe_bf16 *>p)[0])
 
 
+cdef enum:
+    # a decode step's bias by distance (heads x (2 reach + 1) values) and row offsets
+    # fit here: no allocation
+    T5_STACK_BYTES = 16384
+
+
 def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut,
                 Py_ssize_t reach, int64_t q_offset, bint causal, object key_mask,
                 bint accumulate, int num_threads):
@@ -195,25 +201,8 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
     key_mask: None or C-contiguous uint8 (1 or batch, k) of 0/1; q_offset + q - 1 fits
     int64. Arguments are validated by the caller (fastpe._relative_args).
     """
-    cdef int nd = cnp.PyArray_NDIM(scores), ax
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
-    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(scores)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(scores)
     cdef T5Call a
-    a.batch = 1
-    for ax in range(nd - 3):
-        a.batch *= dims[ax]
-    a.heads, a.q, a.k = dims[nd - 3], dims[nd - 2], dims[nd - 1]
-    if a.batch == 0 or a.heads == 0 or a.q == 0 or a.k == 0:
-        return
-    if (cnp.PyArray_NDIM(table) != 2 or table.shape[1] != a.heads
-            or lut.shape[0] != 2 * reach + 1):
-        raise ValueError("t5_relative: table or lut does not match the scores")
-    a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
-    a.q_offset = q_offset
-    a.reach = reach
-    a.width = 2 * reach + 1
-    a.causal, a.accumulate = causal, accumulate
+    cdef int nd = cnp.PyArray_NDIM(scores)
     a.mask = NULL
     a.mrows = 1
     if key_mask is not None:
@@ -221,29 +210,124 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
         if (not cnp.PyArray_CheckExact(key_mask) or cnp.PyArray_NDIM(key_mask) != 2
                 or cnp.PyArray_TYPE(key_mask) != cnp.NPY_UBYTE
                 or not cnp.PyArray_IS_C_CONTIGUOUS(key_mask)
-                or (<cnp.ndarray>key_mask).shape[1] != a.k):
+                or (<cnp.ndarray>key_mask).shape[1] != scores.shape[nd - 1]):
             raise ValueError("t5_relative: key_mask is not a C-contiguous uint8 "
                              "(rows, k) array")
         a.mask = <const unsigned char *>cnp.PyArray_DATA(<cnp.ndarray>key_mask)
         a.mrows = (<cnp.ndarray>key_mask).shape[0]
+    if (cnp.PyArray_NDIM(table) != 2 or table.shape[1] != scores.shape[nd - 3]
+            or lut.shape[0] != 2 * reach + 1):
+        raise ValueError("t5_relative: table or lut does not match the scores")
+    t5_execute(&a, scores, code, table, <const int32_t *>cnp.PyArray_DATA(lut), reach,
+               q_offset, causal, accumulate, num_threads)
+
+
+def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
+            object q_offset, object causal, object key_mask, int num_threads):
+    """The compiled entry of add_relative_bias: scores[..., h, i, j] += the T5 bias, in
+    place, and True; False, with nothing written, for any argument outside what it takes
+    (fastpe.relative then validates the call in full, names what is wrong or normalises
+    it, and runs t5_relative).
+
+    It takes: scores an exact, writable, aligned, native float array of at least 3
+    dimensions (..., heads, q, k) with whole-element strides and disjoint elements;
+    table an exact, aligned, native float array (num_buckets, heads) whose bytes are
+    apart from the scores', lut and reach its settings' buckets (fastpe._relative_math.
+    t5_spec of its num_buckets); q_offset None (k - q, q <= k) or an int >= 0 with
+    q_offset + q - 1 in int64; causal a bool; key_mask None or as alibi_call takes it
+    (owned_mask). The table is read, and the mask copied, before anything is written.
+    """
+    cdef int code = fast_code(scores)
+    if code < 0 or type(causal) is not bool or not cnp.PyArray_CheckExact(table):
+        return False
+    cdef cnp.ndarray x = <cnp.ndarray>scores
+    cdef cnp.ndarray t = <cnp.ndarray>table
+    cdef int ax, nd = cnp.PyArray_NDIM(x)
+    if nd < 3 or not whole_element_strides(x) or not elements_disjoint(x):
+        return False
+    cdef Py_ssize_t heads = x.shape[nd - 3], q = x.shape[nd - 2], k = x.shape[nd - 1]
+    cdef Py_ssize_t batch = 1
+    for ax in range(nd - 3):
+        batch *= x.shape[ax]
+    if (cnp.PyArray_NDIM(t) != 2 or t.shape[1] != heads or t.shape[0] < 1
+            or float_code(cnp.PyArray_TYPE(t)) < 0 or not cnp.PyArray_ISALIGNED(t)
+            or not cnp.PyArray_ISNOTSWAPPED(t) or lut.shape[0] != 2 * reach + 1
+            or not views_apart(x, t)):
+        return False
+    cdef int64_t off
+    if q_offset is None:
+        if q > k:
+            return False
+        off = k - q
+    else:
+        if type(q_offset) is not int or q_offset < 0:
+            return False
+        if q_offset > INT64_MAX_VALUE - max(q - 1, 0):
+            return False
+        off = q_offset
+    cdef T5Call a
+    cdef AlibiOwned o
+    o.slopes = NULL
+    o.qpos = o.kpos = NULL
+    o.mask = NULL
+    a.mask = NULL
+    a.mrows = 1
+    try:
+        if key_mask is not None:
+            if not owned_mask(&o, key_mask, x, batch, k, &a.mrows):
+                return False
+            a.mask = o.mask
+        t5_execute(&a, x, code, t, <const int32_t *>cnp.PyArray_DATA(lut), reach, off,
+                   causal, True, num_threads)
+        return True
+    finally:
+        alibi_owned_free(&o)
+
+
+cdef int t5_execute(T5Call *a, cnp.ndarray scores, int code, cnp.ndarray table,
+                    const int32_t *lut, Py_ssize_t reach, int64_t q_offset, bint causal,
+                    bint accumulate, int num_threads) except -1:
+    """Run a T5 call whose arguments are checked, its mask (or NULL) in `a`: the bias by
+    distance tabulated from the table, then every row of scores."""
+    cdef int ax, nd = cnp.PyArray_NDIM(scores)
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(scores)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(scores)
+    a.batch = 1
+    for ax in range(nd - 3):
+        a.batch *= dims[ax]
+    a.heads, a.q, a.k = dims[nd - 3], dims[nd - 2], dims[nd - 1]
+    if a.batch == 0 or a.heads == 0 or a.q == 0 or a.k == 0:
+        return 0
+    a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
+    a.q_offset = q_offset
+    a.reach = reach
+    a.width = 2 * reach + 1
+    a.causal, a.accumulate = causal, accumulate
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
     cdef Py_ssize_t bias_bytes = round_up(a.heads * a.width * real_size, 64)
-    cdef Scratch work = Scratch(0, 1, bias_bytes + a.batch * sizeof(Py_ssize_t))
-    a.bias = work.shared
-    t5_bias_by_distance(table, <const int32_t *>cnp.PyArray_DATA(lut), a.width, a.heads,
-                        code, a.bias)
-    a.boff = leading_offsets(scores, 3, a.batch, <Py_ssize_t *>(work.shared + bias_bytes))
+    cdef Py_ssize_t need = bias_bytes + a.batch * <Py_ssize_t>sizeof(Py_ssize_t)
+    cdef char stack[T5_STACK_BYTES + 64]
+    cdef Scratch work = None
+    cdef char *shared = <char *>((<size_t>stack + 63) & ~(<size_t>63))
+    if need > T5_STACK_BYTES:
+        work = Scratch(0, 1, need)
+        shared = work.shared
+    a.bias = shared
+    t5_bias_by_distance(table, lut, a.width, a.heads, code, a.bias)
+    a.boff = leading_offsets(scores, 3, a.batch, <Py_ssize_t *>(shared + bias_bytes))
     cdef char *xp = <char *>cnp.PyArray_DATA(scores)
     cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
     with nogil:
         if code == CODE_F32:
-            t5_run(&a, <float *>xp, nthreads)
+            t5_run(a, <float *>xp, nthreads)
         elif code == CODE_F64:
-            t5_run(&a, <double *>xp, nthreads)
+            t5_run(a, <double *>xp, nthreads)
         elif code == CODE_F16:
-            t5_run(&a, <fpe_f16 *>xp, nthreads)
+            t5_run(a, <fpe_f16 *>xp, nthreads)
         else:
-            t5_run(&a, <fpe_bf16 *>xp, nthreads)
+            t5_run(a, <fpe_bf16 *>xp, nthreads)
+    return 0
 
 
 # ---- DeBERTa ---------------------------------------------------------------------------------
