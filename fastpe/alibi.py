@@ -138,7 +138,8 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         (so with k_positions alone the queries follow them).
     key_mask : array of bool or 0/1, optional
         Which keys are real tokens (Hugging Face's ``attention_mask``: 1 =
-        attend, 0 = padding); shapes as k_positions. Masked keys get -inf.
+        attend, 0 = padding); shapes as k_positions. Masked keys get -inf (a row with
+        every key masked softmaxes to NaN, where transformers adds a finite minimum).
         When k_positions is not given, the key positions come from the mask
         as BLOOM derives them, ``(cumsum(mask) - 1) * mask``: a left-padded
         sequence's real tokens are at 0, 1, 2, ... whatever the padding.

@@ -151,7 +151,8 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
     key_mask : array of bool or 0/1, optional
         transformers' ``attention_mask`` (1 = attend): (k_len,), (1, k_len), (batch,
         k_len) with batch the leading dims flattened, or the leading dims followed by
-        k_len. Masked keys get -inf.
+        k_len. Masked keys get -inf (a row with every key masked softmaxes to NaN,
+        where transformers adds a finite minimum).
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``; small calls run serially.
 
@@ -312,7 +313,7 @@ class RelativeBias:
     With a model's config and one layer's logits and weights::
 
         rb = fastpe.RelativeBias.from_hf_config(t5_config)               # encoder
-        rb(scores, layer.relative_attention_bias.weight, key_mask=attention_mask)
+        rb(scores, layer.relative_attention_bias.weight.detach(), key_mask=attention_mask)
         dec = fastpe.RelativeBias.from_hf_config(t5_config, decoder=True)  # causal
     """
 
@@ -371,7 +372,9 @@ class RelativeBias:
             # MPNetEncoder.compute_position_bias buckets with its defaults (32 buckets,
             # max_distance 128) whatever the config says: relative_attention_num_buckets
             # only sizes the table, whose later rows are never read
-            return cls(32, max_distance=128, bidirectional=True)
+            mpnet = cls(32, max_distance=128, bidirectional=True)
+            mpnet._reads_first_rows = True
+            return mpnet
         if not decoder and cfg.get("is_decoder"):
             # a decoder stack's own config (model.decoder.config) buckets one way; a
             # top-level config's encoder ignores the key: which one this is, it cannot say
@@ -383,15 +386,21 @@ class RelativeBias:
         return cls(num_buckets, max_distance=max_distance, bidirectional=not decoder,
                    causal=decoder)
 
+    # MPNet's settings (from_hf_config) read the first num_buckets rows of a table its
+    # config may size larger; any other table has one row per bucket
+    _reads_first_rows = False
+
     def _rows(self, table: ArrayLike) -> ArrayLike:
-        """The table rows these settings read: its first num_buckets (a model may size
-        its table past its buckets, as MPNet does); fewer rows are an error."""
+        """The table rows these settings read: all num_buckets of them, or MPNet's
+        first num_buckets; other row counts are an error (a table of more rows is
+        another setting of num_buckets, which would bucket otherwise)."""
         rows = _checks.as_array(table, "table")
         if rows.ndim != 2 or rows.shape[0] == self.num_buckets:
             return rows           # the functions check the rest, and name it
-        if rows.shape[0] < self.num_buckets:
+        if rows.shape[0] < self.num_buckets or not self._reads_first_rows:
             raise ValueError(f"table has {rows.shape[0]} rows (buckets), these settings "
-                             f"bucket into {self.num_buckets}")
+                             f"bucket into {self.num_buckets}: check the config's "
+                             f"relative_attention_num_buckets")
         return rows[:self.num_buckets]
 
     def buckets(self, relative_position: ArrayLike) -> np.ndarray:
@@ -426,6 +435,17 @@ class RelativeBias:
 # DeBERTa-v2's attention (DisentangledSelfAttention) and the families that copy it, and
 # DeBERTa (v1), whose span follows the sequence.
 DEBERTA_FAMILIES = ("deberta", "deberta-v2", "sew-d")
+# what each family's config class holds for the keys the loader reads when config.json
+# leaves them out (SEW-D's class turns relative attention on, with both logits, 256
+# buckets and shared projections; the others' classes leave it off)
+_DEBERTA_SIZES = {"max_position_embeddings": 512, "hidden_size": 768, "num_attention_heads": 12}
+DEBERTA_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "deberta": {**_DEBERTA_SIZES, "relative_attention": False},
+    "deberta-v2": {**_DEBERTA_SIZES, "relative_attention": False, "hidden_size": 1536,
+                   "num_attention_heads": 24},
+    "sew-d": {**_DEBERTA_SIZES, "relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+              "position_buckets": 256, "share_att_key": True},
+}
 
 
 class DisentangledBias:
@@ -534,10 +554,15 @@ class DisentangledBias:
             raise ValueError(f"model_type {model_type!r} is not a DeBERTa-v2 family fastpe "
                              f"checked against transformers {TRANSFORMERS_CHECKED} (known: "
                              f"{', '.join(DEBERTA_FAMILIES)})")
+        # a config.json typed by hand may leave keys out: its class's defaults then count
+        cfg = {**DEBERTA_CLASS_DEFAULTS[model_type], **cfg}
         if not cfg.get("relative_attention", False):
             raise ValueError(f"config['relative_attention'] is {cfg.get('relative_attention')!r}"
                              f": this {model_type!r} model has no relative attention to add")
         types = cfg.get("pos_att_type")
+        if model_type == "sew-d" and not isinstance(types, (list, tuple)):
+            raise TypeError(f"config['pos_att_type'] must be a list of strings for SEW-D (its "
+                            f"config class refuses anything else), got {types!r}")
         types = [] if types is None else types
         if isinstance(types, str):       # as the config classes split it ("" gives [""])
             types = [t.strip() for t in types.lower().split("|")]

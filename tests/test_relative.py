@@ -652,6 +652,16 @@ def test_t5_loader_directions():
     assert (mp.num_buckets, mp.max_distance) == (32, 128)    # MPNet's code: always these
     with pytest.raises(ValueError, match="table has 16 rows"):
         mp(np.zeros((1, 4, 3, 3)), np.zeros((16, 4)))
+    # any other family's table has one row per bucket: 64 rows are not 32 buckets' (a
+    # config without relative_attention_num_buckets typed for a 64-bucket model)
+    t5 = fastpe.RelativeBias.from_hf_config({"model_type": "t5"})
+    scores = np.zeros((1, 4, 3, 3))
+    for rows in (16, 64):
+        with pytest.raises(ValueError, match=f"table has {rows} rows"):
+            t5(scores, np.ones((rows, 4)))
+        with pytest.raises(ValueError, match=f"table has {rows} rows"):
+            t5.bias(np.ones((rows, 4)), 3, 3)
+    assert not scores.any()
 
 
 def test_deberta_loader_settings():
@@ -694,6 +704,29 @@ def test_deberta_v1_span_rows_and_scale_are_its_modules(case):
     with pytest.raises(ValueError, match="c2p"):
         rel(scores, c2p=logits, p2c=logits if rel.p2c else None)
     assert not scores.any()
+
+
+@pytest.mark.parametrize("case", cases("deberta_typed"), ids=ids("deberta_typed"))
+def test_deberta_typed_dicts_load_as_their_config_classes(case):
+    """A config.json typed by hand without some keys: the settings the attention module
+    reads from its class's loading of it (SEW-D's class defaults differ from DeBERTa's),
+    or a refusal where the class refuses the dict or the model has no relative attention."""
+    if "class_error" in case:
+        with pytest.raises(TypeError, match="pos_att_type"):
+            fastpe.DisentangledBias.from_hf_config(case["config"])
+        return
+    if not case["relative_attention"]:
+        with pytest.raises(ValueError, match="no relative attention"):
+            fastpe.DisentangledBias.from_hf_config(case["config"])
+        return
+    got = fastpe.DisentangledBias.from_hf_config(case["config"])
+    assert (got.c2p, got.p2c) == (case["c2p"], case["p2c"])
+    assert (got.max_relative_positions, got.head_dim) == (case["max_relative_positions"],
+                                                         case["head_dim"])
+    assert got.scale == pytest.approx(case["scale"], rel=1e-6)
+    if case["family"] != "deberta":
+        assert (got.position_buckets, got.span, got.share_att_key) == (
+            case["position_buckets"], case["span"], case["share_att_key"])
 
 
 @pytest.mark.parametrize("types, factor", [("", 2), (None, 1), ("c2p|p2c|p2p", 4), ([], 1)])

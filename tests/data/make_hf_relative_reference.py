@@ -321,6 +321,49 @@ for name, (kw, batch, n) in DEBERTA_V1.items():
                   "length": n, "span": min(n, attn.max_relative_positions),
                   "pos_att_type": list(types), "config": cfg.to_dict()})
 
+# DeBERTa config.json dicts typed by hand, leaving keys out: the settings the attention
+# module reads from its class's loading of them (from_dict, as AutoConfig loads
+# config.json), each family's class defaults included (SEW-D's relative attention, its
+# pos_att_type, 256 buckets and shared key; its pos_att_type string kept whole)
+DEBERTA_TYPED = {
+    "bare": {},
+    "relative": {"relative_attention": True},
+    "sized": {"relative_attention": True, "hidden_size": 64, "num_attention_heads": 4,
+              "max_position_embeddings": 600},
+    "types-string": {"relative_attention": True, "hidden_size": 64, "num_attention_heads": 4,
+                     "pos_att_type": "C2P|p2c"},
+    "types-none": {"relative_attention": True, "pos_att_type": None, "position_buckets": 16},
+}
+TYPED_CLASSES = {"deberta": (transformers.DebertaConfig, deberta),
+                 "deberta-v2": (transformers.DebertaV2Config, deberta_v2),
+                 "sew-d": (transformers.SEWDConfig, sew_d)}
+for family, (config_class, module) in TYPED_CLASSES.items():
+    for variant, typed in DEBERTA_TYPED.items():
+        d = {"model_type": family, **typed}
+        case = {"kind": "deberta_typed", "name": f"{family}-{variant}", "family": family,
+                "config": d}
+        try:
+            loaded = config_class.from_dict(d)
+        except Exception as exc:    # the class refuses the dict (SEW-D's types as a string)
+            cases.append({**case, "class_error": type(exc).__name__})
+            continue
+        attn = module.DisentangledSelfAttention(loaded)
+        case["relative_attention"] = bool(attn.relative_attention)
+        if attn.relative_attention:
+            types = attn.pos_att_type
+            # the scale factor as each forward counts it
+            factor = (1 + len(types) if family == "deberta"
+                      else 1 + ("c2p" in types) + ("p2c" in types))
+            case.update(c2p="c2p" in types, p2c="p2c" in types,
+                        max_relative_positions=attn.max_relative_positions,
+                        head_dim=attn.attention_head_size,
+                        scale=float(torch.sqrt(torch.tensor(attn.attention_head_size,
+                                                            dtype=torch.float) * factor)))
+            if family != "deberta":
+                case.update(position_buckets=attn.position_buckets, span=attn.pos_ebd_size,
+                            share_att_key=bool(attn.share_att_key))
+        cases.append(case)
+
 # q_len != k_len with p2c: what transformers does with it
 cfg = deberta_config("deberta-v2", **DEBERTA_CONFIGS["small-log"][1])
 attn = attention_module("deberta-v2", cfg)
