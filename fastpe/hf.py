@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ._hf_multimodal import VISION
+from ._hf_multimodal import VISION, text_mrope
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
 
@@ -437,7 +437,25 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
         raise ValueError(f"fastpe.hf: cannot reproduce the rotary module {where} of model type "
                          f"{model_type!r}: {err}") from err
     _check_module_state(module, ropes, where, model_type in VISION)
+    _check_module_sections(module, config, ropes, where)
     return ropes
+
+
+def _check_module_sections(module: Any, config: Any, ropes: dict[str | None, RotaryEmbedding],
+                           where: str) -> None:
+    """Refuse a text M-RoPE module whose own mrope_section (what its forward splits the
+    frequencies by) is not the one fastpe reads from its config: a config edited after
+    the model was built turns the same frequencies by other axes."""
+    held = getattr(module, "mrope_section", None)
+    if not isinstance(held, (list, tuple)) or not all(type(v) is int for v in held):
+        return  # none kept (or not a list of sections): its config is all there is
+    for layer_type in ropes:
+        loaded = text_mrope(config, layer_type)
+        if loaded is not None and list(held) != loaded[0]["mrope_section"]:
+            raise ValueError(f"fastpe.hf: the rotary module {where} holds mrope_section "
+                             f"{list(held)}, its config gives {loaded[0]['mrope_section']} "
+                             f"(edited after the model was built): fastpe reads the config, "
+                             f"so it would turn pairs by other axes")
 
 
 # the relative rounding of a model's half-precision copy of its inv_freq buffer

@@ -797,6 +797,20 @@ def test_a_rotary_module_whose_frequencies_left_its_config_is_refused(change):
         torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=0)
 
 
+def test_an_m_rope_module_whose_sections_left_its_config_is_refused():
+    """Qwen2-VL's rotary module keeps the mrope_section it was built with; a config edited
+    afterwards would have fastpe turn the same frequencies by other axes."""
+    model = qwen2_vl()
+    model.config.text_config.rope_parameters["mrope_section"] = [4, 2, 2]
+    inputs = prompt("qwen2_vl")
+    with torch.no_grad():
+        want = model(**inputs).logits
+        with pytest.raises(ValueError, match=r"holds mrope_section \[2, 3, 3\], its config "
+                                             r"gives \[4, 2, 2\]"):
+            fastpe.hf.patch(model)
+        torch.testing.assert_close(model(**inputs).logits, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", ["phi3_longrope", "llama_dynamic"])
 def test_a_model_patched_after_a_long_call_matches_its_stock_copy(name):
     """LongRoPE and dynamic NTK modules swap inv_freq as calls pass the original length:
