@@ -242,6 +242,7 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
 
     def apply(*args: Any, **kwargs: Any) -> Any:
         q, k = args[0], args[1] if tensors == 2 else None
+        given = q, k  # rotated in place, through the views below where q is one sequence
         cos, sin, rest = args[tensors], args[tensors + 1], args[tensors + 2:]
         if type(cos) is not _Positions or sin is not cos:
             raise TypeError(f"fastpe.hf: {name} was given cos/sin tensors, not the positions "
@@ -259,10 +260,15 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
                                  f"(batch, heads, seq, dim) (1) or (batch, seq, heads, dim) (2)")
         elif getattr(q, "ndim", None) == 3:
             layout = "shd"
+        elif _one_sequence(q) and (k is None or _one_sequence(k)):
+            # Kimi-K2.5's tower: (1, tokens, heads, dim), the cos rows broadcast over the
+            # heads as over a 3-D q's
+            q, k = q[0], None if k is None else k[0]
+            layout = "shd"
         else:
             raise ValueError(f"fastpe.hf: {name} takes no unsqueeze_dim and q has shape "
-                             f"{tuple(getattr(q, 'shape', ()))}: fastpe.hf reads only 3-D "
-                             f"(tokens, heads, dim) q without it")
+                             f"{tuple(getattr(q, 'shape', ()))}: fastpe.hf reads only "
+                             f"(tokens, heads, dim) or (1, tokens, heads, dim) q without it")
         rope, positions = cos.rope, cos.positions
         if cos.narrow is not None and getattr(q, "shape", (0,))[-1] == cos.narrow.head_dim:
             rope = cos.narrow
@@ -276,11 +282,16 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
                 _rotate(rope, cos.freqs, q, None,
                         positions[..., -q_len:] if q_len else positions[..., :0], layout)
                 _rotate(rope, cos.freqs, k, None, positions, layout)
-                return q, k
+                return given
         _rotate(rope, cos.freqs, q, k, positions, layout)
-        return (q, k) if tensors == 2 else q
+        return given if tensors == 2 else given[0]
 
     return apply
+
+
+def _one_sequence(x: Any) -> bool:
+    shape = tuple(getattr(x, "shape", ()))
+    return len(shape) == 4 and shape[0] == 1
 
 
 def _axis_first(positions: Any, axes: int, name: str) -> Any:

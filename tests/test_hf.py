@@ -884,6 +884,49 @@ def test_pixtral_tower_is_left_stock_and_its_text_model_patched():
     assert "MistralRotaryEmbedding" in patched and "PixtralRotaryEmbedding" not in patched
 
 
+def test_kimi_k25_tower_rotates_its_one_sequence_q_and_k():
+    """Kimi-K2.5's vision attention hands its apply function q and k of one sequence,
+    (1, tokens, heads, dim): each tower attention's output is its stock one (its pairs
+    alternate column and row), where another pair layout is thousands of times further
+    off."""
+    from transformers.models.kimi_k25 import modeling_kimi_k25 as kimi
+    text = dict(model_type="deepseek_v3", vocab_size=160, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                v_head_dim=8, moe_intermediate_size=32, n_routed_experts=4,
+                num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1)
+    vision = dict(patch_size=4, pos_emb_height=8, pos_emb_width=8, pos_emb_time=4,
+                  num_attention_heads=2, num_hidden_layers=2, hidden_size=32,
+                  intermediate_size=64)
+    torch.manual_seed(0)
+    model = kimi.Kimi_K25ForConditionalGeneration(transformers.Kimi_K25Config(
+        text_config=text, vision_config=vision, projection_hidden_size=32, image_token_id=150,
+        video_token_id=151, vision_start_token_id=152, vision_end_token_id=153)).eval()
+    tower = model.model.vision_tower
+    with torch.no_grad():
+        for name, p in tower.named_parameters():
+            if ("q_proj" in name or "k_proj" in name) and p.ndim == 2:
+                p.normal_(0, 1.5)     # attention that depends on the positions
+    outputs = []
+    for layer in tower.layers:
+        layer.attn.register_forward_hook(
+            lambda m, a, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+    pixels = torch.randn(24, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    ids = torch.tensor([[1, 5, 152] + [150] * 6 + [153, 3]])
+    inputs = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=torch.tensor([[1, 4, 6]]))
+    with torch.no_grad():
+        want = model(**inputs).logits
+        stock = [o.clone() for o in outputs]
+        outputs.clear()
+        fastpe.hf.patch(model)
+        got = model(**inputs).logits
+    assert {"Kimi_K25VisionRotaryEmbedding", "Kimi_K25VisionAttention"} <= {
+        type(m).__name__ for m in model.modules() if "forward" in vars(m)}
+    for o, w in zip(outputs, stock, strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=1e-5 * float(w.abs().max()))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
+
+
 def test_a_vision_tower_that_reorders_cos_and_sin_is_left_stock():
     """Qwen2.5-VL's vision tower puts its rotary cos and sin in window order before its
     blocks apply them: patch() leaves that tower (its rotary module and blocks) stock and
