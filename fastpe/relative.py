@@ -174,11 +174,11 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
 def _t5_compiled(scores: object, table: object, bidirectional: object, max_distance: object,
                  q_offset: object, causal: object, key_mask: object,
                  num_threads: object) -> bool:
-    """add_relative_bias on NumPy arrays through the compiled entry, which checks the
-    call in C: False, with nothing written, for a call it does not take (the validating
-    path then runs it, or names what is wrong)."""
+    """add_relative_bias on NumPy arrays and torch tensors through the compiled entry,
+    which checks the call in C: False, with nothing written, for a call it does not take
+    (the validating path then runs it, or names what is wrong)."""
     kern = _backend.kernels()
-    if (kern is None or type(scores) is not np.ndarray or type(table) is not np.ndarray
+    if (kern is None or not _array_or_tensor(scores) or not _array_or_tensor(table)
             or type(bidirectional) is not bool or type(max_distance) is not int
             or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         return False
@@ -193,6 +193,11 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
     done: bool = kern.t5_call(x, t, spec.lut, spec.reach, q_offset, causal, key_mask,
                               _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * x.nbytes))
     return done
+
+
+def _array_or_tensor(x: object) -> bool:
+    """An exact ndarray or plain torch tensor: what the compiled entries view."""
+    return type(x) is np.ndarray or _checks.is_plain_tensor(x)
 
 
 # ---- DeBERTa ------------------------------------------------------------------------------
@@ -422,7 +427,7 @@ class RelativeBias:
                  num_threads: int | None = None) -> InPlace:
         """add_relative_bias of these settings."""
         t: Any = table
-        if (type(t) is np.ndarray and t.ndim == 2 and t.shape[0] == self.num_buckets
+        if (_array_or_tensor(t) and t.ndim == 2 and t.shape[0] == self.num_buckets
                 and _t5_compiled(scores, t, self.bidirectional, self.max_distance, q_offset,
                                  self.causal, key_mask, num_threads)):
             return scores

@@ -390,6 +390,47 @@ def test_torch_scores_are_written_in_place():
     assert np.array_equal(s.numpy(), fastpe.relative_bias(table, 3, 5)[None])
 
 
+@needs_compiled
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(monkeypatch, dtype):
+    """A T5 decoder's step on the model's own tensors (scores, its weight table and its
+    attention_mask): the reference's result, the scores' version bumped, without the
+    validating path; what torch would refuse still reaches that path."""
+    torch = pytest.importorskip("torch")
+    shape = (2, 3, 1, 9)
+    table, mask = t5_inputs(shape, np.float32)
+    scores = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(
+        getattr(torch, dtype))
+    kw = {"bidirectional": False, "causal": True}
+    want = fastpe.reference.add_relative_bias(scores.float().numpy().astype(
+        np.float32), table, key_mask=mask, **kw)
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+        # the first bfloat16 call registers the type with the compiled module
+        fastpe.add_relative_bias(scores.clone(), table, **kw)
+    monkeypatch.setattr(fastpe._relative_args, "add_relative_bias",
+                        lambda *a, **k: pytest.fail("the validating path ran"))
+    version = scores._version
+    got = fastpe.add_relative_bias(scores, torch.from_numpy(table),
+                                   key_mask=torch.from_numpy(mask.astype(np.int64)), **kw)
+    assert got is scores and scores._version > version
+    assert_bytes_equal(scores.float().numpy(), torch.from_numpy(want).to(
+        getattr(torch, dtype)).float().numpy())
+    monkeypatch.undo()
+    inside = torch.zeros(1, 2, 4, 32)
+    refused = [
+        (torch.zeros(shape, requires_grad=True), torch.from_numpy(table), "requires grad"),
+        (inside, inside[0, :, 0, :].T, "table overlaps scores"),
+    ]
+    with torch.inference_mode():
+        refused.append((torch.zeros(shape), torch.from_numpy(table), "inference"))
+    for s, t, words in refused:
+        before = s.detach().clone()
+        with pytest.raises((TypeError, ValueError, RuntimeError), match=words):
+            fastpe.add_relative_bias(s, t, **kw)
+        assert torch.equal(s.detach(), before)
+
+
 # ---- DeBERTa: positions --------------------------------------------------------------------------------
 
 

@@ -1249,24 +1249,24 @@ cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
 
 cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t batch,
                      Py_ssize_t k, Py_ssize_t *rows) noexcept:
-    """key_mask an exact, aligned, native, C-contiguous bool or integer array (k,) or
-    (1 or batch, k) whose bytes are apart from x's, copied into o.mask as 0/1 (a
-    bool's every non-zero byte is True); an integer other than 0 and 1 is not taken."""
-    cdef View mv
-    if (not cnp.PyArray_CheckExact(key_mask)
-            or not array_view(<cnp.ndarray>key_mask, &mv)):
+    """owned_mask_view of an exact ndarray key_mask for the scores x."""
+    cdef View mv, xv
+    return (cnp.PyArray_CheckExact(key_mask) and array_view(<cnp.ndarray>key_mask, &mv)
+            and array_view(x, &xv) and owned_mask_view(o, &mv, &xv, batch, k, rows))
+
+
+cdef bint owned_mask_view(AlibiOwned *o, const View *m, const View *x, Py_ssize_t batch,
+                          Py_ssize_t k, Py_ssize_t *rows) noexcept:
+    """A key mask m: aligned, native, C-contiguous bool or integer, (k,) or (1 or batch,
+    k), whose bytes are apart from x's, copied into o.mask as 0/1 (a bool's every
+    non-zero byte is True); an integer other than 0 and 1 is not taken."""
+    if ((m.typenum != cnp.NPY_BOOL and not cnp.PyTypeNum_ISINTEGER(m.typenum))
+            or not m.c_contiguous or not m.aligned or not m.native or views_overlap(x, m)):
         return False
-    cdef cnp.ndarray m = <cnp.ndarray>key_mask
-    cdef int t = cnp.PyArray_TYPE(m)
-    cdef Py_ssize_t size = cnp.PyArray_ITEMSIZE(m)
-    if ((t != cnp.NPY_BOOL and not cnp.PyTypeNum_ISINTEGER(t))
-            or not cnp.PyArray_IS_C_CONTIGUOUS(m) or not cnp.PyArray_ISALIGNED(m)
-            or not cnp.PyArray_ISNOTSWAPPED(m) or extents_overlap(x, m)):
+    if not per_sequence_rows(m, batch, k, rows):
         return False
-    if not per_sequence_rows(&mv, batch, k, rows):
-        return False
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(m)
-    cdef const void *p = cnp.PyArray_DATA(m)
+    cdef Py_ssize_t n = m.size, size = m.itemsize
+    cdef const void *p = m.data
     cdef uint64_t above
     o.mask = &o.mbuf[0] if n <= OWNED_STACK else <unsigned char *>malloc(max(n, 1))
     if o.mask == NULL:
@@ -1282,7 +1282,7 @@ cdef bint owned_mask(AlibiOwned *o, object key_mask, cnp.ndarray x, Py_ssize_t b
         above = mask_flags(<const uint64_t *>p, n, o.mask)
     else:
         return False
-    return t == cnp.NPY_BOOL or not above
+    return m.typenum == cnp.NPY_BOOL or not above
 
 
 ctypedef fused mask_word:

@@ -131,26 +131,34 @@ cdef Py_ssize_t *leading_offsets(cnp.ndarray x, int inner, Py_ssize_t batch,
                                  Py_ssize_t *out) noexcept:
     """Element offset of each row of the leading dims of x (all but its last `inner`
     axes), C order, into out[batch]."""
-    cdef int nd = cnp.PyArray_NDIM(x), ax
-    cdef Py_ssize_t b, rest, off, d, itemsize = cnp.PyArray_ITEMSIZE(x)
+    return offsets_of_rows(cnp.PyArray_NDIM(x), <const Py_ssize_t *>cnp.PyArray_DIMS(x),
+                           <const Py_ssize_t *>cnp.PyArray_STRIDES(x),
+                           cnp.PyArray_ITEMSIZE(x), inner, batch, out)
+
+
+cdef Py_ssize_t *offsets_of_rows(int nd, const Py_ssize_t *dims, const Py_ssize_t *strides,
+                                 Py_ssize_t itemsize, int inner, Py_ssize_t batch,
+                                 Py_ssize_t *out) noexcept:
+    """leading_offsets of an operand of these dims and byte strides."""
+    cdef int ax
+    cdef Py_ssize_t b, rest, off, d
     for b in range(batch):
         rest = b
         off = 0
         for ax in range(nd - inner - 1, -1, -1):
-            d = cnp.PyArray_DIMS(x)[ax]
-            off += (rest % d) * (cnp.PyArray_STRIDES(x)[ax] // itemsize)
+            d = dims[ax]
+            off += (rest % d) * (strides[ax] // itemsize)
             rest //= d
         out[b] = off
     return out
 
 
-cdef void t5_bias_by_distance(cnp.ndarray table, const int32_t *lut, Py_ssize_t width,
-                              Py_ssize_t heads, int code, char *out) noexcept:
-    """out[h, t] = table[lut[t], h] in the compute type (float64 for float64 scores)."""
+cdef void t5_bias_by_distance(const char *tp, Py_ssize_t sr, Py_ssize_t sc, int tcode,
+                              const int32_t *lut, Py_ssize_t width, Py_ssize_t heads, int code,
+                              char *out) noexcept:
+    """out[h, t] = table[lut[t], h] in the compute type (float64 for float64 scores), the
+    table at tp of storage tcode with byte strides sr (rows) and sc (heads)."""
     cdef Py_ssize_t h, t
-    cdef int tcode = dtype_storage(table)
-    cdef const char *tp = <const char *>cnp.PyArray_DATA(table)
-    cdef Py_ssize_t sr = cnp.PyArray_STRIDES(table)[0], sc = cnp.PyArray_STRIDES(table)[1]
     cdef double v
     for h in range(heads):
         for t in range(width):
@@ -218,8 +226,12 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
     if (cnp.PyArray_NDIM(table) != 2 or table.shape[1] != scores.shape[nd - 3]
             or lut.shape[0] != 2 * reach + 1):
         raise ValueError("t5_relative: table or lut does not match the scores")
-    t5_execute(&a, scores, code, table, <const int32_t *>cnp.PyArray_DATA(lut), reach,
-               q_offset, causal, accumulate, num_threads)
+    t5_execute(&a, <char *>cnp.PyArray_DATA(scores), nd,
+               <const Py_ssize_t *>cnp.PyArray_DIMS(scores),
+               <const Py_ssize_t *>cnp.PyArray_STRIDES(scores), cnp.PyArray_ITEMSIZE(scores),
+               code, <const char *>cnp.PyArray_DATA(table), table.strides[0],
+               table.strides[1], dtype_storage(table), <const int32_t *>cnp.PyArray_DATA(lut),
+               reach, q_offset, causal, accumulate, num_threads)
 
 
 def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
@@ -229,30 +241,38 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
     (fastpe.relative then validates the call in full, names what is wrong or normalises
     it, and runs t5_relative).
 
-    It takes: scores an exact, writable, aligned, native float array of at least 3
-    dimensions (..., heads, q, k) with whole-element strides and disjoint elements;
-    table an exact, aligned, native float array (num_buckets, heads) whose bytes are
-    apart from the scores', lut and reach its settings' buckets (fastpe._relative_math.
-    t5_spec of its num_buckets); q_offset None (k - q, q <= k) or an int >= 0 with
-    q_offset + q - 1 in int64; causal a bool; key_mask None or as alibi_call takes it
-    (owned_mask). The table is read, and the mask copied, before anything is written.
+    It takes exact ndarrays and plain torch CPU tensors (tensor_view; a written tensor's
+    version counter is bumped): scores writable, aligned, native and float, of 3 to
+    VIEW_DIMS dimensions (..., heads, q, k) with whole-element strides and disjoint
+    elements; table aligned, native and float, (num_buckets, heads), its bytes apart from
+    the scores', lut and reach its settings' buckets (fastpe._relative_math.t5_spec of its
+    num_buckets); q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in
+    int64; causal a bool; key_mask None or as owned_mask_view takes it. The table is
+    read, and the mask copied, before anything is written.
     """
-    cdef int code = fast_code(scores)
-    if code < 0 or type(causal) is not bool or not cnp.PyArray_CheckExact(table):
+    cdef object t = None
+    cdef View xv, tv, mv
+    if not (cnp.PyArray_CheckExact(scores) and cnp.PyArray_CheckExact(table)
+            and (key_mask is None or cnp.PyArray_CheckExact(key_mask))):
+        t = tensor_views_now()
+        if t is None:
+            return False
+    if (type(causal) is not bool or not operand_view(scores, t, True, &xv)
+            or not operand_view(table, t, False, &tv)):
         return False
-    cdef cnp.ndarray x = <cnp.ndarray>scores
-    cdef cnp.ndarray t = <cnp.ndarray>table
-    cdef int ax, nd = cnp.PyArray_NDIM(x)
-    if nd < 3 or not whole_element_strides(x) or not elements_disjoint(x):
+    cdef int code = view_code(&xv)
+    cdef int ax, nd = xv.ndim
+    if (code < 0 or nd < 3 or not view_whole_strides(&xv)
+            or not view_elements_disjoint(&xv)):
         return False
-    cdef Py_ssize_t heads = x.shape[nd - 3], q = x.shape[nd - 2], k = x.shape[nd - 1]
+    cdef Py_ssize_t heads = xv.shape[nd - 3], q = xv.shape[nd - 2], k = xv.shape[nd - 1]
     cdef Py_ssize_t batch = 1
     for ax in range(nd - 3):
-        batch *= x.shape[ax]
-    if (cnp.PyArray_NDIM(t) != 2 or t.shape[1] != heads or t.shape[0] < 1
-            or float_code(cnp.PyArray_TYPE(t)) < 0 or not cnp.PyArray_ISALIGNED(t)
-            or not cnp.PyArray_ISNOTSWAPPED(t) or lut.shape[0] != 2 * reach + 1
-            or not views_apart(x, t)):
+        batch *= xv.shape[ax]
+    cdef int tcode = float_code(tv.typenum)
+    if (tv.ndim != 2 or tv.shape[1] != heads or tv.shape[0] < 1 or tcode < 0
+            or not tv.aligned or not tv.native or lut.shape[0] != 2 * reach + 1
+            or not apart_views(&xv, &tv)):
         return False
     cdef int64_t off
     if q_offset is None:
@@ -274,32 +294,37 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
     a.mrows = 1
     try:
         if key_mask is not None:
-            if not owned_mask(&o, key_mask, x, batch, k, &a.mrows):
+            if (not operand_view(key_mask, t, False, &mv)
+                    or not owned_mask_view(&o, &mv, &xv, batch, k, &a.mrows)):
                 return False
             a.mask = o.mask
-        t5_execute(&a, x, code, t, <const int32_t *>cnp.PyArray_DATA(lut), reach, off,
-                   causal, True, num_threads)
-        return True
+        t5_execute(&a, xv.data, nd, xv.shape, xv.strides, xv.itemsize, code, tv.data,
+                   tv.strides[0], tv.strides[1], tcode, <const int32_t *>cnp.PyArray_DATA(lut),
+                   reach, off, causal, True, num_threads)
     finally:
         alibi_owned_free(&o)
+    if not cnp.PyArray_CheckExact(scores):
+        bump_tensors((scores,))
+    return True
 
 
-cdef int t5_execute(T5Call *a, cnp.ndarray scores, int code, cnp.ndarray table,
-                    const int32_t *lut, Py_ssize_t reach, int64_t q_offset, bint causal,
-                    bint accumulate, int num_threads) except -1:
-    """Run a T5 call whose arguments are checked, its mask (or NULL) in `a`: the bias by
-    distance tabulated from the table, then every row of scores."""
-    cdef int ax, nd = cnp.PyArray_NDIM(scores)
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(scores)
-    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(scores)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(scores)
+cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
+                    const Py_ssize_t *strides, Py_ssize_t itemsize, int code, const char *tp,
+                    Py_ssize_t tsr, Py_ssize_t tsc, int tcode, const int32_t *lut,
+                    Py_ssize_t reach, int64_t q_offset, bint causal, bint accumulate,
+                    int num_threads) except -1:
+    """Run a T5 call whose arguments are checked, its mask (or NULL) in `a`: the scores
+    at xp (nd dims, byte strides), the table at tp (t5_bias_by_distance) tabulated by
+    distance, then every row of scores."""
+    cdef int ax
     a.batch = 1
     for ax in range(nd - 3):
         a.batch *= dims[ax]
     a.heads, a.q, a.k = dims[nd - 3], dims[nd - 2], dims[nd - 1]
     if a.batch == 0 or a.heads == 0 or a.q == 0 or a.k == 0:
         return 0
-    a.sh, a.sq, a.sk = st[nd - 3] // itemsize, st[nd - 2] // itemsize, st[nd - 1] // itemsize
+    a.sh = strides[nd - 3] // itemsize
+    a.sq, a.sk = strides[nd - 2] // itemsize, strides[nd - 1] // itemsize
     a.q_offset = q_offset
     a.reach = reach
     a.width = 2 * reach + 1
@@ -314,9 +339,9 @@ cdef int t5_execute(T5Call *a, cnp.ndarray scores, int code, cnp.ndarray table,
         work = Scratch(0, 1, need)
         shared = work.shared
     a.bias = shared
-    t5_bias_by_distance(table, lut, a.width, a.heads, code, a.bias)
-    a.boff = leading_offsets(scores, 3, a.batch, <Py_ssize_t *>(shared + bias_bytes))
-    cdef char *xp = <char *>cnp.PyArray_DATA(scores)
+    t5_bias_by_distance(tp, tsr, tsc, tcode, lut, a.width, a.heads, code, a.bias)
+    a.boff = offsets_of_rows(nd, dims, strides, itemsize, 3, a.batch,
+                             <Py_ssize_t *>(shared + bias_bytes))
     cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
     with nogil:
         if code == CODE_F32:
