@@ -378,7 +378,15 @@ _REORDERING_CALLS = {"permute_input_for_window_attn"}
 # Vision towers whose rotary module fastpe.hf cannot give positions: Pixtral's looks its
 # cos and sin up by flat patch ids over a grid of the largest image (and its attention
 # applies them with unsqueeze_dim=0). Left stock, as the towers above.
-_LEFT_STOCK = frozenset(("pixtral",))
+# rotary modules (by their config's model type) whose model uses cos and sin otherwise than
+# through the apply function alone: left stock, with the blocks that apply them
+_LEFT_STOCK = {
+    "pixtral": "its cos and sin are looked up by flat patch ids over the largest image's grid",
+    "mlcd_vision_model": "its vision model prepends the class token's cos and sin itself",
+    "gemma4_vision": "its apply function takes the patches' position_ids itself",
+    "qwen4_exp_text": "its attention and indexer slice cos and sin (the last tokens', pooled "
+                      "keys') before applying them",
+}
 
 
 def _reorders_cos_sin(modules: dict[str, Any], name: str) -> bool:
@@ -567,13 +575,16 @@ def patch(model: Any) -> Any:
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)): "
                          f"fastpe.hf patches only models whose RoPE comes from one (not "
                          f"RoFormer's sinusoidal position module, nor models without RoPE)")
+    kinds = {name: getattr(_config(modules, name), "model_type", None) for name in rotary}
+    left = {kinds[name] for name in rotary if kinds[name] in _LEFT_STOCK}
     rotary = {name: m for name, m in rotary.items() if not _reorders_cos_sin(modules, name)
-              and getattr(_config(modules, name), "model_type", None) not in _LEFT_STOCK}
+              and kinds[name] not in _LEFT_STOCK}
     if not rotary:
+        why = "; ".join(f"{kind}: {_LEFT_STOCK[kind]}" for kind in sorted(left))
         raise ValueError(f"fastpe.hf: every rotary embedding of {type(model).__name__} has its "
                          f"cos and sin reordered before its apply function (window "
-                         f"attention) or looked up by flat patch ids (Pixtral), which "
-                         f"fastpe.hf cannot reproduce")
+                         f"attention) or used otherwise than by it{f' ({why})' if why else ''}, "
+                         f"which fastpe.hf cannot reproduce")
     applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
     plan: list[tuple[Any, Callable[..., Any]]] = []
     appliers: set[str] = set()

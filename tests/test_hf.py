@@ -927,6 +927,71 @@ def test_kimi_k25_tower_rotates_its_one_sequence_q_and_k():
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
 
 
+def _mlcd():
+    torch.manual_seed(0)
+    model = transformers.MLCDVisionModel(transformers.MLCDVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        patch_size=2, image_size=8)).eval()
+    return model, (torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1)),)
+
+
+def _gemma4_tower():
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionModel
+    torch.manual_seed(0)
+    model = Gemma4VisionModel(transformers.Gemma4VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=16, patch_size=2, pooling_kernel_size=2)).eval()
+    rows, cols = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    return model, (torch.randn(1, 16, 12, generator=torch.Generator().manual_seed(1)),
+                   torch.stack([cols.flatten(), rows.flatten()], -1)[None])
+
+
+@pytest.mark.parametrize("build, why", [(_mlcd, "prepends the class token's cos and sin"),
+                                        (_gemma4_tower, "takes the patches' position_ids")])
+def test_towers_that_use_cos_and_sin_beyond_the_apply_function_are_refused(build, why):
+    """MLCD's vision model concatenates its class token's cos and sin to the rotary
+    module's; Gemma 4's apply function reads the patch positions itself: patch() refuses
+    such a model (its forward would fail patched) and leaves it stock."""
+    model, inputs = build()
+    with torch.no_grad():
+        want = model(*inputs).last_hidden_state
+        with pytest.raises(ValueError, match=why):
+            fastpe.hf.patch(model)
+        assert not any("forward" in vars(m) for m in model.modules())
+        torch.testing.assert_close(model(*inputs).last_hidden_state, want, rtol=0, atol=0)
+
+
+def test_qwen4_exp_text_model_is_left_stock_and_its_tower_patched():
+    """Qwen4-Exp's attention and indexer slice cos and sin before applying them: its text
+    model runs stock, its tower through fastpe."""
+    text = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                linear_num_value_heads=4, layer_types=["linear_attention", "indexed_attention"],
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                 "mrope_section": [1, 1, 2], "mrope_interleaved": True,
+                                 "partial_rotary_factor": 0.5},
+                indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                indexer_compress_ratio=2, moe_intermediate_size=32,
+                shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                hc_count=2, hc_lowrank=8)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+                  num_position_embeddings=16)
+    torch.manual_seed(0)
+    model = transformers.Qwen4ExpForConditionalGeneration(transformers.Qwen4ExpConfig(
+        text_config=text, vision_config=vision, image_token_id=150, video_token_id=151,
+        vision_start_token_id=152, vision_end_token_id=153)).eval()
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        fastpe.hf.patch(model)
+        got = model(input_ids=ids).logits
+    patched = {n for n, m in model.named_modules() if "forward" in vars(m)}
+    assert patched and all(n.startswith("model.visual.") for n in patched)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_vision_tower_that_reorders_cos_and_sin_is_left_stock():
     """Qwen2.5-VL's vision tower puts its rotary cos and sin in window order before its
     blocks apply them: patch() leaves that tower (its rotary module and blocks) stock and
