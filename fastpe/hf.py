@@ -576,11 +576,11 @@ def patch(model: Any) -> Any:
                          f"fastpe.hf patches only models whose RoPE comes from one (not "
                          f"RoFormer's sinusoidal position module, nor models without RoPE)")
     kinds = {name: getattr(_config(modules, name), "model_type", None) for name in rotary}
-    left = {kinds[name] for name in rotary if kinds[name] in _LEFT_STOCK}
+    left = sorted(str(kind) for kind in kinds.values() if kind in _LEFT_STOCK)
     rotary = {name: m for name, m in rotary.items() if not _reorders_cos_sin(modules, name)
               and kinds[name] not in _LEFT_STOCK}
     if not rotary:
-        why = "; ".join(f"{kind}: {_LEFT_STOCK[kind]}" for kind in sorted(left))
+        why = "; ".join(f"{kind}: {_LEFT_STOCK[kind]}" for kind in dict.fromkeys(left))
         raise ValueError(f"fastpe.hf: every rotary embedding of {type(model).__name__} has its "
                          f"cos and sin reordered before its apply function (window "
                          f"attention) or used otherwise than by it{f' ({why})' if why else ''}, "
