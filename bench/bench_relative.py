@@ -6,6 +6,10 @@ per call, as T5's first layer does per forward), the best NumPy (the buckets of 
 (q, k) distances cached; per call one gather of the table and an in-place add), and a
 streaming floor (``np.add(scores, 0, out=scores)``: read and write the scores once).
 
+T5 decode: the ``t5-decode`` workload of ``python -m fastpe bench`` (a decoder's step,
+scores (4, 12, 1, 512), causal) against the best NumPy (buckets cached, one gather and one
+add), the same in torch eager, and fastpe on torch tensors.
+
 DeBERTa (``add_disentangled_bias``, DeBERTa-v3's 256 buckets over 512 positions, c2p and
 p2c given): the ``deberta-bias`` workload of ``python -m fastpe bench``
 (fastpe._bench.deberta_workload) through benchutil, against transformers' gather-and-add
@@ -120,6 +124,17 @@ def test_t5_floor(benchmark):
 
 DEBERTA = [_bench.deberta_workload(_bench.FULL)]
 PEERS_SKIPPED = _bench.attach_peers(DEBERTA, ("torch",))
+
+# ---- T5 decode: the t5-decode workload of python -m fastpe bench ---------------------------
+
+T5_DECODE = [_bench.t5_decode_workload(_bench.FULL)]
+T5_PEERS_SKIPPED = _bench.attach_peers(T5_DECODE, ("torch", "fastpe-torch"))
+
+
+@pytest.mark.parametrize("wl, dtype, impl, threads", cases(T5_DECODE, T5_PEERS_SKIPPED))
+def test_t5_decode(benchmark, wl, dtype, impl, threads):
+    run_case(benchmark, wl, dtype, impl, threads)
+
 
 
 def _transformers_disentangled(wl: _bench.Workload):

@@ -56,7 +56,14 @@ from .floors import prepare_floor
 from .peers import PEERS
 from .peers import attach as attach_peers
 from .timing import MODES, NOISE_FRACTION, Timing, measure, run_workload
-from .workloads import alibi_workloads, deberta_workload, rope_workloads, select, workloads
+from .workloads import (
+    alibi_workloads,
+    deberta_workload,
+    rope_workloads,
+    select,
+    t5_decode_workload,
+    workloads,
+)
 
 __all__ = [
     "DTYPES",
@@ -89,5 +96,6 @@ __all__ = [
     "rope_workloads",
     "run_workload",
     "select",
+    "t5_decode_workload",
     "workloads",
 ]

@@ -155,18 +155,32 @@ cdef Py_ssize_t *offsets_of_rows(int nd, const Py_ssize_t *dims, const Py_ssize_
 
 cdef void t5_bias_by_distance(const char *tp, Py_ssize_t sr, Py_ssize_t sc, int tcode,
                               const int32_t *lut, Py_ssize_t width, Py_ssize_t heads, int code,
-                              char *out) noexcept:
+                              Py_ssize_t t0, Py_ssize_t t1, char *out) noexcept:
     """out[h, t] = table[lut[t], h] in the compute type (float64 for float64 scores), the
-    table at tp of storage tcode with byte strides sr (rows) and sc (heads)."""
-    cdef Py_ssize_t h, t
-    cdef double v
-    for h in range(heads):
-        for t in range(width):
-            v = element_as_double(tp + lut[t] * sr + h * sc, tcode)
-            if code == CODE_F64:
-                (<double *>out)[h * width + t] = v
-            else:
-                (<float *>out)[h * width + t] = <float>v
+    table at tp of storage tcode with byte strides sr (rows) and sc (heads), for the
+    distances t0 <= t < t1 a call reads and both ends (t5_chunk's constants)."""
+    cdef Py_ssize_t t
+    t5_bias_column(tp, sr, sc, tcode, lut, width, heads, code, 0, out)
+    for t in range(max(t0, 1), min(t1, width - 1)):
+        t5_bias_column(tp, sr, sc, tcode, lut, width, heads, code, t, out)
+    t5_bias_column(tp, sr, sc, tcode, lut, width, heads, code, width - 1, out)
+
+
+cdef inline void t5_bias_column(const char *tp, Py_ssize_t sr, Py_ssize_t sc, int tcode,
+                                const int32_t *lut, Py_ssize_t width, Py_ssize_t heads,
+                                int code, Py_ssize_t t, char *out) noexcept:
+    """t5_bias_by_distance of the one distance t, every head."""
+    cdef Py_ssize_t h
+    cdef const char *row = tp + lut[t] * sr
+    if code != CODE_F64 and tcode == CODE_F32:
+        for h in range(heads):
+            (<float *>out)[h * width + t] = (<const float *>(row + h * sc))[0]
+    elif code == CODE_F64:
+        for h in range(heads):
+            (<double *>out)[h * width + t] = element_as_double(row + h * sc, tcode)
+    else:
+        for h in range(heads):
+            (<float *>out)[h * width + t] = <float>element_as_double(row + h * sc, tcode)
 
 
 cdef inline int dtype_storage(cnp.ndarray a) noexcept:
@@ -339,7 +353,11 @@ cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
         work = Scratch(0, 1, need)
         shared = work.shared
     a.bias = shared
-    t5_bias_by_distance(tp, tsr, tsc, tcode, lut, a.width, a.heads, code, a.bias)
+    # the distances j - (q_offset + i) of the call, within the reach
+    cdef int64_t dlo = -(q_offset + a.q - 1), dhi = (a.k - 1) - q_offset
+    cdef Py_ssize_t t0 = <Py_ssize_t>(max(dlo, -<int64_t>reach) + reach)
+    cdef Py_ssize_t t1 = <Py_ssize_t>(min(dhi, <int64_t>reach) + reach + 1)
+    t5_bias_by_distance(tp, tsr, tsc, tcode, lut, a.width, a.heads, code, t0, t1, a.bias)
     a.boff = offsets_of_rows(nd, dims, strides, itemsize, 3, a.batch,
                              <Py_ssize_t *>(shared + bias_bytes))
     cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
