@@ -1,7 +1,7 @@
 """Relative-position biases of encoders: T5's buckets and DeBERTa's disentangled attention.
 
-T5 (Raffel et al., 2020; also mT5, UMT5, LongT5's decoder, Switch Transformers,
-Pop2Piano, Pix2Struct's text decoder, MPNet) learns one bias per head for each of
+T5 (Raffel et al., 2020; also mT5, UMT5, LongT5's and UDOP's decoders, Switch
+Transformers, Pop2Piano, Pix2Struct's text decoder, MPNet) learns one bias per head for each of
 ``num_buckets`` buckets of the distance ``key_pos - query_pos``: exact for short
 distances, logarithmic up to ``max_distance``. :func:`add_relative_bias` adds
 ``table[bucket(j - q_pos_i), h]`` to attention scores in one pass, the causal and
@@ -291,11 +291,17 @@ T5_FAMILIES = {
     "t5": (True, True), "mt5": (True, True), "umt5": (True, True),
     "switch_transformers": (True, True), "pop2piano": (True, True),
     "longt5": (False, True), "pix2struct_text_model": (False, True),
-    "pix2struct": (False, True), "mpnet": (True, False),
+    "pix2struct": (False, True), "mpnet": (True, False), "udop": (False, True),
+}
+# why the encoders of the families with a decoder only above are not T5's
+T5_ENCODER_REFUSED = {
+    "longt5": "its encoder uses local or transient-global attention over blocks "
+              "(encoder_attention_type), not one bias per query and key",
+    "udop": "its encoder adds 2D layout biases of the token boxes to the 1D buckets (its "
+            "decoder's are T5's: pass decoder=True)",
 }
 # Families with T5's bucket function whose bias fastpe does not reproduce, and why.
 T5_REFUSED = {
-    "udop": "its encoder adds 2D layout biases of the token boxes to the 1D buckets",
     "layoutlmv2": "it adds 2D biases of the token boxes and buckets per-sequence positions",
     "layoutlmv3": "it adds 2D biases of the token boxes and buckets per-sequence positions",
     "wavlm": "its gated relative bias depends on the hidden states",
@@ -369,9 +375,7 @@ class RelativeBias:
         if decoder and not decoder_ok:
             raise ValueError(f"model_type {model_type!r} has no decoder")
         if not decoder and not encoder_ok:
-            why = ("its encoder uses local or transient-global attention over blocks "
-                   "(encoder_attention_type), not one bias per query and key"
-                   if model_type == "longt5" else "it is a decoder: pass decoder=True")
+            why = T5_ENCODER_REFUSED.get(model_type, "it is a decoder: pass decoder=True")
             raise ValueError(f"model_type {model_type!r}: {why}")
         if model_type == "mpnet":
             # MPNetEncoder.compute_position_bias buckets with its defaults (32 buckets,

@@ -660,7 +660,8 @@ def test_a_decoder_stacks_config_needs_decoder_true(case):
     """The decoder's own config (is_decoder=True, as model.decoder.config) buckets one
     way: without decoder=True the loader refuses rather than give the encoder's bias."""
     assert case["config"]["is_decoder"] is True
-    refused = {"longt5": "encoder_attention_type", "pix2struct_text_model": "it is a decoder"}
+    refused = {"longt5": "encoder_attention_type", "pix2struct_text_model": "it is a decoder",
+               "udop": "2D layout biases"}
     with pytest.raises(ValueError, match=refused.get(case["config"]["model_type"],
                                                      r"is_decoder=True.*decoder=True")):
         fastpe.RelativeBias.from_hf_config(case["config"])
@@ -673,6 +674,14 @@ def test_loaders_refuse_what_they_cannot_reproduce(model_type):
     for loader in (fastpe.RelativeBias.from_hf_config, fastpe.DisentangledBias.from_hf_config):
         with pytest.raises(ValueError, match=repr(model_type)):
             loader(cfg)
+
+
+def test_udop_decoder_loads_and_its_encoder_is_refused():
+    cfg = {"model_type": "udop", "relative_attention_num_buckets": 32}
+    with pytest.raises(ValueError, match="2D layout biases"):
+        fastpe.RelativeBias.from_hf_config(cfg)
+    dec = fastpe.RelativeBias.from_hf_config(cfg, decoder=True)
+    assert (dec.num_buckets, dec.bidirectional, dec.causal) == (32, False, True)
 
 
 def test_t5_loader_directions():

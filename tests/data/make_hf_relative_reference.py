@@ -79,6 +79,8 @@ T5_FAMILIES = {
                             "SwitchTransformersAttention"),
     "pop2piano": ("Pop2PianoConfig", "pop2piano", "Pop2PianoAttention"),
     "pix2struct_text_model": ("Pix2StructTextConfig", "pix2struct", "Pix2StructTextAttention"),
+    # its decoder's: the encoder adds 2D layout biases (refused)
+    "udop": ("UdopConfig", "udop", "UdopAttention"),
 }
 SHAPES = [(7, 7, 0), (1, 300, 299), (5, 300, 100), (300, 300, 0), (40, 9, 0)]
 
@@ -101,7 +103,7 @@ def family_module(family, decoder, seed):
 
 for family in T5_FAMILIES:
     for decoder in (False, True):
-        if family in ("pix2struct_text_model", "longt5") and not decoder:
+        if family in ("pix2struct_text_model", "longt5", "udop") and not decoder:
             continue   # decoders only (LongT5's encoder attends locally, over blocks)
         cfg, attn = family_module(family, decoder, seed=len(cases))
         heads, nb = attn.n_heads, attn.relative_attention_num_buckets
