@@ -47,6 +47,8 @@ def _run_t5(plan: _relative_args.T5Plan) -> None:
     if kern is None:
         reference.run_relative_bias(plan)
         return
+    if plan.scores.size == 0:
+        return  # nothing to write (an offset past int64 is then no error)
     nbytes = T5_BYTES_WEIGHT * plan.scores.nbytes * (2 if plan.accumulate else 1)
     with _checks.kernel_views(plan.scores) as (work,):
         kern.t5_relative(work, _checks.dtype_code(work.dtype, "scores"),
@@ -183,16 +185,25 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
             or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         return False
     x: Any = scores
-    t: Any = table
-    if t.ndim != 2:
-        return False
     try:
-        spec = _relative_math.t5_spec(t.shape[0], max_distance, bidirectional)
-    except ValueError:
-        return False  # the validating path names the setting
-    done: bool = kern.t5_call(x, t, spec.lut, spec.reach, q_offset, causal, key_mask,
-                              _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * x.nbytes))
+        nbytes = x.nbytes  # a sparse tensor raises: the validating path names it
+        spec = _relative_math.t5_spec(_table_rows(table), max_distance, bidirectional)
+    except Exception:
+        return False  # the validating path names the tensor or the setting
+    # the entry takes the table only at the row count the buckets are for: another
+    # thread may have resized it in between
+    threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * nbytes)
+    done: bool = kern.t5_call(x, table, spec.lut, spec.reach, spec.num_buckets, q_offset,
+                              causal, key_mask, threads)
     return done
+
+
+def _table_rows(table: Any) -> int:
+    """The rows of a 2-D array or tensor, else 0 (a nested tensor has no shape)."""
+    try:
+        return int(table.shape[0]) if table.ndim == 2 else 0
+    except Exception:
+        return 0
 
 
 def _array_or_tensor(x: object) -> bool:
@@ -430,10 +441,9 @@ class RelativeBias:
                  key_mask: ArrayLike | None = None,
                  num_threads: int | None = None) -> InPlace:
         """add_relative_bias of these settings."""
-        t: Any = table
-        if (_array_or_tensor(t) and t.ndim == 2 and t.shape[0] == self.num_buckets
-                and _t5_compiled(scores, t, self.bidirectional, self.max_distance, q_offset,
-                                 self.causal, key_mask, num_threads)):
+        if (_array_or_tensor(table) and _table_rows(table) == self.num_buckets
+                and _t5_compiled(scores, table, self.bidirectional, self.max_distance,
+                                 q_offset, self.causal, key_mask, num_threads)):
             return scores
         return add_relative_bias(scores, self._rows(table), bidirectional=self.bidirectional,
                                  max_distance=self.max_distance, q_offset=q_offset,

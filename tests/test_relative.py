@@ -431,6 +431,45 @@ def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(monkeypatch,
         assert torch.equal(s.detach(), before)
 
 
+@needs_compiled
+def test_a_table_resized_while_the_call_is_parsed_is_read_as_it_is_then(monkeypatch):
+    """Another thread replacing the table (Tensor.set_) between the entry's reading of its
+    rows (the buckets) and its view: the entry takes the table only at that row count,
+    so the call reads the new table whole, never past it."""
+    torch = pytest.importorskip("torch")
+    scores = torch.zeros(1, 3, 1, 1)
+    table = torch.ones(32, 3)
+    beyond = torch.full((32, 3), 7.0)
+    smaller = beyond[:4]
+    smaller.fill_(2.0)
+    resolve = fastpe.relative._threads.resolve
+
+    def another_thread_runs(*args):
+        table.set_(smaller)
+        return resolve(*args)
+    monkeypatch.setattr(fastpe.relative._threads, "resolve", another_thread_runs)
+    fastpe.add_relative_bias(scores, table, q_offset=100)    # distance -100: bucket 15 of 32
+    assert torch.equal(scores, torch.full_like(scores, 2.0))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_tensors_without_a_strided_view_are_named():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="scores"):
+        fastpe.add_relative_bias(torch.zeros(1, 2, 3, 5).to_sparse(), np.zeros((32, 2)))
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(2)])
+    for call in (fastpe.add_relative_bias, fastpe.RelativeBias(32)):
+        with pytest.raises(TypeError, match="table"):
+            call(torch.zeros(1, 2, 3, 5), nested)
+
+
+def test_no_queries_at_an_offset_past_int64_write_nothing(backend):
+    table = np.ones((32, 3), np.float32)
+    scores = np.zeros((1, 3, 0, 9), np.float32)
+    assert fastpe.add_relative_bias(scores, table, q_offset=2**63) is scores
+    assert fastpe.relative_bias(table, 0, 9, q_offset=2**63).shape == (3, 0, 9)
+
+
 # ---- DeBERTa: positions --------------------------------------------------------------------------------
 
 

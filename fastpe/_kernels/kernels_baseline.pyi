@@ -184,6 +184,7 @@ def t5_call(
     table: object,
     lut: NDArray[np.int32],
     reach: int,
+    num_buckets: int,
     q_offset: object,
     causal: object,
     key_mask: object,

@@ -249,7 +249,8 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
 
 
 def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
-            object q_offset, object causal, object key_mask, int num_threads):
+            Py_ssize_t num_buckets, object q_offset, object causal, object key_mask,
+            int num_threads):
     """The compiled entry of add_relative_bias: scores[..., h, i, j] += the T5 bias, in
     place, and True; False, with nothing written, for any argument outside what it takes
     (fastpe.relative then validates the call in full, names what is wrong or normalises
@@ -259,8 +260,8 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
     version counter is bumped): scores writable, aligned, native and float, of 3 to
     VIEW_DIMS dimensions (..., heads, q, k) with whole-element strides and disjoint
     elements; table aligned, native and float, (num_buckets, heads), its bytes apart from
-    the scores', lut and reach its settings' buckets (fastpe._relative_math.t5_spec of its
-    num_buckets); q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in
+    the scores', of num_buckets rows, lut and reach the buckets of its settings
+    (fastpe._relative_math.t5_spec); q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in
     int64; causal a bool; key_mask None or as owned_mask_view takes it. The table is
     read, and the mask copied, before anything is written.
     """
@@ -284,7 +285,7 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
     for ax in range(nd - 3):
         batch *= xv.shape[ax]
     cdef int tcode = float_code(tv.typenum)
-    if (tv.ndim != 2 or tv.shape[1] != heads or tv.shape[0] < 1 or tcode < 0
+    if (tv.ndim != 2 or tv.shape[1] != heads or tv.shape[0] != num_buckets or tcode < 0
             or not tv.aligned or not tv.native or lut.shape[0] != 2 * reach + 1
             or not apart_views(&xv, &tv)):
         return False
