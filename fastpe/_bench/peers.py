@@ -398,13 +398,20 @@ def _torch_disentangled(wl: Workload) -> MaybePrepare:
 def _fastpe_torch(wl: Workload) -> MaybePrepare:
     def prepare(arrays: Arrays, threads: int) -> Runner | None:
         import torch
-        tensors = {n: torch.from_numpy(v) for n, v in arrays.items()}
+
+        def tensor(v: np.ndarray) -> Any:
+            if v.dtype.name == "bfloat16":  # ml_dtypes' bfloat16, which torch does not take
+                return torch.from_numpy(v.view(np.uint16)).view(torch.bfloat16)
+            return torch.from_numpy(v)
+        tensors = {n: tensor(v) for n, v in arrays.items()}
         run_tensors = wl.impls["fastpe"](cast(Arrays, tensors), threads)
 
         def run(a: Arrays) -> Result:
             if a is not arrays:  # pragma: no cover - the bench runs it on its own arrays
                 raise ValueError("fastpe-torch runs on the arrays it was prepared for")
-            return run_tensors(cast(Arrays, tensors))
+            out = run_tensors(cast(Arrays, tensors))
+            # the arrays the tensors share their memory with (bfloat16 has no .numpy())
+            return tuple(arrays[n] if n in arrays else o for n, o in zip(wl.result, out))
         return run
     return prepare
 

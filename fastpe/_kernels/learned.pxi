@@ -32,11 +32,13 @@ cdef inline void add_table_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t s
                                      const store_t *trow, Py_ssize_t dim,
                                      Py_ssize_t ahead) noexcept nogil:
     """row += trow on `rows` unit-stride half or bfloat16 rows, stride apart (ahead:
-    fpe_f32_madd_rows's)."""
-    if store_t is fpe_f16:
-        fpe_f16_add_rows(row, rows, stride, trow, dim, ahead)
-    elif store_t is fpe_bf16:
-        fpe_bf16_add_rows(row, rows, stride, trow, dim, ahead)
+    fpe_f32_madd_rows's), each row whole (as fpe_f32_madd_rows goes)."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        if store_t is fpe_f16:
+            fpe_f16_add_rows(row + r * stride, 1, 0, trow, dim, ahead)
+        elif store_t is fpe_bf16:
+            fpe_bf16_add_rows(row + r * stride, 1, 0, trow, dim, ahead)
 
 
 cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
@@ -69,13 +71,13 @@ cdef inline void add_table_row(store_t *row, Py_ssize_t sd, const store_t *trow,
 
 cdef inline void add_table_row_to_two(real_t *r0, real_t *r1, const real_t *trow,
                                       Py_ssize_t dim) noexcept nogil:
-    """add_table_row on two unit-stride rows of float32/float64 with the same table row."""
+    """add_table_row on two unit-stride rows of float32/float64 with the same table row,
+    each row whole (as madd_rows_two)."""
     cdef Py_ssize_t j
-    cdef real_t v
     for j in range(dim):
-        v = trow[j]
-        r0[j] = r0[j] + v
-        r1[j] = r1[j] + v
+        r0[j] = r0[j] + trow[j]
+    for j in range(dim):
+        r1[j] = r1[j] + trow[j]
 
 
 cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,

@@ -16,7 +16,10 @@ cdef enum:
     # (rounded in integers, in element order or split into even and odd elements, or by
     # VCVTNEPS2BF16) took 0.95-1.5x the time of adding them after each pair on that Xeon,
     # batch 1 to 8: their rounding takes the vector ports that making the rows needs.
-    EARLY_ROWS = 2
+    # One early row, not two: on an Intel Xeon (Emerald Rapids) two rows of a batch, some
+    # MiB apart at the same offset in a 4 KiB page, written in turn vector by vector took
+    # 1.1-1.6x the time (batch 2 to 8, float32 and float16, every variant).
+    EARLY_ROWS = 1
     # staged rows that prefetch the next token's (row_prefetch) go to at most this many
     # batch rows at a time: on an Intel Xeon, (8, 2048, 1024) so took 0.87-0.88x the
     # time of eight rows without the prefetch in float32 (eight with it 1.07-1.15x),
@@ -146,19 +149,20 @@ cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize
 
 cdef inline void madd_rows_two(real_t *r0, real_t *r1, const real_t *pe, Py_ssize_t dim,
                                real_t scale) noexcept nogil:
-    """add_row (accumulate, unit stride) on two rows with the same PE row."""
+    """add_row (accumulate, unit stride) on two rows with the same PE row, each row
+    whole: element by element in turn, rows of a batch some MiB apart (the same offset
+    in a 4 KiB page) took 2-3x the time on an Intel Xeon (Emerald Rapids)."""
     cdef Py_ssize_t j
-    cdef real_t v
     if scale == 1:
         for j in range(dim):
-            v = pe[j]
-            r0[j] = r0[j] + v
-            r1[j] = r1[j] + v
+            r0[j] = r0[j] + pe[j]
+        for j in range(dim):
+            r1[j] = r1[j] + pe[j]
     else:
         for j in range(dim):
-            v = pe[j]
-            r0[j] = r0[j] * scale + v
-            r1[j] = r1[j] * scale + v
+            r0[j] = r0[j] * scale + pe[j]
+        for j in range(dim):
+            r1[j] = r1[j] * scale + pe[j]
 
 
 cdef inline void add_rows_of(const SinusoidalCall *a, store_t *x, Py_ssize_t b, Py_ssize_t n,
@@ -190,11 +194,13 @@ cdef inline void add_rows_half(store_t *row, Py_ssize_t rows, Py_ssize_t stride,
                                const float *pe, Py_ssize_t dim, float scale,
                                Py_ssize_t ahead) noexcept nogil:
     """row = row * scale + pe on `rows` unit-stride half or bfloat16 rows, stride apart
-    (ahead: fpe_f32_madd_rows's)."""
-    if store_t is fpe_f16:
-        fpe_f16_madd_rows(row, rows, stride, pe, dim, scale, ahead)
-    elif store_t is fpe_bf16:
-        fpe_bf16_madd_rows(row, rows, stride, pe, dim, scale, ahead)
+    (ahead: fpe_f32_madd_rows's), each row whole (as fpe_f32_madd_rows goes)."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        if store_t is fpe_f16:
+            fpe_f16_madd_rows(row + r * stride, 1, 0, pe, dim, scale, ahead)
+        elif store_t is fpe_bf16:
+            fpe_bf16_madd_rows(row + r * stride, 1, 0, pe, dim, scale, ahead)
 
 
 cdef inline void add_block(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
