@@ -268,6 +268,22 @@ def test_large_tables_written_past_the_caches_are_the_reference(dtype, mode, shi
     assert np.all(buf[:shift] == 7.0) and np.all(buf[shift + n:] == 7.0)
 
 
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("mode", ["plain", "causal", "symmetric", "padded"])
+def test_large_adds_go_row_by_row_as_the_reference(dtype, mode, both_threads):
+    """Scores past 8 MiB are added to one head's row at a time (four at once below):
+    the same bits as the reference either way."""
+    heads, q, k = 4, 600, 1000
+    assert heads * q * k * np.dtype(dtype).itemsize > 8 << 20
+    rng = np.random.default_rng(3)
+    scores = rng.standard_normal((1, heads, q, k)).astype(dtype)
+    kw = {"causal": mode in ("causal", "padded"), "symmetric": mode == "symmetric"}
+    if mode == "padded":
+        kw["key_mask"] = (np.arange(k) >= 37)[None]
+    got = fastpe.add_alibi(scores.copy(), num_threads=both_threads, **kw)
+    assert_bytes_equal(got, fastpe.reference.add_alibi(scores.copy(), **kw), mode)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_positions_past_2_24_are_exact(dtype):
     """Past 2^24 (float32) or 2^53 (float64) positions are no longer exact in the compute
