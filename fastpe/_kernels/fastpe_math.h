@@ -722,12 +722,12 @@ static inline void fpe_bf16_madd_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t s
 }
 
 /* x[j] = x[j] * scale + pe[j] on `rows` float32 rows `stride` elements apart that add
- * the same pe, each vector of pe read once for all of them: with AVX2 + FMA fused, as the
+ * the same pe, one row after another (pe stays in L1): with AVX2 + FMA fused, as the
  * compilers contract the one-row loops' a * b + c in those variants, with SSE2 (the
  * x86-64 baseline, no FMA) a multiply and an add, as they round there: both give the
  * one-row loops' bits; scale 1 is an add (the same bits as either form). Returns the
- * rows done: all of them, or 0 without these (the caller adds them then). Many rows at
- * once keep that many streams of x in flight: with two at a time (the pair loop) the
+ * rows done: all of them, or 0 without these (the caller adds them then). Many rows a
+ * call keep that many streams of x in flight: with two at a time (the pair loop) the
  * baseline's float32 learned add stayed at 72-76% of the in-place floor on an Intel
  * Xeon. ahead (bytes, 0: none): each row's line that far on is prefetched (software)
  * as the row's line is reached, for rows streamed from memory whose next token's row

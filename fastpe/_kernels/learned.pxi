@@ -119,8 +119,8 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
     if a.sd == 1 and a.td == 1 and (
             (store_t is float and FPE_ROWS_VECTOR)
             or (store_t is not float and store_t is not double and FPE_HALF_ADD_RUNS)):
-        # up to LEARNED_ROWS batch rows at once: as many streams of x in flight, and each
-        # vector of a table row read once for all of them
+        # up to LEARNED_ROWS batch rows a call, one after another: as many streams of x
+        # in flight, the table row in L1 for all of them
         while b + 1 < b1:
             n = min(<Py_ssize_t>LEARNED_ROWS, b1 - b)
             for t in range(t0, t1):
@@ -132,8 +132,7 @@ cdef void learned_unit(const LearnedCall *a, store_t *x, const store_t *table,
                     add_table_rows_half(x + b * a.sb + t * a.ss, n, a.sb, trow, a.dim, ahead)
             b += n
     if a.sd == 1 and a.td == 1 and (store_t is float or store_t is double or FPE_HALF_ADD_RUNS):
-        # two batch rows beside each other: two streams of x in flight, and each table
-        # row read once for both
+        # two batch rows a call: two streams of x in flight, the table row in L1 for both
         while b + 1 < b1:
             for t in range(t0, t1):
                 trow = table + position_at(a.pos, prow, a.seq, t, a.offset) * a.tr

@@ -167,9 +167,9 @@ cdef inline void madd_rows_two(real_t *r0, real_t *r1, const real_t *pe, Py_ssiz
 
 cdef inline void add_rows_of(const SinusoidalCall *a, store_t *x, Py_ssize_t b, Py_ssize_t n,
                              Py_ssize_t t, const real_t *pe) noexcept nogil:
-    """Batch rows b .. b + n - 1 of token t (unit stride) = row * scale + pe, each vector
-    of pe read once for all n rows where the storage has a loop for that (n streams of x
-    in flight besides), else in pairs and one by one. The same bits as add_row."""
+    """Batch rows b .. b + n - 1 of token t (unit stride) = row * scale + pe, one row
+    after another, the n rows in one call where the storage has a loop for that (n
+    streams of x in flight), else in pairs and one by one. The same bits as add_row."""
     cdef store_t *row = x + b * a.sb + t * a.ss
     cdef Py_ssize_t r = 0
     if store_t is float and real_t is float:
