@@ -410,8 +410,10 @@ def _fastpe_torch(wl: Workload) -> MaybePrepare:
             if a is not arrays:  # pragma: no cover - the bench runs it on its own arrays
                 raise ValueError("fastpe-torch runs on the arrays it was prepared for")
             out = run_tensors(cast(Arrays, tensors))
-            # the arrays the tensors share their memory with (bfloat16 has no .numpy())
-            return tuple(arrays[n] if n in arrays else o for n, o in zip(wl.result, out))
+            # a bfloat16 tensor has no .numpy(): the array it shares its memory with
+            bf16 = torch.bfloat16
+            return tuple(arrays[n] if n in arrays and getattr(o, "dtype", None) == bf16 else o
+                         for n, o in zip(wl.result, out))
         return run
     return prepare
 
