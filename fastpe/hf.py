@@ -375,11 +375,9 @@ def _apply_names(cls: Any) -> dict[str, Any]:
 # them: Qwen2.5-VL's, Qwen2.5-Omni's and EXAONE 4.5's vision towers put them in window
 # order. fastpe.hf leaves such a rotary module, and the blocks that apply it, stock.
 _REORDERING_CALLS = {"permute_input_for_window_attn"}
-# Vision towers whose rotary module fastpe.hf cannot give positions: Pixtral's looks its
-# cos and sin up by flat patch ids over a grid of the largest image (and its attention
-# applies them with unsqueeze_dim=0). Left stock, as the towers above.
-# rotary modules (by their config's model type) whose model uses cos and sin otherwise than
-# through the apply function alone: left stock, with the blocks that apply them
+# Rotary modules (by their config's model type) whose model uses cos and sin otherwise than
+# through the apply function alone, so that fastpe.hf cannot give them positions: left
+# stock, as the towers above, with the blocks that apply them
 _LEFT_STOCK = {
     "pixtral": "its cos and sin are looked up by flat patch ids over the largest image's grid",
     "mlcd_vision_model": "its vision model prepends the class token's cos and sin itself",

@@ -1,8 +1,8 @@
 """Relative-position biases of encoders: T5's buckets and DeBERTa's disentangled attention.
 
 T5 (Raffel et al., 2020; also mT5, UMT5, LongT5's and UDOP's decoders, Switch
-Transformers, Pop2Piano, Pix2Struct's text decoder, MPNet) learns one bias per head for each of
-``num_buckets`` buckets of the distance ``key_pos - query_pos``: exact for short
+Transformers, Pop2Piano, Pix2Struct's text decoder, MPNet) learns one bias per head for
+each of ``num_buckets`` buckets of the distance ``key_pos - query_pos``: exact for short
 distances, logarithmic up to ``max_distance``. :func:`add_relative_bias` adds
 ``table[bucket(j - q_pos_i), h]`` to attention scores in one pass, the causal and
 padding masks fused.
@@ -190,9 +190,9 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
         spec = _relative_math.t5_spec(_table_rows(table), max_distance, bidirectional)
     except Exception:
         return False  # the validating path names the tensor or the setting
+    threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * nbytes)
     # the entry takes the table only at the row count the buckets are for: another
     # thread may have resized it in between
-    threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * nbytes)
     done: bool = kern.t5_call(x, table, spec.lut, spec.reach, spec.num_buckets, q_offset,
                               causal, key_mask, threads)
     return done

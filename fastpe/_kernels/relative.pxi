@@ -260,10 +260,10 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
     version counter is bumped): scores writable, aligned, native and float, of 3 to
     VIEW_DIMS dimensions (..., heads, q, k) with whole-element strides and disjoint
     elements; table aligned, native and float, (num_buckets, heads), its bytes apart from
-    the scores', of num_buckets rows, lut and reach the buckets of its settings
-    (fastpe._relative_math.t5_spec); q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in
-    int64; causal a bool; key_mask None or as owned_mask_view takes it. The table is
-    read, and the mask copied, before anything is written.
+    the scores', lut and reach the buckets of its settings (fastpe._relative_math.
+    t5_spec); q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in int64;
+    causal a bool; key_mask None or as owned_mask_view takes it. The table is read, and
+    the mask copied, before anything is written.
     """
     cdef object t = None
     cdef View xv, tv, mv
