@@ -174,20 +174,24 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
 
 
 def _t5_compiled(scores: object, table: object, bidirectional: object, max_distance: object,
-                 q_offset: object, causal: object, key_mask: object,
-                 num_threads: object) -> bool:
+                 q_offset: object, causal: object, key_mask: object, num_threads: object,
+                 num_buckets: int | None = None) -> bool:
     """add_relative_bias on NumPy arrays and torch tensors through the compiled entry,
     which checks the call in C: False, with nothing written, for a call it does not take
-    (the validating path then runs it, or names what is wrong)."""
+    (the validating path then runs it, or names what is wrong). num_buckets: the table's
+    rows a RelativeBias takes (any other count goes that path)."""
     kern = _backend.kernels()
     if (kern is None or not _array_or_tensor(scores) or not _array_or_tensor(table)
             or type(bidirectional) is not bool or type(max_distance) is not int
             or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         return False
     x: Any = scores
+    rows = _table_rows(table)
+    if num_buckets is not None and rows != num_buckets:
+        return False
     try:
         nbytes = x.nbytes  # a sparse tensor raises: the validating path names it
-        spec = _relative_math.t5_spec(_table_rows(table), max_distance, bidirectional)
+        spec = _relative_math.t5_spec(rows, max_distance, bidirectional)
     except Exception:
         return False  # the validating path names the tensor or the setting
     threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * nbytes)
@@ -441,9 +445,8 @@ class RelativeBias:
                  key_mask: ArrayLike | None = None,
                  num_threads: int | None = None) -> InPlace:
         """add_relative_bias of these settings."""
-        if (_array_or_tensor(table) and _table_rows(table) == self.num_buckets
-                and _t5_compiled(scores, table, self.bidirectional, self.max_distance,
-                                 q_offset, self.causal, key_mask, num_threads)):
+        if _t5_compiled(scores, table, self.bidirectional, self.max_distance, q_offset,
+                        self.causal, key_mask, num_threads, self.num_buckets):
             return scores
         return add_relative_bias(scores, self._rows(table), bidirectional=self.bidirectional,
                                  max_distance=self.max_distance, q_offset=q_offset,
