@@ -53,6 +53,13 @@ def ids(kind):
     return [c["name"] for c in cases(kind)]
 
 
+@pytest.fixture
+def compiled_entry():
+    """The compiled backend, whichever the run's default (FASTPE_BACKEND=numpy too)."""
+    with fastpe.use_backend("cython"):
+        yield
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     if request.param == "cython" and fastpe._backend.compiled is None:
@@ -293,7 +300,7 @@ def test_key_mask_layouts_mask_their_own_keys(i):
 
 
 @needs_compiled
-def test_plain_t5_calls_take_the_compiled_entry(monkeypatch):
+def test_plain_t5_calls_take_the_compiled_entry(compiled_entry, monkeypatch):
     """A decode step on NumPy arrays (padding mask, the settings' own call too) runs in the
     compiled entry, which matches the reference without the validating path; what the
     entry does not take still reaches that path."""
@@ -392,7 +399,7 @@ def test_torch_scores_are_written_in_place():
 
 @needs_compiled
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(monkeypatch, dtype):
+def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(compiled_entry, monkeypatch, dtype):
     """A T5 decoder's step on the model's own tensors (scores, its weight table and its
     attention_mask): the reference's result, the scores' version bumped, without the
     validating path; what torch would refuse still reaches that path."""
@@ -432,7 +439,7 @@ def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(monkeypatch,
 
 
 @needs_compiled
-def test_a_table_resized_while_the_call_is_parsed_is_read_as_it_is_then(monkeypatch):
+def test_a_table_resized_while_the_call_is_parsed_is_read_as_it_is_then(compiled_entry, monkeypatch):
     """Another thread replacing the table (Tensor.set_) between the entry's reading of its
     rows (the buckets) and its view: the entry takes the table only at that row count,
     so the call reads the new table whole, never past it."""
