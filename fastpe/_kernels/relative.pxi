@@ -183,17 +183,6 @@ cdef inline void t5_bias_column(const char *tp, Py_ssize_t sr, Py_ssize_t sc, in
             (<float *>out)[h * width + t] = <float>element_as_double(row + h * sc, tcode)
 
 
-cdef inline int dtype_storage(cnp.ndarray a) noexcept:
-    cdef int t = cnp.PyArray_TYPE(a)
-    if t == cnp.NPY_FLOAT:
-        return CODE_F32
-    if t == cnp.NPY_DOUBLE:
-        return CODE_F64
-    if t == NPY_HALF:
-        return CODE_F16
-    return CODE_BF16
-
-
 cdef inline double element_as_double(const char *p, int code) noexcept nogil:
     """The element at p (aligned, native) of storage `code`, exactly, as a double."""
     if code == CODE_F32:
@@ -244,7 +233,8 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
                <const Py_ssize_t *>cnp.PyArray_DIMS(scores),
                <const Py_ssize_t *>cnp.PyArray_STRIDES(scores), cnp.PyArray_ITEMSIZE(scores),
                code, <const char *>cnp.PyArray_DATA(table), table.strides[0],
-               table.strides[1], dtype_storage(table), <const int32_t *>cnp.PyArray_DATA(lut),
+               table.strides[1], float_code(cnp.PyArray_TYPE(table)),
+               <const int32_t *>cnp.PyArray_DATA(lut),
                reach, q_offset, causal, accumulate, num_threads)
 
 
