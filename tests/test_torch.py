@@ -396,6 +396,38 @@ def test_a_models_tensors_take_the_compiled_entry_directly(api, dtype, monkeypat
                                    w, atol=tol * 4, rtol=tol)
 
 
+@pytest.mark.skipif(fastpe._backend.compiled is None, reason="needs the compiled kernels")
+@pytest.mark.parametrize("api", ["apply_rope", "apply_rope_cached", "RotaryEmbedding"])
+def test_arrays_rotated_by_torch_positions_take_the_compiled_entry(api, monkeypatch):
+    """NumPy q and k with a model's torch position ids (and torch cos and sin) are
+    rotated by the compiled entry at its first call, as all arrays or all tensors are:
+    the formula's rotation, the read tensors' versions untouched."""
+    from conftest import entry_callers
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 3, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 1, 16)).astype(np.float32)
+    pos = torch.tensor([[5, 6, 7], [100, 101, 102]])
+    cos, sin = fastpe.rope_cos_sin(np.arange(128), fastpe.rope_frequencies(16))
+    tcos, tsin = torch.from_numpy(cos), torch.from_numpy(sin)
+    want = [t.astype(np.float64) for t in (q, k)]
+    fastpe.reference.apply_rope(want[0], want[1], pos.numpy(), layout="bshd")
+    emb = fastpe.RotaryEmbedding(16)
+    call = {
+        "apply_rope": lambda: fastpe.apply_rope(q, k, pos, layout="bshd"),
+        "apply_rope_cached": lambda: fastpe.apply_rope_cached(q, k, tcos, tsin, pos,
+                                                              layout="bshd"),
+        "RotaryEmbedding": lambda: emb(q, k, pos, layout="bshd"),
+    }[api]
+    callers = entry_callers(monkeypatch, "rope_call")
+    versions = [t._version for t in (pos, tcos, tsin)]
+    with fastpe.use_backend("cython"):
+        call()
+    assert callers == [({"RotaryEmbedding": "__call__"}.get(api, api), 1)]
+    assert [t._version for t in (pos, tcos, tsin)] == versions
+    for t, w in zip((q, k), want):
+        np.testing.assert_allclose(t, w, atol=4e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
 def test_a_misaligned_tensor_is_rotated_right(backend):
     """A float32 tensor whose data starts two bytes into its buffer: the compiled views

@@ -1106,8 +1106,9 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     Plain case: style "neox" or "gptj"; layout "bshd", "bhsd" or "shd" (None: "bshd"
     for arrays); offset an int >= 0; inverse a bool; num_threads None or an int in
     1..MAX_THREADS_FLOOR; q, k and positions as fast_arrays() takes them: exact
-    ndarrays, or (the layout given) plain torch CPU tensors, read through DLPack
-    without an ndarray (tensor_view), whose version counters are bumped once written.
+    ndarrays, or plain torch CPU tensors (q and k only with the layout given), read
+    through DLPack without an ndarray (tensor_view), whose version counters are bumped
+    once written.
     The angles come from `state` (q's last axis its head_dim unless that is -1; its
     frequencies apart from q and k, finite, at most head_dim / 2 of them; the scaling a
     normal float32 > 0; with its pair_axis, offset 0 and positions of every axis as
@@ -1133,6 +1134,13 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
         if not operand_view(k, t, True, &kv):
             return 0
         kp = &kv
+    if arrays and not (
+            (positions is None or type(positions) is list or type(positions) is tuple
+             or cnp.PyArray_CheckExact(positions))
+            and (cos is None or cnp.PyArray_CheckExact(cos))
+            and (sin is None or cnp.PyArray_CheckExact(sin))):
+        # arrays rotated by a model's torch positions (or cos and sin)
+        t = tensor_views_now()
     if not (positions is None or type(positions) is list or type(positions) is tuple):
         if not operand_view(positions, t, False, &pv):
             return 0
