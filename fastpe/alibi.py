@@ -180,6 +180,15 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
             if kern.alibi_call(x, sl, q_positions, q_offset, k_positions, key_mask, causal,
                                symmetric, True, _threads.resolve(num_threads, 2 * x.nbytes)):
                 return scores
+    if any(_checks.is_tensor(v) for v in (slopes, q_positions, k_positions, key_mask)):
+        # arrays beside a model's torch mask or positions: those viewed once, then the
+        # path of arrays (the compiled entry views only NumPy's)
+        slopes, q_positions, k_positions, key_mask = _checks.torch_tensors(
+            (slopes, "slopes", False), (q_positions, "q_positions", False),
+            (k_positions, "k_positions", False), (key_mask, "key_mask", False))
+        return add_alibi(scores, slopes=slopes, q_offset=q_offset, causal=causal,
+                         symmetric=symmetric, num_threads=num_threads, q_positions=q_positions,
+                         k_positions=k_positions, key_mask=key_mask, max_bias=max_bias)
     _run(_args.add_alibi(scores, slopes=slopes, max_bias=max_bias, q_offset=q_offset,
                          causal=causal, symmetric=symmetric, q_positions=q_positions,
                          k_positions=k_positions, key_mask=key_mask, num_threads=num_threads))

@@ -40,6 +40,11 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
         if kern.learned_call(arr, table, positions, offset,
                              _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
+    if _checks.is_tensor(table) or _checks.is_tensor(positions):
+        # arrays beside a model's torch table or positions: those viewed once, then the
+        # path of arrays (the compiled entry views only NumPy's)
+        tv, pv = _checks.torch_tensors((table, "table", False), (positions, "positions", False))
+        return add_learned(x, tv, pv, offset=offset, num_threads=num_threads)
     plan = _args.add_learned(x, table, positions=positions, offset=offset,
                              num_threads=num_threads)
     if kern is None:

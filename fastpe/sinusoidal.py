@@ -151,6 +151,13 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
                 offset, scale, False, False, True,
                 _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
+    if _checks.is_tensor(positions):
+        # an array beside a model's torch positions: those viewed once, then the path of
+        # arrays (the compiled entry views only NumPy's)
+        return add_sinusoidal(x, _checks.torch_tensors((positions, "positions", False))[0],
+                              offset=offset, base=base, layout=layout, scale=scale,
+                              num_threads=num_threads, frequencies=frequencies,
+                              padding_idx=padding_idx)
     _run(_args.add_sinusoidal(x, positions=positions, offset=offset, base=base, layout=layout,
                               scale=scale, num_threads=num_threads, frequencies=frequencies,
                               padding_idx=padding_idx))

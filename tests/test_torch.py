@@ -428,6 +428,38 @@ def test_arrays_rotated_by_torch_positions_take_the_compiled_entry(api, monkeypa
         np.testing.assert_allclose(t, w, atol=4e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(fastpe._backend.compiled is None, reason="needs the compiled kernels")
+@pytest.mark.parametrize("op", ["add_learned", "add_sinusoidal", "add_alibi"])
+def test_arrays_beside_torch_positions_or_masks_skip_the_validating_path(op, monkeypatch):
+    """An array added to by a model's torch positions (or attention mask) is viewed
+    once and written by the compiled entry, never the validating path: the same bits
+    as the call on arrays, the read tensors' versions untouched."""
+    import fastpe._args
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal({"add_alibi": (2, 4, 3, 8)}.get(op, (2, 3, 16))).astype(np.float32)
+    table = rng.standard_normal((64, 16)).astype(np.float32)
+    positions = np.array([[4, 5, 6], [30, 31, 32]])
+    mask = np.array([[0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])
+    call = {
+        "add_learned": lambda p, m: fastpe.add_learned(x, table, p),
+        "add_sinusoidal": lambda p, m: fastpe.add_sinusoidal(x, p),
+        "add_alibi": lambda p, m: fastpe.add_alibi(x, causal=True, key_mask=m),
+    }[op]
+    given = x.copy()
+    call(positions, mask)
+    want, x[...] = x.copy(), given
+    tensors = torch.from_numpy(positions), torch.from_numpy(mask)
+    versions = [t._version for t in tensors]
+
+    def validating(*args, **kwargs):
+        raise AssertionError("the validating path ran")
+    monkeypatch.setattr(fastpe._args, op, validating)
+    with fastpe.use_backend("cython"):
+        call(*tensors)
+    np.testing.assert_array_equal(x, want)
+    assert [t._version for t in tensors] == versions
+
+
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
 def test_a_misaligned_tensor_is_rotated_right(backend):
     """A float32 tensor whose data starts two bytes into its buffer: the compiled views
