@@ -10,9 +10,10 @@ One front door per operation (rope_call, alibi_call, learned_call, sinusoidal_ca
 takes the caller's objects, checks them in C and returns False (0), having written
 nothing, for anything but the case it documents; fastpe's Python layer then validates
 the call in full and calls the same entry again with the normalised arguments. None of
-them raises on data or calls back into fastpe's Python. rope_call also takes plain torch
-CPU tensors (the layout given), read through DLPack's C exchange API without an ndarray,
-and bumps the version counters of those it wrote. stream, stream_reads and
+them raises on data or calls back into fastpe's Python. rope_call (and t5_call) also take
+plain torch CPU tensors, alone or beside arrays (q and k tensors with the layout given),
+read through DLPack's C exchange API without an ndarray, and bump the version counters
+of those they wrote. stream, stream_reads and
 half_round_trip serve the bench's floor.
 """
 
