@@ -353,6 +353,20 @@ print("done", errors)
     assert "done" in proc.stdout
 
 
+@pytest.mark.parametrize("dtype", ["uint1", "uint4", "int4", "uint7"])
+def test_sub_byte_integer_tensors_are_refused_as_positions(dtype):
+    """torch's 1- to 7-bit integers, which DLPack exports as 8-bit ones: a TypeError
+    naming positions, never their bytes read as positions."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, dtype):
+        pytest.skip(f"this torch has no {dtype}")
+    pos = torch.tensor([0, 5, 100], dtype=torch.uint8).view(getattr(torch, dtype))
+    q = np.ones((1, 3, 1, 8), np.float32)
+    for args in ((q.copy(), None, pos), (torch.ones(1, 3, 1, 8), None, pos)):
+        with pytest.raises(TypeError, match="positions"):
+            fastpe.apply_rope(*args, layout="bshd")
+
+
 def test_huge_inverse_frequencies_do_not_differ_between_backends():
     """A base so small that inverse frequencies reach 1e280: refused, or equal on both
     backends; never whole-radian differences."""

@@ -96,8 +96,11 @@ cdef class _TorchViews:
     # torch.Tensor's own is_cpu, requires_grad and _version getters (tensor_attr),
     # and its is_neg method: its descriptor, called with the tensor, or None (then called
     # by name)
-    cdef fpe_getset is_cpu, requires_grad, version
+    cdef fpe_getset is_cpu, requires_grad, version, dtype
     cdef object is_neg
+    # torch.int8 and torch.uint8: DLPack exports torch's sub-byte integers (int1 to
+    # int7, uint1 to uint7) as 8-bit ones, whose bytes are not their values
+    cdef object int8, uint8
     # torch.autograd.forward_ad: while one of its levels is open (_current_level >= 0)
     # a tensor may carry a tangent, which the Python layer refuses
     cdef object forward_ad
@@ -134,6 +137,8 @@ cdef object torch_views_of():
         fpe_getset_of(static(torch.Tensor, "is_cpu", None), &t.is_cpu)
         fpe_getset_of(static(torch.Tensor, "requires_grad", None), &t.requires_grad)
         fpe_getset_of(static(torch.Tensor, "_version", None), &t.version)
+        fpe_getset_of(static(torch.Tensor, "dtype", None), &t.dtype)
+        t.int8, t.uint8 = torch.int8, torch.uint8
         t.is_neg = static(torch.Tensor, "is_neg", None)
         if type(t.is_neg) is not MethodDescriptorType:
             t.is_neg = None
@@ -199,7 +204,9 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
     x is anything else or not the common case (a subclass, another device or layout, a
     grad, a negative view, an inference tensor to be written, no elements, a dtype
     NumPy cannot view, more than VIEW_DIMS dimensions), which the Python layer then
-    views or refuses. The view lives as long as the caller holds x."""
+    views or refuses. The view lives as long as the caller holds x and no other thread
+    gives x other memory (x.set_(), x.data =, x.resize_()), which torch's own in-place
+    operations assume too (they crash then)."""
     cdef fpe_dl_tensor d
     cdef int i, typenum
     cdef Py_ssize_t itemsize, expect
@@ -209,6 +216,9 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
         # the exchange API assumes a CPU tensor (a meta tensor crashes it); it raises
         # for a sparse, mkldnn or nested one
         if tensor_attr(&t.is_cpu, x, "is_cpu") is not True:
+            return False
+        # before the view: is_neg() releases the GIL (the getters below do not)
+        if tensor_method(t.is_neg, x, "is_neg") is not False:
             return False
         if t.view(<void *>x, &d) != 0:
             PyErr_Clear()
@@ -223,10 +233,13 @@ cdef bint tensor_view(_TorchViews t, object x, bint written, View *v) noexcept:
             typenum = dl_typenum(d.dtype)
             if typenum < 0:
                 return False
+            if typenum == cnp.NPY_INT8 or typenum == cnp.NPY_UINT8:
+                dtype = tensor_attr(&t.dtype, x, "dtype")
+                if dtype is not (t.int8 if typenum == cnp.NPY_INT8 else t.uint8):
+                    return False
         # an integer tensor never requires grad
-        if ((d.dtype.code != FPE_DL_INT
-             and tensor_attr(&t.requires_grad, x, "requires_grad") is not False)
-                or tensor_method(t.is_neg, x, "is_neg") is not False):
+        if (d.dtype.code != FPE_DL_INT
+                and tensor_attr(&t.requires_grad, x, "requires_grad") is not False):
             return False
         if written:
             # an inference tensor, whose writes outside inference mode torch refuses, has
