@@ -149,6 +149,10 @@ cdef enum:
     # float16/bfloat16 rows convert to float32 this many elements at a time,
     # on the stack, so the conversions run as vector code (gather/scatter)
     CONVERT_CHUNK = 256
+    # a one-thread call that moves at most this many bytes runs holding the GIL: its
+    # loops take about a microsecond, less than another thread could do with the GIL in
+    # between, and releasing and taking it back is two mutex round trips
+    GIL_HELD_BYTES = 64 << 10
 
 ctypedef fused store_t:
     float

@@ -236,13 +236,22 @@ cdef int learned_execute(LearnedCall *a, int code, char *xp, const char *tp,
         a.group = ceil_div(a.batch, min(a.batch, ceil_div(4 * max(num_threads, 1), nblocks)))
     cdef int nthreads = units_threads(ceil_div(a.batch, a.group) * ceil_div(a.seq, a.tokens),
                                       num_threads)
-    with nogil:
-        if code == CODE_F32:
-            learned_run(a, <float *>xp, <const float *>tp, nthreads)
-        elif code == CODE_F64:
-            learned_run(a, <double *>xp, <const double *>tp, nthreads)
-        elif code == CODE_F16:
-            learned_run(a, <fpe_f16 *>xp, <const fpe_f16 *>tp, nthreads)
-        else:
-            learned_run(a, <fpe_bf16 *>xp, <const fpe_bf16 *>tp, nthreads)
+    if nthreads == 1 and a.batch * a.seq * a.dim * itemsize <= GIL_HELD_BYTES:
+        learned_run_code(a, code, xp, tp, nthreads)
+    else:
+        with nogil:
+            learned_run_code(a, code, xp, tp, nthreads)
     return 0
+
+
+cdef void learned_run_code(const LearnedCall *a, int code, char *xp, const char *tp,
+                           int nthreads) noexcept nogil:
+    """learned_run on x and the table of storage `code`."""
+    if code == CODE_F32:
+        learned_run(a, <float *>xp, <const float *>tp, nthreads)
+    elif code == CODE_F64:
+        learned_run(a, <double *>xp, <const double *>tp, nthreads)
+    elif code == CODE_F16:
+        learned_run(a, <fpe_f16 *>xp, <const fpe_f16 *>tp, nthreads)
+    else:
+        learned_run(a, <fpe_bf16 *>xp, <const fpe_bf16 *>tp, nthreads)

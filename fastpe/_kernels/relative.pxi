@@ -352,16 +352,24 @@ cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
     a.boff = offsets_of_rows(nd, dims, strides, itemsize, 3, a.batch,
                              <Py_ssize_t *>(shared + bias_bytes))
     cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
-    with nogil:
-        if code == CODE_F32:
-            t5_run(a, <float *>xp, nthreads)
-        elif code == CODE_F64:
-            t5_run(a, <double *>xp, nthreads)
-        elif code == CODE_F16:
-            t5_run(a, <fpe_f16 *>xp, nthreads)
-        else:
-            t5_run(a, <fpe_bf16 *>xp, nthreads)
+    if nthreads == 1 and a.batch * a.heads * a.q * a.k * itemsize <= GIL_HELD_BYTES:
+        t5_run_code(a, code, xp, nthreads)
+    else:
+        with nogil:
+            t5_run_code(a, code, xp, nthreads)
     return 0
+
+
+cdef void t5_run_code(const T5Call *a, int code, char *xp, int nthreads) noexcept nogil:
+    """t5_run on scores of storage `code`."""
+    if code == CODE_F32:
+        t5_run(a, <float *>xp, nthreads)
+    elif code == CODE_F64:
+        t5_run(a, <double *>xp, nthreads)
+    elif code == CODE_F16:
+        t5_run(a, <fpe_f16 *>xp, nthreads)
+    else:
+        t5_run(a, <fpe_bf16 *>xp, nthreads)
 
 
 # ---- DeBERTa ---------------------------------------------------------------------------------

@@ -559,18 +559,27 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
         shared_base = heap.shared
     a.step_s = <const double *>shared_base
     a.step_c = a.step_s + a.half
-    with nogil:
-        if steps:
-            fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.half, 1.0)
-        if code == CODE_F32:
-            rope_run(a, <float *>qp, <float *>kp, work, nthreads)
-        elif code == CODE_F64:
-            rope_run(a, <double *>qp, <double *>kp, work, nthreads)
-        elif code == CODE_F16:
-            rope_run(a, <fpe_f16 *>qp, <fpe_f16 *>kp, work, nthreads)
-        else:
-            rope_run(a, <fpe_bf16 *>qp, <fpe_bf16 *>kp, work, nthreads)
+    if nthreads == 1 and row_bytes <= GIL_HELD_BYTES:
+        rope_run_code(a, code, qp, kp, work, nthreads, steps)
+    else:
+        with nogil:
+            rope_run_code(a, code, qp, kp, work, nthreads, steps)
     return 0
+
+
+cdef void rope_run_code(RopeCall *a, int code, char *qp, char *kp, Work work, int nthreads,
+                        bint steps) noexcept nogil:
+    """rope_run on q and k of storage `code`, one token's angle step first."""
+    if steps:
+        fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.half, 1.0)
+    if code == CODE_F32:
+        rope_run(a, <float *>qp, <float *>kp, work, nthreads)
+    elif code == CODE_F64:
+        rope_run(a, <double *>qp, <double *>kp, work, nthreads)
+    elif code == CODE_F16:
+        rope_run(a, <fpe_f16 *>qp, <fpe_f16 *>kp, work, nthreads)
+    else:
+        rope_run(a, <fpe_bf16 *>qp, <fpe_bf16 *>kp, work, nthreads)
 
 
 cdef bint read_ints(object seq_, Py_ssize_t n, int64_t *out) noexcept:

@@ -543,15 +543,25 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     if not blocked:
         a.step_s = <const double *>scratch.shared
         a.step_c = a.step_s + a.nfreq
-    with nogil:
-        if not blocked:
-            fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)
-        if code == CODE_F32:
-            sinusoidal_run(a, <float *>a.x, scratch.work, nthreads)
-        elif code == CODE_F64:
-            sinusoidal_run(a, <double *>a.x, scratch.work, nthreads)
-        elif code == CODE_F16:
-            sinusoidal_run(a, <fpe_f16 *>a.x, scratch.work, nthreads)
-        else:
-            sinusoidal_run(a, <fpe_bf16 *>a.x, scratch.work, nthreads)
+    if nthreads == 1 and nbytes <= GIL_HELD_BYTES:
+        sinusoidal_run_code(a, code, scratch.work, nthreads, blocked)
+    else:
+        with nogil:
+            sinusoidal_run_code(a, code, scratch.work, nthreads, blocked)
     return 0
+
+
+cdef void sinusoidal_run_code(SinusoidalCall *a, int code, Work work, int nthreads,
+                              bint blocked) noexcept nogil:
+    """sinusoidal_run on x of storage `code`, one token's angle step first (unless
+    blocked)."""
+    if not blocked:
+        fpe_sincos_row(1.0, a.w, <double *>a.step_s, <double *>a.step_c, a.nfreq, 1.0)
+    if code == CODE_F32:
+        sinusoidal_run(a, <float *>a.x, work, nthreads)
+    elif code == CODE_F64:
+        sinusoidal_run(a, <double *>a.x, work, nthreads)
+    elif code == CODE_F16:
+        sinusoidal_run(a, <fpe_f16 *>a.x, work, nthreads)
+    else:
+        sinusoidal_run(a, <fpe_bf16 *>a.x, work, nthreads)
