@@ -353,6 +353,23 @@ def test_compiled_views_are_the_tensors_memory(dtype):
     assert (q._version, k._version) == versions
 
 
+def _decode_call(api, q, k, layout):
+    """(call, positions, cos, sin): a rotation of q and k (head_dim 16) by a model's
+    (2, 3) torch position ids through `api`, with a float32 torch cos/sin cache for
+    apply_rope_cached."""
+    pos = torch.tensor([[5, 6, 7], [100, 101, 102]])
+    cos, sin = fastpe.rope_cos_sin(np.arange(128), fastpe.rope_frequencies(16))
+    tcos, tsin = torch.from_numpy(cos), torch.from_numpy(sin)
+    emb = fastpe.RotaryEmbedding(16)
+    call = {
+        "apply_rope": lambda: fastpe.apply_rope(q, k, pos, layout=layout),
+        "apply_rope_cached": lambda: fastpe.apply_rope_cached(q, k, tcos, tsin, pos,
+                                                              layout=layout),
+        "RotaryEmbedding": lambda: emb(q, k, pos, layout=layout),
+    }[api]
+    return call, pos, tcos, tsin
+
+
 @pytest.mark.skipif(fastpe._backend.compiled is None, reason="needs the compiled kernels")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("api", ["apply_rope", "apply_rope_cached", "RotaryEmbedding"])
@@ -366,18 +383,9 @@ def test_a_models_tensors_take_the_compiled_entry_directly(api, dtype, monkeypat
     qkv = _tensor((2, 3, 48), dtype, 21)
     q = qkv[..., :32].view(2, 3, 2, 16).transpose(1, 2)
     k = qkv[..., 32:].view(2, 3, 1, 16).transpose(1, 2)
-    pos = torch.tensor([[5, 6, 7], [100, 101, 102]])
-    cos, sin = fastpe.rope_cos_sin(np.arange(128), fastpe.rope_frequencies(16))
-    tcos, tsin = torch.from_numpy(cos), torch.from_numpy(sin)
     want = [_numpy_twin(t).astype(np.float64).transpose(0, 2, 1, 3) for t in (q, k)]
+    call, pos, tcos, tsin = _decode_call(api, q, k, "bhsd")
     fastpe.reference.apply_rope(want[0], want[1], pos.numpy())
-    emb = fastpe.RotaryEmbedding(16)
-    call = {
-        "apply_rope": lambda: fastpe.apply_rope(q, k, pos, layout="bhsd"),
-        "apply_rope_cached": lambda: fastpe.apply_rope_cached(q, k, tcos, tsin, pos,
-                                                              layout="bhsd"),
-        "RotaryEmbedding": lambda: emb(q, k, pos, layout="bhsd"),
-    }[api]
     if dtype == "bfloat16":
         call()  # the first bfloat16 tensor registers ml_dtypes' type with the kernels
         qkv.copy_(_tensor((2, 3, 48), dtype, 21))
@@ -406,18 +414,9 @@ def test_arrays_rotated_by_torch_positions_take_the_compiled_entry(api, monkeypa
     rng = np.random.default_rng(5)
     q = rng.standard_normal((2, 3, 2, 16)).astype(np.float32)
     k = rng.standard_normal((2, 3, 1, 16)).astype(np.float32)
-    pos = torch.tensor([[5, 6, 7], [100, 101, 102]])
-    cos, sin = fastpe.rope_cos_sin(np.arange(128), fastpe.rope_frequencies(16))
-    tcos, tsin = torch.from_numpy(cos), torch.from_numpy(sin)
     want = [t.astype(np.float64) for t in (q, k)]
+    call, pos, tcos, tsin = _decode_call(api, q, k, "bshd")
     fastpe.reference.apply_rope(want[0], want[1], pos.numpy(), layout="bshd")
-    emb = fastpe.RotaryEmbedding(16)
-    call = {
-        "apply_rope": lambda: fastpe.apply_rope(q, k, pos, layout="bshd"),
-        "apply_rope_cached": lambda: fastpe.apply_rope_cached(q, k, tcos, tsin, pos,
-                                                              layout="bshd"),
-        "RotaryEmbedding": lambda: emb(q, k, pos, layout="bshd"),
-    }[api]
     callers = entry_callers(monkeypatch, "rope_call")
     versions = [t._version for t in (pos, tcos, tsin)]
     with fastpe.use_backend("cython"):
