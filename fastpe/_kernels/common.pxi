@@ -150,8 +150,9 @@ cdef enum:
     # on the stack, so the conversions run as vector code (gather/scatter)
     CONVERT_CHUNK = 256
     # a one-thread call that moves at most this many bytes runs holding the GIL: its
-    # loops take about a microsecond, less than another thread could do with the GIL in
-    # between, and releasing and taking it back is two mutex round trips
+    # loops take a few microseconds at most (a decode step's, about one), too short for
+    # another thread to use the GIL in between, and releasing and taking it back costs
+    # two mutex round trips
     GIL_HELD_BYTES = 64 << 10
 
 ctypedef fused store_t:
