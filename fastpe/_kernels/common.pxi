@@ -149,10 +149,8 @@ cdef enum:
     # float16/bfloat16 rows convert to float32 this many elements at a time,
     # on the stack, so the conversions run as vector code (gather/scatter)
     CONVERT_CHUNK = 256
-    # a one-thread call that moves at most this many bytes runs holding the GIL: its
-    # loops take a few microseconds at most (a decode step's, about one), too short for
-    # another thread to use the GIL in between, and releasing and taking it back costs
-    # two mutex round trips
+    # a one-thread call that moves at most this many bytes runs holding the GIL
+    # (keeps_gil)
     GIL_HELD_BYTES = 64 << 10
 
 ctypedef fused store_t:
@@ -273,6 +271,14 @@ cdef class Scratch:
 
     def __dealloc__(self):
         free(self.data)
+
+
+cdef inline bint keeps_gil(int nthreads, Py_ssize_t nbytes) noexcept nogil:
+    """Whether a call's loops run holding the GIL: on one thread, over at most
+    GIL_HELD_BYTES. They take a few microseconds at most (a decode step's, about one),
+    too short for another thread to use the GIL in between, and releasing and taking it
+    back costs two mutex round trips."""
+    return nthreads == 1 and nbytes <= GIL_HELD_BYTES
 
 
 cdef inline int units_threads(Py_ssize_t nunits, int num_threads) noexcept nogil:

@@ -236,7 +236,7 @@ cdef int learned_execute(LearnedCall *a, int code, char *xp, const char *tp,
         a.group = ceil_div(a.batch, min(a.batch, ceil_div(4 * max(num_threads, 1), nblocks)))
     cdef int nthreads = units_threads(ceil_div(a.batch, a.group) * ceil_div(a.seq, a.tokens),
                                       num_threads)
-    if nthreads == 1 and a.batch * a.seq * a.dim * itemsize <= GIL_HELD_BYTES:
+    if keeps_gil(nthreads, a.batch * a.seq * a.dim * itemsize):
         learned_run_code(a, code, xp, tp, nthreads)
     else:
         with nogil:

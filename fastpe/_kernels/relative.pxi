@@ -352,7 +352,7 @@ cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
     a.boff = offsets_of_rows(nd, dims, strides, itemsize, 3, a.batch,
                              <Py_ssize_t *>(shared + bias_bytes))
     cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
-    if nthreads == 1 and a.batch * a.heads * a.q * a.k * itemsize <= GIL_HELD_BYTES:
+    if keeps_gil(nthreads, a.batch * a.heads * a.q * a.k * itemsize):
         t5_run_code(a, code, xp, nthreads)
     else:
         with nogil:

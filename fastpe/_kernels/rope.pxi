@@ -559,7 +559,7 @@ cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads
         shared_base = heap.shared
     a.step_s = <const double *>shared_base
     a.step_c = a.step_s + a.half
-    if nthreads == 1 and row_bytes <= GIL_HELD_BYTES:
+    if keeps_gil(nthreads, row_bytes):
         rope_run_code(a, code, qp, kp, work, nthreads, steps)
     else:
         with nogil:

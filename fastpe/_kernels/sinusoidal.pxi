@@ -543,7 +543,7 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     if not blocked:
         a.step_s = <const double *>scratch.shared
         a.step_c = a.step_s + a.nfreq
-    if nthreads == 1 and nbytes <= GIL_HELD_BYTES:
+    if keeps_gil(nthreads, nbytes):
         sinusoidal_run_code(a, code, scratch.work, nthreads, blocked)
     else:
         with nogil:
