@@ -602,6 +602,27 @@ def test_left_padded_prefill_and_decode(dtype, causal, symmetric):
         assert_same_scores(got, want, dtype, 20.0, f"explicit positions q_len={q_len}")
 
 
+def test_key_positions_of_masks_with_long_and_short_runs():
+    """BLOOM's (cumsum(mask) - 1) * mask positions for masks whose runs of padding and of
+    real keys are long (left and right padding, gaps), short (alternating, random) and
+    mixed, at lengths around the 8 flags a long run is recognised by."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for k_len in (7, 8, 9, 16, 17, 40, 67):
+        rows += [np.ones(k_len, bool), np.zeros(k_len, bool), np.arange(k_len) >= k_len // 3,
+                 np.arange(k_len) < k_len - 5, np.arange(k_len) % 2 == 0,
+                 rng.random(k_len) < 0.5, (np.arange(k_len) // 9) % 2 == 1,
+                 (np.arange(k_len) % 11) > 1]
+    for mask in rows:
+        k_len = mask.size
+        kpos = (np.cumsum(mask) - 1) * mask
+        scores = rng.standard_normal((1, 2, 1, k_len))
+        slopes = fastpe.alibi_slopes(2)
+        want = explicit_loop(scores, slopes, [kpos[-1:]], [kpos], [mask], False, False)
+        got = fastpe.add_alibi(scores.copy(), key_mask=mask[None].astype(np.int64))
+        assert_same_scores(got, want, F64, 20.0, str(mask.astype(int)))
+
+
 @pytest.mark.parametrize("form", ["shared", "one-row", "per-row", "lead-shaped"])
 def test_position_forms_on_5d_scores(form):
     """Leading dims (2, 3) are 6 sequences in C order; every accepted shape of the

@@ -32,7 +32,7 @@
 
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport INT32_MAX, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memchr, memcpy, memset
 
 
 cdef extern from *:
@@ -1311,6 +1311,48 @@ cdef uint64_t mask_flags(const mask_word *p, Py_ssize_t n, unsigned char *out) n
     return above
 
 
+cdef enum:
+    # flags mask_positions reads at a time to find a run: a word of them all equal
+    # starts one
+    MASK_RUN_WORD = 8
+
+
+cdef inline Py_ssize_t run_end(const unsigned char *m, Py_ssize_t j, Py_ssize_t k) noexcept nogil:
+    """The index past the run of flags equal to m[j] (0 or 1) that starts at j."""
+    cdef const void *e = memchr(m + j, 1 - m[j], k - j)
+    return k if e == NULL else <Py_ssize_t>(<const unsigned char *>e - m)
+
+
+cdef int64_t mask_positions(const unsigned char *m, Py_ssize_t k, int64_t *kpos) noexcept nogil:
+    """BLOOM's key positions of one padded row of 0/1 flags m: kpos[j] = the number of
+    kept keys before j where m[j], else 0; returns the number of kept keys. A run of
+    equal flags (padding, then the sequence) is found by memchr and written as zeros or
+    a count up, which vectorise: counting key by key is a chain of dependent adds (12
+    us of a 150 us padded decode over 4 x 4096 keys on an Intel Xeon)."""
+    cdef Py_ssize_t j = 0, e, t
+    cdef int64_t count = 0
+    cdef uint64_t w
+    while j < k:
+        e = min(j + MASK_RUN_WORD, k)
+        if e - j == MASK_RUN_WORD:
+            memcpy(&w, m + j, MASK_RUN_WORD)
+            if w == 0 or w == 0x0101010101010101u:
+                e = run_end(m, j, k)
+                if m[j]:
+                    for t in range(e - j):
+                        kpos[j + t] = count + t
+                    count += e - j
+                else:
+                    memset(kpos + j, 0, (e - j) * sizeof(int64_t))
+                j = e
+                continue
+        for t in range(j, e):
+            kpos[t] = count * m[t]
+            count += m[t]
+        j = e
+    return count
+
+
 cdef int64_t *owned_block(int64_t *buf, Py_ssize_t n) noexcept:
     return buf if n <= OWNED_STACK else <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
 
@@ -1359,7 +1401,7 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
         batch *= dims[ax]
     cdef AlibiCall a
     cdef AlibiOwned o
-    cdef int64_t off = 0, hi = -1, count
+    cdef int64_t off = 0, hi = -1, count, mask_hi = -1
     cdef bint given_offset = q_offset is not None
     cdef bint past_int64 = False            # an offset past int64 for no queries
     o.slopes = NULL
@@ -1396,10 +1438,10 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
             if o.kpos == NULL:
                 return False
             for r in range(a.krows):
-                count = 0
-                for j in range(k):
-                    count += o.mask[r * k + j]
-                    o.kpos[r * k + j] = (count - 1) * o.mask[r * k + j]
+                # the row's largest position: its last kept key's, or 0
+                count = mask_positions(o.mask + r * k, k, o.kpos + r * k)
+                if k:
+                    mask_hi = max(mask_hi, count - 1, 0)
         if q_positions is not None:
             o.qpos = owned_positions(q_positions, x, batch, q, INT64_MAX_VALUE, &o.qbuf[0],
                                      OWNED_STACK, &a.qrows)
@@ -1426,7 +1468,9 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
             hi = largest(o.qpos, a.qrows * q, hi) if q else -1
         elif q:
             hi = off + q - 1
-        if k:
+        if k and k_positions is None and o.mask != NULL:
+            hi = max(hi, mask_hi)
+        elif k:
             hi = largest(o.kpos, a.krows * k, hi) if o.kpos != NULL else max(hi, k - 1)
         a.slopes = o.slopes
         a.qpos, a.q_offset = o.qpos, off
