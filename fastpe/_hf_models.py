@@ -615,6 +615,14 @@ ROPE_PER_LAYER_TYPE: frozenset[str] = frozenset("""
 # stretch of the base, base * alpha^(d / (d - 2)) (transformers' ntk_alpha).
 NTK_ALPHA: frozenset[str] = frozenset(("hunyuan_v1_dense", "hunyuan_v1_moe"))
 
+# Rope types a family's config class renames as it loads a config.json: Phi-3's
+# checkpoints wrote LongRoPE as "su", later as "yarn", which Phi3Config (and
+# Phi4MultimodalConfig) read as "longrope" with the dict's short and long factors.
+ROPE_TYPE_RENAMES: dict[str, dict[str, str]] = {
+    model_type: {"su": "longrope", "yarn": "longrope"}
+    for model_type in ("phi3", "phi4_multimodal")
+}
+
 # Families whose config class keeps a rope_scaling field that their code never reads
 # (Cohere2-MoE rotates with rope_parameters alone): the fixture above.
 ROPE_SCALING_UNREAD: frozenset[str] = frozenset(("cohere2_moe",))

@@ -402,6 +402,10 @@ def hf_rope_config(config: object, *, layer_type: str | None = None, part: str |
             raise ValueError(f"config rope parameters have {key}={scaling[key]!r}, which is "
                              f"no rope type; transformers {_hf_models.TRANSFORMERS_VERSION} "
                              "fails on it (give 'default' for plain RoPE)")
+    given_type = scaling.get("rope_type", scaling.get("type"))
+    renames = _hf_models.ROPE_TYPE_RENAMES.get(model_type or "", {})
+    if isinstance(given_type, str) and given_type in renames:
+        scaling["rope_type"] = renames[given_type]
     if "mrope_section" in scaling or scaling.get("mrope_interleaved") is not None:
         raise ValueError(
             "config rope parameters have mrope_section: multi-axis M-RoPE (one position per "

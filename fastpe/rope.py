@@ -660,7 +660,14 @@ class RotaryEmbedding:
                                     num_threads=num_threads, spec=self._spec, spec_head_dim=width))
         return plans
 
+    @property
+    def rope_type(self) -> str:
+        """The scaling the frequencies follow, by transformers' name for it ("default",
+        "linear", "dynamic", "yarn", "longrope", "llama3", ...), as parsed: a Phi-3
+        config.json's "su" or "yarn" reads "longrope", as its config class reads it."""
+        return self._spec.rope_type
+
     def __repr__(self) -> str:
         return (f"RotaryEmbedding(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
-                f"style={self.style!r}, rope_type={self._spec.rope_type!r}, "
+                f"style={self.style!r}, rope_type={self.rope_type!r}, "
                 f"base={self._spec.base}" + (f", axes={self.axes})" if self.axes > 1 else ")"))

@@ -665,3 +665,20 @@ def test_flat_dict_of_a_composite_type_is_refused(model_type):
               "rope_theta": 500000.0, "max_position_embeddings": 4096}
     with pytest.raises(ValueError, match="composite config in transformers"):
         fastpe.RotaryEmbedding.from_hf_config(config)
+
+
+LEGACY = json.loads((DATA / "hf_legacy_rope_types_reference.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", LEGACY, ids=[c["name"] for c in LEGACY])
+def test_legacy_rope_types_read_as_their_config_class_reads_them(case):
+    """A Phi-3 config.json's "su" or "yarn" (tests/data/make_hf_legacy_rope_types_reference.py)
+    is LongRoPE with the dict's short and long factors, as Phi3Config reads it: the
+    cos and sin of the model's rotary module within and past the original length."""
+    rope = fastpe.RotaryEmbedding.from_hf_config(case["config"])
+    assert rope.rope_type == case["read_as"]
+    for span in ("short", "long"):
+        want = case[span]
+        cos, sin = rope.cos_sin(np.array(want["positions"]), dtype=np.float64)
+        np.testing.assert_allclose(cos, want["cos"], rtol=1e-12, atol=1e-12, err_msg=span)
+        np.testing.assert_allclose(sin, want["sin"], rtol=1e-12, atol=1e-12, err_msg=span)
