@@ -120,14 +120,37 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
         return None  # a module without transformers' dynamic state
     last = position_ids.amax().reshape((1,) * position_ids.ndim)
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    # transformers' own fallback for a layer type without a length of its own
+    before = getattr(module, f"{prefix}max_seq_len_cached", module.max_seq_len_cached)
     type(module).forward(module, x, last, **kwargs)
-    kept = getattr(module, f"{layer_type}_max_seq_len_cached", None) if layer_type else None
+    kept = getattr(module, f"{prefix}max_seq_len_cached", None) if layer_type else None
     kept = int(module.max_seq_len_cached if kept is None else kept)
     original = rope._spec.original_max_position_embeddings
     assert original is not None  # set for dynamic NTK
+    if kept > int(before):
+        # grown: transformers formed these frequencies from the config as it is now
+        _check_grown(module, f"{prefix}inv_freq", rope.frequencies(kept).inv_freq, kept)
     if max(kept, original) == max(int(last) + 1, original):
         return None
     return rope.frequencies(kept)
+
+
+def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
+    """Refuse dynamic NTK frequencies that the module grew (its `name` buffer) to other
+    values than fastpe's for `length`: its config's factor or length edited after
+    patch(), which transformers reads again at each growth."""
+    buffer = getattr(module, name, None)
+    if buffer is None:
+        return
+    held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+    ulp = _HALF_EPS.get(str(buffer.dtype), 0.0)
+    tiny = 2.0**-24 if str(buffer.dtype) == "torch.float16" else 0.0
+    if held.shape != want.shape or not np.allclose(held, want, rtol=max(ulp, 1e-6), atol=tiny):
+        raise ValueError(f"fastpe.hf: the rotary module's dynamic NTK frequencies for "
+                         f"{length} positions differ from those of the config fastpe.hf.patch "
+                         f"read (its rope parameters or max_position_embeddings edited "
+                         f"since): patch the model again")
 
 
 def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., Any]:
@@ -187,10 +210,34 @@ def _hub_function(value: Any) -> Any:
 def _rotate(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any,
             positions: Any, layout: RopeLayout) -> None:
     """q and k in place by the patched module's embedding, or by the frequencies its
-    dynamic NTK state holds."""
-    if freqs is None:
-        rope(q, k, positions, layout=layout)
+    dynamic NTK state holds. Negative position_ids (left padding written as
+    attention_mask.cumsum(-1) - 1), which fastpe refuses, rotate by negative angles as
+    the model's own code does: by those frequencies at real-valued positions."""
+    try:
+        if freqs is None:
+            rope(q, k, positions, layout=layout)
+        else:
+            _rotate_by(rope, freqs, q, k, positions, layout)
         return
+    except ValueError:
+        # refused before anything was written; other refusals are raised as they are
+        if not (hasattr(positions, "is_floating_point") and not positions.is_floating_point()
+                and positions.numel() and bool((positions < 0).any())):
+            raise
+    if rope.axes > 1 or rope._halves is not None or rope._pair_freq is not None:
+        raise ValueError("fastpe.hf: position_ids holds negative positions (left padding "
+                         "written as attention_mask.cumsum(-1) - 1?), which fastpe.hf "
+                         "rotates on one position axis only: give the padded tokens any "
+                         "position >= 0 (they are masked)") from None
+    if freqs is None:
+        # transformers picks them by max(position_ids) + 1 (dynamic NTK, LongRoPE)
+        freqs = rope.frequencies(int(positions.amax()) + 1)
+    _rotate_by(rope, freqs, q, k, positions.double(), layout)
+
+
+def _rotate_by(rope: RotaryEmbedding, freqs: RopeFrequencies, q: Any, k: Any,
+               positions: Any, layout: RopeLayout) -> None:
+    """_rotate by these frequencies."""
     width = getattr(q, "shape", (0,))[-1]
     apply_rope(q, k, positions, freqs=freqs, layout=layout,
                style="neox" if rope.style == "neox" else "gptj",
@@ -514,6 +561,17 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             raise ValueError(f"fastpe.hf: the rotary module {where} holds {name} other than "
                              f"its config gives (edited after the model was built, or "
                              f"replaced): fastpe reads the config, so it would rotate "
+                             f"differently")
+        # dynamic NTK grows past the length the module was built with, fastpe past the
+        # config's: the same number unless the config was edited since
+        built = getattr(module, "original_max_seq_len", None)
+        original = rope._spec.original_max_position_embeddings
+        if (rope._spec.rope_type == "dynamic" and not rope._spec.mscaled
+                and built is not None and original is not None and int(built) != original):
+            raise ValueError(f"fastpe.hf: the rotary module {where} grows its dynamic NTK "
+                             f"frequencies past {int(built)} positions, its config's "
+                             f"max_position_embeddings is {original} (edited after the model "
+                             f"was built): fastpe reads the config, so it would rotate "
                              f"differently")
         # Phi-3.5-MoE's forward multiplies by its mscales, not by this attribute
         scaling = None if rope._spec.mscaled else getattr(module, f"{prefix}attention_scaling",

@@ -797,6 +797,59 @@ def test_a_rotary_module_whose_frequencies_left_its_config_is_refused(change):
         torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=0)
 
 
+def _dynamic_llama():
+    return text_model("llama", max_position_embeddings=16, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+
+
+def test_a_dynamic_ntk_module_built_for_another_length_is_refused():
+    """transformers' dynamic NTK module grows past the max_position_embeddings it was
+    built with, but forms grown frequencies from the config's: a config whose length
+    was edited since is both at once, which fastpe does not reproduce."""
+    model = _dynamic_llama()
+    model.config.max_position_embeddings = 8
+    with pytest.raises(ValueError, match=r"past 16 positions.*max_position_embeddings is 8"):
+        fastpe.hf.patch(model)
+    assert "forward" not in vars(model.model.rotary_emb)
+
+
+def test_a_dynamic_ntk_config_edited_after_patch_is_refused_when_it_grows():
+    """transformers reads the config's factor again at each growth of its dynamic NTK
+    frequencies; a patched model whose factor was edited since raises there, where it
+    would rotate by the factor it was patched with."""
+    stock, model = _dynamic_llama(), fastpe.hf.patch(_dynamic_llama())
+    ids = torch.randint(3, 160, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids[:, :24]).logits, stock(ids[:, :24]).logits,
+                                   rtol=0, atol=2e-5)
+        model.config.rope_parameters["factor"] = 8.0
+        model(ids[:, :24])   # no growth: the frequencies of 24 positions, formed before
+        with pytest.raises(ValueError, match=r"for 40 positions differ .* patch the model again"):
+            model(ids)
+
+
+@pytest.mark.parametrize("build", [lambda: text_model("llama"), _dynamic_llama],
+                         ids=["default", "dynamic"])
+def test_negative_position_ids_of_left_padding_rotate_as_the_model_does(build):
+    """Left padding written as attention_mask.cumsum(-1) - 1 puts the padded tokens at
+    -1; the model's own code rotates them by negative angles (and masks them), as the
+    patched model does; the frequencies are those of max(position_ids) + 1."""
+    stock = build()
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
+    ids = torch.randint(3, 160, (2, 24), generator=torch.Generator().manual_seed(3))
+    ids[1, :5] = 0
+    mask = (ids != 0).long()
+    positions = mask.cumsum(-1) - 1
+    assert positions.min() == -1
+    with torch.no_grad():
+        for n in (24, 20):   # past the dynamic module's 16 positions, then kept
+            want = stock(ids[:, :n], attention_mask=mask[:, :n],
+                         position_ids=positions[:, :n]).logits
+            got = patched(ids[:, :n], attention_mask=mask[:, :n],
+                          position_ids=positions[:, :n]).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
 def test_an_m_rope_module_whose_sections_left_its_config_is_refused():
     """Qwen2-VL's rotary module keeps the mrope_section it was built with; a config edited
     afterwards would have fastpe turn the same frequencies by other axes."""
