@@ -1058,12 +1058,36 @@ def hf_requirements(config: object, model_type: str | None) -> None:
                              "no layer has attention")
 
 
+def _hf_refuse_flat_rope(config: Mapping[str, Any], model_type: str, given_dict: bool) -> None:
+    """Refuse the rope dict of a family that rotates each layer type by its own entry,
+    where the dict is not one entry per layer type."""
+    name, rope = _hf_rope_dict(config)
+    advice = ("; give the config object (AutoConfig.from_pretrained) or its to_dict()"
+              if given_dict else "")
+    entries = [str(k) for k, v in rope.items() if isinstance(v, Mapping)] if isinstance(
+        rope, Mapping) else []
+    if entries:
+        flat = [str(k) for k, v in rope.items() if not isinstance(v, Mapping)]
+        raise ValueError(
+            f"config {name} of model_type {model_type!r} holds rope parameters per layer "
+            f"type ({', '.join(entries)}) beside flat keys ({', '.join(flat)}), whose reading "
+            f"(dropped or merged by its config class) fastpe does not derive" + advice)
+    raise ValueError(
+        f"config of model_type {model_type!r} has no rope parameters per layer type: "
+        "its config class makes them from the flat keys of "
+        + ("an older config.json " if given_dict else "")
+        + "(rope_theta, rope_local_base_freq, global_rope_theta, rope_scaling, ...), "
+        "each layer type its own, which fastpe does not derive" + advice)
+
+
 def hf_config(config: object) -> tuple[object, str | None]:
     """(the config as its dict, or the object itself where it has no to_dict; its model
     type), or TypeError / ValueError for what is not a config."""
     if config is None or isinstance(config, (str, bytes, int, float, Sequence)):
         raise TypeError(f"config must be a transformers config or its dict (config.json), "
                         f"got {type(config).__name__}")
+    # a config.json dict, where the config object may hold what its class derives
+    given_dict = isinstance(config, Mapping)
     config = _hf_plain(config)
     model_type = _hf_get(config, "model_type")
     if model_type is not None and not isinstance(model_type, str):
@@ -1077,12 +1101,7 @@ def hf_config(config: object) -> tuple[object, str | None]:
                 "defaults), which fastpe does not derive; give the config object, its "
                 "to_dict(), or the config.json save_pretrained writes")
         if model_type in _hf_models.ROPE_PER_LAYER_TYPE and not _hf_rope_per_layer(config):
-            raise ValueError(
-                f"config of model_type {model_type!r} has no rope parameters per layer type: "
-                "its config class makes them from the flat keys of an older config.json "
-                "(rope_theta, rope_local_base_freq, global_rope_theta, rope_scaling, ...), "
-                "each layer type its own, which fastpe does not derive; give the config "
-                "object (AutoConfig.from_pretrained) or its to_dict()")
+            _hf_refuse_flat_rope(config, model_type, given_dict)
         unread = (("head_dim",) if model_type in _hf_models.HEAD_DIM_UNREAD else ()) + (
             ("rope_scaling",) if model_type in _hf_models.ROPE_SCALING_UNREAD else ())
         if unread:

@@ -1069,3 +1069,15 @@ def test_a_vision_tower_that_reorders_cos_and_sin_is_left_stock():
     patched = {name for name, m in model.named_modules() if "forward" in vars(m)}
     assert "model.language_model.rotary_emb" in patched
     assert not any(name.startswith("model.visual") for name in patched), patched
+
+
+def test_a_config_object_with_flat_rope_parameters_beside_entries_is_refused_without_advice():
+    """Gemma3TextConfig given one flat rope dict keeps it beside its default entries per
+    layer type (the model runs those): refused, naming both, without telling a caller who
+    gave the config object to give the config object."""
+    config = transformers.Gemma3TextConfig(**SMALL, rope_parameters={
+        "rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+    with pytest.raises(ValueError, match=r"per layer type \(.*attention.*\) beside flat keys "
+                                         r"\(.*factor.*\)") as err:
+        fastpe.RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
+    assert "give the config object" not in str(err.value)

@@ -598,6 +598,14 @@ def test_per_layer_config_needs_layer_type():
     ({"model_type": "gemma3_text", "transformers_version": "4.50.0", "head_dim": 64,
       "rope_theta": 1e6, "rope_local_base_freq": 1e4},
      r"no rope parameters per layer type.*rope_local_base_freq"),
+    # ZAYA1's config.json: entries per layer type and a leftover rope_type, which its
+    # config class drops
+    ({"model_type": "zaya", "rope_parameters": {
+        "rope_type": "default",
+        "hybrid": {"rope_type": "default", "rope_theta": 5e6},
+        "hybrid_sliding": {"rope_type": "default", "rope_theta": 1e4}}},
+     r"per layer type \(hybrid, hybrid_sliding\) beside flat keys \(rope_type\).*"
+     r"give the config object"),
     ({"model_type": "wav2vec2-conformer", "hidden_size": 1024, "num_attention_heads": 16,
       "position_embeddings_type": "relative"}, r"position_embeddings_type='relative'"),
     ({"model_type": "wav2vec2-bert", "hidden_size": 1024, "num_attention_heads": 16},
