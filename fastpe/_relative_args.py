@@ -166,11 +166,14 @@ def add_disentangled_bias(scores: object, *, c2p: object, p2c: object,
     p = None if p2c is None else _logits(p2c, "p2c", x, k, spec.span)
     if p is not None and q != k:
         raise ValueError(
-            f"p2c with q_len {q} != k_len {k}: transformers' DebertaV2 then rebuilds the "
-            f"position-to-content positions key against key (build_rpos, which passes "
-            f"max_relative_positions and position_buckets in each other's places) into a "
-            f"(k_len, k_len) term that does not broadcast against (q_len, k_len) scores; "
-            f"fastpe does not guess what the model would add")
+            f"p2c with q_len {q} != k_len {k}: the models' own code adds no "
+            f"position-to-content term of relative positions there (DebertaV2 rebuilds "
+            f"its positions key against key, build_rpos passing max_relative_positions and "
+            f"position_buckets in each other's places, into a (k_len, k_len) term that does "
+            f"not broadcast against (q_len, k_len) scores; DeBERTa v1's "
+            f"uneven_size_corrected takes for each query the row of its (k_len, k_len) term "
+            f"at the query's relative position to the first key); fastpe does not guess "
+            f"what the model would add")
     threads = _threads.check(num_threads)
     # the arrays the kernel reads too: an object may convert to other memory each time
     _checks.disjoint(x, "scores", (c2p, "c2p"), (p2c, "p2c"), (c, "c2p"), (p, "p2c"))

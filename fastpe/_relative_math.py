@@ -190,16 +190,26 @@ def deberta_spec(position_buckets: int, max_relative_positions: int) -> DebertaS
     # on has bucket +-1
     one_bucket = position_buckets // 2 == 1 and max_relative_positions > 0
     reach = 2 if one_bucket else span + 1
+
+    def at_ends(d: np.ndarray) -> np.ndarray:
+        return np.clip(deberta_positions(d, position_buckets, max_relative_positions) + span,
+                       0, 2 * span - 1)
+
+    # the positions grow with the distance: where the longest reach tried below is short
+    # of the ends, refuse before tabulating millions of distances
+    longest = reach
+    while longest <= MAX_TABLE_DISTANCE:
+        longest *= 2
+    ends = at_ends(np.array([-longest, longest], dtype=np.int64))
+    if not one_bucket and not (ends[0] == 0 and ends[1] == 2 * span - 1):
+        raise ValueError(f"position_buckets={position_buckets}, max_relative_positions="
+                         f"{max_relative_positions}: the relative positions reach the ends "
+                         f"of the span {span} only past distance {MAX_TABLE_DISTANCE}")
     while True:
         d = np.arange(-reach, reach + 1, dtype=np.int64)
-        c2p = np.clip(deberta_positions(d, position_buckets, max_relative_positions) + span,
-                      0, 2 * span - 1)
+        c2p = at_ends(d)
         if one_bucket or (c2p[0] == 0 and c2p[-1] == 2 * span - 1):
             break
-        if reach > MAX_TABLE_DISTANCE:
-            raise ValueError(f"position_buckets={position_buckets}, max_relative_positions="
-                             f"{max_relative_positions}: the relative positions reach the ends "
-                             f"of the span {span} only past distance {MAX_TABLE_DISTANCE}")
         reach *= 2
     p2c = np.clip(-deberta_positions(-d, position_buckets, max_relative_positions) + span,
                   0, 2 * span - 1)

@@ -26,6 +26,7 @@ from conftest import (
 from test_alibi import BAD_ADD, S, _read_only, _strided_zero  # S: (2, 3, 4, 6) scores
 
 import fastpe
+from fastpe import _relative_math
 
 DATA = Path(__file__).parent / "data"
 BACKENDS = ["cython", "numpy"]
@@ -1031,3 +1032,20 @@ def test_disentangled_bias_names_the_logit_a_call_lacks_or_has_too_many():
     with pytest.raises(TypeError, match=r"c2p must be a bool, got 'x'"):
         d(scores, c2p=logits)
     assert not scores.any()
+
+
+@pytest.mark.parametrize("mr, accepted", [(2**22 + 2, True), (2**23, False), (2**40, False)])
+def test_deberta_log_buckets_that_reach_the_span_ends_too_far_out_are_refused(mr, accepted):
+    """The ends of the span must be reached within 2**22 of distance (the tables'
+    reach): decided on the two farthest distances, as on every distance up to them."""
+    if accepted:
+        spec = _relative_math.deberta_spec(256, mr)
+        d = np.array([-spec.reach, spec.reach])
+        ends = np.clip(_relative_math.deberta_positions(d, 256, mr) + spec.span,
+                       0, 2 * spec.span - 1)
+        assert ends.tolist() == [0, 2 * spec.span - 1]
+        return
+    for fn in (fastpe.add_disentangled_bias, fastpe.reference.add_disentangled_bias):
+        with pytest.raises(ValueError, match=rf"max_relative_positions={mr}: .*past distance"):
+            fn(np.zeros((1, 1, 2, 2)), c2p=np.zeros((1, 1, 2, 512)), position_buckets=256,
+               max_relative_positions=mr)
