@@ -1109,6 +1109,12 @@ def hf_config(config: object) -> tuple[object, str | None]:
         if "transformers_version" not in config:
             _hf_refuse_incomplete_entries(config, model_type)
             config = _hf_class_fill(config, model_type)
+        elif "head_dim" not in config and "head_dim" in _hf_models.CLASS_DEFAULTS.get(
+                model_type, {}):
+            # one transformers wrote holds its class's head_dim (a partial factor it may
+            # keep in the rope parameters instead): without one (edited out, or newer than
+            # the writer) the class takes its default, not hidden_size / heads
+            config = {**config, "head_dim": _hf_models.CLASS_DEFAULTS[model_type]["head_dim"]}
     if model_type == "":
         raise ValueError(
             "config has an empty model_type: transformers gives that to sub-configs of "

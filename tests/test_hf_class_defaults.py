@@ -80,6 +80,18 @@ def test_a_dict_without_the_keys_is_read_as_its_class_reads_it(case):
         assert loaded["rotary_dim"] == int(head_dim * partial)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c["head_dim"] is not None],
+                         ids=_case_id)
+def test_a_written_dict_without_head_dim_takes_the_class_head_dim(case):
+    """A dict transformers wrote (transformers_version) holds its class's head_dim; one
+    without it (edited out) loads with the class default, as the class loads it, not
+    hidden_size / num_attention_heads."""
+    written = _load({**case["config"], "transformers_version": "5.25.0"})
+    if written is None or _hf_models.convention(case["model_type"]).width_key is not None:
+        return
+    assert written["features"][1] == case["head_dim"]
+
+
 def test_a_to_dict_is_not_completed():
     # GLM-4's class holds partial_rotary_factor in its rope parameters; one built without
     # it rotates the whole head, and its to_dict() (no top-level factor) says so
