@@ -7,7 +7,7 @@ the loops expect, plus the float64 parameters. Nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import NamedTuple, TypeVar
 
 import numpy as np
@@ -166,7 +166,9 @@ def mrope_pair_axis(half: int, sections: object, interleaved: object) -> np.ndar
     sections[a], else axis 0, so each axis spans the whole frequency range (as
     in Qwen3-VL's code, sections[0] and the sum do not matter)."""
     interleaved = _checks.flag(interleaved, "mrope_interleaved")
-    if isinstance(sections, (str, bytes)) or not hasattr(sections, "__len__"):
+    # ordered: a set or a dict would give the axes their counts in hash order
+    if (isinstance(sections, (str, bytes, Set, Mapping)) or not hasattr(sections, "__len__")
+            or not hasattr(sections, "__getitem__")):
         raise TypeError(f"mrope_section must be a sequence of counts, one per axis, got "
                         f"{type(sections).__name__}")
     counts = [_checks.count(n, "mrope_section[]") for n in sections]  # type: ignore[attr-defined]

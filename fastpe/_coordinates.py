@@ -35,23 +35,35 @@ def _tokens(names: str, *counts: int) -> None:
                          f"positions fastpe makes at once")
 
 
-def _patches(size: object, patch_size: object, name: str) -> int:
+def _patches(size: object, patch: object, name: str, patch_name: str) -> int:
     n = _checks.count(size, name, minimum=1)
-    if patch_size is None:
+    if patch is None:
         return n
     # the model floors pixels / patch: a partial last patch is cropped by its convolution
-    patches = n // _checks.count(patch_size, "patch_size", minimum=1)
+    patches = n // _checks.count(patch, patch_name, minimum=1)
     if patches < 1:
-        raise ValueError(f"{name}={n} pixels is smaller than one patch of {patch_size}")
+        raise ValueError(f"{name}={n} pixels is smaller than one patch of {patch}")
     return patches
 
 
+def _patch_sides(patch_size: object) -> tuple[object, object]:
+    """(height, width) of a patch_size given as one int or, as DINOv3's config may hold
+    it, a (height, width) pair."""
+    if isinstance(patch_size, (tuple, list)):
+        if len(patch_size) != 2:
+            raise ValueError(f"patch_size must be an int or a (height, width) pair, got "
+                             f"{len(patch_size)} entries")
+        return patch_size[0], patch_size[1]
+    return patch_size, patch_size
+
+
 def dinov3_positions(height: int, width: int, *,
-                     patch_size: int | None = None) -> NDArray[np.float64]:
+                     patch_size: int | tuple[int, int] | None = None) -> NDArray[np.float64]:
     """DINOv3's patch centres, ``(2, height * width)`` float64 in (-1, 1).
 
-    ``height`` and ``width`` count patches (pixels when ``patch_size`` is given, floored
-    to whole patches as the model's convolution does). Patch (i, j) of the row-major
+    ``height`` and ``width`` count patches (pixels when ``patch_size``, an int or a
+    (height, width) pair as the config holds it, is given, floored to whole patches as
+    the model's convolution does). Patch (i, j) of the row-major
     grid sits at ``y = 2 * (i + 0.5) / height - 1``, ``x = 2 * (j + 0.5) / width - 1``:
     row 0 of the result is y, row 1 is x, in the model's order. The prefix tokens (CLS
     and registers, ``rope.prefix_tokens`` of them) have no coordinates: the model leaves
@@ -59,8 +71,10 @@ def dinov3_positions(height: int, width: int, *,
     inference for every image; the random shift, jitter and rescale of the config are
     training augmentations the model applies only in training mode.
     """
-    h = _patches(height, patch_size, "height")
-    w = _patches(width, patch_size, "width")
+    patch_h, patch_w = _patch_sides(patch_size)
+    tall = isinstance(patch_size, (tuple, list))
+    h = _patches(height, patch_h, "height", "patch_size[0]" if tall else "patch_size")
+    w = _patches(width, patch_w, "width", "patch_size[1]" if tall else "patch_size")
     _tokens("height and width", h, w)
     # the same operations as the model (centre, divide, then 2c - 1), bit for bit in float64
     ys = 2.0 * ((np.arange(h, dtype=np.float64) + 0.5) / h) - 1.0

@@ -90,7 +90,11 @@ def _frames(t: int, step: object, name: str) -> NDArray[np.int64]:
     """The temporal index of each of t frames `step` apart, as get_vision_position_ids
     forms it: arange(t) * step truncated, in integers for an int step, else in float32
     (torch's arange times a Python float or a float32 tensor), each product rounded
-    to float32 before it is truncated."""
+    to float32 before it is truncated. A 0-d array or tensor (Qwen2.5-VL holds its
+    ``second_per_grid_ts`` times ``tokens_per_second`` so) counts as its value."""
+    item = getattr(step, "item", None)
+    if getattr(step, "ndim", None) == 0 and callable(item):
+        step = item()
     if isinstance(step, (int, np.integer)) and not isinstance(step, (bool, np.bool_)):
         whole = _checks.count(step, f"{name} temporal step", minimum=1)
         _fits((t - 1) * whole, name)

@@ -727,6 +727,25 @@ def test_position_helpers_name_the_argument(call, error, pattern):
         call()
 
 
+def test_a_temporal_step_held_as_a_0d_array_or_tensor_is_its_value():
+    """Qwen2.5-VL forms its step as a float32 tensor (tokens_per_second times an entry
+    of second_per_grid_ts): taken as the value it holds."""
+    step = np.float32(25) * np.float32(0.1)
+    want = fastpe.mrope_positions([(9, 2, 2, float(step))])
+    np.testing.assert_array_equal(fastpe.mrope_positions([(9, 2, 2, np.array(step))]), want)
+    torch = pytest.importorskip("torch")
+    held = 25 * torch.tensor([0.1], dtype=torch.float32)[0]
+    np.testing.assert_array_equal(fastpe.mrope_positions([(9, 2, 2, held)]), want)
+    np.testing.assert_array_equal(fastpe.mrope_positions([(3, 2, 2, torch.tensor(2))]),
+                                  fastpe.mrope_positions([(3, 2, 2, 2)]))
+
+
+@pytest.mark.parametrize("sections", [{16, 24}, {16: 1, 24: 2}], ids=["set", "dict"])
+def test_unordered_mrope_sections_are_refused(sections):
+    with pytest.raises(TypeError, match=r"mrope_section must be a sequence"):
+        fastpe.RotaryEmbedding(80, mrope_section=sections)
+
+
 def test_largest_positions_that_fit_are_given():
     top = 2**63 - 2
     got = fastpe.vision_positions((2, 2), offset=top)

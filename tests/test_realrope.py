@@ -91,6 +91,10 @@ def test_dinov3_positions_are_the_models_patch_centres(name):
     np.testing.assert_array_equal(
         fastpe.dinov3_positions(rows * patch + patch - 1, cols * patch, patch_size=patch),
         fixture(name, "coords").T)
+    # a (height, width) patch, as the model reads a config's pair
+    np.testing.assert_array_equal(
+        fastpe.dinov3_positions(rows * 3, cols * patch + 1, patch_size=(3, patch)),
+        fixture(name, "coords").T)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -323,6 +327,10 @@ def test_layer_type_does_not_apply():
     (lambda: fastpe.dinov3_positions(8, 32, patch_size=16), ValueError,
      r"height=8 pixels is smaller than one patch"),
     (lambda: fastpe.dinov3_positions(32, 32, patch_size=0), ValueError, r"patch_size"),
+    (lambda: fastpe.dinov3_positions(32, 32, patch_size=(16, 0)), ValueError,
+     r"patch_size\[1\]"),
+    (lambda: fastpe.dinov3_positions(32, 32, patch_size=(16, 16, 3)), ValueError,
+     r"patch_size must be an int or a \(height, width\) pair"),
     (lambda: fastpe.sam2_memory_positions(2, 2, frames=0), ValueError, r"frames"),
 ])
 def test_coordinate_helpers_refuse_bad_sizes(call, error, match):
