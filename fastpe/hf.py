@@ -128,12 +128,15 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
     kept = int(module.max_seq_len_cached if kept is None else kept)
     original = rope._spec.original_max_position_embeddings
     assert original is not None  # set for dynamic NTK
-    if kept > int(before):
-        # grown: transformers formed these frequencies from the config as it is now
-        _check_grown(module, f"{prefix}inv_freq", rope.frequencies(kept).inv_freq, kept)
-    if max(kept, original) == max(int(last) + 1, original):
+    own_length = max(kept, original) == max(int(last) + 1, original)
+    grown = kept > int(before)
+    if own_length and not grown:
         return None
-    return rope.frequencies(kept)
+    freqs = rope.frequencies(kept)
+    if grown:
+        # transformers formed these frequencies from the config as it is now
+        _check_grown(module, f"{prefix}inv_freq", freqs.inv_freq, kept)
+    return None if own_length else freqs
 
 
 def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
