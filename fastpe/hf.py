@@ -173,10 +173,70 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
         freqs = None
         if layer_type in dynamic:
             freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        if _half_buffer(module, prefix) is not None:
+            freqs = _held_frequencies(module, x, position_ids, layer_type, pair[0], freqs,
+                                      held)
         out = _Positions(pair[0], pair[1], position_ids, freqs)
         return out, out
 
+    # per layer type: the half-precision buffer last read, its version and frequencies
+    held: dict[str, tuple[Any, int, RopeFrequencies]] = {}
     return forward
+
+
+def _half_buffer(module: Any, prefix: str) -> Any:
+    """The module's inv_freq buffer where it is float16 or bfloat16 (model.half() or
+    model.to(torch.bfloat16) rounds it), else None."""
+    buffer = getattr(module, f"{prefix}inv_freq", None)
+    return buffer if buffer is not None and str(buffer.dtype) in _HALF_EPS else None
+
+
+def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | None,
+                      rope: RotaryEmbedding, freqs: RopeFrequencies | None,
+                      held: dict[str, tuple[Any, int, RopeFrequencies]]) -> RopeFrequencies:
+    """The frequencies a module whose inv_freq is held in half precision rotates by:
+    its own code multiplies the positions by that buffer, rounded as it is (at position
+    2000 a bfloat16 frequency of 1 is off by radians), so fastpe does too; the scaling
+    of cos and sin is its config's. `freqs`: those of its dynamic NTK state, or None."""
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    _refuse_held(rope, _half_buffer(module, prefix), "")
+    last = position_ids.amax().reshape((1,) * position_ids.ndim)
+    if rope._spec.rope_type == "longrope":
+        # its own code copies the short or long factors' frequencies into the buffer,
+        # rounding them, by the call's length
+        kwargs = {} if layer_type is None else {"layer_type": layer_type}
+        type(module).forward(module, x, last, **kwargs)
+    buffer = _half_buffer(module, prefix)
+    if buffer is None:
+        return freqs   # dynamic NTK grew it anew, in float32
+    key = layer_type or ""
+    kept = held.get(key)
+    if kept is None or kept[0] is not buffer or kept[1] != buffer._version:
+        scaling = (freqs or rope.frequencies(int(last) + 1)).attention_scaling
+        values = np.ascontiguousarray(buffer.detach().to("cpu").double().numpy().reshape(-1))
+        values.setflags(write=False)
+        kept = held[key] = (buffer, buffer._version, RopeFrequencies(values, scaling))
+    return kept[2]
+
+
+def _refuse_held(rope: RotaryEmbedding, buffer: Any, where: str) -> None:
+    """Refuse a module whose inv_freq `buffer` is held in half precision where `rope` is
+    not a rotation fastpe.hf can give those frequencies: one pairing on one position
+    axis, frequencies that the module keeps (not Phi-3.5-MoE's, formed at each call)."""
+    if buffer is None or str(buffer.dtype) not in _HALF_EPS:
+        return
+    if rope.axes > 1 or rope._halves is not None or rope._pair_freq is not None:
+        what = "a rotation over several position axes"
+    elif rope._spec.mscaled:
+        what = "Phi-3.5-MoE's mscaled LongRoPE, which forms its frequencies at each call"
+    else:
+        return
+    raise ValueError(f"fastpe.hf: the rotary module{where} holds its inv_freq in "
+                     f"{buffer.dtype} (the model was cast, which rounds its buffers), by "
+                     f"which its own code rotates; fastpe.hf does not reproduce that for "
+                     f"{what}: load the model with from_pretrained(dtype=...), which keeps "
+                     f"them float32, or run it stock")
 
 
 # model types whose attention does more with cos and sin than pass them to the apply
@@ -576,6 +636,7 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                              f"max_position_embeddings is {original} (edited after the model "
                              f"was built): fastpe reads the config, so it would rotate "
                              f"differently")
+        _refuse_held(rope, buffer, f" {where}")
         # Phi-3.5-MoE's forward multiplies by its mscales, not by this attribute
         scaling = None if rope._spec.mscaled else getattr(module, f"{prefix}attention_scaling",
                                                            None)

@@ -265,7 +265,7 @@ def capture_q_k(model):
         if fused:
             outs = [tuple(t[..., cols] for t in outs[0])
                     for cols in (slice(0, q_end), slice(q_end, k_end))]
-        return [tuple(t[0].reshape(t.shape[1], -1, HEAD_DIM).numpy() for t in pair)
+        return [tuple(t[0].reshape(t.shape[1], -1, HEAD_DIM).float().numpy() for t in pair)
                 for pair in outs]
 
     return result, handles
@@ -299,6 +299,45 @@ def test_rotations_exact_at_2_20_positions(name):
                                    - stock_rotate(model, p, position_ids)).max())
                       for _, p in result())
     assert stock_error > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name, starts", [
+    ("llama", [2000]), ("llama3", [2000]), ("phi3_longrope", [2000]),
+    ("llama_dynamic", [2000, 0])])   # grown (a float32 buffer of its own), then reset
+def test_a_model_cast_to_half_precision_rotates_by_its_rounded_frequencies(dtype, name,
+                                                                            starts):
+    """model.to(dtype) rounds the rotary module's inv_freq buffers, and its own code rotates
+    by the rounded frequencies (at position 2000 a bfloat16 frequency is off by radians):
+    the patched model rotates by them too, to the rounding of its dtype's arithmetic;
+    LongRoPE's and dynamic NTK's by the buffer their own code holds for the call."""
+    model = fastpe.hf.patch(FAMILIES[name][0]().to(dtype))
+    result, handles = capture_q_k(model)
+    with torch.no_grad():
+        for start in starts:
+            position_ids = torch.arange(start, start + 8)[None]
+            model(input_ids=torch.arange(1, 9)[None], position_ids=position_ids)
+    for handle in handles:
+        handle.remove()
+    fastpe.hf.unpatch(model)   # its module holds the state the last call left
+    for rotated, projected in result():
+        # the stock rotation, by the module's own (rounded) frequencies, in float32
+        want = stock_rotate(model, projected, position_ids)
+        # fastpe's result rounded once to the model's dtype
+        ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+        np.testing.assert_allclose(rotated, want, rtol=0,
+                                   atol=ulp * float(np.abs(projected).max()))
+
+
+def test_a_multi_axis_model_cast_to_half_precision_is_refused():
+    """M-RoPE rotates each pair by its axis's position, which fastpe.hf does not give a
+    module's own rounded frequencies: a model cast to bfloat16 is refused, unchanged."""
+    model = FAMILIES["qwen2_vl"][0]().to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"holds its inv_freq in torch.bfloat16 .* several "
+                                         r"position axes"):
+        fastpe.hf.patch(model)
+    assert not any("forward" in vars(m) for m in model.modules()
+                   if type(m).__name__.endswith("RotaryEmbedding"))
 
 
 def stock_rotate(model, x, position_ids):
