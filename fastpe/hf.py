@@ -194,11 +194,13 @@ def _half_buffer(module: Any, prefix: str) -> Any:
 
 def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | None,
                       rope: RotaryEmbedding, freqs: RopeFrequencies | None,
-                      held: dict[str, tuple[Any, int, RopeFrequencies]]) -> RopeFrequencies:
+                      held: dict[str, tuple[Any, int, RopeFrequencies]]
+                      ) -> RopeFrequencies | None:
     """The frequencies a module whose inv_freq is held in half precision rotates by:
     its own code multiplies the positions by that buffer, rounded as it is (at position
-    2000 a bfloat16 frequency of 1 is off by radians), so fastpe does too; the scaling
-    of cos and sin is its config's. `freqs`: those of its dynamic NTK state, or None."""
+    2000 a bfloat16 frequency near 1 may be off by radians), so fastpe does too; the
+    scaling of cos and sin is its config's. `freqs`: those of its dynamic NTK state, or
+    None (returned where the module grew its buffer anew, in float32)."""
     prefix = "" if layer_type is None else f"{layer_type}_"
     _refuse_held(rope, _half_buffer(module, prefix), "")
     last = position_ids.amax().reshape((1,) * position_ids.ndim)
