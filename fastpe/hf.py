@@ -173,45 +173,75 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
         freqs = None
         if layer_type in dynamic:
             freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
-        prefix = "" if layer_type is None else f"{layer_type}_"
-        if _half_buffer(module, prefix) is not None:
-            freqs = _held_frequencies(module, x, position_ids, layer_type, pair[0], freqs,
-                                      held)
-        out = _Positions(pair[0], pair[1], position_ids, freqs)
+        rope = pair[0]
+        if _rounded(module, layer_type, rope, verdicts):
+            freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, held)
+        out = _Positions(rope, pair[1], position_ids, freqs)
         return out, out
 
-    # per layer type: the half-precision buffer last read, its version and frequencies
+    # per layer type: the buffer its frequencies were checked by, its version and whether
+    # it holds them rounded; the inv_freq buffer last read, its version and frequencies
+    verdicts: dict[str, tuple[Any, int, bool]] = {}
     held: dict[str, tuple[Any, int, RopeFrequencies]] = {}
     return forward
 
 
-def _half_buffer(module: Any, prefix: str) -> Any:
-    """The module's inv_freq buffer where it is float16 or bfloat16 (model.half() or
-    model.to(torch.bfloat16) rounds it), else None."""
-    buffer = getattr(module, f"{prefix}inv_freq", None)
-    return buffer if buffer is not None and str(buffer.dtype) in _HALF_EPS else None
+def _checked_buffer(module: Any, layer_type: str | None, rope: RotaryEmbedding) -> tuple[str, Any]:
+    """(name, buffer) of the buffer that holds a module's frequencies as its config gives
+    them: original_inv_freq for dynamic NTK and LongRoPE, which swap inv_freq as calls
+    grow, else inv_freq; None where it keeps none."""
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    if rope._spec.rope_type in ("dynamic", "longrope"):
+        buffer = getattr(module, f"{prefix}original_inv_freq", None)
+        if buffer is not None:
+            return f"{prefix}original_inv_freq", buffer
+    return f"{prefix}inv_freq", getattr(module, f"{prefix}inv_freq", None)
+
+
+def _is_rounded(buffer: Any, rope: RotaryEmbedding) -> bool:
+    """Whether `buffer` holds the config's frequencies rounded to half precision: its dtype
+    is float16 or bfloat16 (model.half(), model.to(torch.bfloat16) round the buffers), or
+    they were cast back to float32 and differ from the config's past its rounding."""
+    if str(buffer.dtype) in _HALF_EPS:
+        return True
+    held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+    want = rope._spec.frequencies(None).inv_freq
+    if rope.axes > 1:
+        # a text M-RoPE module may hold its spectrum in its axes' order (ERNIE-4.5-VL)
+        held, want = np.sort(held), np.sort(want)
+    return held.shape == want.shape and not np.allclose(held, want, rtol=1e-6, atol=0)
+
+
+def _rounded(module: Any, layer_type: str | None, rope: RotaryEmbedding,
+             verdicts: dict[str, tuple[Any, int, bool]]) -> bool:
+    """_is_rounded of the module's checked buffer, decided again only when the buffer is
+    another tensor (a cast replaces it) or was written in place."""
+    buffer = _checked_buffer(module, layer_type, rope)[1]
+    if buffer is None:
+        return False
+    key = layer_type or ""
+    verdict = verdicts.get(key)
+    if verdict is None or verdict[0] is not buffer or verdict[1] != buffer._version:
+        verdict = verdicts[key] = (buffer, buffer._version, _is_rounded(buffer, rope))
+    return verdict[2]
 
 
 def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | None,
                       rope: RotaryEmbedding, freqs: RopeFrequencies | None,
-                      held: dict[str, tuple[Any, int, RopeFrequencies]]
-                      ) -> RopeFrequencies | None:
-    """The frequencies a module whose inv_freq is held in half precision rotates by:
-    its own code multiplies the positions by that buffer, rounded as it is (at position
-    2000 a bfloat16 frequency near 1 may be off by radians), so fastpe does too; the
-    scaling of cos and sin is its config's. `freqs`: those of its dynamic NTK state, or
-    None (returned where the module grew its buffer anew, in float32)."""
+                      held: dict[str, tuple[Any, int, RopeFrequencies]]) -> RopeFrequencies:
+    """The frequencies a module that holds them rounded rotates by: its own code multiplies
+    the positions by its inv_freq buffer, rounded as it is (at position 2000 a bfloat16
+    frequency near 1 may be off by radians), so fastpe does too; the scaling of cos and
+    sin is its config's. `freqs`: those of its dynamic NTK state, or None."""
+    _refuse_held(rope, "")
     prefix = "" if layer_type is None else f"{layer_type}_"
-    _refuse_held(rope, _half_buffer(module, prefix), "")
     last = position_ids.amax().reshape((1,) * position_ids.ndim)
     if rope._spec.rope_type == "longrope":
-        # its own code copies the short or long factors' frequencies into the buffer,
-        # rounding them, by the call's length
+        # its own code copies the short or long factors' frequencies into the buffer, by
+        # the call's length (rounding them where the buffer is half precision)
         kwargs = {} if layer_type is None else {"layer_type": layer_type}
         type(module).forward(module, x, last, **kwargs)
-    buffer = _half_buffer(module, prefix)
-    if buffer is None:
-        return freqs   # dynamic NTK grew it anew, in float32
+    buffer = getattr(module, f"{prefix}inv_freq")
     key = layer_type or ""
     kept = held.get(key)
     if kept is None or kept[0] is not buffer or kept[1] != buffer._version:
@@ -222,23 +252,21 @@ def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | 
     return kept[2]
 
 
-def _refuse_held(rope: RotaryEmbedding, buffer: Any, where: str) -> None:
-    """Refuse a module whose inv_freq `buffer` is held in half precision where `rope` is
-    not a rotation fastpe.hf can give those frequencies: one pairing on one position
-    axis, frequencies that the module keeps (not Phi-3.5-MoE's, formed at each call)."""
-    if buffer is None or str(buffer.dtype) not in _HALF_EPS:
-        return
+def _refuse_held(rope: RotaryEmbedding, where: str) -> None:
+    """Refuse a module that holds its frequencies rounded where `rope` is not a rotation
+    fastpe.hf can give a module's own frequencies: one pairing on one position axis,
+    frequencies the module keeps (not Phi-3.5-MoE's, formed at each call)."""
     if rope.axes > 1 or rope._halves is not None or rope._pair_freq is not None:
         what = "a rotation over several position axes"
     elif rope._spec.mscaled:
         what = "Phi-3.5-MoE's mscaled LongRoPE, which forms its frequencies at each call"
     else:
         return
-    raise ValueError(f"fastpe.hf: the rotary module{where} holds its inv_freq in "
-                     f"{buffer.dtype} (the model was cast, which rounds its buffers), by "
-                     f"which its own code rotates; fastpe.hf does not reproduce that for "
-                     f"{what}: load the model with from_pretrained(dtype=...), which keeps "
-                     f"them float32, or run it stock")
+    raise ValueError(f"fastpe.hf: the rotary module{where} holds its frequencies rounded "
+                     f"to half precision (the model was cast, which rounds its buffers, and "
+                     f"maybe cast back), by which its own code rotates; fastpe.hf does not "
+                     f"reproduce that for {what}: load the model with "
+                     f"from_pretrained(dtype=...), which keeps them float32, or run it stock")
 
 
 # model types whose attention does more with cos and sin than pass them to the apply
@@ -599,14 +627,12 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
     ``vision``: a vision tower's module, whose frequencies are checked in order."""
     for layer_type, rope in ropes.items():
         prefix = "" if layer_type is None else f"{layer_type}_"
-        # dynamic NTK and LongRoPE replace inv_freq as calls get longer (or shorter), and
-        # go back to original_inv_freq
-        dynamic = rope._spec.rope_type in ("dynamic", "longrope")
-        name = f"{prefix}original_inv_freq" if dynamic else f"{prefix}inv_freq"
-        buffer = getattr(module, name, None)
-        if buffer is None and dynamic:
-            name = f"{prefix}inv_freq"
-            buffer = getattr(module, name, None)
+        if rope._spec.rope_type == "dynamic" and not rope._spec.mscaled and (
+                rope.axes > 1 or rope._halves is not None):
+            raise ValueError(f"fastpe.hf: the rotary module {where} grows dynamic NTK "
+                             f"frequencies on more than one position axis, which fastpe.hf "
+                             f"does not reproduce")
+        name, buffer = _checked_buffer(module, layer_type, rope)
         if buffer is None:
             continue  # a module that keeps none: its config is all there is
         expected = rope._spec.frequencies(None)
@@ -616,17 +642,17 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             # a text M-RoPE module may hold its spectrum in its axes' order (ERNIE-4.5-VL),
             # which fastpe's pair layout reproduces: the values are what is checked
             held, want = np.sort(held), np.sort(want)
-        # within the rounding of the buffer's own dtype (model.half() rounds it): what
-        # is refused is a different frequency, not its float16 or bfloat16 value
-        ulp = _HALF_EPS.get(str(buffer.dtype), 0.0)
+        # within the rounding of the buffer's own dtype (model.half() rounds it), or of
+        # bfloat16 for a float32 one (cast there and back): what is refused is a different
+        # frequency, not a rounded one, by which the patched module then rotates
+        ulp = _HALF_EPS.get(str(buffer.dtype), _HALF_EPS["torch.bfloat16"])
         # float16 holds frequencies below 2**-14 (large bases) as subnormals, spaced 2**-24
-        tiny = 2.0**-24 if str(buffer.dtype) == "torch.float16" else 0.0
-        if held.shape != want.shape or not np.allclose(
-                held, want, rtol=max(ulp, 1e-6), atol=tiny):
+        tiny = 0.0 if str(buffer.dtype) == "torch.bfloat16" else 2.0**-24
+        if held.shape != want.shape or not np.allclose(held, want, rtol=ulp, atol=tiny):
             raise ValueError(f"fastpe.hf: the rotary module {where} holds {name} other than "
-                             f"its config gives (edited after the model was built, or "
-                             f"replaced): fastpe reads the config, so it would rotate "
-                             f"differently")
+                             f"its config gives, past a half-precision cast's rounding "
+                             f"(edited after the model was built, or replaced): fastpe "
+                             f"reads the config, so it would rotate differently")
         # dynamic NTK grows past the length the module was built with, fastpe past the
         # config's: the same number unless the config was edited since
         built = getattr(module, "original_max_seq_len", None)
@@ -638,7 +664,8 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                              f"max_position_embeddings is {original} (edited after the model "
                              f"was built): fastpe reads the config, so it would rotate "
                              f"differently")
-        _refuse_held(rope, buffer, f" {where}")
+        if _is_rounded(buffer, rope):
+            _refuse_held(rope, f" {where}")
         # Phi-3.5-MoE's forward multiplies by its mscales, not by this attribute
         scaling = None if rope._spec.mscaled else getattr(module, f"{prefix}attention_scaling",
                                                            None)

@@ -329,12 +329,48 @@ def test_a_model_cast_to_half_precision_rotates_by_its_rounded_frequencies(dtype
                                    atol=ulp * float(np.abs(projected).max()))
 
 
+@pytest.mark.parametrize("patched_in", ["float32", "bfloat16"])
+def test_a_model_cast_to_bfloat16_and_back_rotates_by_its_rounded_frequencies(patched_in):
+    """Cast to bfloat16 and back, a module's float32 buffers hold the rounded frequencies
+    and its own code rotates by them: so does the patched model, patched before the casts
+    or between them."""
+    model = FAMILIES["llama3"][0]()
+    if patched_in == "float32":
+        model = fastpe.hf.patch(model).to(torch.bfloat16).float()
+    else:
+        model = fastpe.hf.patch(model.to(torch.bfloat16)).float()
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    result, handles = capture_q_k(model)
+    position_ids = torch.arange(2000, 2008)[None]
+    with torch.no_grad():
+        model(input_ids=torch.arange(1, 9)[None], position_ids=position_ids)
+    for handle in handles:
+        handle.remove()
+    fastpe.hf.unpatch(model)
+    for rotated, projected in result():
+        np.testing.assert_allclose(rotated, stock_rotate(model, projected, position_ids),
+                                   rtol=0, atol=1e-6)
+
+
+def test_dynamic_ntk_on_several_position_axes_is_refused_at_patch():
+    """Qwen3.5's text M-RoPE module with dynamic NTK: refused by patch(), which leaves the
+    model stock, not at its first forward."""
+    model = text_model("qwen3_5_text", head_dim=HEAD_DIM, max_position_embeddings=10,
+                       layer_types=["linear_attention", "full_attention"],
+                       linear_key_head_dim=16, linear_value_head_dim=16,
+                       rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0,
+                                        "factor": 3.0})
+    with pytest.raises(ValueError, match=r"dynamic NTK frequencies on more than one position"):
+        fastpe.hf.patch(model)
+    assert "forward" not in vars(model.model.rotary_emb)
+
+
 def test_a_multi_axis_model_cast_to_half_precision_is_refused():
     """M-RoPE rotates each pair by its axis's position, which fastpe.hf does not give a
     module's own rounded frequencies: a model cast to bfloat16 is refused, unchanged."""
     model = FAMILIES["qwen2_vl"][0]().to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"holds its inv_freq in torch.bfloat16 .* several "
-                                         r"position axes"):
+    with pytest.raises(ValueError, match=r"holds its frequencies rounded to half precision "
+                                         r".* several position axes"):
         fastpe.hf.patch(model)
     assert not any("forward" in vars(m) for m in model.modules()
                    if type(m).__name__.endswith("RotaryEmbedding"))
