@@ -68,6 +68,8 @@ __all__ = ["patch", "unpatch"]
 
 # where patch() keeps what it replaced, on the model instance
 _STATE = "_fastpe_hf_patched"
+# set on the forward functions patch() makes
+_FASTPE_FORWARD = "_fastpe_hf_forward"
 _APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a name
 
 
@@ -139,6 +141,29 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
     return None if own_length else freqs
 
 
+def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn, run by Python wherever torch.compile compiles around it (torch is imported: a
+    model exists): its graphs cannot hold fastpe's C call on the tensors' memory, nor
+    trace the NumPy reads of the module's buffers, nor an attention forward rebuilt with
+    globals of its own (nor what it calls: the same error), so each call is a graph
+    break. Tagged as a forward patch() made."""
+    import torch
+
+    eager: Callable[..., Any] = torch._dynamo.disable(  # type: ignore[no-untyped-call]
+        fn, recursive=True)
+    setattr(eager, _FASTPE_FORWARD, True)
+    return eager
+
+
+def _values(buffer: Any) -> np.ndarray:
+    """A rotary module's frequency buffer as float64 values."""
+    if buffer.is_meta:
+        raise ValueError("fastpe.hf: the rotary module's frequencies are on the meta device, "
+                         "which holds no values: fastpe.hf rotates real tensors (patch the "
+                         "model once its weights are loaded, or unpatch it)")
+    return np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+
+
 def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
     """Refuse dynamic NTK frequencies that the module grew (its `name` buffer) to other
     values than fastpe's for `length`: its config's factor or length edited after
@@ -146,7 +171,7 @@ def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
     buffer = getattr(module, name, None)
     if buffer is None:
         return
-    held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+    held = _values(buffer)
     ulp = _HALF_EPS.get(str(buffer.dtype), 0.0)
     tiny = 2.0**-24 if str(buffer.dtype) == "torch.float16" else 0.0
     if held.shape != want.shape or not np.allclose(held, want, rtol=max(ulp, 1e-6), atol=tiny):
@@ -183,7 +208,7 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
     # it holds them rounded; the inv_freq buffer last read, its version and frequencies
     verdicts: dict[str, tuple[Any, int, bool]] = {}
     held: dict[str, tuple[Any, int, RopeFrequencies]] = {}
-    return forward
+    return _eager(forward)
 
 
 def _checked_buffer(module: Any, layer_type: str | None, rope: RotaryEmbedding) -> tuple[str, Any]:
@@ -204,7 +229,7 @@ def _is_rounded(buffer: Any, rope: RotaryEmbedding) -> bool:
     they were cast back to float32 and differ from the config's past its rounding."""
     if str(buffer.dtype) in _HALF_EPS:
         return True
-    held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+    held = _values(buffer)
     want = rope._spec.frequencies(None).inv_freq
     if rope.axes > 1:
         # a text M-RoPE module may hold its spectrum in its axes' order (ERNIE-4.5-VL)
@@ -246,7 +271,7 @@ def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | 
     kept = held.get(key)
     if kept is None or kept[0] is not buffer or kept[1] != buffer._version:
         scaling = (freqs or rope.frequencies(int(last) + 1)).attention_scaling
-        values = np.ascontiguousarray(buffer.detach().to("cpu").double().numpy().reshape(-1))
+        values = np.ascontiguousarray(_values(buffer))
         values.setflags(write=False)
         kept = held[key] = (buffer, buffer._version, RopeFrequencies(values, scaling))
     return kept[2]
@@ -426,7 +451,7 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
         _rotate(rope, cos.freqs, q, k, positions, layout)
         return given if tensors == 2 else given[0]
 
-    return apply
+    return _eager(apply)
 
 
 def _one_sequence(x: Any) -> bool:
@@ -482,6 +507,7 @@ def _rebound_forward(cls: Any, names: dict[str, Any]) -> types.FunctionType:
         wrapped = new
         new = _copy_function(wrapper, wrapper.__globals__, cells)
         new.__wrapped__ = wrapped  # type: ignore[attr-defined]
+    setattr(new, _FASTPE_FORWARD, True)
     return new
 
 
@@ -636,7 +662,7 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
         if buffer is None:
             continue  # a module that keeps none: its config is all there is
         expected = rope._spec.frequencies(None)
-        held = np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+        held = _values(buffer)
         want = expected.inv_freq
         if rope.axes > 1 and not vision:
             # a text M-RoPE module may hold its spectrum in its axes' order (ERNIE-4.5-VL),
@@ -715,6 +741,7 @@ def patch(model: Any) -> Any:
         with torch.no_grad():
             tokens = model.generate(input_ids, max_new_tokens=20)
     """
+    _drop_stale_patch(model)
     if getattr(model, _STATE, None) is not None:
         return model
     modules = dict(_named_modules(model))
@@ -750,7 +777,8 @@ def patch(model: Any) -> Any:
                     stand_ins[id(f)] = _apply_function(fname, f)
             rebound = {fname: stand_ins[id(f)] for fname, f in functions.items()}
             sub = modules[sub_name]
-            plan.append((sub, types.MethodType(_rebound_forward(type(sub), rebound), sub)))
+            plan.append((sub, types.MethodType(
+                _eager(_rebound_forward(type(sub), rebound)), sub)))
     for module, _ in plan:
         if "forward" in vars(module):
             raise ValueError(f"fastpe.hf: the forward of {type(module).__name__} was already "
@@ -762,9 +790,30 @@ def patch(model: Any) -> Any:
     return model
 
 
+def _patched_forward(module: Any) -> bool:
+    """Whether `module` runs a forward patch() set: pickle keeps neither the closures
+    nor the rebuilt functions, and a copy it loads holds the class's own forward on the
+    instance instead."""
+    forward = vars(module).get("forward")
+    return getattr(getattr(forward, "__func__", None), _FASTPE_FORWARD, False)
+
+
+def _drop_stale_patch(model: Any) -> None:
+    """Forget a patch that a pickled copy of a patched model remembers but does not run
+    (its modules run their stock forwards): the model is then stock, and unmarked."""
+    patched = getattr(model, _STATE, None)
+    if patched is None or all(_patched_forward(module) for module in patched):
+        return
+    for module in patched:
+        if "forward" in vars(module) and not _patched_forward(module):
+            del module.forward
+    object.__delattr__(model, _STATE)
+
+
 def unpatch(model: Any) -> Any:
     """Undo :func:`patch`: the model runs its stock code again, bit for bit; returns
     the model. Unpatching a model that is not patched does nothing."""
+    _drop_stale_patch(model)
     patched = getattr(model, _STATE, None)
     if patched is None:
         return model

@@ -1156,3 +1156,53 @@ def test_a_config_object_with_flat_rope_parameters_beside_entries_is_refused_wit
                                          r"\(.*factor.*\)") as err:
         fastpe.RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
     assert "give the config object" not in str(err.value)
+
+
+def test_a_pickled_patched_model_loads_stock_and_patches_again():
+    """pickle keeps neither patch()'s closures nor its rebuilt functions: the copy it loads
+    runs the stock code, and patch() on it patches it (the patch it remembers is dropped)."""
+    import io
+    model = fastpe.hf.patch(text_model("llama", initializer_range=0.4))
+    ids = prompt("llama")["input_ids"]
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        patched = model(ids).logits
+        stock = fastpe.hf.unpatch(copy.deepcopy(model))(ids).logits
+        assert torch.equal(loaded(ids).logits, stock)
+        again = fastpe.hf.patch(loaded)(ids).logits
+        assert torch.equal(again, patched) and not torch.equal(again, stock)
+        assert torch.equal(fastpe.hf.unpatch(loaded)(ids).logits, stock)
+
+
+@pytest.mark.parametrize("order", ["patch-then-compile", "compile-then-patch"])
+def test_torch_compile_runs_the_patched_rotation_between_its_graphs(order):
+    """torch.compile cannot trace fastpe's C call on the tensors' memory, nor the NumPy
+    reads of a module's buffers: the patched forwards run as graph breaks, with the
+    patched model's numbers (dynamo's "eager" backend: the tracing, not the codegen)."""
+    model = text_model("llama", initializer_range=0.4)
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        stock = model(ids).logits
+        want = fastpe.hf.patch(copy.deepcopy(model))(ids).logits
+        if order == "patch-then-compile":
+            compiled = torch.compile(fastpe.hf.patch(model), backend="eager")
+        else:
+            compiled = torch.compile(model, backend="eager")
+            fastpe.hf.patch(model)
+        got = compiled(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert not torch.equal(got, stock)
+
+
+def test_a_model_on_the_meta_device_is_refused_by_name():
+    """The meta device holds no values to rotate by: patch() and a patched model moved
+    there raise a ValueError that says so (the stock model's meta forward infers shapes)."""
+    model = text_model("llama")
+    with pytest.raises(ValueError, match=r"meta device"):
+        fastpe.hf.patch(copy.deepcopy(model).to("meta"))
+    moved = fastpe.hf.patch(model).to("meta")
+    with torch.no_grad(), pytest.raises(ValueError, match=r"meta device"):
+        moved(prompt("llama")["input_ids"].to("meta"))
