@@ -147,10 +147,13 @@ def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
     trace the NumPy reads of the module's buffers, nor an attention forward rebuilt with
     globals of its own (nor what it calls: the same error), so each call is a graph
     break. Tagged as a forward patch() made."""
-    import torch
+    eager: Callable[..., Any] = fn
+    try:
+        import torch._dynamo
 
-    eager: Callable[..., Any] = torch._dynamo.disable(  # type: ignore[no-untyped-call]
-        fn, recursive=True)
+        eager = torch._dynamo.disable(fn, recursive=True)  # type: ignore[no-untyped-call]
+    except Exception:  # a torch without dynamo compiles nothing to break around
+        pass
     setattr(eager, _FASTPE_FORWARD, True)
     return eager
 

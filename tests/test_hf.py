@@ -1206,3 +1206,22 @@ def test_a_model_on_the_meta_device_is_refused_by_name():
     moved = fastpe.hf.patch(model).to("meta")
     with torch.no_grad(), pytest.raises(ValueError, match=r"meta device"):
         moved(prompt("llama")["input_ids"].to("meta"))
+
+
+def test_a_torch_whose_dynamo_cannot_disable_still_patches(monkeypatch):
+    """Where torch's compiler is unavailable nothing is compiled around the patched
+    forwards: patch() runs them as they are."""
+    import torch._dynamo
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("no dynamo here")
+
+    model = text_model("llama", initializer_range=0.4)
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        want = fastpe.hf.patch(copy.deepcopy(model))(ids).logits
+    with monkeypatch.context() as m:
+        m.setattr(torch._dynamo, "disable", unavailable)
+        fastpe.hf.patch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=0)
