@@ -280,11 +280,17 @@ def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | 
     return kept[2]
 
 
+def _one_pairing(rope: RotaryEmbedding) -> bool:
+    """Whether `rope` is one pairing on one position axis, which apply_rope gives any
+    frequencies (_rotate_by)."""
+    return rope.axes == 1 and rope._halves is None and rope._pair_freq is None
+
+
 def _refuse_held(rope: RotaryEmbedding, where: str) -> None:
     """Refuse a module that holds its frequencies rounded where `rope` is not a rotation
     fastpe.hf can give a module's own frequencies: one pairing on one position axis,
     frequencies the module keeps (not Phi-3.5-MoE's, formed at each call)."""
-    if rope.axes > 1 or rope._halves is not None or rope._pair_freq is not None:
+    if not _one_pairing(rope):
         what = "a rotation over several position axes"
     elif rope._spec.mscaled:
         what = "Phi-3.5-MoE's mscaled LongRoPE, which forms its frequencies at each call"
@@ -345,7 +351,7 @@ def _rotate(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any
         if not (hasattr(positions, "is_floating_point") and not positions.is_floating_point()
                 and positions.numel() and bool((positions < 0).any())):
             raise
-    if rope.axes > 1 or rope._halves is not None or rope._pair_freq is not None:
+    if not _one_pairing(rope):
         raise ValueError("fastpe.hf: position_ids holds negative positions (left padding "
                          "written as attention_mask.cumsum(-1) - 1?), which fastpe.hf "
                          "rotates on one position axis only: give the padded tokens any "
@@ -510,7 +516,6 @@ def _rebound_forward(cls: Any, names: dict[str, Any]) -> types.FunctionType:
         wrapped = new
         new = _copy_function(wrapper, wrapper.__globals__, cells)
         new.__wrapped__ = wrapped  # type: ignore[attr-defined]
-    setattr(new, _FASTPE_FORWARD, True)
     return new
 
 
