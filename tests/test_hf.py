@@ -311,6 +311,8 @@ def test_a_model_cast_to_half_precision_rotates_by_its_rounded_frequencies(dtype
     by the rounded frequencies (at position 2000 a bfloat16 frequency is off by radians):
     the patched model rotates by them too, to the rounding of its dtype's arithmetic;
     LongRoPE's and dynamic NTK's by the buffer their own code holds for the call."""
+    if dtype == torch.bfloat16:
+        pytest.importorskip("ml_dtypes")   # fastpe's bfloat16 arrays (the bfloat16 extra)
     model = fastpe.hf.patch(FAMILIES[name][0]().to(dtype))
     result, handles = capture_q_k(model)
     with torch.no_grad():
