@@ -149,9 +149,9 @@ def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
     break. Tagged as a forward patch() made."""
     eager: Callable[..., Any] = fn
     try:
-        import torch._dynamo
-
-        eager = torch._dynamo.disable(fn, recursive=True)  # type: ignore[no-untyped-call]
+        # looked up, not imported by name: mypy runs with and without torch installed
+        disable: Any = importlib.import_module("torch._dynamo").disable
+        eager = disable(fn, recursive=True)
     except Exception:  # a torch without dynamo compiles nothing to break around
         pass
     setattr(eager, _FASTPE_FORWARD, True)
