@@ -610,10 +610,18 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
                          f"{_NOT_REPRODUCED[model_type]}")
     try:
         if params[2:]:
-            layer_types = sorted(set(getattr(module, "layer_types", None)
-                                     or getattr(config, "layer_types", None) or ()))
+            # the module's own list where it keeps one (LFM3: the attention layers' types
+            # only, none in a model of convolution layers alone)
+            held = getattr(module, "layer_types", None)
+            layer_types = sorted(set(getattr(config, "layer_types", None) or ()
+                                     if held is None else held))
             if not layer_types:
-                raise ValueError("it takes layer_type but its config lists no layer_types")
+                if held is None:
+                    raise ValueError("it takes layer_type but its config lists no layer_types")
+                listed = sorted(set(getattr(config, "layer_types", None) or ()))
+                raise ValueError(f"it keeps frequencies for no layer type: none of the "
+                                 f"config's layer_types {listed} is an attention layer that "
+                                 "rotates, so the model has nothing for fastpe to rotate")
             # a layer type whose rope parameters are None (Beam's and Ergo's NoPE layers):
             # the module makes no frequencies for it, and those layers rotate nothing
             rope_parameters = getattr(config, "rope_parameters", None)

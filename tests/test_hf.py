@@ -438,12 +438,17 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
     with pytest.raises(ValueError, match=r"empty model_type.*sub-configs of composite models"):
         fastpe.hf.patch(evolla)
     assert not hasattr(evolla, "_fastpe_hf_patched")
+    # LFM3 of convolution layers alone: its rotary module keeps no layer type's frequencies
+    lfm3 = text_model("lfm3", layer_types=["conv", "conv"])
+    with pytest.raises(ValueError, match=r"no layer type: none of the config's layer_types "
+                                         r"\['conv'\] is an attention layer"):
+        fastpe.hf.patch(lfm3)
     llama = text_model("llama")
     hooked = llama.model.layers[1].self_attn
     hooked.forward = hooked.forward  # as accelerate's hooks do
     with pytest.raises(ValueError, match="already replaced on this instance"):
         fastpe.hf.patch(llama)
-    for model in (gpt2, gptj, deepseek_v4, llama):
+    for model in (gpt2, gptj, deepseek_v4, lfm3, llama):
         assert not hasattr(model, "_fastpe_hf_patched")
     assert ["forward" in vars(m) for m in llama.modules()].count(True) == 1
     with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
