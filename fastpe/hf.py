@@ -55,6 +55,7 @@ import inspect
 import math
 import re
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -202,15 +203,20 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
         if layer_type in dynamic:
             freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
         rope = pair[0]
-        if _rounded(module, layer_type, rope, verdicts):
-            freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, held)
+        kept = by_module.get(module)
+        if kept is None:
+            kept = by_module[module] = ({}, {})
+        if _rounded(module, layer_type, rope, kept[0]):
+            freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, kept[1])
         out = _Positions(rope, pair[1], position_ids, freqs)
         return out, out
 
-    # per layer type: the buffer its frequencies were checked by, its version and whether
-    # it holds them rounded; the inv_freq buffer last read, its version and frequencies
-    verdicts: dict[str, tuple[Any, int, bool]] = {}
-    held: dict[str, tuple[Any, int, RopeFrequencies]] = {}
+    # per module (a deepcopy of the model shares this function with the original) and
+    # layer type: the buffer its frequencies were checked by, its version and whether it
+    # holds them rounded; the inv_freq buffer last read, its version and frequencies
+    by_module: weakref.WeakKeyDictionary[Any, tuple[dict[str, tuple[Any, int, bool]],
+                                                    dict[str, tuple[Any, int, RopeFrequencies]]]]
+    by_module = weakref.WeakKeyDictionary()
     return _eager(forward)
 
 

@@ -496,6 +496,26 @@ def test_a_copy_of_a_patched_model_is_patched_on_its_own(monkeypatch):
     assert torch.equal(run(fastpe.hf.unpatch(twin), inputs)[0], want)
 
 
+def test_copies_of_a_patched_model_used_in_turn_keep_their_own_verdicts(monkeypatch):
+    """A deepcopy shares the patched forward (functions are not copied): whether a module
+    holds its frequencies rounded is still decided once per module, not at every call
+    that follows the other copy's."""
+    original = fastpe.hf.patch(text_model("llama").half())
+    twin = copy.deepcopy(original)
+    decided = []
+    is_rounded = fastpe.hf._is_rounded
+    monkeypatch.setattr(fastpe.hf, "_is_rounded",
+                        lambda buffer, rope: decided.append(buffer) or is_rounded(buffer, rope))
+    inputs = prompt("llama")
+    outs = []
+    with torch.no_grad():
+        for _ in range(3):
+            for model in (original, twin):
+                outs.append(model(**inputs).logits)
+    assert len(decided) == 2 and decided[0] is not decided[1]
+    assert all(torch.equal(out, outs[0]) for out in outs)
+
+
 def test_inference_mode_and_float16():
     model = text_model("llama")
     half = copy.deepcopy(model).half()
