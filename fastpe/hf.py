@@ -12,9 +12,10 @@
 - each module beside it (in the same text model or vision tower) whose ``forward``
   calls the modeling file's ``apply_*rotary*`` / ``apply_*rope*`` function runs its
   class's own ``forward`` code with that one global name bound to fastpe's rotation,
-  in place on q and k (or on each, for the ``(x, cos, sin)`` form of Gemma 3n and 4):
-  (batch, heads, seq, dim) for ``unsqueeze_dim=1``, (batch, seq, heads, dim) for
-  ``unsqueeze_dim=2``, (tokens, heads, dim) for the vision towers' 3-D q.
+  in place on q and k (or on each, for the ``(x, cos, sin)`` form of Gemma 3n and 4
+  and GPT-J's and CodeGen's ``(tensor, sin, cos)``): (batch, heads, seq, dim) for
+  ``unsqueeze_dim=1``, (batch, seq, heads, dim) for ``unsqueeze_dim=2`` and GPT-J's
+  form, (tokens, heads, dim) for the vision towers' 3-D q.
 
 A dynamic NTK module keeps the frequencies of its longest call until one shorter
 than the original length, as transformers' ``dynamic_rope_update`` does: the patched
@@ -395,10 +396,30 @@ def _q_takes_last_positions(original: Callable[..., Any]) -> bool:
                 and torch.equal(rotated, torch.tensor([[[[-2.0, 1.0]]]])))
 
 
+def _rotates_half_tables(original: Callable[..., Any]) -> bool:
+    """Whether the apply function `original(x, sin, cos)` is GPT-J's (and CodeGen's): x
+    of (batch, seq, heads, dim), sin and cos of (batch, seq, dim / 2), each pair of
+    adjacent features turned by its angle. Found by running it on a probe whose batch,
+    seq and heads differ, each (batch, token) at an angle of its own."""
+    torch: Any = importlib.import_module("torch")
+    x = torch.arange(1.0, 1.0 + 2 * 3 * 5 * 4, dtype=torch.float64).reshape(2, 3, 5, 4)
+    angles = torch.arange(1.0, 1.0 + 2 * 3 * 2, dtype=torch.float64).reshape(2, 3, 2) / 7
+    try:
+        rotated = original(x.clone(), torch.sin(angles), torch.cos(angles))
+    except Exception:
+        return False
+    c, s = torch.cos(angles)[:, :, None], torch.sin(angles)[:, :, None]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    want = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
+    return bool(getattr(rotated, "shape", None) == x.shape
+                and torch.allclose(rotated, want, rtol=1e-12, atol=1e-12))
+
+
 def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """fastpe's stand-in for the modeling file's apply function `original`, called as
-    the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x,
-    rotating in place."""
+    the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x
+    (GPT-J's and CodeGen's (x, sin, cos), once _rotates_half_tables has seen what it
+    does), rotating in place."""
     original = _hub_function(original)
     try:
         params = list(inspect.signature(original).parameters.values())
@@ -406,11 +427,21 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
         params = []
     names = [p.name for p in params]
     tensors = names.index("cos") if "cos" in names else -1
+    # (x, sin, cos): sin first, no other parameter, and the rotation GPT-J's code makes
+    sin_first = len(names) == 3 and names[1:] == ["sin", "cos"]
+    if sin_first:
+        tensors = 1
+        if not _rotates_half_tables(original):
+            raise ValueError(f"fastpe.hf: the apply function {name}({', '.join(names)}) of "
+                             f"{getattr(original, '__module__', '?')} does not rotate as "
+                             f"GPT-J's does: fastpe.hf does not know what it does")
     extra = {p.name for p in params[tensors + 2:] if p.kind is not p.VAR_KEYWORD}
-    if tensors not in (1, 2) or names[tensors + 1:tensors + 2] != ["sin"] or extra - _EXTRA_PARAMS:
+    if not sin_first and (tensors not in (1, 2) or names[tensors + 1:tensors + 2] != ["sin"]
+                          or extra - _EXTRA_PARAMS):
         raise ValueError(f"fastpe.hf: the apply function {name}({', '.join(names)}) of "
                          f"{getattr(original, '__module__', '?')} does not take (q, k, cos, sin"
-                         f"[, unsqueeze_dim]): fastpe.hf does not know what it does")
+                         f"[, unsqueeze_dim]) or GPT-J's (x, sin, cos): fastpe.hf does not "
+                         f"know what it does")
     where = {p.name: (i - tensors - 2, p.default) for i, p in enumerate(params)
              if p.name in _EXTRA_PARAMS}
     layouts: dict[object, RopeLayout] = {1: "bhsd", 2: "bshd"}
@@ -438,6 +469,8 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             if layout is None:
                 raise ValueError(f"fastpe.hf: {name} with unsqueeze_dim={dim!r}: q must be "
                                  f"(batch, heads, seq, dim) (1) or (batch, seq, heads, dim) (2)")
+        elif sin_first:
+            layout = "bshd"
         elif getattr(q, "ndim", None) == 3:
             layout = "shd"
         elif _one_sequence(q) and (k is None or _one_sequence(k)):
@@ -682,6 +715,8 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                              f"does not reproduce")
         name, buffer = _checked_buffer(module, layer_type, rope)
         if buffer is None:
+            if getattr(module, "embed_positions", None) is not None:
+                _check_position_table(module, rope, where)
             continue  # a module that keeps none: its config is all there is
         expected = rope._spec.frequencies(None)
         held = _values(buffer)
@@ -722,6 +757,37 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             raise ValueError(f"fastpe.hf: the rotary module {where} holds "
                              f"{prefix}attention_scaling {scaling!r}, its config gives "
                              f"{expected.attention_scaling!r}")
+
+
+def _check_position_table(module: Any, rope: RotaryEmbedding, where: str) -> None:
+    """Refuse a rotary module that looks its (sin, cos) up in a table (GPT-J's and
+    CodeGen's embed_positions, [sin | cos] of each position's angles, made in float32)
+    unless its own forward gives the config's: run at the first, second and last rows
+    of the table, within the table's float32 angles (position * 2**-22) and its dtype's
+    rounding."""
+    torch: Any = importlib.import_module("torch")
+    rows = int(module.embed_positions.shape[0])
+    if module.embed_positions.is_meta:
+        _values(module.embed_positions)  # refused by name
+    positions = np.array(sorted({min(1, rows - 1), min(2, rows - 1), rows - 1}))
+    inv_freq = rope._spec.frequencies(None).inv_freq
+    angles = positions[:, None] * inv_freq
+    ulp = _HALF_EPS.get(str(module.embed_positions.dtype), 2.0**-23)
+    with torch.no_grad():
+        got = type(module).forward(module, torch.zeros(1),
+                                   torch.from_numpy(positions[None]))
+    try:
+        held = [_values(t).reshape(len(positions), -1) for t in got]
+    except (AttributeError, TypeError, ValueError):
+        held = []
+    tolerance = positions[:, None] * 2.0**-22 + 2 * ulp
+    if len(held) != 2 or any(h.shape != angles.shape for h in held) or not (
+            np.all(np.abs(held[0] - np.sin(angles)) <= tolerance)
+            and np.all(np.abs(held[1] - np.cos(angles)) <= tolerance)):
+        raise ValueError(f"fastpe.hf: the rotary module {where} gives (sin, cos) other than "
+                         f"its config's (its embed_positions table edited or replaced, or "
+                         f"the config edited after the model was built): fastpe reads the "
+                         f"config, so it would rotate differently")
 
 
 def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:

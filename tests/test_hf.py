@@ -75,6 +75,11 @@ FAMILIES = {
     "mistral": (lambda: text_model("mistral"), None),
     "gpt_neox": (lambda: text_model("gpt_neox", rotary_pct=0.25), None),
     "stablelm": (lambda: text_model("stablelm", partial_rotary_factor=0.25), None),
+    # GPT-J and CodeGen: a module that looks (sin, cos) up in a float32 table, an apply
+    # function (x, sin, cos) called on q's and k's first rotary_dim features, adjacent
+    # pairs; CodeGen's q, k and v come out of one interleaved projection
+    "gptj": (lambda: text_model("gptj", rotary_dim=8), None),
+    "codegen": (lambda: text_model("codegen", rotary_dim=8), None),
     # adjacent pairs (from_hf_config's "gptj" style)
     "cohere": (lambda: text_model("cohere"), None),
     # scalings whose frequencies change past the original length, which the 16
@@ -126,10 +131,11 @@ FAMILIES = {
 }
 
 
-# calls of fastpe per forward pass where it is not one per layer: Gemma 3n and 4 rotate
-# q and k in calls of their own, Gemma 3n's 2 last layers reuse earlier layers' keys, and
+# calls of fastpe per forward pass where it is not one per layer: Gemma 3n and 4, GPT-J
+# and CodeGen rotate q and k in calls of their own, Gemma 3n's 2 last layers reuse earlier layers' keys, and
 # SmolLM3's and Cohere 2's NoPE layers rotate nothing
-ROTATIONS_PER_PASS = {"gemma3n": 4 + 2, "gemma4": 2 * 2, "smollm3": 1, "cohere2": 1}
+ROTATIONS_PER_PASS = {"gemma3n": 4 + 2, "gemma4": 2 * 2, "smollm3": 1, "cohere2": 1,
+                      "gptj": 2 * 2, "codegen": 2 * 2}
 
 
 def prompt(family):
@@ -203,7 +209,7 @@ def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family, mo
     assert not calls
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen2_vl"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen2_vl", "gptj", "codegen"])
 def test_left_padded_batch(name):
     """Two prompts, the shorter left-padded: generate's (batch, seq) position_ids from
     the attention mask, each sequence at positions of its own (Qwen2-VL: (3, batch,
@@ -419,11 +425,29 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2))
     with pytest.raises(ValueError, match="no transformers rotary embedding module"):
         fastpe.hf.patch(gpt2)
-    # GPT-J rotates q and k one at a time, sin before cos: not the form fastpe.hf replaces
+    # GPT-J's form (x, sin, cos) whose function rotates otherwise than GPT-J's (halves)
     gptj = transformers.GPTJForCausalLM(transformers.GPTJConfig(
         n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64, vocab_size=64))
-    with pytest.raises(ValueError, match=r"apply_rotary_pos_emb\(tensor, sin, cos\)"):
-        fastpe.hf.patch(gptj)
+    gptj_module = __import__(type(gptj).__module__, fromlist=["_"])
+    halves = transformers.models.llama.modeling_llama.rotate_half
+
+    def rotate_halves(tensor, sin, cos):
+        return tensor * torch.cat([cos, cos], -1)[:, :, None] + halves(tensor) * torch.cat(
+            [sin, sin], -1)[:, :, None]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gptj_module, "apply_rotary_pos_emb", rotate_halves)
+        with pytest.raises(ValueError, match=r"apply_rotary_pos_emb\(tensor, sin, cos\) of "
+                                             r"test_hf does not rotate as GPT-J's does"):
+            fastpe.hf.patch(gptj)
+    # a position table edited in place: its own forward no longer gives the config's
+    gptj_table = transformers.GPTJForCausalLM(transformers.GPTJConfig(
+        n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64, vocab_size=64))
+    with torch.no_grad():
+        gptj_table.transformer.rotary_emb.embed_positions[-1] *= 1.001
+    with pytest.raises(ValueError, match=r"GPTJRotaryEmbedding .* gives \(sin, cos\) other "
+                                         r"than its config's"):
+        fastpe.hf.patch(gptj_table)
     deepseek_v4 = text_model("deepseek_v4")
     with pytest.raises(ValueError, match="'deepseek_v4' is not reproduced: its attention also"):
         fastpe.hf.patch(deepseek_v4)
@@ -448,7 +472,7 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
     hooked.forward = hooked.forward  # as accelerate's hooks do
     with pytest.raises(ValueError, match="already replaced on this instance"):
         fastpe.hf.patch(llama)
-    for model in (gpt2, gptj, deepseek_v4, lfm3, llama):
+    for model in (gpt2, gptj, gptj_table, deepseek_v4, lfm3, llama):
         assert not hasattr(model, "_fastpe_hf_patched")
     assert ["forward" in vars(m) for m in llama.modules()].count(True) == 1
     with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
