@@ -72,6 +72,8 @@ __all__ = ["patch", "unpatch"]
 _STATE = "_fastpe_hf_patched"
 # set on the forward functions patch() makes
 _FASTPE_FORWARD = "_fastpe_hf_forward"
+# set on the apply stand-ins that take one freqs_cis in place of (cos, sin)
+_TAKES_FREQS_CIS = "_fastpe_hf_freqs_cis"
 _APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a name
 
 
@@ -90,6 +92,11 @@ class _Positions:
         # the frequencies transformers' dynamic NTK state holds, where they are not those
         # of the call's own length (_dynamic_frequencies)
         self.freqs = freqs
+
+    def to(self, *args: Any, **kwargs: Any) -> _Positions:
+        """Itself: DeepSeek-V2 and Llama 4 move their freqs_cis to q's device, and fastpe
+        rotates CPU tensors (others are refused by the rotation)."""
+        return self
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(
@@ -186,16 +193,19 @@ def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
                          f"since): patch the model again")
 
 
-def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., Any]:
+def _rotary_forward(ropes: dict[str | None, RotaryEmbedding],
+                    single: bool = False) -> Callable[..., Any]:
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
-    it to the copy's module, whose dynamic NTK state is its own)."""
+    it to the copy's module, whose dynamic NTK state is its own). `single`: it returns
+    one object where the stock module returns one complex freqs_cis tensor (DeepSeek-V2,
+    Llama 4), else the (cos, sin) pair."""
     pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
     # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
     dynamic = {t for t, rope in ropes.items()
                if rope._spec.rope_type == "dynamic" and not rope._spec.mscaled}
 
     def forward(module: Any, x: Any, position_ids: Any,
-                layer_type: str | None = None) -> tuple[Any, Any]:
+                layer_type: str | None = None) -> _Positions | tuple[_Positions, _Positions]:
         pair = pairs.get(layer_type)
         if pair is None:
             raise ValueError(f"fastpe.hf: layer_type={layer_type!r} is not one of this rotary "
@@ -210,7 +220,7 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding]) -> Callable[..., A
         if _rounded(module, layer_type, rope, kept[0]):
             freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, kept[1])
         out = _Positions(rope, pair[1], position_ids, freqs)
-        return out, out
+        return out if single else (out, out)
 
     # per module (a deepcopy of the model shares this function with the original) and
     # layer type: the buffer its frequencies were checked by, its version and whether it
@@ -415,6 +425,34 @@ def _rotates_half_tables(original: Callable[..., Any]) -> bool:
                 and torch.allclose(rotated, want, rtol=1e-12, atol=1e-12))
 
 
+def _complex_layout(original: Callable[..., Any]) -> RopeLayout | None:
+    """The layout of q and k for which the apply function `original(q, k, freqs_cis)`
+    turns each pair of adjacent features by a complex freqs_cis of (batch, seq, dim / 2)
+    (DeepSeek-V2's (batch, heads, seq, dim), Llama 4's (batch, seq, heads, dim)), found by
+    running it on probes whose batch, seq and heads differ; None if neither."""
+    torch: Any = importlib.import_module("torch")
+    angles = torch.arange(1.0, 1.0 + 2 * 3 * 2, dtype=torch.float64).reshape(2, 3, 2) / 7
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)
+    probes: tuple[tuple[RopeLayout, tuple[int, ...], tuple[int, ...]], ...] = (
+        ("bhsd", (2, 5, 3, 4), (2, 1, 3, 2, 1)), ("bshd", (2, 3, 5, 4), (2, 3, 1, 2, 1)))
+    for layout, shape, cs_shape in probes:
+        q = torch.arange(1.0, 1.0 + 2 * 3 * 5 * 4, dtype=torch.float64).reshape(shape)
+        try:
+            rotated = original(q.clone(), 2 * q, freqs_cis)
+        except Exception:
+            continue
+        pairs = q.reshape(*shape[:3], 2, 2)
+        c, s = torch.cos(angles).reshape(cs_shape), torch.sin(angles).reshape(cs_shape)
+        even, odd = pairs[..., :1], pairs[..., 1:]
+        want = torch.cat((even * c - odd * s, odd * c + even * s), dim=-1).reshape(shape)
+        if (isinstance(rotated, tuple) and len(rotated) == 2
+                and all(getattr(r, "shape", None) == q.shape for r in rotated)
+                and torch.allclose(rotated[0], want, rtol=1e-6, atol=1e-6)
+                and torch.allclose(rotated[1], 2 * want, rtol=1e-6, atol=1e-6)):
+            return layout
+    return None
+
+
 def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """fastpe's stand-in for the modeling file's apply function `original`, called as
     the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x
@@ -427,6 +465,17 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
         params = []
     names = [p.name for p in params]
     tensors = names.index("cos") if "cos" in names else -1
+    # (q, k, freqs_cis): one complex tensor, q and k in the layout its code broadcasts to
+    by_complex: RopeLayout | None = None
+    if len(names) == 3 and names[2] == "freqs_cis":
+        by_complex = _complex_layout(original)
+        if by_complex is None:
+            raise ValueError(f"fastpe.hf: the apply function {name}({', '.join(names)}) of "
+                             f"{getattr(original, '__module__', '?')} does not turn adjacent "
+                             f"pairs of q and k by a complex freqs_cis of (batch, seq, dim / 2) "
+                             f"as DeepSeek-V2's and Llama 4's do: fastpe.hf does not know what "
+                             f"it does")
+        tensors = 2
     # (x, sin, cos): sin first, no other parameter, and the rotation GPT-J's code makes
     sin_first = len(names) == 3 and names[1:] == ["sin", "cos"]
     if sin_first:
@@ -436,16 +485,17 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
                              f"{getattr(original, '__module__', '?')} does not rotate as "
                              f"GPT-J's does: fastpe.hf does not know what it does")
     extra = {p.name for p in params[tensors + 2:] if p.kind is not p.VAR_KEYWORD}
-    if not sin_first and (tensors not in (1, 2) or names[tensors + 1:tensors + 2] != ["sin"]
-                          or extra - _EXTRA_PARAMS):
+    if not sin_first and by_complex is None and (
+            tensors not in (1, 2) or names[tensors + 1:tensors + 2] != ["sin"]
+            or extra - _EXTRA_PARAMS):
         raise ValueError(f"fastpe.hf: the apply function {name}({', '.join(names)}) of "
                          f"{getattr(original, '__module__', '?')} does not take (q, k, cos, sin"
-                         f"[, unsqueeze_dim]) or GPT-J's (x, sin, cos): fastpe.hf does not "
-                         f"know what it does")
+                         f"[, unsqueeze_dim]), GPT-J's (x, sin, cos) or (q, k, freqs_cis): "
+                         f"fastpe.hf does not know what it does")
     where = {p.name: (i - tensors - 2, p.default) for i, p in enumerate(params)
              if p.name in _EXTRA_PARAMS}
     layouts: dict[object, RopeLayout] = {1: "bhsd", 2: "bshd"}
-    q_last = tensors == 2 and _q_takes_last_positions(original)
+    q_last = tensors == 2 and by_complex is None and _q_takes_last_positions(original)
 
     def argument(key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         i, default = where[key]
@@ -454,7 +504,11 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
     def apply(*args: Any, **kwargs: Any) -> Any:
         q, k = args[0], args[1] if tensors == 2 else None
         given = q, k  # rotated in place, through the views below where q is one sequence
-        cos, sin, rest = args[tensors], args[tensors + 1], args[tensors + 2:]
+        if by_complex is None:
+            cos, sin, rest = args[tensors], args[tensors + 1], args[tensors + 2:]
+        else:
+            cos = sin = args[2] if len(args) > 2 else kwargs.get("freqs_cis")
+            rest = ()
         if type(cos) is not _Positions or sin is not cos:
             raise TypeError(f"fastpe.hf: {name} was given cos/sin tensors, not the positions "
                             f"of a patched rotary module: this module's rotary embedding does "
@@ -471,6 +525,8 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
                                  f"(batch, heads, seq, dim) (1) or (batch, seq, heads, dim) (2)")
         elif sin_first:
             layout = "bshd"
+        elif by_complex is not None:
+            layout = by_complex
         elif getattr(q, "ndim", None) == 3:
             layout = "shd"
         elif _one_sequence(q) and (k is None or _one_sequence(k)):
@@ -499,7 +555,9 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
         _rotate(rope, cos.freqs, q, k, positions, layout)
         return given if tensors == 2 else given[0]
 
-    return _eager(apply)
+    stand_in = _eager(apply)
+    setattr(stand_in, _TAKES_FREQS_CIS, by_complex is not None)
+    return stand_in
 
 
 def _one_sequence(x: Any) -> bool:
@@ -595,6 +653,8 @@ _LEFT_STOCK = {
     "pixtral": "its cos and sin are looked up by flat patch ids over the largest image's grid",
     "mlcd_vision_model": "its vision model prepends the class token's cos and sin itself",
     "gemma4_vision": "its apply function takes the patches' position_ids itself",
+    "llama4_vision_model": "its rotary module makes the patch grid's freqs_cis from the "
+                           "hidden states alone, not from position_ids",
     "qwen4_exp_text": "its attention and indexer slice cos and sin (the last tokens', pooled "
                       "keys') before applying them",
 }
@@ -854,19 +914,25 @@ def patch(model: Any) -> Any:
     appliers: set[str] = set()
     stand_ins: dict[int, Callable[..., Any]] = {}  # one per apply function
     for name, module in rotary.items():
-        plan.append((module, types.MethodType(
-            _rotary_forward(_ropes(module, _config(modules, name))), module)))
+        ropes = _ropes(module, _config(modules, name))
+        takes: set[bool] = set()
         for sub_name, functions in _appliers(applying, name).items():
-            if sub_name in appliers:
-                continue
-            appliers.add(sub_name)
             for fname, f in functions.items():
                 if id(f) not in stand_ins:
                     stand_ins[id(f)] = _apply_function(fname, f)
+                takes.add(getattr(stand_ins[id(f)], _TAKES_FREQS_CIS))
+            if sub_name in appliers:
+                continue
+            appliers.add(sub_name)
             rebound = {fname: stand_ins[id(f)] for fname, f in functions.items()}
             sub = modules[sub_name]
             plan.append((sub, types.MethodType(
                 _eager(_rebound_forward(type(sub), rebound)), sub)))
+        if len(takes) > 1:
+            raise ValueError(f"fastpe.hf: the rotary module {name!r} feeds apply functions "
+                             f"of (cos, sin) and of one freqs_cis, which fastpe.hf cannot "
+                             f"serve with one return value")
+        plan.append((module, types.MethodType(_rotary_forward(ropes, True in takes), module)))
     for module, _ in plan:
         if "forward" in vars(module):
             raise ValueError(f"fastpe.hf: the forward of {type(module).__name__} was already "

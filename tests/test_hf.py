@@ -80,6 +80,16 @@ FAMILIES = {
     # pairs; CodeGen's q, k and v come out of one interleaved projection
     "gptj": (lambda: text_model("gptj", rotary_dim=8), None),
     "codegen": (lambda: text_model("codegen", rotary_dim=8), None),
+    # one complex freqs_cis in place of (cos, sin), moved to q's device, adjacent pairs:
+    # DeepSeek-V2's latent attention (q, k as (batch, heads, seq, dim)) and Llama 4's text
+    # model ((batch, seq, heads, dim)), its mixture of experts and chunked attention
+    "deepseek_v2": (lambda: text_model(
+        "deepseek_v2", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, eos_token_id=None), None),
+    "llama4": (lambda: text_model("llama4_text", head_dim=HEAD_DIM, intermediate_size_mlp=128,
+                                  num_local_experts=2, eos_token_id=None), None),
     # adjacent pairs (from_hf_config's "gptj" style)
     "cohere": (lambda: text_model("cohere"), None),
     # scalings whose frequencies change past the original length, which the 16
@@ -209,7 +219,8 @@ def test_patched_model_gives_the_stock_tokens_and_unpatch_restores_it(family, mo
     assert not calls
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen2_vl", "gptj", "codegen"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen2_vl", "gptj", "codegen",
+                                  "deepseek_v2", "llama4"])
 def test_left_padded_batch(name):
     """Two prompts, the shorter left-padded: generate's (batch, seq) position_ids from
     the attention mask, each sequence at positions of its own (Qwen2-VL: (3, batch,
@@ -440,6 +451,19 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
         with pytest.raises(ValueError, match=r"apply_rotary_pos_emb\(tensor, sin, cos\) of "
                                              r"test_hf does not rotate as GPT-J's does"):
             fastpe.hf.patch(gptj)
+    # (q, k, freqs_cis) whose function turns halves, not adjacent pairs
+    deepseek_v2 = FAMILIES["deepseek_v2"][0]()
+    v2_module = __import__(type(deepseek_v2).__module__, fromlist=["_"])
+
+    def by_halves(xq, xk, freqs_cis):
+        cos, sin = freqs_cis.real.repeat(1, 1, 2)[:, None], freqs_cis.imag.repeat(1, 1, 2)[:, None]
+        return tuple(x * cos + halves(x) * sin for x in (xq, xk))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(v2_module, "apply_rotary_emb", by_halves)
+        with pytest.raises(ValueError, match=r"apply_rotary_emb\(xq, xk, freqs_cis\) of test_hf "
+                                             r"does not turn adjacent pairs"):
+            fastpe.hf.patch(deepseek_v2)
     # a position table edited in place: its own forward no longer gives the config's
     gptj_table = transformers.GPTJForCausalLM(transformers.GPTJConfig(
         n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64, vocab_size=64))
@@ -472,7 +496,7 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
     hooked.forward = hooked.forward  # as accelerate's hooks do
     with pytest.raises(ValueError, match="already replaced on this instance"):
         fastpe.hf.patch(llama)
-    for model in (gpt2, gptj, gptj_table, deepseek_v4, lfm3, llama):
+    for model in (gpt2, gptj, gptj_table, deepseek_v2, deepseek_v4, lfm3, llama):
         assert not hasattr(model, "_fastpe_hf_patched")
     assert ["forward" in vars(m) for m in llama.modules()].count(True) == 1
     with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
@@ -1036,6 +1060,30 @@ def test_a_text_mrope_module_holding_its_spectrum_in_axis_order_is_patched():
         want = model(ids).logits
         got = fastpe.hf.patch(model)(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
+
+
+def test_llama4_vision_tower_is_left_stock_and_its_text_model_patched():
+    """Llama 4's vision rotary module makes its freqs_cis from the hidden states alone
+    (no position_ids): left stock, while the text model's complex freqs_cis is patched."""
+    config = transformers.Llama4Config(
+        text_config=dict(SMALL, head_dim=HEAD_DIM, intermediate_size_mlp=128,
+                         num_local_experts=2),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, image_size=28, patch_size=14,
+                           vision_output_dim=64, projector_input_dim=64,
+                           projector_output_dim=64),
+        image_token_index=IMAGE_TOKEN)
+    torch.manual_seed(0)
+    model = transformers.Llama4ForConditionalGeneration(config).eval()
+    ids = torch.arange(1, 9)[None]
+    far = torch.arange(2000, 2008)[None]
+    with torch.no_grad():
+        stock = model(input_ids=ids, position_ids=far).logits
+        fastpe.hf.patch(model)
+        patched = {type(m).__name__ for m in model._fastpe_hf_patched}
+        assert patched == {"Llama4TextRotaryEmbedding", "Llama4TextAttention"}
+        torch.testing.assert_close(model(input_ids=ids, position_ids=far).logits, stock,
+                                   rtol=0, atol=2e-4)   # stock's float32 angles at 2000
 
 
 def test_pixtral_tower_is_left_stock_and_its_text_model_patched():
