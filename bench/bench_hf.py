@@ -1,5 +1,6 @@
-"""One decode step of a small random-weight transformers model (Llama, Qwen2, Gemma 2 or
-Phi-3), stock against fastpe.hf.patch, on one thread:
+"""One decode step of a small random-weight transformers model (Llama, Qwen2, Gemma 2,
+Phi-3, GPT-J, DeepSeek-V2 or Llama 4's text model), stock against fastpe.hf.patch, on one
+thread:
 ``python bench/bench_hf.py [--family F] [--rounds N] [--hidden H]``.
 
 Both models hold the same weights and a KV cache of the same prompt; a step feeds one
@@ -20,6 +21,23 @@ import random
 import statistics
 import time
 
+# --family: (name, transformers model type, config keywords besides the common ones)
+FAMILIES = {
+    "llama": ("Llama", "llama", {}),
+    "qwen2": ("Qwen2", "qwen2", {}),
+    "gemma2": ("Gemma2", "gemma2", {"head_dim": 16}),
+    "phi3": ("Phi3", "phi3", {}),
+    # (tensor, sin, cos) on q's and k's first 8 features, a sin|cos table
+    "gptj": ("GPT-J", "gptj", {"rotary_dim": 8}),
+    # latent attention, a complex freqs_cis on the 8 rotary features of q and the shared key
+    "deepseek_v2": ("DeepSeek-V2", "deepseek_v2", {
+        "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+        "v_head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
+        "topk_group": 1, "first_k_dense_replace": 8, "moe_intermediate_size": 32}),
+    "llama4": ("Llama 4 text", "llama4_text", {"head_dim": 16, "intermediate_size_mlp": 128,
+                                               "num_local_experts": 2}),
+}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -27,8 +45,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64, help="hidden size (head_dim 16)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=64, help="tokens in the cache")
-    parser.add_argument("--family", choices=("llama", "qwen2", "gemma2", "phi3"),
-                        default="llama")
+    parser.add_argument("--family", choices=tuple(FAMILIES), default="llama")
     args = parser.parse_args()
 
     import torch
@@ -40,15 +57,13 @@ def main() -> None:
     torch.set_num_threads(1)
     fastpe.set_num_threads(1)
     heads = args.hidden // 16
-    names = {"llama": "Llama", "qwen2": "Qwen2", "gemma2": "Gemma2", "phi3": "Phi3"}
-    family = names[args.family]
-    extra = {"head_dim": 16} if args.family == "gemma2" else {}
-    config = getattr(transformers, f"{family}Config")(
-        vocab_size=256, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+    family, model_type, extra = FAMILIES[args.family]
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=256, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
         num_hidden_layers=args.layers, num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2), pad_token_id=0, **extra)
     torch.manual_seed(0)
-    stock = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    stock = transformers.AutoModelForCausalLM.from_config(config).eval()
     patched = fastpe.hf.patch(copy.deepcopy(stock))
     prompt = torch.randint(1, 256, (1, args.prompt))
 
