@@ -827,9 +827,11 @@ def _parse_llama3(dim: int, base: float, scaling: Mapping[str, Any], original: i
     factor = _required_positive(scaling, "factor", "llama3")
     low = _required_positive(scaling, "low_freq_factor", "llama3")
     high = _required_positive(scaling, "high_freq_factor", "llama3")
-    if low >= high:
+    # equal factors (Llama 4 Scout's 1.0 and 1.0) leave no band to blend: each
+    # frequency is kept or divided by factor
+    if low > high:
         raise ValueError(
-            f"{_key('low_freq_factor')}={low!r} must be < {_key('high_freq_factor')}={high!r}"
+            f"{_key('low_freq_factor')}={low!r} must be <= {_key('high_freq_factor')}={high!r}"
         )
     params = (("low_freq_factor", low), ("high_freq_factor", high))
     return RopeSpec("llama3", dim, base, original, factor, 1.0, params)
@@ -958,6 +960,13 @@ def _llama3_inv_freq(spec: RopeSpec, regime: Regime) -> np.ndarray:
     assert original is not None and factor is not None
     inv_freq = _plain_inv_freq(spec.dim, spec.base)
     wavelen = 2.0 * math.pi / inv_freq
+    if low == high:
+        if np.any(wavelen == original / low):
+            # transformers' blend divides 0 by 0 there: a NaN frequency
+            raise ValueError(f"llama3 scaling with {_key('low_freq_factor')} == "
+                             f"{_key('high_freq_factor')} == {low!r}: a wavelength equal to "
+                             f"original_max_position_embeddings / {low!r} has no frequency")
+        return np.where(wavelen > original / low, inv_freq / factor, inv_freq)
     smooth = (original / wavelen - low) / (high - low)
     blended = (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
     # Short wavelengths (< original / high) are kept, long ones (> original / low) are

@@ -251,8 +251,9 @@ def test_longrope_matches_paper(seq_len):
 
 
 @pytest.mark.parametrize("d, base", [(128, 500000.0), (64, 500000.0), (128, 10000.0), (32, 10000.0)])
+# (8.0, 1.0, 1.0, 8192): Llama 4 Scout's, equal factors and no band between them
 @pytest.mark.parametrize("factor, low, high, original", [(8.0, 1.0, 4.0, 8192), (32.0, 1.0, 4.0, 8192),
-                                                         (4.0, 2.0, 8.0, 2048)])
+                                                         (4.0, 2.0, 8.0, 2048), (8.0, 1.0, 1.0, 8192)])
 def test_llama3_matches_meta_reference(d, base, factor, low, high, original):
     scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                "high_freq_factor": high, "original_max_position_embeddings": original}
@@ -642,7 +643,11 @@ ERRORS = [
     (dict(scaling={k: v for k, v in LLAMA31.items() if k != "low_freq_factor"}), ValueError,
      r"low_freq_factor.*required.*llama3"),
     (dict(scaling={k: v for k, v in LLAMA31.items() if k != "factor"}), ValueError, r"factor.*required"),
-    (dict(scaling=dict(LLAMA31, low_freq_factor=4.0)), ValueError, r"low_freq_factor.*high_freq_factor"),
+    (dict(scaling=dict(LLAMA31, low_freq_factor=5.0)), ValueError, r"low_freq_factor.*high_freq_factor"),
+    # equal factors: transformers' blend gives NaN where a wavelength is the boundary's
+    (dict(scaling=dict(LLAMA31, low_freq_factor=8192 / (2 * math.pi),
+                       high_freq_factor=8192 / (2 * math.pi))), ValueError,
+     r"wavelength equal to original_max_position_embeddings"),
     (dict(scaling=dict(LLAMA31, high_freq_factor=0.0)), ValueError, r"high_freq_factor.*> 0"),
     (dict(seq_len=-1), ValueError, r"seq_len.*>= 0"),
     (dict(seq_len=1.5), ValueError, r"seq_len.*whole"),
