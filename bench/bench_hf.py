@@ -1,13 +1,17 @@
 """One decode step of a small random-weight transformers model (Llama, Qwen2, Gemma 2,
-Phi-3, GPT-J, DeepSeek-V2 or Llama 4's text model), stock against fastpe.hf.patch, on one
-thread:
-``python bench/bench_hf.py [--family F] [--rounds N] [--hidden H]``.
+Phi-3, GPT-J, DeepSeek-V2 or Llama 4's text model), or one forward of a DeBERTa-v3-style
+encoder, stock against fastpe.hf.patch, on one thread:
+``python bench/bench_hf.py [--family F] [--rounds N] [--hidden H] [--prompt T]``.
 
 Both models hold the same weights and a KV cache of the same prompt; a step feeds one
 token at the next position and is timed alone, then the cache is cropped back, so every
 step sees the same state. Each round times the two in a shuffled order (so drift in the
 machine's speed hits both alike); the medians and their ratio are printed. Before
-timing, the two must give the same greedy tokens.
+timing, the two must give the same greedy tokens. ``--family deberta`` times the
+encoder's forward over --prompt tokens instead (heads of 64, log buckets of
+DeBERTa-v3: 256 buckets, 512 positions), after checking that the two give the same
+hidden states bit for bit: ``--hidden 768 --prompt 512 --rounds 9`` is DeBERTa-v3-base's
+shape with 2 of its 12 layers.
 
 Needs torch and transformers (the "hf" extra). Not collected by ``pytest bench/``:
 it has no test functions.
@@ -20,6 +24,7 @@ import copy
 import random
 import statistics
 import time
+from typing import Any
 
 # --family: (name, transformers model type, config keywords besides the common ones)
 FAMILIES = {
@@ -36,6 +41,8 @@ FAMILIES = {
         "topk_group": 1, "first_k_dense_replace": 8, "moe_intermediate_size": 32}),
     "llama4": ("Llama 4 text", "llama4_text", {"head_dim": 16, "intermediate_size_mlp": 128,
                                                "num_local_experts": 2}),
+    # an encoder forward (encoder_forward), not a decode step
+    "deberta": ("DeBERTa-v3", "deberta-v2", {}),
 }
 
 
@@ -56,6 +63,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     fastpe.set_num_threads(1)
+    if args.family == "deberta":
+        encoder_forward(args, torch, transformers)
+        return
     heads = args.hidden // 16
     family, model_type, extra = FAMILIES[args.family]
     config = transformers.AutoConfig.for_model(
@@ -87,11 +97,45 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
                 cache.crop(-1)  # the step's own token: the next step sees the same cache
 
+    report(f"decode step, {family} hidden {args.hidden}, {args.layers} layers, {heads} heads "
+           f"of 16, {args.prompt} cached tokens", args.rounds, times)
+
+
+def encoder_forward(args: argparse.Namespace, torch: Any, transformers: Any) -> None:
+    import fastpe.hf
+
+    heads = max(1, args.hidden // 64)
+    config = transformers.DebertaV2Config(
+        vocab_size=256, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=heads, relative_attention=True,
+        position_buckets=256, max_relative_positions=-1, max_position_embeddings=512,
+        pos_att_type=["p2c", "c2p"], share_att_key=True, position_biased_input=False,
+        norm_rel_ebd="layer_norm")
+    torch.manual_seed(0)
+    stock = transformers.DebertaV2Model(config).eval()
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
+    ids = torch.randint(1, 256, (1, args.prompt))
+    models = {"stock": stock, "fastpe.hf": patched}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.no_grad():
+        if not torch.equal(*(m(ids).last_hidden_state for m in models.values())):
+            raise SystemExit("fastpe.hf: the patched encoder's hidden states differ from stock")
+        order = list(models)
+        for _ in range(args.rounds):
+            random.shuffle(order)
+            for name in order:
+                start = time.perf_counter()
+                models[name](ids)
+                times[name].append(time.perf_counter() - start)
+    report(f"encoder forward, DeBERTa-v3-style hidden {args.hidden}, {args.layers} layers, "
+           f"{heads} heads of 64, {args.prompt} tokens", args.rounds, times)
+
+
+def report(what: str, rounds: int, times: dict[str, list[float]]) -> None:
     medians = {name: statistics.median(t) for name, t in times.items()}
-    print(f"decode step, {family} hidden {args.hidden}, {args.layers} layers, {heads} heads of 16, "
-          f"{args.prompt} cached tokens, 1 thread, median of {args.rounds} shuffled rounds")
+    print(f"{what}, 1 thread, median of {rounds} shuffled rounds")
     for name, median in medians.items():
-        print(f"  {name:10s} {median * 1e6:8.1f} us")
+        print(f"  {name:10s} {median * 1e6:10.1f} us")
     print(f"  stock / fastpe.hf = {medians['stock'] / medians['fastpe.hf']:.2f}")
 
 

@@ -1,4 +1,5 @@
-"""transformers models whose rotary position embedding (Su et al., 2021) runs through fastpe.
+"""transformers models whose rotary position embedding (Su et al., 2021), or DeBERTa's
+disentangled relative attention (He et al., 2021), runs through fastpe.
 
 ``patch(model)`` changes one loaded model *instance*, nothing else in the process:
 
@@ -15,7 +16,14 @@
   in place on q and k (or on each, for the ``(x, cos, sin)`` form of Gemma 3n and 4
   and GPT-J's and CodeGen's ``(tensor, sin, cos)``): (batch, heads, seq, dim) for
   ``unsqueeze_dim=1``, (batch, seq, heads, dim) for ``unsqueeze_dim=2`` and GPT-J's
-  form, (tokens, heads, dim) for the vision towers' 3-D q.
+  form, (tokens, heads, dim) for the vision towers' 3-D q; DeepSeek-V2's and Llama 4's
+  ``(q, k, freqs_cis)``, one complex tensor, in the layout its code broadcasts to.
+  The forms other than ``(q, k, cos, sin)`` are accepted once their function, run on
+  probes (batch, seq and heads apart, one token, k of one head, float32 and float64,
+  sin and cos of magnitudes other than one), turns adjacent pairs as fastpe does;
+- each DeBERTa-v2/v3 or SEW-D disentangled self-attention runs fastpe's
+  ``disentangled_attention_bias`` (fastpe._hf_deberta): its two logit products as the
+  stock code makes them, gathered and added into the attention scores in one pass.
 
 A dynamic NTK module keeps the frequencies of its longest call until one shorter
 than the original length, as transformers' ``dynamic_rope_update`` does: the patched
@@ -38,7 +46,8 @@ instance patch, which reads the function inside such a module object as the appl
 function it stands for.
 
 A model fastpe cannot reproduce is refused with a ValueError that says what is
-missing: no rotary module, a rotary module with another signature or without a config,
+missing: no rotary module (nor disentangled attention), a rotary module with another
+signature or without a config,
 a config that ``from_hf_config`` refuses, a rotary module whose own ``inv_freq`` or
 attention scaling is not its config's, no module that applies the rotation, a module
 whose ``forward`` something else already replaced. A rotary module whose owner reorders
@@ -62,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _hf_deberta
 from ._hf_multimodal import VISION, text_mrope
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
@@ -193,12 +203,14 @@ def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
                          f"since): patch the model again")
 
 
-def _rotary_forward(ropes: dict[str | None, RotaryEmbedding],
-                    single: bool = False) -> Callable[..., Any]:
+def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = False,
+                    table: bool = False) -> Callable[..., Any]:
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
     it to the copy's module, whose dynamic NTK state is its own). `single`: it returns
     one object where the stock module returns one complex freqs_cis tensor (DeepSeek-V2,
-    Llama 4), else the (cos, sin) pair."""
+    Llama 4), else the (cos, sin) pair. `table`: a module that looks its sin and cos up
+    in its embed_positions (GPT-J, CodeGen), checked again whenever that buffer is
+    another tensor or was written, and indexed as the stock code indexes it."""
     pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
     # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
     dynamic = {t for t, rope in ropes.items()
@@ -214,6 +226,8 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding],
         if layer_type in dynamic:
             freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
         rope = pair[0]
+        if table:
+            position_ids = _table_positions(module, rope, position_ids, tables)
         kept = by_module.get(module)
         if kept is None:
             kept = by_module[module] = ({}, {})
@@ -228,7 +242,29 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding],
     by_module: weakref.WeakKeyDictionary[Any, tuple[dict[str, tuple[Any, int, bool]],
                                                     dict[str, tuple[Any, int, RopeFrequencies]]]]
     by_module = weakref.WeakKeyDictionary()
+    # per table module: the embed_positions tensor last checked and its version
+    tables: weakref.WeakKeyDictionary[Any, tuple[Any, int]] = weakref.WeakKeyDictionary()
     return _eager(forward)
+
+
+def _table_positions(module: Any, rope: RotaryEmbedding, position_ids: Any,
+                     tables: weakref.WeakKeyDictionary[Any, tuple[Any, int]]) -> Any:
+    """position_ids of a table module (GPT-J, CodeGen) as its table lookup reads them: a
+    negative position p is row rows + p (Python's indexing), one below -rows an
+    IndexError in the stock model and a ValueError here. Its table is checked again
+    when it is another tensor (a cast) or was written since the last check."""
+    buffer = module.embed_positions
+    seen = tables.get(module)
+    if seen is None or seen[0] is not buffer or seen[1] != buffer._version:
+        _check_position_table(module, rope, type(module).__name__)
+        tables[module] = (buffer, buffer._version)
+    rows = int(buffer.shape[0])
+    if position_ids.numel() and bool((position_ids < 0).any()):
+        if bool((position_ids < -rows).any()):
+            raise ValueError(f"fastpe.hf: position_ids below -{rows}, which the stock "
+                             f"model's table of {rows} rows cannot index either")
+        position_ids = position_ids + rows * (position_ids < 0)
+    return position_ids
 
 
 def _checked_buffer(module: Any, layer_type: str | None, rope: RotaryEmbedding) -> tuple[str, Any]:
@@ -406,49 +442,82 @@ def _q_takes_last_positions(original: Callable[..., Any]) -> bool:
                 and torch.equal(rotated, torch.tensor([[[[-2.0, 1.0]]]])))
 
 
+# probes of an apply function's form, as (batch, seq, heads) of q, heads of k and dtype:
+# batch, seq and heads apart; one token of one sequence and of several (decode steps);
+# seq == heads; k of one head (DeepSeek-V2's shared rotary key); float32 and float64
+_PROBES = ((2, 3, 5, 5, "float64"), (1, 1, 4, 1, "float32"), (3, 1, 3, 2, "float64"),
+           (2, 4, 4, 2, "float64"), (3, 2, 1, 1, "float32"))
+
+
+def _pairs_turned(x: Any, c: Any, s: Any) -> Any:
+    """x (..., 2 n) with each adjacent pair (e, o) turned by (c, s) of (..., n): (e c - o s,
+    o c + e s), whatever c and s are (the probes give them magnitudes other than one)."""
+    torch: Any = importlib.import_module("torch")
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
+
+
+def _probe_inputs(batch: int, seq: int, heads: int, dtype: str) -> tuple[Any, Any, Any]:
+    """A probe's x (batch, seq, heads, 8) and c, s (batch, seq, 4): distinct values, and
+    (c, s) of a magnitude and an angle of its own for each token and pair."""
+    torch: Any = importlib.import_module("torch")
+    kind = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(batch * 100 + seq * 10 + heads)
+    x = torch.randn(batch, seq, heads, 8, generator=gen, dtype=torch.float64)
+    angle = torch.rand(batch, seq, 4, generator=gen, dtype=torch.float64) * 6 - 3
+    size = torch.rand(batch, seq, 4, generator=gen, dtype=torch.float64) + 0.5
+    return x.to(kind), (size * torch.cos(angle)).to(kind), (size * torch.sin(angle)).to(kind)
+
+
+def _close(got: Any, want: Any) -> bool:
+    """got is want to float32 rounding (DeepSeek-V2 and Llama 4 turn float64 in float32;
+    a function that rotates otherwise is off by the values themselves)."""
+    torch: Any = importlib.import_module("torch")
+    if getattr(got, "shape", None) != want.shape or not isinstance(got, torch.Tensor):
+        return False
+    return bool(torch.allclose(got.to(torch.float64), want.to(torch.float64), rtol=1e-5,
+                               atol=1e-5))
+
+
 def _rotates_half_tables(original: Callable[..., Any]) -> bool:
     """Whether the apply function `original(x, sin, cos)` is GPT-J's (and CodeGen's): x
     of (batch, seq, heads, dim), sin and cos of (batch, seq, dim / 2), each pair of
-    adjacent features turned by its angle. Found by running it on a probe whose batch,
-    seq and heads differ, each (batch, token) at an angle of its own."""
-    torch: Any = importlib.import_module("torch")
-    x = torch.arange(1.0, 1.0 + 2 * 3 * 5 * 4, dtype=torch.float64).reshape(2, 3, 5, 4)
-    angles = torch.arange(1.0, 1.0 + 2 * 3 * 2, dtype=torch.float64).reshape(2, 3, 2) / 7
-    try:
-        rotated = original(x.clone(), torch.sin(angles), torch.cos(angles))
-    except Exception:
-        return False
-    c, s = torch.cos(angles)[:, :, None], torch.sin(angles)[:, :, None]
-    even, odd = x[..., 0::2], x[..., 1::2]
-    want = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
-    return bool(getattr(rotated, "shape", None) == x.shape
-                and torch.allclose(rotated, want, rtol=1e-12, atol=1e-12))
+    adjacent features turned by them. Found by running it on the probes."""
+    for batch, seq, heads, _, dtype in _PROBES:
+        x, c, s = _probe_inputs(batch, seq, heads, dtype)
+        try:
+            rotated = original(x.clone(), s, c)
+        except Exception:
+            return False
+        if not _close(rotated, _pairs_turned(x, c[:, :, None], s[:, :, None])):
+            return False
+    return True
 
 
 def _complex_layout(original: Callable[..., Any]) -> RopeLayout | None:
     """The layout of q and k for which the apply function `original(q, k, freqs_cis)`
     turns each pair of adjacent features by a complex freqs_cis of (batch, seq, dim / 2)
     (DeepSeek-V2's (batch, heads, seq, dim), Llama 4's (batch, seq, heads, dim)), found by
-    running it on probes whose batch, seq and heads differ; None if neither."""
+    running it on the probes in each layout; None if neither."""
     torch: Any = importlib.import_module("torch")
-    angles = torch.arange(1.0, 1.0 + 2 * 3 * 2, dtype=torch.float64).reshape(2, 3, 2) / 7
-    freqs_cis = torch.polar(torch.ones_like(angles), angles)
-    probes: tuple[tuple[RopeLayout, tuple[int, ...], tuple[int, ...]], ...] = (
-        ("bhsd", (2, 5, 3, 4), (2, 1, 3, 2, 1)), ("bshd", (2, 3, 5, 4), (2, 3, 1, 2, 1)))
-    for layout, shape, cs_shape in probes:
-        q = torch.arange(1.0, 1.0 + 2 * 3 * 5 * 4, dtype=torch.float64).reshape(shape)
-        try:
-            rotated = original(q.clone(), 2 * q, freqs_cis)
-        except Exception:
-            continue
-        pairs = q.reshape(*shape[:3], 2, 2)
-        c, s = torch.cos(angles).reshape(cs_shape), torch.sin(angles).reshape(cs_shape)
-        even, odd = pairs[..., :1], pairs[..., 1:]
-        want = torch.cat((even * c - odd * s, odd * c + even * s), dim=-1).reshape(shape)
-        if (isinstance(rotated, tuple) and len(rotated) == 2
-                and all(getattr(r, "shape", None) == q.shape for r in rotated)
-                and torch.allclose(rotated[0], want, rtol=1e-6, atol=1e-6)
-                and torch.allclose(rotated[1], 2 * want, rtol=1e-6, atol=1e-6)):
+    for layout in ("bhsd", "bshd"):
+        for batch, seq, q_heads, k_heads, dtype in _PROBES:
+            q, c, s = _probe_inputs(batch, seq, q_heads, dtype)
+            k = _probe_inputs(batch, seq, k_heads, dtype)[0]
+            freqs_cis = torch.complex(c.float(), s.float()) if dtype == "float32" else \
+                torch.complex(c, s)
+            if layout == "bhsd":
+                q, k = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+            try:
+                rotated = original(q.clone(), k.clone(), freqs_cis)
+            except Exception:
+                break
+            cs = (c[:, None], s[:, None]) if layout == "bhsd" else (c[:, :, None], s[:, :, None])
+            if not (isinstance(rotated, tuple) and len(rotated) == 2
+                    and _close(rotated[0], _pairs_turned(q, *cs))
+                    and _close(rotated[1], _pairs_turned(k, *cs))):
+                break
+        else:
             return layout
     return None
 
@@ -822,32 +891,38 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
 def _check_position_table(module: Any, rope: RotaryEmbedding, where: str) -> None:
     """Refuse a rotary module that looks its (sin, cos) up in a table (GPT-J's and
     CodeGen's embed_positions, [sin | cos] of each position's angles, made in float32)
-    unless its own forward gives the config's: run at the first, second and last rows
-    of the table, within the table's float32 angles (position * 2**-22) and its dtype's
-    rounding."""
+    unless the whole table holds the config's, within its float32 angles (position *
+    2**-22) and its dtype's rounding, and its own forward splits a row into them (run at
+    the first, second and last rows)."""
     torch: Any = importlib.import_module("torch")
+    table = _values(module.embed_positions)  # a meta table is refused by name
     rows = int(module.embed_positions.shape[0])
-    if module.embed_positions.is_meta:
-        _values(module.embed_positions)  # refused by name
-    positions = np.array(sorted({min(1, rows - 1), min(2, rows - 1), rows - 1}))
     inv_freq = rope._spec.frequencies(None).inv_freq
-    angles = positions[:, None] * inv_freq
     ulp = _HALF_EPS.get(str(module.embed_positions.dtype), 2.0**-23)
-    with torch.no_grad():
-        got = type(module).forward(module, torch.zeros(1),
-                                   torch.from_numpy(positions[None]))
-    try:
-        held = [_values(t).reshape(len(positions), -1) for t in got]
-    except (AttributeError, TypeError, ValueError):
-        held = []
-    tolerance = positions[:, None] * 2.0**-22 + 2 * ulp
-    if len(held) != 2 or any(h.shape != angles.shape for h in held) or not (
-            np.all(np.abs(held[0] - np.sin(angles)) <= tolerance)
-            and np.all(np.abs(held[1] - np.cos(angles)) <= tolerance)):
+    every = np.arange(rows, dtype=np.float64)[:, None]
+    angles = every * inv_freq
+    tolerance = every * 2.0**-22 + 2 * ulp
+    ok = table.size == rows * 2 * inv_freq.size
+    if ok:
+        table = table.reshape(rows, 2, inv_freq.size)
+        ok = bool(np.all(np.abs(table[:, 0] - np.sin(angles)) <= tolerance)
+                  and np.all(np.abs(table[:, 1] - np.cos(angles)) <= tolerance))
+    if ok:
+        positions = np.array(sorted({0, min(1, rows - 1), rows - 1}))
+        with torch.no_grad():
+            got = type(module).forward(module, torch.zeros(1), torch.from_numpy(positions[None]))
+        try:
+            held = [_values(t).reshape(len(positions), -1) for t in got]
+        except (AttributeError, TypeError, ValueError):
+            held = []
+        ok = len(held) == 2 and all(np.array_equal(h, table[positions, i])
+                                    for i, h in enumerate(held))
+    if not ok:
         raise ValueError(f"fastpe.hf: the rotary module {where} gives (sin, cos) other than "
-                         f"its config's (its embed_positions table edited or replaced, or "
-                         f"the config edited after the model was built): fastpe reads the "
-                         f"config, so it would rotate differently")
+                         f"its config's (its embed_positions table edited, replaced or cast "
+                         f"to half precision and back, or the config edited after the model "
+                         f"was built): fastpe reads the config, so it would rotate "
+                         f"differently")
 
 
 def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
@@ -894,11 +969,36 @@ def patch(model: Any) -> Any:
         return model
     modules = dict(_named_modules(model))
     rotary = {name: m for name, m in modules.items() if _is_rotary_module(m)}
-    if not rotary:
+    disentangled = {name: m for name, m in modules.items() if _hf_deberta.is_disentangled(m)}
+    if not rotary and not disentangled:
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
-                         f"embedding module (*RotaryEmbedding, forward(x, position_ids)): "
-                         f"fastpe.hf patches only models whose RoPE comes from one (not "
-                         f"RoFormer's sinusoidal position module, nor models without RoPE)")
+                         f"embedding module (*RotaryEmbedding, forward(x, position_ids)) nor "
+                         f"DeBERTa-v2's disentangled attention: fastpe.hf patches only models "
+                         f"whose RoPE comes from one (not RoFormer's sinusoidal position "
+                         f"module, nor models without RoPE), and DeBERTa-v2/v3 and SEW-D")
+    plan: list[tuple[Any, str, Callable[..., Any] | None]] = [
+        (module, _hf_deberta.BIAS_ATTRIBUTE, None) for module in disentangled.values()]
+    plan += _rotary_plan(modules, rotary, model) if rotary else []
+    for module, attribute, _ in plan:
+        if attribute in vars(module):
+            raise ValueError(f"fastpe.hf: the {attribute} of {type(module).__name__} was "
+                             f"already replaced on this instance (by accelerate's hooks, "
+                             f"kernelize, ...): fastpe.hf cannot tell what it runs")
+    for i, (name, module) in enumerate(disentangled.items()):
+        cls = type(module)
+        method = _hf_deberta.bias_method(module)
+        _hf_deberta.check_bias(module, method, f"{name!r} ({cls.__name__}, {cls.__module__})")
+        plan[i] = (module, _hf_deberta.BIAS_ATTRIBUTE, types.MethodType(method, module))
+    for module, attribute, value in plan:
+        setattr(module, attribute, value)
+    object.__setattr__(model, _STATE, [module for module, _, _ in plan])
+    return model
+
+
+def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
+                 model: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
+    """(module, "forward", its patched forward) for the rotary modules and the modules
+    that apply them."""
     kinds = {name: getattr(_config(modules, name), "model_type", None) for name in rotary}
     left = sorted(str(kind) for kind in kinds.values() if kind in _LEFT_STOCK)
     rotary = {name: m for name, m in rotary.items() if not _reorders_cos_sin(modules, name)
@@ -910,7 +1010,7 @@ def patch(model: Any) -> Any:
                          f"attention) or used otherwise than by it{f' ({why})' if why else ''}, "
                          f"which fastpe.hf cannot reproduce")
     applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
-    plan: list[tuple[Any, Callable[..., Any]]] = []
+    plan: list[tuple[Any, str, Callable[..., Any]]] = []
     appliers: set[str] = set()
     stand_ins: dict[int, Callable[..., Any]] = {}  # one per apply function
     for name, module in rotary.items():
@@ -926,30 +1026,29 @@ def patch(model: Any) -> Any:
             appliers.add(sub_name)
             rebound = {fname: stand_ins[id(f)] for fname, f in functions.items()}
             sub = modules[sub_name]
-            plan.append((sub, types.MethodType(
+            plan.append((sub, "forward", types.MethodType(
                 _eager(_rebound_forward(type(sub), rebound)), sub)))
         if len(takes) > 1:
             raise ValueError(f"fastpe.hf: the rotary module {name!r} feeds apply functions "
                              f"of (cos, sin) and of one freqs_cis, which fastpe.hf cannot "
                              f"serve with one return value")
-        plan.append((module, types.MethodType(_rotary_forward(ropes, True in takes), module)))
-    for module, _ in plan:
-        if "forward" in vars(module):
-            raise ValueError(f"fastpe.hf: the forward of {type(module).__name__} was already "
-                             f"replaced on this instance (by accelerate's hooks, kernelize, ...): "
-                             f"fastpe.hf cannot tell what it runs")
-    for module, forward in plan:
-        module.forward = forward
-    object.__setattr__(model, _STATE, [module for module, _ in plan])
-    return model
+        table = getattr(module, "embed_positions", None) is not None and _checked_buffer(
+            module, None, next(iter(ropes.values())))[1] is None
+        plan.append((module, "forward",
+                     types.MethodType(_rotary_forward(ropes, True in takes, table), module)))
+    return plan
+
+
+# the instance attributes patch() sets
+_PATCHED = {"forward": _FASTPE_FORWARD, _hf_deberta.BIAS_ATTRIBUTE: _hf_deberta.PATCHED_BIAS}
 
 
 def _patched_forward(module: Any) -> bool:
-    """Whether `module` runs a forward patch() set: pickle keeps neither the closures
-    nor the rebuilt functions, and a copy it loads holds the class's own forward on the
+    """Whether `module` runs a method patch() set: pickle keeps neither the closures
+    nor the rebuilt functions, and a copy it loads holds the class's own method on the
     instance instead."""
-    forward = vars(module).get("forward")
-    return getattr(getattr(forward, "__func__", None), _FASTPE_FORWARD, False)
+    return any(getattr(getattr(vars(module).get(name), "__func__", None), tag, False)
+               for name, tag in _PATCHED.items())
 
 
 def _drop_stale_patch(model: Any) -> None:
@@ -959,8 +1058,9 @@ def _drop_stale_patch(model: Any) -> None:
     if patched is None or all(_patched_forward(module) for module in patched):
         return
     for module in patched:
-        if "forward" in vars(module) and not _patched_forward(module):
-            del module.forward
+        if not _patched_forward(module):
+            for name in _PATCHED:
+                vars(module).pop(name, None)
     object.__delattr__(model, _STATE)
 
 
@@ -972,6 +1072,7 @@ def unpatch(model: Any) -> Any:
     if patched is None:
         return model
     for module in patched:
-        del module.forward
+        for name in _PATCHED:
+            vars(module).pop(name, None)
     object.__delattr__(model, _STATE)
     return model

@@ -90,6 +90,13 @@ FAMILIES = {
         first_k_dense_replace=1, eos_token_id=None), None),
     "llama4": (lambda: text_model("llama4_text", head_dim=HEAD_DIM, intermediate_size_mlp=128,
                                   num_local_experts=2, eos_token_id=None), None),
+    # Llama 4 Scout's llama3 scaling: equal low and high factors, no blended band
+    "llama4_scout": (lambda: text_model(
+        "llama4_text", head_dim=HEAD_DIM, intermediate_size_mlp=128, num_local_experts=2,
+        eos_token_id=None, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 8}), None),
     # adjacent pairs (from_hf_config's "gptj" style)
     "cohere": (lambda: text_model("cohere"), None),
     # scalings whose frequencies change past the original length, which the 16
@@ -562,6 +569,98 @@ def test_copies_of_a_patched_model_used_in_turn_keep_their_own_verdicts(monkeypa
                 outs.append(model(**inputs).logits)
     assert len(decided) == 2 and decided[0] is not decided[1]
     assert all(torch.equal(out, outs[0]) for out in outs)
+
+
+def deberta(**settings):
+    config = transformers.DebertaV2Config(
+        **{**dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=128, vocab_size=100, max_position_embeddings=128,
+                  relative_attention=True, position_biased_input=False, initializer_range=0.3,
+                  norm_rel_ebd="layer_norm"), **settings})
+    torch.manual_seed(0)
+    return transformers.DebertaV2ForMaskedLM(config).eval()
+
+
+def count_disentangled(monkeypatch):
+    """Every disentangled bias fastpe adds from now on, as the shape of the scores."""
+    calls = []
+    add = fastpe._hf_deberta.add_disentangled_bias
+
+    def counted(scores, **kwargs):
+        calls.append(tuple(scores.shape))
+        return add(scores, **kwargs)
+
+    monkeypatch.setattr(fastpe._hf_deberta, "add_disentangled_bias", counted)
+    return calls
+
+
+@pytest.mark.parametrize("settings", [
+    # DeBERTa-v3's: log buckets, keys and queries projected by the content projections
+    dict(position_buckets=32, max_relative_positions=64, share_att_key=True,
+         pos_att_type=["p2c", "c2p"]),
+    # DeBERTa-v2's xlarge style: own position projections, one term or the other
+    dict(position_buckets=-1, max_relative_positions=-1, share_att_key=False,
+         pos_att_type=["c2p"]),
+    dict(position_buckets=16, max_relative_positions=-1, share_att_key=False,
+         pos_att_type=["p2c"]),
+    dict(position_buckets=-1, max_relative_positions=24, share_att_key=True,
+         pos_att_type=["c2p", "p2c"])], ids=["v3", "c2p", "p2c", "unbucketed"])
+def test_deberta_disentangled_attention_is_the_stock_models_bit_for_bit(settings, monkeypatch):
+    """DeBERTa-v2/v3's relative attention added by fastpe, in place into the scores: the
+    same float32 logits as stock (padded batch, sequences past the bucketed distances),
+    one fastpe pass per layer, and unpatch gives the stock model back."""
+    model = deberta(**settings)
+    ids = torch.randint(1, 100, (2, 100), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 100, dtype=torch.long)
+    mask[1, 70:] = 0
+    with torch.no_grad():
+        stock = model(ids, attention_mask=mask).logits
+        fastpe.hf.patch(model)
+        calls = count_disentangled(monkeypatch)
+        assert torch.equal(model(ids, attention_mask=mask).logits, stock)
+        assert calls == [(2 * 4, 100, 100)] * 2
+        calls.clear()
+        assert torch.equal(fastpe.hf.unpatch(model)(ids, attention_mask=mask).logits, stock)
+    assert not calls
+
+
+def test_deberta_with_relative_positions_of_its_own_runs_the_stock_bias(monkeypatch):
+    """Relative positions a caller passes, not those of the model's settings, take the
+    stock code; settings fastpe does not reproduce are refused at patch."""
+    model = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=["p2c", "c2p"])
+    encoder = model.deberta.encoder
+    hidden = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(2))
+    own = torch.arange(12)[None, :, None] - torch.arange(12)[None, None, :] * 2
+    with torch.no_grad():
+        stock = encoder(hidden, torch.ones(1, 12), relative_pos=own).last_hidden_state
+        fastpe.hf.patch(model)
+        calls = count_disentangled(monkeypatch)
+        assert torch.equal(encoder(hidden, torch.ones(1, 12), relative_pos=own).last_hidden_state,
+                           stock)
+    assert not calls
+    # log buckets need max_relative_positions - 1 > position_buckets // 2
+    unusual = deberta(position_buckets=256, max_relative_positions=-1)
+    with pytest.raises(ValueError, match=r"disentangled attention 'deberta\.encoder\.layer\.0\."
+                                         r"attention\.self' .* settings fastpe does not reproduce"):
+        fastpe.hf.patch(unusual)
+    assert not hasattr(unusual, "_fastpe_hf_patched")
+
+
+def test_sew_d_disentangled_attention_is_the_stock_models_bit_for_bit(monkeypatch):
+    config = transformers.SEWDConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, squeeze_factor=2, max_position_embeddings=64,
+        position_buckets=16, initializer_range=0.3)
+    torch.manual_seed(0)
+    model = transformers.SEWDModel(config).eval()
+    audio = torch.randn(2, 4000, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        stock = model(audio).last_hidden_state
+        fastpe.hf.patch(model)
+        calls = count_disentangled(monkeypatch)
+        assert torch.equal(model(audio).last_hidden_state, stock)
+    assert calls == [(2 * 4, 199, 199)] * 2   # the squeezed sequence's
 
 
 def test_inference_mode_and_float16():
@@ -1062,6 +1161,30 @@ def test_a_text_mrope_module_holding_its_spectrum_in_axis_order_is_patched():
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
 
 
+def test_gptj_table_is_checked_whole_and_again_when_written():
+    """GPT-J's sin|cos table is checked row by row at patch and again at the next forward
+    after it was written or replaced (a cast to bfloat16 and back rounds it); negative
+    position_ids index it from its end, as the stock lookup does."""
+    model = FAMILIES["gptj"][0]()
+    with torch.no_grad():
+        model.transformer.rotary_emb.embed_positions[700:900] *= 0.5   # rows in the middle
+    with pytest.raises(ValueError, match=r"GPTJRotaryEmbedding .* gives \(sin, cos\) other"):
+        fastpe.hf.patch(model)
+    model = FAMILIES["gptj"][0]()
+    ids = torch.arange(1, 9)[None]
+    mixed = torch.arange(-3, 5)[None]
+    with torch.no_grad():
+        stock = model(ids, position_ids=mixed).logits
+        fastpe.hf.patch(model)
+        torch.testing.assert_close(model(ids, position_ids=mixed).logits, stock, rtol=0,
+                                   atol=2e-4)   # rows 2045-2047: stock's float32 angles
+        with pytest.raises(ValueError, match=r"position_ids below -2048"):
+            model(ids, position_ids=mixed - 2048)
+        model.to(torch.bfloat16).float()
+        with pytest.raises(ValueError, match=r"cast to half precision and back"):
+            model(ids)
+
+
 def test_llama4_vision_tower_is_left_stock_and_its_text_model_patched():
     """Llama 4's vision rotary module makes its freqs_cis from the hidden states alone
     (no position_ids): left stock, while the text model's complex freqs_cis is patched."""
@@ -1257,12 +1380,18 @@ def test_a_config_object_with_flat_rope_parameters_beside_entries_is_refused_wit
     assert "give the config object" not in str(err.value)
 
 
-def test_a_pickled_patched_model_loads_stock_and_patches_again():
+@pytest.mark.parametrize("name", ["llama", "deberta"])
+def test_a_pickled_patched_model_loads_stock_and_patches_again(name, monkeypatch):
     """pickle keeps neither patch()'s closures nor its rebuilt functions: the copy it loads
     runs the stock code, and patch() on it patches it (the patch it remembers is dropped)."""
     import io
-    model = fastpe.hf.patch(text_model("llama", initializer_range=0.4))
-    ids = prompt("llama")["input_ids"]
+    if name == "llama":
+        model = fastpe.hf.patch(text_model("llama", initializer_range=0.4))
+        ids = prompt("llama")["input_ids"]
+    else:
+        model = fastpe.hf.patch(deberta(position_buckets=32, max_relative_positions=64,
+                                        pos_att_type=["p2c", "c2p"]))
+        ids = torch.arange(1, 41)[None]
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
@@ -1270,9 +1399,14 @@ def test_a_pickled_patched_model_loads_stock_and_patches_again():
     with torch.no_grad():
         patched = model(ids).logits
         stock = fastpe.hf.unpatch(copy.deepcopy(model))(ids).logits
-        assert torch.equal(loaded(ids).logits, stock)
+        calls = count_disentangled(monkeypatch)
+        assert torch.equal(loaded(ids).logits, stock) and not calls
         again = fastpe.hf.patch(loaded)(ids).logits
-        assert torch.equal(again, patched) and not torch.equal(again, stock)
+        assert torch.equal(again, patched)
+        if name == "llama":  # float64 angles; DeBERTa's patched model is stock's bit for bit
+            assert not torch.equal(again, stock)
+        else:
+            assert len(calls) > 2   # the probes' and the layers' passes
         assert torch.equal(fastpe.hf.unpatch(loaded)(ids).logits, stock)
 
 
