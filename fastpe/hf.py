@@ -457,12 +457,13 @@ def _pairs_turned(x: Any, c: Any, s: Any) -> Any:
     return torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
 
 
-def _probe_inputs(batch: int, seq: int, heads: int, dtype: str) -> tuple[Any, Any, Any]:
+def _probe_inputs(batch: int, seq: int, heads: int, dtype: str,
+                  seed: int = 0) -> tuple[Any, Any, Any]:
     """A probe's x (batch, seq, heads, 8) and c, s (batch, seq, 4): distinct values, and
     (c, s) of a magnitude and an angle of its own for each token and pair."""
     torch: Any = importlib.import_module("torch")
     kind = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(batch * 100 + seq * 10 + heads)
+    gen = torch.Generator().manual_seed(seed * 1000 + batch * 100 + seq * 10 + heads)
     x = torch.randn(batch, seq, heads, 8, generator=gen, dtype=torch.float64)
     angle = torch.rand(batch, seq, 4, generator=gen, dtype=torch.float64) * 6 - 3
     size = torch.rand(batch, seq, 4, generator=gen, dtype=torch.float64) + 0.5
@@ -503,7 +504,7 @@ def _complex_layout(original: Callable[..., Any]) -> RopeLayout | None:
     for layout in ("bhsd", "bshd"):
         for batch, seq, q_heads, k_heads, dtype in _PROBES:
             q, c, s = _probe_inputs(batch, seq, q_heads, dtype)
-            k = _probe_inputs(batch, seq, k_heads, dtype)[0]
+            k = _probe_inputs(batch, seq, k_heads, dtype, seed=1)[0]
             freqs_cis = torch.complex(c.float(), s.float()) if dtype == "float32" else \
                 torch.complex(c, s)
             if layout == "bhsd":
