@@ -1118,8 +1118,7 @@ def hf_config(config: object) -> tuple[object, str | None]:
         if "transformers_version" not in config:
             _hf_refuse_incomplete_entries(config, model_type)
             config = _hf_class_fill(config, model_type)
-        elif "head_dim" not in config and "head_dim" in _hf_models.CLASS_DEFAULTS.get(
-                model_type, {}):
+        elif "head_dim" not in config and "head_dim" in _class_defaults(config, model_type):
             # one transformers wrote holds its class's head_dim (a partial factor it may
             # keep in the rope parameters instead): without one (edited out, or newer than
             # the writer) the class takes its default, not hidden_size / heads
@@ -1470,12 +1469,22 @@ def _hf_top_level_base(config: object, model_type: str | None,
     return _hf_get(config, key, *conv.base_keys)
 
 
+def _class_defaults(config: Mapping[str, Any], model_type: str) -> dict[str, object]:
+    """The class defaults of the keys `config` leaves out, where it gives no key the class
+    stores as the same value (JetMoE's kv_channels is its head_dim)."""
+    defaults = dict(_hf_models.CLASS_DEFAULTS.get(model_type, {}))
+    for name, key in _hf_models.convention(model_type).aliases:
+        if config.get(key) is not None:
+            defaults.pop(name, None)
+    return defaults
+
+
 def _hf_class_fill(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     """A dict transformers did not write, as the family's config class completes it
     (tables in _hf_models): the keys it leaves out; without rope_parameters and
     rope_scaling, the rope parameters the class makes (with a top-level base where the
     class reads one); with rope parameters but no base anywhere, the class's base."""
-    out = {**_hf_models.CLASS_DEFAULTS.get(model_type, {}), **config}
+    out = {**_class_defaults(config, model_type), **config}
     if out.get("rope_parameters") is None and out.get("rope_scaling") is None:
         rope = _hf_models.ROPE_DEFAULTS.get(model_type)
         if rope is not None:

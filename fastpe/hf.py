@@ -777,8 +777,16 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
     if model_type in _NOT_REPRODUCED:
         raise ValueError(f"fastpe.hf: model type {model_type!r} is not reproduced: "
                          f"{_NOT_REPRODUCED[model_type]}")
+    ropes: dict[str | None, RotaryEmbedding]
     try:
-        if params[2:]:
+        optional = inspect.signature(cls.forward).parameters.get("layer_type")
+        if (params[2:] and getattr(module, "layer_types", None) is None
+                and not getattr(config, "layer_types", None)
+                and optional is not None and optional.default is None):
+            # forward(x, position_ids, layer_type=None) of a model without layer types
+            # (ESM): one embedding, called without a layer_type
+            ropes = {None: RotaryEmbedding._from_hf_module(config, None, None, None)}
+        elif params[2:]:
             # the module's own list where it keeps one (LFM3: the attention layers' types
             # only, none in a model of convolution layers alone)
             held = getattr(module, "layer_types", None)

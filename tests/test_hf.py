@@ -97,6 +97,9 @@ FAMILIES = {
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 1.0,
             "original_max_position_embeddings": 8}), None),
+    # JetMoE keeps head_dim as kv_channels (its class default 128 does not apply)
+    "jetmoe": (lambda: text_model("jetmoe", kv_channels=16, num_local_experts=4,
+                                  num_experts_per_tok=2), None),
     # adjacent pairs (from_hf_config's "gptj" style)
     "cohere": (lambda: text_model("cohere"), None),
     # scalings whose frequencies change past the original length, which the 16
@@ -1159,6 +1162,24 @@ def test_a_text_mrope_module_holding_its_spectrum_in_axis_order_is_patched():
         want = model(ids).logits
         got = fastpe.hf.patch(model)(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
+
+
+def test_esm_rotary_module_with_an_optional_layer_type_is_one_embedding(monkeypatch):
+    """ESM-2's rotary module takes layer_type=None and its config lists no layer types:
+    one embedding, as its forward makes; masked-LM logits as stock's."""
+    config = transformers.EsmConfig(vocab_size=33, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=128,
+                                    position_embedding_type="rotary", pad_token_id=1,
+                                    mask_token_id=32, token_dropout=False, initializer_range=0.3)
+    torch.manual_seed(0)
+    model = transformers.EsmForMaskedLM(config).eval()
+    ids = torch.randint(4, 30, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        stock = model(ids).logits
+        fastpe.hf.patch(model)
+        calls = count_rotations(monkeypatch)
+        torch.testing.assert_close(model(ids).logits, stock, rtol=0, atol=2e-5)
+    assert len(calls) == 2
 
 
 def test_gptj_table_is_checked_whole_and_again_when_written():
