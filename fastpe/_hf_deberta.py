@@ -13,42 +13,53 @@ added, as the stock code sums and adds them, so float32 scores come out bit for 
 (tested against the stock models).
 
 A call fastpe does not reproduce runs the stock method: relative positions other than
-those of the module's settings (a caller's own), a query of another length than its keys
-with the p2c term, a tensor that is not a CPU one.
+those of the module's settings (a caller's own; compared at every call), a query of
+another length than its keys with the p2c term, a tensor that is not a CPU one. Half
+precision scores take the two logits' sum in float32, rounded once where the stock code
+rounds each step. At patch, each module is run on a probe with both methods and
+refused unless its outputs, and the tensors it keeps, agree bit for bit: what the stock
+code does with the bias is then what fastpe's in-place add does.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
-import weakref
+import inspect
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from . import relative
+from .relative import deberta_relative_positions
 
-from .relative import add_disentangled_bias, deberta_relative_positions
-
-# set on the methods patch() makes
-PATCHED_BIAS = "_fastpe_hf_bias"
 BIAS_ATTRIBUTE = "disentangled_attention_bias"
+
+
+def add_disentangled_bias(scores: Any, **settings: Any) -> Any:
+    """fastpe.add_disentangled_bias, looked up at each call (as a patched model's
+    caller sees the module: monkeypatching it reaches the model)."""
+    return relative.add_disentangled_bias(scores, **settings)
 
 
 class AddedBias:
     """What a patched disentangled_attention_bias returns: added to the attention scores
-    (``attention_scores + rel_att``), it adds the gathered logits into them in place."""
+    (``attention_scores + rel_att``), it adds the gathered logits into them in place
+    (`add`: add_disentangled_bias, run outside torch.compile's graphs)."""
 
-    __slots__ = ("c2p", "max_relative_positions", "p2c", "position_buckets")
+    __slots__ = ("add", "c2p", "max_relative_positions", "p2c", "position_buckets")
 
-    def __init__(self, c2p: Any, p2c: Any, position_buckets: int,
+    def __init__(self, add: Callable[..., Any], c2p: Any, p2c: Any, position_buckets: int,
                  max_relative_positions: int) -> None:
+        self.add = add
         self.c2p = c2p
         self.p2c = p2c
         self.position_buckets = position_buckets
         self.max_relative_positions = max_relative_positions
 
     def __radd__(self, scores: Any) -> Any:
-        add_disentangled_bias(scores, c2p=self.c2p, p2c=self.p2c,
-                              position_buckets=self.position_buckets,
-                              max_relative_positions=self.max_relative_positions)
+        self.add(scores, c2p=self.c2p, p2c=self.p2c, position_buckets=self.position_buckets,
+                 max_relative_positions=self.max_relative_positions)
         return scores
 
     def __getattr__(self, name: str) -> Any:
@@ -65,34 +76,42 @@ def is_disentangled(module: object) -> bool:
     return (cls.__module__.startswith("transformers.models.")
             and callable(getattr(cls, BIAS_ATTRIBUTE, None))
             and bool(getattr(module, "relative_attention", False))
+            and not {"c2p", "p2c"}.isdisjoint(getattr(module, "pos_att_type", None) or ())
             and all(hasattr(module, a) for a in (
                 "pos_ebd_size", "position_buckets", "max_relative_positions", "pos_att_type",
                 "share_att_key", "num_attention_heads", "transpose_for_scores")))
 
 
-def bias_method(module: Any) -> Any:
-    """The disentangled_attention_bias that fastpe runs in `module`'s place, unbound."""
+@functools.lru_cache(maxsize=8)
+def _positions(q_len: int, k_len: int, buckets: int, largest: int) -> Any:
+    """The relative positions fastpe forms for these settings, as a torch tensor."""
+    torch: Any = importlib.import_module("torch")
+    return torch.from_numpy(deberta_relative_positions(
+        q_len, k_len, position_buckets=buckets, max_relative_positions=largest))
+
+
+def _standard(relative_pos: Any, q_len: int, k_len: int, buckets: int, largest: int) -> bool:
+    """Whether relative_pos holds the relative positions of the module's settings (the
+    ones fastpe forms). Compared at every call, a pass over q_len * k_len integers: an
+    edit through .numpy() or .data leaves no trace in the tensor's version."""
+    torch: Any = importlib.import_module("torch")
+    if (relative_pos is None or relative_pos.dim() not in (2, 3, 4)
+            or relative_pos.device.type != "cpu"
+            or tuple(relative_pos.shape[-2:]) != (q_len, k_len)
+            or relative_pos.numel() != q_len * k_len):
+        return False
+    held = relative_pos.reshape(q_len, k_len)
+    return bool(torch.equal(held if held.dtype == torch.int64 else held.to(torch.int64),
+                            _positions(q_len, k_len, buckets, largest)))
+
+
+def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+    """The disentangled_attention_bias that fastpe runs in `module`'s place, unbound;
+    `eager` makes a function run by Python where torch.compile compiles around it."""
     cls = type(module)
     stock = getattr(cls, BIAS_ATTRIBUTE)
     torch: Any = importlib.import_module("torch")
-    # the relative positions last checked: (tensor, its version, whether they are fastpe's)
-    checked: weakref.WeakKeyDictionary[Any, tuple[int, bool]] = weakref.WeakKeyDictionary()
-
-    def standard(relative_pos: Any, q_len: int, k_len: int, buckets: int, largest: int) -> bool:
-        """Whether relative_pos holds the relative positions of the module's settings (the
-        ones fastpe forms), checked once per tensor and version."""
-        if relative_pos is None or relative_pos.device.type != "cpu" or tuple(
-                relative_pos.shape[-2:]) != (q_len, k_len) or relative_pos.numel() != q_len * k_len:
-            return False
-        seen = checked.get(relative_pos)
-        if seen is not None and seen[0] == relative_pos._version:
-            return seen[1]
-        want = deberta_relative_positions(q_len, k_len, position_buckets=buckets,
-                                          max_relative_positions=largest)
-        held = relative_pos.detach().reshape(q_len, k_len).to(torch.int64).numpy()
-        verdict = bool(np.array_equal(held, want))
-        checked[relative_pos] = (relative_pos._version, verdict)
-        return verdict
+    add = eager(add_disentangled_bias)
 
     def projected(self: Any, rel_embeddings: Any, proj: Any, repeats: int) -> Any:
         return self.transpose_for_scores(proj(rel_embeddings), self.num_attention_heads).repeat(
@@ -112,16 +131,16 @@ def bias_method(module: Any) -> Any:
                                     scale_factor: Any) -> Any:
         c2p_on, p2c_on = "c2p" in self.pos_att_type, "p2c" in self.pos_att_type
         q_len, k_len = query_layer.size(-2), key_layer.size(-2)
-        if relative_pos is not None and relative_pos.dim() in (2, 3, 4) and all(
-                n == 1 for n in relative_pos.shape[:-2]):
-            usable = standard(relative_pos, q_len, k_len, self.position_buckets,
-                              self.max_relative_positions)
-        else:
-            usable = False
-        if (not usable or (p2c_on and q_len != k_len) or query_layer.device.type != "cpu"
-                or not (c2p_on or p2c_on)):
+        if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu"
+                or not (c2p_on or p2c_on)
+                or not _standard(relative_pos, q_len, k_len, self.position_buckets,
+                                 self.max_relative_positions)):
             return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
                          scale_factor)
+        if torch.is_grad_enabled() and (query_layer.requires_grad or key_layer.requires_grad):
+            raise TypeError("fastpe.hf: the patched model adds its disentangled attention "
+                            "in place, without autograd: run it under torch.no_grad() or "
+                            "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
         span = self.pos_ebd_size
         rel_embeddings = rel_embeddings[0:span * 2, :].unsqueeze(0)
         repeats = query_layer.size(0) // self.num_attention_heads
@@ -134,23 +153,26 @@ def bias_method(module: Any) -> Any:
             p2c = logits(key_layer, projected(self, rel_embeddings, self.query_proj if
                                               self.share_att_key else self.pos_query_proj,
                                               repeats), scale_factor)
-        return AddedBias(c2p, p2c, self.position_buckets, self.max_relative_positions)
+        return AddedBias(add, c2p, p2c, self.position_buckets, self.max_relative_positions)
 
-    setattr(disentangled_attention_bias, PATCHED_BIAS, True)
     return disentangled_attention_bias
 
 
 def check_bias(module: Any, method: Any, where: str) -> None:
-    """Refuse `module` unless its own forward, run on a probe (random hidden states of 7
-    tokens, its own weights, the relative positions of its settings, in eval mode),
-    gives the same output with `method` as with its stock method (within its dtype's
-    rounding: float32 bit for bit)."""
+    """Refuse `module` unless its own forward, run on a probe (a float32 copy of it in
+    eval mode, random hidden states of 7 tokens, the relative positions of its
+    settings, its attention probabilities asked for), gives the same outputs bit for bit
+    with `method` as with its stock method."""
     torch: Any = importlib.import_module("torch")
-    weight = module.query_proj.weight
-    hidden = weight.shape[1]
+    if "forward" in vars(module):
+        raise ValueError(f"fastpe.hf: the forward of the disentangled attention {where} was "
+                         f"replaced on this instance (by accelerate's hooks, ...): fastpe.hf "
+                         f"cannot tell what it does with the bias")
+    module = copy.deepcopy(module).float().eval()
+    hidden = module.query_proj.weight.shape[1]
     gen = torch.Generator().manual_seed(0)
-    states = torch.randn(1, 7, hidden, generator=gen).to(weight.dtype)
-    rel_embeddings = torch.randn(2 * module.pos_ebd_size, hidden, generator=gen).to(weight.dtype)
+    states = torch.randn(1, 7, hidden, generator=gen)
+    rel_embeddings = torch.randn(2 * module.pos_ebd_size, hidden, generator=gen)
     try:
         relative_pos = torch.from_numpy(deberta_relative_positions(
             7, 7, position_buckets=module.position_buckets,
@@ -159,27 +181,29 @@ def check_bias(module: Any, method: Any, where: str) -> None:
         raise ValueError(f"fastpe.hf: the disentangled attention {where} has relative "
                          f"position settings fastpe does not reproduce: {err}") from err
     mask = torch.ones(1, 1, 7, 7, dtype=torch.bool)
-    training = module.training
+    asks = "output_attentions" in inspect.signature(type(module).forward).parameters
+    extra = {"output_attentions": True} if asks else {}
     outs = []
+    kept = []   # tensors the forward leaves on the module (the in-place add reaches them)
     try:
-        module.eval()
         with torch.no_grad():
-            for patched in (False, True):
-                if patched:
+            for with_fastpe in (False, True):
+                if with_fastpe:
                     setattr(module, BIAS_ATTRIBUTE, method.__get__(module))
-                try:
-                    outs.append(type(module).forward(module, states, mask, relative_pos=relative_pos,
-                                                     rel_embeddings=rel_embeddings)[0])
-                finally:
-                    vars(module).pop(BIAS_ATTRIBUTE, None)
+                outs.append(type(module).forward(module, states, mask, relative_pos=relative_pos,
+                                                 rel_embeddings=rel_embeddings, **extra))
+                kept.append({name: value.clone() for name, value in vars(module).items()
+                             if isinstance(value, torch.Tensor)})
     except Exception as err:
         raise ValueError(f"fastpe.hf: the disentangled attention {where} did not run on a "
                          f"probe with fastpe's bias ({type(err).__name__}: {err}): fastpe.hf "
                          f"does not know what its forward does") from err
-    finally:
-        module.train(training)
-    exact = str(weight.dtype) in ("torch.float32", "torch.float64")
-    if not (torch.equal(*outs) if exact else torch.allclose(*outs, rtol=2e-2, atol=2e-2)):
+    stock, patched = (out if isinstance(out, tuple) else (out,) for out in outs)
+    stock += tuple(kept[0].get(name) for name in sorted(kept[0].keys() | kept[1].keys()))
+    patched += tuple(kept[1].get(name) for name in sorted(kept[0].keys() | kept[1].keys()))
+    if len(stock) != len(patched) or not all(
+            (a is None and b is None) or (isinstance(a, torch.Tensor) and isinstance(
+                b, torch.Tensor) and torch.equal(a, b)) for a, b in zip(stock, patched)):
         raise ValueError(f"fastpe.hf: the disentangled attention {where} gives other numbers "
                          f"with fastpe's bias than with its own on a probe: fastpe.hf does "
                          f"not know what its forward does")

@@ -995,7 +995,7 @@ def patch(model: Any) -> Any:
                              f"kernelize, ...): fastpe.hf cannot tell what it runs")
     for i, (name, module) in enumerate(disentangled.items()):
         cls = type(module)
-        method = _hf_deberta.bias_method(module)
+        method = _eager(_hf_deberta.bias_method(module, _eager))
         _hf_deberta.check_bias(module, method, f"{name!r} ({cls.__name__}, {cls.__module__})")
         plan[i] = (module, _hf_deberta.BIAS_ATTRIBUTE, types.MethodType(method, module))
     for module, attribute, value in plan:
@@ -1049,15 +1049,15 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
 
 
 # the instance attributes patch() sets
-_PATCHED = {"forward": _FASTPE_FORWARD, _hf_deberta.BIAS_ATTRIBUTE: _hf_deberta.PATCHED_BIAS}
+_PATCHED = ("forward", _hf_deberta.BIAS_ATTRIBUTE)
 
 
 def _patched_forward(module: Any) -> bool:
     """Whether `module` runs a method patch() set: pickle keeps neither the closures
     nor the rebuilt functions, and a copy it loads holds the class's own method on the
     instance instead."""
-    return any(getattr(getattr(vars(module).get(name), "__func__", None), tag, False)
-               for name, tag in _PATCHED.items())
+    return any(getattr(getattr(vars(module).get(name), "__func__", None), _FASTPE_FORWARD,
+                       False) for name in _PATCHED)
 
 
 def _drop_stale_patch(model: Any) -> None:

@@ -8,7 +8,9 @@ model is built from a tiny config. Skipped without torch and transformers (the
 """
 
 import copy
+import inspect
 import json
+import textwrap
 
 import numpy as np
 import pytest
@@ -587,13 +589,13 @@ def deberta(**settings):
 def count_disentangled(monkeypatch):
     """Every disentangled bias fastpe adds from now on, as the shape of the scores."""
     calls = []
-    add = fastpe._hf_deberta.add_disentangled_bias
+    add = fastpe.relative.add_disentangled_bias
 
     def counted(scores, **kwargs):
         calls.append(tuple(scores.shape))
         return add(scores, **kwargs)
 
-    monkeypatch.setattr(fastpe._hf_deberta, "add_disentangled_bias", counted)
+    monkeypatch.setattr(fastpe.relative, "add_disentangled_bias", counted)
     return calls
 
 
@@ -642,11 +644,70 @@ def test_deberta_with_relative_positions_of_its_own_runs_the_stock_bias(monkeypa
                            stock)
     assert not calls
     # log buckets need max_relative_positions - 1 > position_buckets // 2
-    unusual = deberta(position_buckets=256, max_relative_positions=-1)
+    unusual = deberta(position_buckets=256, max_relative_positions=-1, pos_att_type=["c2p"])
     with pytest.raises(ValueError, match=r"disentangled attention 'deberta\.encoder\.layer\.0\."
                                          r"attention\.self' .* settings fastpe does not reproduce"):
         fastpe.hf.patch(unusual)
     assert not hasattr(unusual, "_fastpe_hf_patched")
+
+
+def test_deberta_runs_in_inference_mode_compiled_and_with_its_relative_positions_reused(
+        monkeypatch):
+    """inference tensors (no version counter), torch.compile (the bias and its in-place
+    add run between its graphs) and the same relative positions given twice."""
+    model = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=["p2c", "c2p"])
+    ids = torch.randint(1, 100, (1, 40), generator=torch.Generator().manual_seed(5))
+    hidden = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(6))
+    own = torch.from_numpy(fastpe.deberta_relative_positions(
+        12, 12, position_buckets=32, max_relative_positions=64))[None]
+    with torch.no_grad():
+        stock = model(ids).logits
+        stock_encoded = model.deberta.encoder(hidden, torch.ones(1, 12), relative_pos=own)
+        fastpe.hf.patch(model)
+        calls = count_disentangled(monkeypatch)
+        with torch.inference_mode():
+            assert torch.equal(model(ids).logits, stock)
+        for _ in range(2):
+            encoded = model.deberta.encoder(hidden, torch.ones(1, 12), relative_pos=own)
+            assert torch.equal(encoded.last_hidden_state, stock_encoded.last_hidden_state)
+        assert len(calls) == 2 * 3
+        compiled = torch.compile(model, backend="eager")
+        assert torch.equal(compiled(ids).logits, stock) and len(calls) == 2 * 4
+        with torch.enable_grad(), pytest.raises(TypeError, match=r"torch\.no_grad\(\)"):
+            model(ids)
+
+
+def test_deberta_whose_forward_fastpe_cannot_see_is_refused_and_stays_stock(monkeypatch):
+    """A forward replaced on the instance (accelerate's hooks) is not the one the probe
+    runs; a class forward that keeps the scores before the bias (which fastpe adds in
+    place) gives other tensors on the probe; no c2p or p2c term: nothing to patch."""
+    model = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=["c2p"])
+    attention = model.deberta.encoder.layer[1].attention.self
+    attention.forward = attention.forward
+    with pytest.raises(ValueError, match=r"forward of the disentangled attention "
+                                         r"'deberta\.encoder\.layer\.1\.attention\.self' .* "
+                                         r"replaced on this instance"):
+        fastpe.hf.patch(model)
+    assert not hasattr(model, "_fastpe_hf_patched")
+    assert "disentangled_attention_bias" not in vars(attention)
+    # the class forward keeping the content-to-content scores before the bias is added
+    cls = type(attention)
+    modeling = __import__(cls.__module__, fromlist=["_"])
+    source = textwrap.dedent(inspect.getsource(cls.forward))
+    added = "        attention_scores = attention_scores + rel_att\n"
+    assert added in source
+    namespace = dict(vars(modeling))
+    exec(source.replace(added, "        self.raw = attention_scores\n"
+                                "        attention_scores = self.raw + rel_att\n"), namespace)
+    monkeypatch.setattr(cls, "forward", namespace["forward"])
+    keeping = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=["c2p"])
+    with pytest.raises(ValueError, match=r"gives other numbers with fastpe's bias"):
+        fastpe.hf.patch(keeping)
+    assert not hasattr(keeping, "_fastpe_hf_patched")
+    monkeypatch.undo()
+    none = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=[])
+    with pytest.raises(ValueError, match=r"nor DeBERTa-v2's disentangled attention"):
+        fastpe.hf.patch(none)
 
 
 def test_sew_d_disentangled_attention_is_the_stock_models_bit_for_bit(monkeypatch):
