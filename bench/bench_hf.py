@@ -11,7 +11,7 @@ timing, the two must give the same greedy tokens. ``--family deberta`` times the
 encoder's forward over --prompt tokens instead (heads of 64, log buckets of
 DeBERTa-v3: 256 buckets, 512 positions), after checking that the two give the same
 hidden states bit for bit: ``--hidden 768 --prompt 512 --rounds 9`` is DeBERTa-v3-base's
-shape with 2 of its 12 layers.
+shape with 2 of its 12 layers; ``--family deberta_v1`` DeBERTa (v1)-base's.
 
 Needs torch and transformers (the "hf" extra). Not collected by ``pytest bench/``:
 it has no test functions.
@@ -43,6 +43,7 @@ FAMILIES = {
                                                "num_local_experts": 2}),
     # an encoder forward (encoder_forward), not a decode step
     "deberta": ("DeBERTa-v3", "deberta-v2", {}),
+    "deberta_v1": ("DeBERTa", "deberta", {}),
 }
 
 
@@ -63,7 +64,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     fastpe.set_num_threads(1)
-    if args.family == "deberta":
+    if args.family in ("deberta", "deberta_v1"):
         encoder_forward(args, torch, transformers)
         return
     heads = args.hidden // 16
@@ -105,14 +106,18 @@ def encoder_forward(args: argparse.Namespace, torch: Any, transformers: Any) -> 
     import fastpe.hf
 
     heads = max(1, args.hidden // 64)
-    config = transformers.DebertaV2Config(
-        vocab_size=256, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=heads, relative_attention=True,
-        position_buckets=256, max_relative_positions=-1, max_position_embeddings=512,
-        pos_att_type=["p2c", "c2p"], share_att_key=True, position_biased_input=False,
-        norm_rel_ebd="layer_norm")
+    sizes = dict(vocab_size=256, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+                 num_hidden_layers=args.layers, num_attention_heads=heads,
+                 relative_attention=True, max_relative_positions=-1,
+                 max_position_embeddings=512, pos_att_type=["p2c", "c2p"])
     torch.manual_seed(0)
-    stock = transformers.DebertaV2Model(config).eval()
+    if args.family == "deberta_v1":
+        # DeBERTa-base's: no buckets, a span that follows the sequence
+        stock = transformers.DebertaModel(transformers.DebertaConfig(**sizes)).eval()
+    else:
+        stock = transformers.DebertaV2Model(transformers.DebertaV2Config(
+            **sizes, position_buckets=256, share_att_key=True, position_biased_input=False,
+            norm_rel_ebd="layer_norm")).eval()
     patched = fastpe.hf.patch(copy.deepcopy(stock))
     ids = torch.randint(1, 256, (1, args.prompt))
     models = {"stock": stock, "fastpe.hf": patched}
@@ -127,7 +132,8 @@ def encoder_forward(args: argparse.Namespace, torch: Any, transformers: Any) -> 
                 start = time.perf_counter()
                 models[name](ids)
                 times[name].append(time.perf_counter() - start)
-    report(f"encoder forward, DeBERTa-v3-style hidden {args.hidden}, {args.layers} layers, "
+    family = FAMILIES[args.family][0]
+    report(f"encoder forward, {family}-style hidden {args.hidden}, {args.layers} layers, "
            f"{heads} heads of 64, {args.prompt} tokens", args.rounds, times)
 
 

@@ -1,4 +1,5 @@
-"""DeBERTa-v2/v3's disentangled attention (He et al., 2021) in a patched transformers model.
+"""DeBERTa's disentangled attention (He et al., 2021) in a patched transformers model:
+DeBERTa-v2/v3, mDeBERTa and SEW-D, and DeBERTa (v1) (``disentangled_att_bias``, below).
 
 The attention module's ``disentangled_attention_bias(query_layer, key_layer,
 relative_pos, rel_embeddings, scale_factor)`` projects the relative embeddings, forms the
@@ -11,6 +12,11 @@ the forward's ``attention_scores + rel_att`` turns into one in-place pass of
 :func:`fastpe.add_disentangled_bias` over the scores: each gathered pair summed, then
 added, as the stock code sums and adds them, so float32 scores come out bit for bit
 (tested against the stock models).
+
+DeBERTa (v1)'s method differs in what it slices and divides, not in how its logits are
+gathered: a span of min(max(q_len, k_len), max_relative_positions), the middle 2 span
+rows of its relative embeddings, relative positions q - k unbucketed, c2p from the
+query its forward already divided, p2c from position queries it divides.
 
 A call fastpe does not reproduce runs the stock method: relative positions other than
 those of the module's settings (a caller's own; compared at every call), a query of
@@ -34,6 +40,8 @@ from . import relative
 from .relative import deberta_relative_positions
 
 BIAS_ATTRIBUTE = "disentangled_attention_bias"
+# DeBERTa (v1)'s: the same role, a span that follows the call's lengths, no buckets
+V1_BIAS_ATTRIBUTE = "disentangled_att_bias"
 
 
 def add_disentangled_bias(scores: Any, **settings: Any) -> Any:
@@ -69,17 +77,24 @@ class AddedBias:
             f"reproduce that (call fastpe.hf.unpatch(model) to run it stock)")
 
 
-def is_disentangled(module: object) -> bool:
-    """Whether `module` is a DeBERTa-v2-style disentangled self-attention of transformers
-    (DeBERTa-v2/v3, mDeBERTa, SEW-D) with relative attention on."""
+def bias_attribute(module: object) -> str | None:
+    """The name of the bias method fastpe stands in for where `module` is a disentangled
+    self-attention of transformers with relative attention and a c2p or p2c term:
+    DeBERTa-v2/v3, mDeBERTa and SEW-D's (BIAS_ATTRIBUTE), DeBERTa (v1)'s
+    (V1_BIAS_ATTRIBUTE); else None."""
     cls = type(module)
-    return (cls.__module__.startswith("transformers.models.")
-            and callable(getattr(cls, BIAS_ATTRIBUTE, None))
+    if not (cls.__module__.startswith("transformers.models.")
             and bool(getattr(module, "relative_attention", False))
             and not {"c2p", "p2c"}.isdisjoint(getattr(module, "pos_att_type", None) or ())
             and all(hasattr(module, a) for a in (
-                "pos_ebd_size", "position_buckets", "max_relative_positions", "pos_att_type",
-                "share_att_key", "num_attention_heads", "transpose_for_scores")))
+                "max_relative_positions", "num_attention_heads", "transpose_for_scores"))):
+        return None
+    if callable(getattr(cls, BIAS_ATTRIBUTE, None)) and all(
+            hasattr(module, a) for a in ("pos_ebd_size", "position_buckets", "share_att_key")):
+        return BIAS_ATTRIBUTE
+    if callable(getattr(cls, V1_BIAS_ATTRIBUTE, None)) and hasattr(module, "in_proj"):
+        return V1_BIAS_ATTRIBUTE
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -138,9 +153,7 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
             return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
                          scale_factor)
         if torch.is_grad_enabled() and (query_layer.requires_grad or key_layer.requires_grad):
-            raise TypeError("fastpe.hf: the patched model adds its disentangled attention "
-                            "in place, without autograd: run it under torch.no_grad() or "
-                            "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
+            raise TypeError(_NO_AUTOGRAD)
         span = self.pos_ebd_size
         rel_embeddings = rel_embeddings[0:span * 2, :].unsqueeze(0)
         repeats = query_layer.size(0) // self.num_attention_heads
@@ -158,6 +171,49 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
     return disentangled_attention_bias
 
 
+def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
+    """DeBERTa (v1)'s disentangled_att_bias as fastpe runs it, unbound: a span of
+    min(max(q_len, k_len), max_relative_positions), the relative embeddings' middle 2 span
+    rows, relative positions q - k unbucketed; c2p from the query the forward already
+    divided, p2c from position queries divided as the stock code divides them."""
+    cls = type(module)
+    stock = getattr(cls, V1_BIAS_ATTRIBUTE)
+    torch: Any = importlib.import_module("torch")
+    add = eager(add_disentangled_bias)
+
+    # named as the method it stands for: a pickled bound method is looked up by its name
+    def disentangled_att_bias(self: Any, query_layer: Any, key_layer: Any, relative_pos: Any,
+                              rel_embeddings: Any, scale_factor: Any) -> Any:
+        c2p_on, p2c_on = "c2p" in self.pos_att_type, "p2c" in self.pos_att_type
+        q_len, k_len = query_layer.size(-2), key_layer.size(-2)
+        span = min(max(q_len, k_len), self.max_relative_positions)
+        if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu" or span < 1
+                or not _standard(relative_pos, q_len, k_len, -1, -1)):
+            return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
+                         scale_factor)
+        if torch.is_grad_enabled() and (query_layer.requires_grad or key_layer.requires_grad):
+            raise TypeError(_NO_AUTOGRAD)
+        middle = self.max_relative_positions
+        rel_embeddings = rel_embeddings[middle - span:middle + span, :].unsqueeze(0)
+        c2p = p2c = None
+        if c2p_on:
+            pos_key = self.transpose_for_scores(self.pos_proj(rel_embeddings))
+            c2p = torch.matmul(query_layer, pos_key.transpose(-1, -2))
+        if p2c_on:
+            pos_query = self.transpose_for_scores(self.pos_q_proj(rel_embeddings))
+            pos_query /= torch.sqrt(torch.tensor(pos_query.size(-1), dtype=torch.float)
+                                    * scale_factor)
+            p2c = torch.matmul(key_layer, pos_query.transpose(-1, -2).to(dtype=key_layer.dtype))
+        return AddedBias(add, c2p, p2c, -1, span)
+
+    return disentangled_att_bias
+
+
+_NO_AUTOGRAD = ("fastpe.hf: the patched model adds its disentangled attention in place, "
+                "without autograd: run it under torch.no_grad() or torch.inference_mode() "
+                "(or fastpe.hf.unpatch it to train)")
+
+
 def check_bias(module: Any, method: Any, where: str) -> None:
     """Refuse `module` unless its own forward, run on a probe (a float32 copy of it in
     eval mode, random hidden states of 7 tokens, the relative positions of its
@@ -168,15 +224,19 @@ def check_bias(module: Any, method: Any, where: str) -> None:
         raise ValueError(f"fastpe.hf: the forward of the disentangled attention {where} was "
                          f"replaced on this instance (by accelerate's hooks, ...): fastpe.hf "
                          f"cannot tell what it does with the bias")
+    attribute = bias_attribute(module)
+    assert attribute is not None
     module = copy.deepcopy(module).float().eval()
-    hidden = module.query_proj.weight.shape[1]
+    hidden = next(m for m in module.modules() if isinstance(m, torch.nn.Linear)).in_features
     gen = torch.Generator().manual_seed(0)
     states = torch.randn(1, 7, hidden, generator=gen)
-    rel_embeddings = torch.randn(2 * module.pos_ebd_size, hidden, generator=gen)
+    v1 = attribute == V1_BIAS_ATTRIBUTE
+    rows = 2 * (module.max_relative_positions if v1 else module.pos_ebd_size)
+    rel_embeddings = torch.randn(rows, hidden, generator=gen)
     try:
         relative_pos = torch.from_numpy(deberta_relative_positions(
-            7, 7, position_buckets=module.position_buckets,
-            max_relative_positions=module.max_relative_positions))[None]
+            7, 7, position_buckets=-1 if v1 else module.position_buckets,
+            max_relative_positions=-1 if v1 else module.max_relative_positions))[None]
     except ValueError as err:
         raise ValueError(f"fastpe.hf: the disentangled attention {where} has relative "
                          f"position settings fastpe does not reproduce: {err}") from err
@@ -189,7 +249,7 @@ def check_bias(module: Any, method: Any, where: str) -> None:
         with torch.no_grad():
             for with_fastpe in (False, True):
                 if with_fastpe:
-                    setattr(module, BIAS_ATTRIBUTE, method.__get__(module))
+                    setattr(module, attribute, method.__get__(module))
                 outs.append(type(module).forward(module, states, mask, relative_pos=relative_pos,
                                                  rel_embeddings=rel_embeddings, **extra))
                 kept.append({name: value.clone() for name, value in vars(module).items()

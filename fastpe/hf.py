@@ -21,9 +21,10 @@ disentangled relative attention (He et al., 2021), runs through fastpe.
   The forms other than ``(q, k, cos, sin)`` are accepted once their function, run on
   probes (batch, seq and heads apart, one token, k of one head, float32 and float64,
   sin and cos of magnitudes other than one), turns adjacent pairs as fastpe does;
-- each DeBERTa-v2/v3 or SEW-D disentangled self-attention runs fastpe's
-  ``disentangled_attention_bias`` (fastpe._hf_deberta): its two logit products as the
-  stock code makes them, gathered and added into the attention scores in one pass.
+- each DeBERTa (v1, v2, v3) or SEW-D disentangled self-attention runs fastpe's
+  ``disentangled_attention_bias`` (v1: ``disentangled_att_bias``; fastpe._hf_deberta):
+  its two logit products as the stock code makes them, gathered and added into the
+  attention scores in one pass.
 
 A dynamic NTK module keeps the frequencies of its longest call until one shorter
 than the original length, as transformers' ``dynamic_rope_update`` does: the patched
@@ -978,26 +979,30 @@ def patch(model: Any) -> Any:
         return model
     modules = dict(_named_modules(model))
     rotary = {name: m for name, m in modules.items() if _is_rotary_module(m)}
-    disentangled = {name: m for name, m in modules.items() if _hf_deberta.is_disentangled(m)}
+    disentangled = {name: (m, attribute) for name, m in modules.items()
+                    if (attribute := _hf_deberta.bias_attribute(m)) is not None}
     if not rotary and not disentangled:
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)) nor "
-                         f"DeBERTa-v2's disentangled attention: fastpe.hf patches only models "
+                         f"DeBERTa's disentangled attention: fastpe.hf patches only models "
                          f"whose RoPE comes from one (not RoFormer's sinusoidal position "
-                         f"module, nor models without RoPE), and DeBERTa-v2/v3 and SEW-D")
+                         f"module, nor models without RoPE), and DeBERTa (v1, v2, v3) and "
+                         f"SEW-D with relative attention")
     plan: list[tuple[Any, str, Callable[..., Any] | None]] = [
-        (module, _hf_deberta.BIAS_ATTRIBUTE, None) for module in disentangled.values()]
+        (module, attribute, None) for module, attribute in disentangled.values()]
     plan += _rotary_plan(modules, rotary, model) if rotary else []
     for module, attribute, _ in plan:
         if attribute in vars(module):
             raise ValueError(f"fastpe.hf: the {attribute} of {type(module).__name__} was "
                              f"already replaced on this instance (by accelerate's hooks, "
                              f"kernelize, ...): fastpe.hf cannot tell what it runs")
-    for i, (name, module) in enumerate(disentangled.items()):
+    for i, (name, (module, attribute)) in enumerate(disentangled.items()):
         cls = type(module)
-        method = _eager(_hf_deberta.bias_method(module, _eager))
+        make = (_hf_deberta.bias_method if attribute == _hf_deberta.BIAS_ATTRIBUTE
+                else _hf_deberta.v1_bias_method)
+        method = _eager(make(module, _eager))
         _hf_deberta.check_bias(module, method, f"{name!r} ({cls.__name__}, {cls.__module__})")
-        plan[i] = (module, _hf_deberta.BIAS_ATTRIBUTE, types.MethodType(method, module))
+        plan[i] = (module, attribute, types.MethodType(method, module))
     for module, attribute, value in plan:
         setattr(module, attribute, value)
     object.__setattr__(model, _STATE, [module for module, _, _ in plan])
@@ -1049,7 +1054,7 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
 
 
 # the instance attributes patch() sets
-_PATCHED = ("forward", _hf_deberta.BIAS_ATTRIBUTE)
+_PATCHED = ("forward", _hf_deberta.BIAS_ATTRIBUTE, _hf_deberta.V1_BIAS_ATTRIBUTE)
 
 
 def _patched_forward(module: Any) -> bool:

@@ -629,6 +629,33 @@ def test_deberta_disentangled_attention_is_the_stock_models_bit_for_bit(settings
     assert not calls
 
 
+@pytest.mark.parametrize("settings", [
+    dict(max_relative_positions=-1, pos_att_type=["c2p", "p2c"]),
+    # a span clipped below the sequence, talking heads after the bias
+    dict(max_relative_positions=16, pos_att_type=["c2p", "p2c"], talking_head=True),
+    dict(max_relative_positions=64, pos_att_type=["p2c"])], ids=["base", "clipped", "p2c"])
+def test_deberta_v1_disentangled_attention_is_the_stock_models_bit_for_bit(settings,
+                                                                          monkeypatch):
+    """DeBERTa (v1): a span of min(max(q, k), max_relative_positions), the middle rows
+    of its relative embeddings, no buckets, c2p from the already divided query."""
+    config = transformers.DebertaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=100, max_position_embeddings=128, relative_attention=True,
+        position_biased_input=False, initializer_range=0.3, **settings)
+    torch.manual_seed(0)
+    model = transformers.DebertaForMaskedLM(config).eval()
+    ids = torch.randint(1, 100, (2, 40), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[0, 30:] = 0
+    with torch.no_grad():
+        stock = model(ids, attention_mask=mask).logits
+        fastpe.hf.patch(model)
+        calls = count_disentangled(monkeypatch)
+        assert torch.equal(model(ids, attention_mask=mask).logits, stock)
+        assert calls == [(2, 4, 40, 40)] * 2
+        assert torch.equal(fastpe.hf.unpatch(model)(ids, attention_mask=mask).logits, stock)
+
+
 def test_deberta_with_relative_positions_of_its_own_runs_the_stock_bias(monkeypatch):
     """Relative positions a caller passes, not those of the model's settings, take the
     stock code; settings fastpe does not reproduce are refused at patch."""
@@ -706,7 +733,7 @@ def test_deberta_whose_forward_fastpe_cannot_see_is_refused_and_stays_stock(monk
     assert not hasattr(keeping, "_fastpe_hf_patched")
     monkeypatch.undo()
     none = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=[])
-    with pytest.raises(ValueError, match=r"nor DeBERTa-v2's disentangled attention"):
+    with pytest.raises(ValueError, match=r"nor DeBERTa's disentangled attention"):
         fastpe.hf.patch(none)
 
 
