@@ -152,8 +152,6 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
                                  self.max_relative_positions)):
             return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
                          scale_factor)
-        if torch.is_grad_enabled() and (query_layer.requires_grad or key_layer.requires_grad):
-            raise TypeError(_NO_AUTOGRAD)
         span = self.pos_ebd_size
         rel_embeddings = rel_embeddings[0:span * 2, :].unsqueeze(0)
         repeats = query_layer.size(0) // self.num_attention_heads
@@ -166,6 +164,7 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
             p2c = logits(key_layer, projected(self, rel_embeddings, self.query_proj if
                                               self.share_att_key else self.pos_query_proj,
                                               repeats), scale_factor)
+        _refuse_autograd(torch, query_layer, key_layer, c2p, p2c)
         return AddedBias(add, c2p, p2c, self.position_buckets, self.max_relative_positions)
 
     return disentangled_attention_bias
@@ -188,11 +187,9 @@ def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[.
         q_len, k_len = query_layer.size(-2), key_layer.size(-2)
         span = min(max(q_len, k_len), self.max_relative_positions)
         if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu" or span < 1
-                or not _standard(relative_pos, q_len, k_len, -1, -1)):
+                or not (c2p_on or p2c_on) or not _standard(relative_pos, q_len, k_len, -1, -1)):
             return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
                          scale_factor)
-        if torch.is_grad_enabled() and (query_layer.requires_grad or key_layer.requires_grad):
-            raise TypeError(_NO_AUTOGRAD)
         middle = self.max_relative_positions
         rel_embeddings = rel_embeddings[middle - span:middle + span, :].unsqueeze(0)
         c2p = p2c = None
@@ -204,14 +201,20 @@ def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[.
             pos_query /= torch.sqrt(torch.tensor(pos_query.size(-1), dtype=torch.float)
                                     * scale_factor)
             p2c = torch.matmul(key_layer, pos_query.transpose(-1, -2).to(dtype=key_layer.dtype))
+        _refuse_autograd(torch, query_layer, key_layer, c2p, p2c)
         return AddedBias(add, c2p, p2c, -1, span)
 
     return disentangled_att_bias
 
 
-_NO_AUTOGRAD = ("fastpe.hf: the patched model adds its disentangled attention in place, "
-                "without autograd: run it under torch.no_grad() or torch.inference_mode() "
-                "(or fastpe.hf.unpatch it to train)")
+def _refuse_autograd(torch: Any, *tensors: Any) -> None:
+    """A TypeError for the model's user where autograd would follow any of `tensors` (the
+    query, the keys, the logits: a trainable relative embedding or projection alone
+    makes the logits require grad)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise TypeError("fastpe.hf: the patched model adds its disentangled attention in "
+                        "place, without autograd: run it under torch.no_grad() or "
+                        "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
 
 
 def check_bias(module: Any, method: Any, where: str) -> None:

@@ -654,6 +654,13 @@ def test_deberta_v1_disentangled_attention_is_the_stock_models_bit_for_bit(setti
         assert torch.equal(model(ids, attention_mask=mask).logits, stock)
         assert calls == [(2, 4, 40, 40)] * 2
         assert torch.equal(fastpe.hf.unpatch(model)(ids, attention_mask=mask).logits, stock)
+        # no c2p or p2c term left (edited after patch): the stock method, as stock runs
+        fastpe.hf.patch(model)
+        for layer in model.deberta.encoder.layer:
+            layer.attention.self.pos_att_type = ["p2p"]
+        calls.clear()
+        model(ids, attention_mask=mask)
+        assert not calls
 
 
 def test_deberta_with_relative_positions_of_its_own_runs_the_stock_bias(monkeypatch):
@@ -700,6 +707,12 @@ def test_deberta_runs_in_inference_mode_compiled_and_with_its_relative_positions
         assert len(calls) == 2 * 3
         compiled = torch.compile(model, backend="eager")
         assert torch.equal(compiled(ids).logits, stock) and len(calls) == 2 * 4
+        with torch.enable_grad(), pytest.raises(TypeError, match=r"torch\.no_grad\(\)"):
+            model(ids)
+        # only the relative embeddings trainable: the logits alone require grad
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        model.deberta.encoder.rel_embeddings.weight.requires_grad_(True)
         with torch.enable_grad(), pytest.raises(TypeError, match=r"torch\.no_grad\(\)"):
             model(ids)
 
