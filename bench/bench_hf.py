@@ -113,7 +113,8 @@ def encoder_forward(args: argparse.Namespace, torch: Any, transformers: Any) -> 
     torch.manual_seed(0)
     if args.family == "deberta_v1":
         # DeBERTa-base's: no buckets, a span that follows the sequence
-        stock = transformers.DebertaModel(transformers.DebertaConfig(**sizes)).eval()
+        stock = transformers.DebertaModel(transformers.DebertaConfig(
+            **sizes, position_biased_input=False)).eval()
     else:
         stock = transformers.DebertaV2Model(transformers.DebertaV2Config(
             **sizes, position_buckets=256, share_att_key=True, position_biased_input=False,

@@ -229,11 +229,16 @@ def check_bias(module: Any, method: Any, where: str) -> None:
                          f"cannot tell what it does with the bias")
     attribute = bias_attribute(module)
     assert attribute is not None
+    devices = {str(p.device) for p in module.parameters()}
+    if devices != {"cpu"}:
+        raise ValueError(f"fastpe.hf: the disentangled attention {where} is on "
+                         f"{', '.join(sorted(devices))}: fastpe adds the bias into CPU tensors "
+                         f"(a model on the meta device holds no weights yet)")
     module = copy.deepcopy(module).float().eval()
-    hidden = next(m for m in module.modules() if isinstance(m, torch.nn.Linear)).in_features
+    v1 = attribute == V1_BIAS_ATTRIBUTE
+    hidden = (module.in_proj if v1 else module.query_proj).in_features
     gen = torch.Generator().manual_seed(0)
     states = torch.randn(1, 7, hidden, generator=gen)
-    v1 = attribute == V1_BIAS_ATTRIBUTE
     rows = 2 * (module.max_relative_positions if v1 else module.pos_ebd_size)
     rel_embeddings = torch.randn(rows, hidden, generator=gen)
     try:

@@ -18,9 +18,10 @@ disentangled relative attention (He et al., 2021), runs through fastpe.
   ``unsqueeze_dim=1``, (batch, seq, heads, dim) for ``unsqueeze_dim=2`` and GPT-J's
   form, (tokens, heads, dim) for the vision towers' 3-D q; DeepSeek-V2's and Llama 4's
   ``(q, k, freqs_cis)``, one complex tensor, in the layout its code broadcasts to.
-  The forms other than ``(q, k, cos, sin)`` are accepted once their function, run on
+  These two forms (GPT-J's and freqs_cis) are accepted once their function, run on
   probes (batch, seq and heads apart, one token, k of one head, float32 and float64,
-  sin and cos of magnitudes other than one), turns adjacent pairs as fastpe does;
+  sin and cos of magnitudes other than one), turns adjacent pairs as fastpe does, and
+  only for a rotary module whose config fastpe reads as adjacent pairs too;
 - each DeBERTa (v1, v2, v3) or SEW-D disentangled self-attention runs fastpe's
   ``disentangled_attention_bias`` (v1: ``disentangled_att_bias``; fastpe._hf_deberta):
   its two logit products as the stock code makes them, gathered and added into the
@@ -85,6 +86,8 @@ _STATE = "_fastpe_hf_patched"
 _FASTPE_FORWARD = "_fastpe_hf_forward"
 # set on the apply stand-ins that take one freqs_cis in place of (cos, sin)
 _TAKES_FREQS_CIS = "_fastpe_hf_freqs_cis"
+# set on the apply stand-ins whose function the probes saw turn adjacent pairs
+_PROBED_ADJACENT = "_fastpe_hf_adjacent"
 _APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a name
 
 
@@ -481,17 +484,18 @@ def _close(got: Any, want: Any) -> bool:
                                atol=1e-5))
 
 
-def _rotates_half_tables(original: Callable[..., Any]) -> bool:
+def _turns_adjacent_pairs(original: Callable[..., Any]) -> bool:
     """Whether the apply function `original(x, sin, cos)` is GPT-J's (and CodeGen's): x
     of (batch, seq, heads, dim), sin and cos of (batch, seq, dim / 2), each pair of
     adjacent features turned by them. Found by running it on the probes."""
     for batch, seq, heads, _, dtype in _PROBES:
         x, c, s = _probe_inputs(batch, seq, heads, dtype)
+        want = _pairs_turned(x, c[:, :, None], s[:, :, None])
         try:
-            rotated = original(x.clone(), s, c)
+            rotated = original(x.clone(), s.clone(), c.clone())
         except Exception:
             return False
-        if not _close(rotated, _pairs_turned(x, c[:, :, None], s[:, :, None])):
+        if not _close(rotated, want):
             return False
     return True
 
@@ -510,14 +514,14 @@ def _complex_layout(original: Callable[..., Any]) -> RopeLayout | None:
                 torch.complex(c, s)
             if layout == "bhsd":
                 q, k = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+            cs = (c[:, None], s[:, None]) if layout == "bhsd" else (c[:, :, None], s[:, :, None])
+            want = _pairs_turned(q, *cs), _pairs_turned(k, *cs)
             try:
-                rotated = original(q.clone(), k.clone(), freqs_cis)
+                rotated = original(q.clone(), k.clone(), freqs_cis.clone())
             except Exception:
                 break
-            cs = (c[:, None], s[:, None]) if layout == "bhsd" else (c[:, :, None], s[:, :, None])
             if not (isinstance(rotated, tuple) and len(rotated) == 2
-                    and _close(rotated[0], _pairs_turned(q, *cs))
-                    and _close(rotated[1], _pairs_turned(k, *cs))):
+                    and _close(rotated[0], want[0]) and _close(rotated[1], want[1])):
                 break
         else:
             return layout
@@ -527,7 +531,7 @@ def _complex_layout(original: Callable[..., Any]) -> RopeLayout | None:
 def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """fastpe's stand-in for the modeling file's apply function `original`, called as
     the model calls it, (q, k, cos, sin, ...) -> (q, k) or (x, cos, sin, ...) -> x
-    (GPT-J's and CodeGen's (x, sin, cos), once _rotates_half_tables has seen what it
+    (GPT-J's and CodeGen's (x, sin, cos), once _turns_adjacent_pairs has seen what it
     does), rotating in place."""
     original = _hub_function(original)
     try:
@@ -551,7 +555,7 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
     sin_first = len(names) == 3 and names[1:] == ["sin", "cos"]
     if sin_first:
         tensors = 1
-        if not _rotates_half_tables(original):
+        if not _turns_adjacent_pairs(original):
             raise ValueError(f"fastpe.hf: the apply function {name}({', '.join(names)}) of "
                              f"{getattr(original, '__module__', '?')} does not rotate as "
                              f"GPT-J's does: fastpe.hf does not know what it does")
@@ -628,6 +632,7 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
 
     stand_in = _eager(apply)
     setattr(stand_in, _TAKES_FREQS_CIS, by_complex is not None)
+    setattr(stand_in, _PROBED_ADJACENT, sin_first or by_complex is not None)
     return stand_in
 
 
@@ -965,6 +970,9 @@ def patch(model: Any) -> Any:
     returns the model. Only this instance changes; :func:`unpatch` undoes it.
     Patching a patched model does nothing.
 
+    DeBERTa (v1, v2, v3) and SEW-D models get their disentangled attention bias added by
+    fastpe instead (fastpe._hf_deberta).
+
     Raises ValueError naming what is missing when fastpe cannot reproduce the model
     (see the module's docstring); the model is then unchanged.
 
@@ -1005,7 +1013,7 @@ def patch(model: Any) -> Any:
         plan[i] = (module, attribute, types.MethodType(method, module))
     for module, attribute, value in plan:
         setattr(module, attribute, value)
-    object.__setattr__(model, _STATE, [module for module, _, _ in plan])
+    object.__setattr__(model, _STATE, [(module, attribute) for module, attribute, _ in plan])
     return model
 
 
@@ -1035,6 +1043,12 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
                 if id(f) not in stand_ins:
                     stand_ins[id(f)] = _apply_function(fname, f)
                 takes.add(getattr(stand_ins[id(f)], _TAKES_FREQS_CIS))
+                if getattr(stand_ins[id(f)], _PROBED_ADJACENT) and any(
+                        rope.style != "gptj" for rope in ropes.values()):
+                    raise ValueError(f"fastpe.hf: the rotary module {name!r} is read from its "
+                                     f"config as rotating halves of each head, but {fname}, "
+                                     f"run on probes, turns adjacent pairs: fastpe.hf cannot "
+                                     f"tell which the model does")
             if sub_name in appliers:
                 continue
             appliers.add(sub_name)
@@ -1053,28 +1067,22 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
     return plan
 
 
-# the instance attributes patch() sets
-_PATCHED = ("forward", _hf_deberta.BIAS_ATTRIBUTE, _hf_deberta.V1_BIAS_ATTRIBUTE)
-
-
-def _patched_forward(module: Any) -> bool:
-    """Whether `module` runs a method patch() set: pickle keeps neither the closures
-    nor the rebuilt functions, and a copy it loads holds the class's own method on the
-    instance instead."""
-    return any(getattr(getattr(vars(module).get(name), "__func__", None), _FASTPE_FORWARD,
-                       False) for name in _PATCHED)
+def _runs_patch(module: Any, attribute: str) -> bool:
+    """Whether `module` runs the method patch() set as `attribute`: pickle keeps neither
+    the closures nor the rebuilt functions, and a copy it loads holds the class's own
+    method on the instance instead."""
+    return getattr(getattr(vars(module).get(attribute), "__func__", None), _FASTPE_FORWARD,
+                   False)
 
 
 def _drop_stale_patch(model: Any) -> None:
     """Forget a patch that a pickled copy of a patched model remembers but does not run
-    (its modules run their stock forwards): the model is then stock, and unmarked."""
+    (its modules run their stock methods): the model is then stock, and unmarked."""
     patched = getattr(model, _STATE, None)
-    if patched is None or all(_patched_forward(module) for module in patched):
+    if patched is None or all(_runs_patch(module, name) for module, name in patched):
         return
-    for module in patched:
-        if not _patched_forward(module):
-            for name in _PATCHED:
-                vars(module).pop(name, None)
+    for module, name in patched:
+        vars(module).pop(name, None)
     object.__delattr__(model, _STATE)
 
 
@@ -1085,8 +1093,7 @@ def unpatch(model: Any) -> Any:
     patched = getattr(model, _STATE, None)
     if patched is None:
         return model
-    for module in patched:
-        for name in _PATCHED:
-            vars(module).pop(name, None)
+    for module, name in patched:   # what patch() set, nothing set since
+        vars(module).pop(name, None)
     object.__delattr__(model, _STATE)
     return model

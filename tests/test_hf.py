@@ -625,7 +625,12 @@ def test_deberta_disentangled_attention_is_the_stock_models_bit_for_bit(settings
         assert torch.equal(model(ids, attention_mask=mask).logits, stock)
         assert calls == [(2 * 4, 100, 100)] * 2
         calls.clear()
+        # a forward wrapped after patch (accelerate's hooks): unpatch removes only its own
+        attention = model.deberta.encoder.layer[0].attention.self
+        attention.forward = attention.forward
         assert torch.equal(fastpe.hf.unpatch(model)(ids, attention_mask=mask).logits, stock)
+        assert "forward" in vars(attention)
+        assert "disentangled_attention_bias" not in vars(attention)
     assert not calls
 
 
@@ -748,6 +753,31 @@ def test_deberta_whose_forward_fastpe_cannot_see_is_refused_and_stays_stock(monk
     none = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=[])
     with pytest.raises(ValueError, match=r"nor DeBERTa's disentangled attention"):
         fastpe.hf.patch(none)
+
+
+def test_deberta_off_the_cpu_is_refused_by_its_device():
+    with torch.device("meta"):
+        model = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=["c2p"])
+    with pytest.raises(ValueError, match=r"is on meta: fastpe adds the bias into CPU tensors"):
+        fastpe.hf.patch(model)
+
+
+def test_a_probed_adjacent_pair_function_beside_a_config_read_as_halves_is_refused(
+        monkeypatch):
+    """GPT-J's apply function turns adjacent pairs (the probes saw it): a rotary module
+    fastpe reads as rotating halves cannot be what that model does."""
+    read = fastpe.RotaryEmbedding._from_hf_module.__func__
+
+    def as_halves(cls, *args, **kwargs):
+        rope = read(cls, *args, **kwargs)
+        return fastpe.RotaryEmbedding(rope.head_dim, rotary_dim=rope.rotary_dim, style="neox")
+
+    monkeypatch.setattr(fastpe.RotaryEmbedding, "_from_hf_module", classmethod(as_halves))
+    model = FAMILIES["gptj"][0]()
+    with pytest.raises(ValueError, match=r"read from its config as rotating halves of each "
+                                         r"head, but apply_rotary_pos_emb, run on probes, "
+                                         r"turns adjacent pairs"):
+        fastpe.hf.patch(model)
 
 
 def test_sew_d_disentangled_attention_is_the_stock_models_bit_for_bit(monkeypatch):
@@ -929,6 +959,16 @@ def test_the_rotated_width_is_what_the_family_reads(model_type, key, value):
     ids = torch.randint(3, 160, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(patched(ids).logits, stock(ids).logits, rtol=0, atol=2e-5)
+
+
+def test_jetmoe_dict_with_kv_channels_takes_them_as_its_head_dim():
+    """JetMoE stores head_dim as kv_channels: a dict that gives kv_channels takes them,
+    not the class default of 128 beside them."""
+    given = {"model_type": "jetmoe", "hidden_size": 64, "num_attention_heads": 4,
+             "kv_channels": 16}
+    assert transformers.JetMoeConfig(**{k: v for k, v in given.items() if k != "model_type"}
+                                     ).head_dim == 16
+    assert fastpe.RotaryEmbedding.from_hf_config(given).rotary_dim == 16
 
 
 @pytest.mark.parametrize("model_type, key", [("gpt_neox", "rotary_pct"),
@@ -1283,7 +1323,7 @@ def test_esm_rotary_module_with_an_optional_layer_type_is_one_embedding(monkeypa
     assert len(calls) == 2
 
 
-def test_gptj_table_is_checked_whole_and_again_when_written():
+def test_gptj_table_is_checked_whole_and_again_when_written(monkeypatch):
     """GPT-J's sin|cos table is checked row by row at patch and again at the next forward
     after it was written or replaced (a cast to bfloat16 and back rounds it); negative
     position_ids index it from its end, as the stock lookup does."""
@@ -1302,9 +1342,23 @@ def test_gptj_table_is_checked_whole_and_again_when_written():
                                    atol=2e-4)   # rows 2045-2047: stock's float32 angles
         with pytest.raises(ValueError, match=r"position_ids below -2048"):
             model(ids, position_ids=mixed - 2048)
-        model.to(torch.bfloat16).float()
+        model(ids)
+        model.transformer.rotary_emb.embed_positions[100] *= 0.5   # written in place
         with pytest.raises(ValueError, match=r"cast to half precision and back"):
             model(ids)
+        fastpe.hf.unpatch(model)
+        model = fastpe.hf.patch(FAMILIES["gptj"][0]())
+        model.to(torch.bfloat16).float()   # rounds the table: another tensor
+        with pytest.raises(ValueError, match=r"cast to half precision and back"):
+            model(ids)
+    # a table module whose forward returns (cos, sin): not what it is read as
+    swapped = FAMILIES["gptj"][0]()
+    module = swapped.transformer.rotary_emb
+    monkeypatch.setattr(type(module), "forward",
+                        lambda self, x, position_ids: tuple(reversed(torch.split(
+                            self.embed_positions[position_ids], 4, dim=-1))))
+    with pytest.raises(ValueError, match=r"GPTJRotaryEmbedding .* gives \(sin, cos\) other"):
+        fastpe.hf.patch(swapped)
 
 
 def test_llama4_vision_tower_is_left_stock_and_its_text_model_patched():
@@ -1325,7 +1379,7 @@ def test_llama4_vision_tower_is_left_stock_and_its_text_model_patched():
     with torch.no_grad():
         stock = model(input_ids=ids, position_ids=far).logits
         fastpe.hf.patch(model)
-        patched = {type(m).__name__ for m in model._fastpe_hf_patched}
+        patched = {type(m).__name__ for m, _ in model._fastpe_hf_patched}
         assert patched == {"Llama4TextRotaryEmbedding", "Llama4TextAttention"}
         torch.testing.assert_close(model(input_ids=ids, position_ids=far).logits, stock,
                                    rtol=0, atol=2e-4)   # stock's float32 angles at 2000
@@ -1528,7 +1582,8 @@ def test_a_pickled_patched_model_loads_stock_and_patches_again(name, monkeypatch
         if name == "llama":  # float64 angles; DeBERTa's patched model is stock's bit for bit
             assert not torch.equal(again, stock)
         else:
-            assert len(calls) > 2   # the probes' and the layers' passes
+            # the two probes', then the two layers' passes
+            assert calls[2:] == [(4, 40, 40)] * 2
         assert torch.equal(fastpe.hf.unpatch(loaded)(ids).logits, stock)
 
 
