@@ -857,10 +857,11 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             raise ValueError(f"fastpe.hf: the rotary module {where} grows dynamic NTK "
                              f"frequencies on more than one position axis, which fastpe.hf "
                              f"does not reproduce")
+        if _looks_up_table(module, layer_type, rope):
+            _check_position_table(module, rope, where)
+            continue
         name, buffer = _checked_buffer(module, layer_type, rope)
         if buffer is None:
-            if getattr(module, "embed_positions", None) is not None:
-                _check_position_table(module, rope, where)
             continue  # a module that keeps none: its config is all there is
         expected = rope._spec.frequencies(None)
         held = _values(buffer)
@@ -901,6 +902,13 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             raise ValueError(f"fastpe.hf: the rotary module {where} holds "
                              f"{prefix}attention_scaling {scaling!r}, its config gives "
                              f"{expected.attention_scaling!r}")
+
+
+def _looks_up_table(module: Any, layer_type: str | None, rope: RotaryEmbedding) -> bool:
+    """Whether the module looks its sin and cos up in an embed_positions table (GPT-J,
+    CodeGen) rather than forming them from a frequency buffer."""
+    return (getattr(module, "embed_positions", None) is not None
+            and _checked_buffer(module, layer_type, rope)[1] is None)
 
 
 def _check_position_table(module: Any, rope: RotaryEmbedding, where: str) -> None:
@@ -1060,8 +1068,7 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
             raise ValueError(f"fastpe.hf: the rotary module {name!r} feeds apply functions "
                              f"of (cos, sin) and of one freqs_cis, which fastpe.hf cannot "
                              f"serve with one return value")
-        table = getattr(module, "embed_positions", None) is not None and _checked_buffer(
-            module, None, next(iter(ropes.values())))[1] is None
+        table = any(_looks_up_table(module, t, rope) for t, rope in ropes.items())
         plan.append((module, "forward",
                      types.MethodType(_rotary_forward(ropes, True in takes, table), module)))
     return plan
