@@ -133,11 +133,9 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
             repeats, 1, 1)
 
     def logits(content: Any, positions: Any, scale_factor: Any) -> Any:
-        """content @ positions^T divided by sqrt(width * scale_factor), in float32 as the
-        stock code forms it, then in the logits' dtype"""
-        scale = torch.sqrt(torch.tensor(positions.size(-1), dtype=torch.float) * scale_factor)
+        """content @ positions^T divided by the stock code's scale, in the logits' dtype"""
         out = torch.bmm(content, positions.transpose(-1, -2))
-        out /= scale.to(dtype=out.dtype)
+        out /= _scale(torch, positions, scale_factor).to(dtype=out.dtype)
         return out
 
     # named as the method it stands for: a pickled bound method is looked up by its name
@@ -198,13 +196,18 @@ def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[.
             c2p = torch.matmul(query_layer, pos_key.transpose(-1, -2))
         if p2c_on:
             pos_query = self.transpose_for_scores(self.pos_q_proj(rel_embeddings))
-            pos_query /= torch.sqrt(torch.tensor(pos_query.size(-1), dtype=torch.float)
-                                    * scale_factor)
+            pos_query /= _scale(torch, pos_query, scale_factor)
             p2c = torch.matmul(key_layer, pos_query.transpose(-1, -2).to(dtype=key_layer.dtype))
         _refuse_autograd(torch, query_layer, key_layer, c2p, p2c)
         return AddedBias(add, c2p, p2c, -1, span)
 
     return disentangled_att_bias
+
+
+def _scale(torch: Any, layer: Any, scale_factor: Any) -> Any:
+    """sqrt(width * scale_factor) in float32, as both versions' code forms it (their
+    scaled_size_sqrt)."""
+    return torch.sqrt(torch.tensor(layer.size(-1), dtype=torch.float) * scale_factor)
 
 
 def _refuse_autograd(torch: Any, *tensors: Any) -> None:
@@ -217,18 +220,16 @@ def _refuse_autograd(torch: Any, *tensors: Any) -> None:
                         "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
 
 
-def check_bias(module: Any, method: Any, where: str) -> None:
+def check_bias(module: Any, attribute: str, method: Any, where: str) -> None:
     """Refuse `module` unless its own forward, run on a probe (a float32 copy of it in
     eval mode, random hidden states of 7 tokens, the relative positions of its
     settings, its attention probabilities asked for), gives the same outputs bit for bit
-    with `method` as with its stock method."""
+    with `method` as its `attribute` as with its stock method."""
     torch: Any = importlib.import_module("torch")
     if "forward" in vars(module):
         raise ValueError(f"fastpe.hf: the forward of the disentangled attention {where} was "
                          f"replaced on this instance (by accelerate's hooks, ...): fastpe.hf "
                          f"cannot tell what it does with the bias")
-    attribute = bias_attribute(module)
-    assert attribute is not None
     devices = {str(p.device) for p in module.parameters()}
     if devices != {"cpu"}:
         raise ValueError(f"fastpe.hf: the disentangled attention {where} is on "

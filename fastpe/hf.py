@@ -1017,7 +1017,8 @@ def patch(model: Any) -> Any:
         make = (_hf_deberta.bias_method if attribute == _hf_deberta.BIAS_ATTRIBUTE
                 else _hf_deberta.v1_bias_method)
         method = _eager(make(module, _eager))
-        _hf_deberta.check_bias(module, method, f"{name!r} ({cls.__name__}, {cls.__module__})")
+        _hf_deberta.check_bias(module, attribute, method,
+                               f"{name!r} ({cls.__name__}, {cls.__module__})")
         plan[i] = (module, attribute, types.MethodType(method, module))
     for module, attribute, value in plan:
         setattr(module, attribute, value)
