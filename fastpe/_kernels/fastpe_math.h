@@ -1176,19 +1176,38 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
 #define FPE_RESTRICT restrict
 #endif
 
-/* The heads of one token: rows q + h * qh (h < hq) and k + h * kh (h < hk), head h of q
- * beside head h of k, all rotated by the one cos/sin row, each as fpe_rotate_f32 does
- * it (the same bits). The width and step are chosen once, not per row, and c and s are
- * declared apart from the rows, so that the compiler may keep them in registers across
- * rows instead of loading them again after every store: a batched decode's rows are in
- * the caches, where those loads and the per-row choices were a third of the time. */
+/* The heads of one token: rows q + h * qh (h < hq) and k + h * kh (h < hk), `group`
+ * heads of q beside the same heads of k, all rotated by the one cos/sin row, each as
+ * fpe_rotate_f32 does it (the same bits). The width and step are chosen once, not per
+ * row, and c and s are declared apart from the rows, so that the compiler may keep them
+ * in registers across rows instead of loading them again after every store: a batched
+ * decode's rows are in the caches, where those loads and the per-row choices were a
+ * third of the time. */
 #define FPE_HEADS_LOOP(fn, n)                                                          \
     do {                                                                               \
-        for (Py_ssize_t h = 0; h < heads; h++) {                                       \
-            if (h < hq) fn(q + h * qh, c, s, n);                                       \
-            if (h < hk) fn(k + h * kh, c, s, n);                                       \
+        for (Py_ssize_t h0 = 0; h0 < heads; h0 += group) {                             \
+            const Py_ssize_t h1 = h0 + group;                                          \
+            for (Py_ssize_t h = h0; h < h1 && h < hq; h++) fn(q + h * qh, c, s, n);    \
+            for (Py_ssize_t h = h0; h < h1 && h < hk; h++) fn(k + h * kh, c, s, n);    \
         }                                                                              \
     } while (0)
+
+/* Half-precision heads of q and then of k about a kilobyte at a time: q and k allocated
+ * one after the other lie at one offset from each other in physical memory too (huge
+ * pages), and a prefill that switched between their streams every 256-byte row
+ * (float16, head_dim 128; k 16 MiB and 16 bytes past q, as malloc lays out two arrays)
+ * ran at 49-54% of the floor on an Intel Xeon (Emerald Rapids), bfloat16 at 46-49%; a
+ * kilobyte of each at a time, 81-98% and 75-91%, and no slower where they lie apart.
+ * float32 and float64 rows (512 bytes and more) go a head at a time: there groups of a
+ * kilobyte measured no faster, and 2-10% slower in the baseline variant and in float64.
+ * The bits do not depend on the order. */
+#define FPE_HALF_GROUP_BYTES 1024
+
+static inline Py_ssize_t fpe_half_heads_group(Py_ssize_t half)
+{
+    const Py_ssize_t row = 2 * half * 2;
+    return row >= FPE_HALF_GROUP_BYTES ? 1 : FPE_HALF_GROUP_BYTES / row;
+}
 
 #define FPE_HEADS_AT_FIXED_WIDTH(fn, n, a, b)                                          \
     do {                                                                               \
@@ -1344,7 +1363,7 @@ static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *
                                  const float *kc, const float *ks, Py_ssize_t half, int neox,
                                  int wide)
 {
-    const Py_ssize_t heads = hq > hk ? hq : hk;
+    const Py_ssize_t heads = hq > hk ? hq : hk, group = 1;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     if (wide) {
         if (fpe_rotate_heads_f32_lines512(q, hq, qh, k, hk, kh, c, s, kc, ks, half, neox))
@@ -1374,7 +1393,7 @@ static void fpe_rotate_heads_f64(double *q, Py_ssize_t hq, Py_ssize_t qh, double
                                  const double *FPE_RESTRICT c, const double *FPE_RESTRICT s,
                                  Py_ssize_t half, int neox)
 {
-    const Py_ssize_t heads = hq > hk ? hq : hk;
+    const Py_ssize_t heads = hq > hk ? hq : hk, group = 1;
     if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_f64_n, half, 64, 32);
     else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f64_n, 2 * half, 128, 64);
 }
@@ -1602,7 +1621,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
                                  const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
                                  Py_ssize_t half, int neox)
 {
-    const Py_ssize_t heads = hq > hk ? hq : hk;
+    const Py_ssize_t heads = hq > hk ? hq : hk, group = fpe_half_heads_group(half);
     if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_f16_n, half, 64, 32);
     else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f16_n, 2 * half, 128, 64);
 }
@@ -1628,6 +1647,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
 #define FPE_ROTATE_HEADS_BF16(SUFFIX)                                                  \
     do {                                                                               \
         const Py_ssize_t heads = hq > hk ? hq : hk;                                    \
+        const Py_ssize_t group = fpe_half_heads_group(half);                           \
         if (!cached) {                                                                 \
             if (neox) FPE_HEADS_LOOP(fpe_rotate_half_bf16_row##SUFFIX, half);          \
             else FPE_HEADS_LOOP(fpe_rotate_pairs_bf16_row##SUFFIX, 2 * half);          \
