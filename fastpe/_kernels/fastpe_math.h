@@ -1196,7 +1196,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
  * one after the other lie at one offset from each other in physical memory too (huge
  * pages), and a prefill that switched between their streams every 256-byte row
  * (float16, head_dim 128; k 16 MiB and 16 bytes past q, as malloc lays out two arrays)
- * ran at 49-54% of the floor on an Intel Xeon (Emerald Rapids), bfloat16 at 46-49%; a
+ * ran at 48-54% of the floor on an Intel Xeon (Emerald Rapids), bfloat16 at 46-49%; a
  * kilobyte of each at a time, 81-98% and 75-91%, and no slower where they lie apart.
  * float32 and float64 rows (512 bytes and more) go a head at a time: there groups of a
  * kilobyte measured no faster, and 2-10% slower in the baseline variant and in float64.
