@@ -48,8 +48,9 @@ instance patch, which reads the function inside such a module object as the appl
 function it stands for.
 
 A model fastpe cannot reproduce is refused with a ValueError that says what is
-missing: no rotary module (nor disentangled attention), a rotary module with another
-signature or without a config,
+missing: no rotary module (nor disentangled attention), one of a subclass defined
+outside transformers (named: what a subclass changes is not known), a rotary module with
+another signature or without a config,
 a config that ``from_hf_config`` refuses, a rotary module whose own ``inv_freq`` or
 attention scaling is not its config's, no module that applies the rotation, a module
 whose ``forward`` something else already replaced. A rotary module whose owner reorders
@@ -749,6 +750,23 @@ def _is_rotary_module(module: object) -> bool:
         "transformers.models.")
 
 
+def _subclass_outside_transformers(modules: dict[str, Any]) -> tuple[str, type, type] | None:
+    """The first module whose class, defined outside transformers, derives from one of
+    transformers' rotary embeddings or disentangled attentions: (its name, its class, that
+    base class); else None."""
+    for name, module in modules.items():
+        cls = type(module)
+        if cls.__module__.startswith("transformers."):
+            continue
+        for base in cls.__mro__[1:]:
+            if base.__module__.startswith("transformers.models.") and (
+                    base.__name__.endswith("RotaryEmbedding")
+                    or callable(getattr(base, _hf_deberta.BIAS_ATTRIBUTE, None))
+                    or callable(getattr(base, _hf_deberta.V1_BIAS_ATTRIBUTE, None))):
+                return name, cls, base
+    return None
+
+
 def _config(modules: dict[str, Any], name: str) -> Any:
     """The config of the rotary module `name`: its own, else its nearest owner's
     (GPT-J's keeps none)."""
@@ -998,6 +1016,13 @@ def patch(model: Any) -> Any:
     disentangled = {name: (m, attribute) for name, m in modules.items()
                     if (attribute := _hf_deberta.bias_attribute(m)) is not None}
     if not rotary and not disentangled:
+        if (found := _subclass_outside_transformers(modules)) is not None:
+            name, cls, base = found
+            raise ValueError(f"fastpe.hf: {type(model).__name__}'s {name!r} is a "
+                             f"{cls.__qualname__} ({cls.__module__}), a subclass of "
+                             f"transformers' {base.__name__} defined outside transformers: "
+                             f"fastpe.hf patches transformers' own classes only, as it cannot "
+                             f"tell what a subclass changes")
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)) nor "
                          f"DeBERTa's disentangled attention: fastpe.hf patches only models "

@@ -586,6 +586,37 @@ def deberta(**settings):
     return transformers.DebertaV2ForMaskedLM(config).eval()
 
 
+def test_a_subclass_defined_outside_transformers_is_refused_by_name():
+    """fastpe.hf knows transformers' own classes: a user's subclass of one is named in the
+    error, and the model stays as it was."""
+    deberta_module = transformers.models.deberta_v2.modeling_deberta_v2
+    llama_module = transformers.models.llama.modeling_llama
+
+    class MyAttention(deberta_module.DisentangledSelfAttention):
+        pass
+
+    class MyRotary(llama_module.LlamaRotaryEmbedding):
+        pass
+
+    encoder = deberta(pos_att_type=["c2p", "p2c"], position_buckets=32,
+                      max_relative_positions=64)
+    for layer in encoder.deberta.encoder.layer:
+        mine = MyAttention(encoder.config)
+        mine.load_state_dict(layer.attention.self.state_dict())
+        layer.attention.self = mine
+    llama = text_model("llama")
+    llama.model.rotary_emb = MyRotary(llama.config)
+    for model, name, cls, base in (
+            (encoder, "deberta.encoder.layer.0.attention.self", "MyAttention",
+             "DisentangledSelfAttention"),
+            (llama, "model.rotary_emb", "MyRotary", "LlamaRotaryEmbedding")):
+        before = instance_attributes(model)
+        with pytest.raises(ValueError, match=rf"'{name}' is a .*{cls} \(test_hf\), a subclass "
+                                             rf"of transformers' {base} defined outside"):
+            fastpe.hf.patch(model)
+        assert instance_attributes(model) == before
+
+
 def count_disentangled(monkeypatch):
     """Every disentangled bias fastpe adds from now on, as the shape of the scores."""
     calls = []
