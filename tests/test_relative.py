@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from conftest import (
     DTYPE_IDS,
+    F32,
     FLOAT_DTYPES,
+    HALF_DTYPES,
     as_f64,
     assert_bytes_equal,
     assert_close,
@@ -645,42 +647,48 @@ def _disentangled_float64(scores, c2p, p2c, pb, mr):
 # float32 with AVX2 takes 8 x 8 blocks of 16-row units, the rows and keys past a multiple
 # of 8 one at a time, keys in chunks of 4096; settings whose gather indices step by more
 # than one per distance somewhere ((256, 300), (64, 40)) and spans below 4 ((-1, 3)) take
-# the general loops. Both against the reference (the same float32 rounding, bit for bit)
-# and against float64 math (within float32 rounding).
+# the general loops. float16 and bfloat16 take the same blocks on float32 copies of a
+# head's rows (p2c's whole, 16 rows of scores and c2p at a time). Both against the
+# reference (the same float32 sums, rounded once, bit for bit) and against float64 math
+# (within a rounding of the dtype).
 BLOCK_SHAPES = [(1, 2, 8, 8), (1, 1, 16, 16), (2, 1, 23, 23), (1, 2, 40, 40), (1, 1, 47, 47),
                 (1, 1, 161, 161)]
 
 
+@pytest.mark.parametrize("dtype", [F32, *HALF_DTYPES], ids=str)
 @pytest.mark.parametrize("settings", [(256, 512), (8, 24), (4, 8), (-1, 20), (32, 128),
                                       (256, 300), (64, 40), (-1, 3)], ids=str)
 @pytest.mark.parametrize("terms", ["both", "c2p", "p2c"])
-def test_disentangled_block_edges(settings, terms, both_threads):
+def test_disentangled_block_edges(settings, terms, dtype, both_threads):
     pb, mr = settings
     span = pb if pb > 0 else mr
     shapes = BLOCK_SHAPES + ([(1, 2, 19, 45), (1, 1, 45, 19), (1, 1, 2, 4100)]
                              if terms == "c2p" else [])
+    # float32 sums rounded once to the dtype: within half an ulp of it, plus float32's
+    # own rounding of the sum
+    tol = {np.dtype(np.float32): 3e-7, np.dtype(np.float16): 1e-3}.get(np.dtype(dtype), 8e-3)
     for shape in shapes:
         q, k = shape[-2:]
         rng = np.random.default_rng(q * 1000 + k)
-        scores = rng.standard_normal(shape).astype(np.float32)
-        c2p = rng.standard_normal(shape[:-1] + (2 * span,)).astype(np.float32)
-        p2c = rng.standard_normal(shape[:-2] + (k, 2 * span)).astype(np.float32)
+        scores = rng.standard_normal(shape).astype(dtype)
+        c2p = rng.standard_normal(shape[:-1] + (2 * span,)).astype(dtype)
+        p2c = rng.standard_normal(shape[:-2] + (k, 2 * span)).astype(dtype)
         kw = {"c2p": c2p if terms != "p2c" else None, "p2c": p2c if terms != "c2p" else None,
               "position_buckets": pb, "max_relative_positions": mr}
         want = fastpe.reference.add_disentangled_bias(scores.copy(), **kw)
         got = fastpe.add_disentangled_bias(scores.copy(), num_threads=both_threads, **kw)
         assert_bytes_equal(got, want, f"{shape}")
-        np.testing.assert_allclose(got, _disentangled_float64(scores, kw["c2p"], kw["p2c"],
-                                                              pb, mr),
-                                   rtol=3e-7, atol=3e-7, err_msg=f"{shape}")
+        exact = _disentangled_float64(scores, kw["c2p"], kw["p2c"], pb, mr)
+        np.testing.assert_allclose(as_f64(got), exact, rtol=tol, atol=tol * 4,
+                                   err_msg=f"{shape}")
         # rows of scores and logits further apart than their length (keys adjacent)
-        pad = np.full(shape[:-1] + (k + 5,), 7.0, np.float32)
+        pad = np.full(shape[:-1] + (k + 5,), 7.0, dtype)
         view = pad[..., 2:k + 2]
         view[...] = scores
         pads = {}
         for name in ("c2p", "p2c"):
             if kw[name] is not None:
-                big = np.full(kw[name].shape[:-1] + (2 * span + 3,), 5.0, np.float32)
+                big = np.full(kw[name].shape[:-1] + (2 * span + 3,), 5.0, dtype)
                 pads[name] = big[..., 1:2 * span + 1]
                 pads[name][...] = kw[name]
         fastpe.add_disentangled_bias(view, num_threads=both_threads, **{**kw, **pads})

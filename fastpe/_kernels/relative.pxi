@@ -13,7 +13,9 @@
 # before it is added, as transformers adds its `score` to the attention scores.
 #
 # float16/bfloat16 (and views whose keys are not adjacent) work through a float32 row
-# chunk on the stack: converted in, the same arithmetic, converted out.
+# chunk on the stack: converted in, the same arithmetic, converted out. DeBERTa's float16
+# and bfloat16 with AVX2 take float32 copies of a head's p2c and of 16 rows of scores and
+# c2p at a time through float32's vector blocks (deberta_half_unit).
 
 cdef enum:
     REL_CHUNK = 256
@@ -637,10 +639,11 @@ cdef extern from *:
     #undef FPE_DEB_ADD_ROW
     }
 
-    /* rows i0 .. i0 + 8 of one (batch, head), every key: x, c2p and p2c at their row 0,
-     * c2p or p2c NULL when absent (has_c, has_p say which, as constants once inlined) */
+    /* rows i0 .. i0 + 8 of one (batch, head), every key: x0 and c0 at row i0, p2c at its
+     * row 0, c0 or p2c NULL when absent (has_c, has_p say which, as constants once
+     * inlined) */
     static inline __attribute__((always_inline)) void fpe_deb_rows8(
-        const fpe_deb_vec *a, float *restrict x, const float *c2p, const float *p2c,
+        const fpe_deb_vec *a, float *restrict x0, const float *c0, const float *p2c,
         Py_ssize_t i0, int has_c, int has_p)
     {
         const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, lin = a->lin, span = a->span;
@@ -648,8 +651,6 @@ cdef extern from *:
         const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
         const int fetch_p = has_p && i0 + FPE_DEB_P2C_AHEAD + 8 <= q;
         const int fetch_x = i0 + 16 <= q;
-        float *x0 = x + i0 * sq;
-        const float *c0 = has_c ? c2p + i0 * cq : NULL;
         Py_ssize_t j, r;
         for (j = 0; j < k8; j += 8) {
             const Py_ssize_t d = i0 - j;             /* the block's distances: d - 7 .. d + 7 */
@@ -692,13 +693,13 @@ cdef extern from *:
         }
     }
 
-    /* rows i0 .. i0 + rows (fewer than 8) one element at a time */
-    static void fpe_deb_rows_scalar(const fpe_deb_vec *a, float *x, const float *c2p,
+    /* rows i0 .. i0 + rows (fewer than 8) one element at a time, x0 and c0 at row i0 */
+    static void fpe_deb_rows_scalar(const fpe_deb_vec *a, float *x0, const float *c0,
                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
         for (Py_ssize_t i = i0; i < i0 + rows; i++) {
-            float *xr = x + i * a->sq;
-            const float *cr = c2p != NULL ? c2p + i * a->cq : NULL;
+            float *xr = x0 + (i - i0) * a->sq;
+            const float *cr = c0 != NULL ? c0 + (i - i0) * a->cq : NULL;
             for (Py_ssize_t j = 0; j < a->k; j++) {
                 if (cr != NULL && p2c != NULL)
                     xr[j] = xr[j] + (cr[a->E[j - i]] + p2c[j * a->pk + a->F[i - j]]);
@@ -710,22 +711,35 @@ cdef extern from *:
         }
     }
 
+    /* rows i0 .. i0 + rows of one (batch, head): x0 and c0 at row i0, p2c at its row 0
+     * (c0 or p2c NULL when absent); the 8 rows past the last are prefetched where the
+     * head has them, so a buffer of rows holds 8 more */
+    static void fpe_deberta_vec_rows(const fpe_deb_vec *a, float *x0, const float *c0,
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        Py_ssize_t g = 0;
+        for (; g + 8 <= rows; g += 8) {
+            float *x = x0 + g * a->sq;
+            const float *c = c0 != NULL ? c0 + g * a->cq : NULL;
+            if (c != NULL && p2c != NULL)
+                fpe_deb_rows8(a, x, c, p2c, i0 + g, 1, 1);
+            else if (c != NULL)
+                fpe_deb_rows8(a, x, c, p2c, i0 + g, 1, 0);
+            else
+                fpe_deb_rows8(a, x, c, p2c, i0 + g, 0, 1);
+        }
+        if (g < rows)
+            fpe_deb_rows_scalar(a, x0 + g * a->sq, c0 != NULL ? c0 + g * a->cq : NULL, p2c,
+                                i0 + g, rows - g);
+    }
+
     /* one unit: rows i0 .. i0 + rows of one (batch, head); x, c2p and p2c at its row 0
      * (c2p or p2c NULL when absent) */
     static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
                                      const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
-        Py_ssize_t g = 0;
-        for (; g + 8 <= rows; g += 8) {
-            if (c2p != NULL && p2c != NULL)
-                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 1);
-            else if (c2p != NULL)
-                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 0);
-            else
-                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 0, 1);
-        }
-        if (g < rows)
-            fpe_deb_rows_scalar(a, x, c2p, p2c, i0 + g, rows - g);
+        fpe_deberta_vec_rows(a, x + i0 * a->sq, c2p != NULL ? c2p + i0 * a->cq : NULL, p2c,
+                             i0, rows);
     }
     #else
     #define FPE_DEB_VEC 0
@@ -734,6 +748,11 @@ cdef extern from *:
         Py_ssize_t q, k, lin, span, unit_rows;
         Py_ssize_t sq, cq, pk;
     } fpe_deb_vec;
+    static void fpe_deberta_vec_rows(const fpe_deb_vec *a, float *x0, const float *c0,
+                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        (void)a; (void)x0; (void)c0; (void)p2c; (void)i0; (void)rows;
+    }
     static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
                                      const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
@@ -750,6 +769,8 @@ cdef extern from *:
         Py_ssize_t q, k, lin, span, unit_rows
         Py_ssize_t sq, cq, pk
     void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
+                              const float *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
+    void fpe_deberta_vec_rows(const fpe_deb_vec *a, float *x0, const float *c0,
                               const float *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
 
 
@@ -922,6 +943,55 @@ cdef void deberta_vec_run(const DebertaCall *a, float *x, int nthreads) noexcept
             deberta_vec_unit(a, x, u)
 
 
+cdef void deberta_half_unit(const DebertaCall *a, store_t *x, Py_ssize_t u,
+                            float *work) noexcept nogil:
+    """(batch, head) unit u of float16 or bfloat16 scores and logits on the float32 AVX2
+    path: the head's p2c widened to float32 once, then DEBERTA_ROWS rows of scores and
+    of c2p at a time, added to as float32 rows are and rounded back once (the same bits
+    as the general loops, which add in float32 too). work: p2c's rows, DEBERTA_ROWS + 8
+    rows of scores and as many of c2p (fpe_deberta_vec_rows's prefetch reads 8 on)."""
+    cdef Py_ssize_t b = u // a.heads, h = u % a.heads
+    cdef Py_ssize_t width = 2 * a.span, i0, rows, r, j
+    cdef fpe_deb_vec v = a.vec
+    cdef float *pf = NULL
+    cdef float *xf = work + (a.k * width if a.p2c != NULL else 0)
+    cdef float *cf = NULL
+    cdef const store_t *src
+    cdef const store_t *cbase = NULL
+    cdef store_t *head = x + a.boff[b] + h * a.sh
+    v.sq, v.cq, v.pk = a.k, width, width
+    if a.p2c != NULL:
+        pf = work
+        src = (<const store_t *>a.p2c) + a.poff[b] + h * a.ph
+        for j in range(a.k):
+            gather(src + j * a.pk, 1, pf + j * width, width)
+    if a.c2p != NULL:
+        cf = xf + (<Py_ssize_t>DEBERTA_ROWS + 8) * a.k
+        cbase = (<const store_t *>a.c2p) + a.coff[b] + h * a.ch
+    i0 = 0
+    while i0 < a.q:
+        rows = min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0)
+        for r in range(rows):
+            gather(head + (i0 + r) * a.sq, 1, xf + r * a.k, a.k)
+            if cbase != NULL:
+                gather(cbase + (i0 + r) * a.cq, 1, cf + r * width, width)
+        fpe_deberta_vec_rows(&v, xf, cf, pf, i0, rows)
+        for r in range(rows):
+            scatter(xf + r * a.k, head + (i0 + r) * a.sq, 1, a.k)
+        i0 += rows
+
+
+cdef void deberta_half_run(const DebertaCall *a, store_t *x, Work work,
+                           int nthreads) noexcept nogil:
+    cdef Py_ssize_t u, units = a.batch * a.heads
+    if nthreads > 1:
+        for u in prange(units, schedule="static", num_threads=nthreads):
+            deberta_half_unit(a, x, u, <float *>work_for(work, omp_get_thread_num()))
+    else:
+        for u in range(units):
+            deberta_half_unit(a, x, u, <float *>work_for(work, 0))
+
+
 cdef bint deberta_windows(Py_ssize_t lo, Py_ssize_t hi, const int32_t *table,
                           Py_ssize_t reach, int sign, Py_ssize_t top, int32_t *out,
                           int32_t *base) noexcept nogil:
@@ -1009,8 +1079,13 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
     a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
     # the float32 AVX2 path: tables of the indices by every distance of the call, c2p's
-    # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]
-    cdef bint vec = (FPE_DEB_VEC and code == CODE_F32 and a.sk == 1 and 2 * span >= 8
+    # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]. float16
+    # and bfloat16 take it on float32 copies of their rows (deberta_half_unit; a thread
+    # holds one head's p2c, twice its bytes): the general loops convert one element at a
+    # time (DeBERTa-v3-base's (1, 12, 512, 512) float16 at 9% of its floor)
+    cdef bint half = code == CODE_F16 or code == CODE_BF16
+    cdef bint vec = (FPE_DEB_VEC and a.sk == 1 and 2 * span >= 8
+                     and (code == CODE_F32 or half)
                      and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
     cdef Py_ssize_t width = a.q + a.k + 17
     cdef Scratch tables
@@ -1031,11 +1106,21 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
         a.vec.sq = a.sq
         a.vec.cq = a.cq if a.c2p != NULL else 0
         a.vec.pk = a.pk if a.p2c != NULL else 0
-    # the general loops' p2c tile and row buffer, per thread
-    cdef Scratch space = Scratch(0 if vec else (DEBERTA_ROWS * a.ld + a.chunk) * real_size,
-                                 nthreads)
+    cdef Py_ssize_t per_thread = 0 if vec else (DEBERTA_ROWS * a.ld + a.chunk) * real_size
+    if vec and half:
+        # deberta_half_unit's rows: p2c's, and DEBERTA_ROWS + 8 of scores and of c2p
+        nthreads = units_threads(a.batch * a.heads, num_threads)
+        per_thread = ((a.k * 2 * span if a.p2c != NULL else 0)
+                      + (DEBERTA_ROWS + 8) * (a.k + (2 * span if a.c2p != NULL else 0))
+                      ) * sizeof(float)
+    # the general loops' p2c tile and row buffer, or deberta_half_unit's rows, per thread
+    cdef Scratch space = Scratch(per_thread, nthreads)
     with nogil:
-        if vec:
+        if vec and code == CODE_F16:
+            deberta_half_run(&a, <fpe_f16 *>xp, space.work, nthreads)
+        elif vec and code == CODE_BF16:
+            deberta_half_run(&a, <fpe_bf16 *>xp, space.work, nthreads)
+        elif vec:
             deberta_vec_run(&a, <float *>xp, nthreads)
         elif code == CODE_F32:
             deberta_run(&a, <float *>xp, space.work, nthreads)
