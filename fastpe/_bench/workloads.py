@@ -507,7 +507,7 @@ def deberta_workload(size: Size) -> Workload:
                "numpy": prepare_numpy_disentangled(**settings)},
         numpy_note="both flat gather indices cached; per head two np.take into buffers, "
                    "their sum, one in-place add",
-        params=settings)
+        params=settings, dtypes=HALF_DTYPES)
 
 
 # ---- a real program ------------------------------------------------------------------------
