@@ -14,8 +14,7 @@
 #
 # float16/bfloat16 (and views whose keys are not adjacent) work through a float32 row
 # chunk on the stack: converted in, the same arithmetic, converted out. DeBERTa's float16
-# and bfloat16 with AVX2 take float32 copies of a head's p2c and of 16 rows of scores and
-# c2p at a time through float32's vector blocks (deberta_half_unit).
+# and bfloat16 with AVX2 take float32's vector blocks, widened and rounded in registers.
 
 cdef enum:
     REL_CHUNK = 256
@@ -552,7 +551,7 @@ cdef extern from *:
      * the rows 8 before it, fetched one block row earlier); a c2p row is read
      * backwards, which hardware prefetchers follow poorly, so the next 8 rows' c2p and
      * scores lines are fetched at the same keys. */
-    #if defined(__AVX2__)
+    #if defined(__AVX2__) && FPE_HALF_ADD_RUNS
     #define FPE_DEB_VEC 1
     #define FPE_DEB_P2C_AHEAD 16
     #define FPE_DEB_PF(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
@@ -562,44 +561,101 @@ cdef extern from *:
         Py_ssize_t sq, cq, pk;           /* row strides of scores, c2p, p2c */
     } fpe_deb_vec;
 
-    static inline __m256 fpe_deb_window(const float *row, const int32_t *idx,
-                                        const int32_t *base, Py_ssize_t e)
+    /* Storage of the scores and logits: float32, float16 or bfloat16, a constant in every
+     * function below once inlined into fpe_deberta_vec_rows_* (one copy per storage).
+     * Half precision widens 8 elements to float32 in registers as it loads them and
+     * rounds 8 back as it stores them: the same float32 sums as float32 storage makes,
+     * rounded once. Pointers are to the first byte, offsets in elements. */
+    enum { FPE_DEB_F32 = 0, FPE_DEB_F16 = 1, FPE_DEB_BF16 = 2 };
+
+    static inline __attribute__((always_inline)) Py_ssize_t fpe_deb_size(int kind)
+    {
+        return kind == FPE_DEB_F32 ? 4 : 2;
+    }
+
+    static inline __attribute__((always_inline)) __m256 fpe_deb_ld8(const char *p, int kind)
+    {
+        if (kind == FPE_DEB_F32)
+            return _mm256_loadu_ps((const float *)p);
+        const __m128i h = _mm_loadu_si128((const __m128i *)p);
+        if (kind == FPE_DEB_F16)
+            return _mm256_cvtph_ps(h);
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+
+    /* bfloat16: fpe_bf16x8_bits rounds as fpe_bf16_make does for these sums, whose
+     * operands are all widened bfloat16s (fastpe_math.h says why) */
+    static inline __attribute__((always_inline)) void fpe_deb_st8(char *p, __m256 v, int kind)
+    {
+        if (kind == FPE_DEB_F32) {
+            _mm256_storeu_ps((float *)p, v);
+        } else if (kind == FPE_DEB_F16) {
+            _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        } else {
+            const __m256i b = fpe_bf16x8_bits(v);
+            _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(
+                _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08)));
+        }
+    }
+
+    static inline __attribute__((always_inline)) float fpe_deb_ld1(const char *p, int kind)
+    {
+        if (kind == FPE_DEB_F32)
+            return *(const float *)p;
+        if (kind == FPE_DEB_F16)
+            return fpe_f16_load(*(const fpe_f16 *)p);
+        return fpe_bf16_load(*(const fpe_bf16 *)p);
+    }
+
+    static inline __attribute__((always_inline)) void fpe_deb_st1(char *p, float f, int kind)
+    {
+        if (kind == FPE_DEB_F32)
+            *(float *)p = f;
+        else if (kind == FPE_DEB_F16)
+            *(fpe_f16 *)p = fpe_f16_make(f);
+        else
+            *(fpe_bf16 *)p = fpe_bf16_make(f);
+    }
+
+    static inline __attribute__((always_inline)) __m256 fpe_deb_window(
+        const char *row, const int32_t *idx, const int32_t *base, Py_ssize_t e, int kind)
     {
         const int32_t b = base[e];
         const __m256i off = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(idx + e)),
                                              _mm256_set1_epi32(b));
-        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(row + b), off);
+        return _mm256_permutevar8x32_ps(fpe_deb_ld8(row + b * fpe_deb_size(kind), kind), off);
     }
 
     /* one block: queries i0 .. i0 + 8 (x0, c0 at query i0), keys j .. j + 8 (p the p2c row
      * of key j); exact: every distance of the block within lin; has_c, has_p: the terms
-     * given (all three constants once inlined) */
+     * given (all four constants once inlined) */
     static inline __attribute__((always_inline)) void fpe_deb_block(
-        const fpe_deb_vec *a, float *restrict x0, const float *c0, const float *p,
-        Py_ssize_t d, Py_ssize_t j, int exact, int has_c, int has_p)
+        const fpe_deb_vec *a, char *restrict x0, const char *c0, const char *p,
+        Py_ssize_t d, Py_ssize_t j, int exact, int has_c, int has_p, int kind)
     {
-        const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, span = a->span;
+        const Py_ssize_t z = fpe_deb_size(kind);
+        const Py_ssize_t sq = a->sq * z, cq = a->cq * z, pk = a->pk * z, span = a->span;
         const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
         const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
         __m256 p0, p1, p2, p3, p4, p5, p6, p7;
         if (has_p) {
             if (exact) {
                 /* key j + u, query i0 + r: p2c[j + u, span + d - u + r] */
-                const float *s = p + span + d;
-                const Py_ssize_t st = pk - 1;
-                p0 = _mm256_loadu_ps(s);          p1 = _mm256_loadu_ps(s + st);
-                p2 = _mm256_loadu_ps(s + 2 * st); p3 = _mm256_loadu_ps(s + 3 * st);
-                p4 = _mm256_loadu_ps(s + 4 * st); p5 = _mm256_loadu_ps(s + 5 * st);
-                p6 = _mm256_loadu_ps(s + 6 * st); p7 = _mm256_loadu_ps(s + 7 * st);
+                const char *s = p + (span + d) * z;
+                const Py_ssize_t st = pk - z;
+                p0 = fpe_deb_ld8(s, kind);          p1 = fpe_deb_ld8(s + st, kind);
+                p2 = fpe_deb_ld8(s + 2 * st, kind); p3 = fpe_deb_ld8(s + 3 * st, kind);
+                p4 = fpe_deb_ld8(s + 4 * st, kind); p5 = fpe_deb_ld8(s + 5 * st, kind);
+                p6 = fpe_deb_ld8(s + 6 * st, kind); p7 = fpe_deb_ld8(s + 7 * st, kind);
             } else {
-                p0 = fpe_deb_window(p, F, Fb, d);
-                p1 = fpe_deb_window(p + pk, F, Fb, d - 1);
-                p2 = fpe_deb_window(p + 2 * pk, F, Fb, d - 2);
-                p3 = fpe_deb_window(p + 3 * pk, F, Fb, d - 3);
-                p4 = fpe_deb_window(p + 4 * pk, F, Fb, d - 4);
-                p5 = fpe_deb_window(p + 5 * pk, F, Fb, d - 5);
-                p6 = fpe_deb_window(p + 6 * pk, F, Fb, d - 6);
-                p7 = fpe_deb_window(p + 7 * pk, F, Fb, d - 7);
+                p0 = fpe_deb_window(p, F, Fb, d, kind);
+                p1 = fpe_deb_window(p + pk, F, Fb, d - 1, kind);
+                p2 = fpe_deb_window(p + 2 * pk, F, Fb, d - 2, kind);
+                p3 = fpe_deb_window(p + 3 * pk, F, Fb, d - 3, kind);
+                p4 = fpe_deb_window(p + 4 * pk, F, Fb, d - 4, kind);
+                p5 = fpe_deb_window(p + 5 * pk, F, Fb, d - 5, kind);
+                p6 = fpe_deb_window(p + 6 * pk, F, Fb, d - 6, kind);
+                p7 = fpe_deb_window(p + 7 * pk, F, Fb, d - 7, kind);
             }
             /* p_u holds key u's 8 queries; the transpose gives query r's 8 keys */
             __m256 t0 = _mm256_unpacklo_ps(p0, p1), t1 = _mm256_unpackhi_ps(p0, p1);
@@ -620,18 +676,19 @@ cdef extern from *:
         /* row r: x[i0 + r, j ..] += c2p window (+ p2c row r) */
     #define FPE_DEB_ADD_ROW(R, P)                                                          \
         {                                                                                 \
-            float *xr = x0 + (R) * sq + j;                                                \
-            __m256 v = _mm256_loadu_ps(xr);                                               \
+            char *xr = x0 + (R) * sq + j * z;                                             \
+            __m256 v = fpe_deb_ld8(xr, kind);                                             \
             if (has_c) {                                                                  \
-                const float *cr = c0 + (R) * cq;                                          \
+                const char *cr = c0 + (R) * cq;                                           \
                 __m256 c = exact                                                          \
-                    ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(cr + span + d + (R) - 7), rev) \
-                    : fpe_deb_window(cr, E, Eb, -d - (R));                                \
+                    ? _mm256_permutevar8x32_ps(                                           \
+                          fpe_deb_ld8(cr + (span + d + (R) - 7) * z, kind), rev)          \
+                    : fpe_deb_window(cr, E, Eb, -d - (R), kind);                          \
                 v = _mm256_add_ps(v, has_p ? _mm256_add_ps(c, P) : c);                    \
             } else {                                                                      \
                 v = _mm256_add_ps(v, P);                                                  \
             }                                                                             \
-            _mm256_storeu_ps(xr, v);                                                      \
+            fpe_deb_st8(xr, v, kind);                                                     \
         }
         FPE_DEB_ADD_ROW(0, p0) FPE_DEB_ADD_ROW(1, p1) FPE_DEB_ADD_ROW(2, p2)
         FPE_DEB_ADD_ROW(3, p3) FPE_DEB_ADD_ROW(4, p4) FPE_DEB_ADD_ROW(5, p5)
@@ -639,107 +696,128 @@ cdef extern from *:
     #undef FPE_DEB_ADD_ROW
     }
 
-    /* rows i0 .. i0 + 8 of one (batch, head), every key: x0 and c0 at row i0, p2c at its
-     * row 0, c0 or p2c NULL when absent (has_c, has_p say which, as constants once
-     * inlined) */
+    /* rows i0 .. i0 + 8 of one (batch, head), every key: x, c2p and p2c at their row 0,
+     * c2p or p2c NULL when absent (has_c, has_p, kind: constants once inlined) */
     static inline __attribute__((always_inline)) void fpe_deb_rows8(
-        const fpe_deb_vec *a, float *restrict x0, const float *c0, const float *p2c,
-        Py_ssize_t i0, int has_c, int has_p)
+        const fpe_deb_vec *a, char *restrict x, const char *c2p, const char *p2c,
+        Py_ssize_t i0, int has_c, int has_p, int kind)
     {
-        const Py_ssize_t sq = a->sq, cq = a->cq, pk = a->pk, lin = a->lin, span = a->span;
-        const Py_ssize_t k = a->k, q = a->q, k8 = k & ~(Py_ssize_t)7;
+        const Py_ssize_t z = fpe_deb_size(kind);
+        const Py_ssize_t sq = a->sq * z, cq = a->cq * z, pk = a->pk * z, lin = a->lin;
+        const Py_ssize_t span = a->span, k = a->k, q = a->q, k8 = k & ~(Py_ssize_t)7;
         const int32_t *E = a->E, *Eb = a->Eb, *F = a->F, *Fb = a->Fb;
         const int fetch_p = has_p && i0 + FPE_DEB_P2C_AHEAD + 8 <= q;
         const int fetch_x = i0 + 16 <= q;
+        char *x0 = x + i0 * sq;
+        const char *c0 = has_c ? c2p + i0 * cq : NULL;
         Py_ssize_t j, r;
         for (j = 0; j < k8; j += 8) {
             const Py_ssize_t d = i0 - j;             /* the block's distances: d - 7 .. d + 7 */
-            const float *p = has_p ? p2c + j * pk : NULL;
+            const char *p = has_p ? p2c + j * pk : NULL;
             if (fetch_p) {
                 const Py_ssize_t da = d + FPE_DEB_P2C_AHEAD;
                 if (da - 7 >= -lin && da + 7 <= lin) {
                     /* key j + u's window ends at span + da - u + 7 */
-                    const float *e = p + span + da + 7;
-                    const Py_ssize_t st = pk - 1;
+                    const char *e = p + (span + da + 7) * z;
+                    const Py_ssize_t st = pk - z;
                     FPE_DEB_PF(e);          FPE_DEB_PF(e + st);     FPE_DEB_PF(e + 2 * st);
                     FPE_DEB_PF(e + 3 * st); FPE_DEB_PF(e + 4 * st); FPE_DEB_PF(e + 5 * st);
                     FPE_DEB_PF(e + 6 * st); FPE_DEB_PF(e + 7 * st);
                 } else {
-                    for (Py_ssize_t u = 0; u < 8; u++) FPE_DEB_PF(p + u * pk + Fb[da - u] + 7);
+                    for (Py_ssize_t u = 0; u < 8; u++)
+                        FPE_DEB_PF(p + u * pk + (Fb[da - u] + 7) * z);
                 }
             }
             if (fetch_x && (j & 8) == 0)
                 for (r = 8; r < 16; r++) {
-                    FPE_DEB_PF(x0 + r * sq + j);
-                    if (has_c) FPE_DEB_PF(c0 + r * cq + Eb[j - i0 - r]);
+                    FPE_DEB_PF(x0 + r * sq + j * z);
+                    if (has_c) FPE_DEB_PF(c0 + r * cq + Eb[j - i0 - r] * z);
                 }
             if (d - 7 >= -lin && d + 7 <= lin)
-                fpe_deb_block(a, x0, c0, p, d, j, 1, has_c, has_p);
+                fpe_deb_block(a, x0, c0, p, d, j, 1, has_c, has_p, kind);
             else
-                fpe_deb_block(a, x0, c0, p, d, j, 0, has_c, has_p);
+                fpe_deb_block(a, x0, c0, p, d, j, 0, has_c, has_p, kind);
         }
         /* the keys past a multiple of 8 */
         for (r = 0; r < 8; r++) {
             const Py_ssize_t i = i0 + r;
             for (j = k8; j < k; j++) {
-                float *xv = x0 + r * sq + j;
+                char *xv = x0 + r * sq + j * z;
+                float v = fpe_deb_ld1(xv, kind);
                 if (has_c && has_p)
-                    *xv = *xv + (c0[r * cq + E[j - i]] + p2c[j * pk + F[i - j]]);
+                    v = v + (fpe_deb_ld1(c0 + r * cq + E[j - i] * z, kind)
+                             + fpe_deb_ld1(p2c + j * pk + F[i - j] * z, kind));
                 else if (has_c)
-                    *xv = *xv + c0[r * cq + E[j - i]];
+                    v = v + fpe_deb_ld1(c0 + r * cq + E[j - i] * z, kind);
                 else
-                    *xv = *xv + p2c[j * pk + F[i - j]];
+                    v = v + fpe_deb_ld1(p2c + j * pk + F[i - j] * z, kind);
+                fpe_deb_st1(xv, v, kind);
             }
         }
     }
 
-    /* rows i0 .. i0 + rows (fewer than 8) one element at a time, x0 and c0 at row i0 */
-    static void fpe_deb_rows_scalar(const fpe_deb_vec *a, float *x0, const float *c0,
-                                    const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    /* rows i0 .. i0 + rows (fewer than 8) one element at a time */
+    static inline __attribute__((always_inline)) void fpe_deb_rows_scalar(
+        const fpe_deb_vec *a, char *x, const char *c2p, const char *p2c, Py_ssize_t i0,
+        Py_ssize_t rows, int kind)
     {
+        const Py_ssize_t z = fpe_deb_size(kind);
         for (Py_ssize_t i = i0; i < i0 + rows; i++) {
-            float *xr = x0 + (i - i0) * a->sq;
-            const float *cr = c0 != NULL ? c0 + (i - i0) * a->cq : NULL;
+            char *xr = x + i * a->sq * z;
+            const char *cr = c2p != NULL ? c2p + i * a->cq * z : NULL;
             for (Py_ssize_t j = 0; j < a->k; j++) {
+                float v = fpe_deb_ld1(xr + j * z, kind);
                 if (cr != NULL && p2c != NULL)
-                    xr[j] = xr[j] + (cr[a->E[j - i]] + p2c[j * a->pk + a->F[i - j]]);
+                    v = v + (fpe_deb_ld1(cr + a->E[j - i] * z, kind)
+                             + fpe_deb_ld1(p2c + (j * a->pk + a->F[i - j]) * z, kind));
                 else if (cr != NULL)
-                    xr[j] = xr[j] + cr[a->E[j - i]];
+                    v = v + fpe_deb_ld1(cr + a->E[j - i] * z, kind);
                 else
-                    xr[j] = xr[j] + p2c[j * a->pk + a->F[i - j]];
+                    v = v + fpe_deb_ld1(p2c + (j * a->pk + a->F[i - j]) * z, kind);
+                fpe_deb_st1(xr + j * z, v, kind);
             }
         }
     }
 
-    /* rows i0 .. i0 + rows of one (batch, head): x0 and c0 at row i0, p2c at its row 0
-     * (c0 or p2c NULL when absent); the 8 rows past the last are prefetched where the
-     * head has them, so a buffer of rows holds 8 more */
-    static void fpe_deberta_vec_rows(const fpe_deb_vec *a, float *x0, const float *c0,
-                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    /* one unit: rows i0 .. i0 + rows of one (batch, head) of storage `kind`; x, c2p and
+     * p2c at its row 0 (c2p or p2c NULL when absent) */
+    static inline __attribute__((always_inline)) void fpe_deb_unit(
+        const fpe_deb_vec *a, char *x, const char *c2p, const char *p2c, Py_ssize_t i0,
+        Py_ssize_t rows, int kind)
     {
         Py_ssize_t g = 0;
         for (; g + 8 <= rows; g += 8) {
-            float *x = x0 + g * a->sq;
-            const float *c = c0 != NULL ? c0 + g * a->cq : NULL;
-            if (c != NULL && p2c != NULL)
-                fpe_deb_rows8(a, x, c, p2c, i0 + g, 1, 1);
-            else if (c != NULL)
-                fpe_deb_rows8(a, x, c, p2c, i0 + g, 1, 0);
+            if (c2p != NULL && p2c != NULL)
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 1, kind);
+            else if (c2p != NULL)
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 1, 0, kind);
             else
-                fpe_deb_rows8(a, x, c, p2c, i0 + g, 0, 1);
+                fpe_deb_rows8(a, x, c2p, p2c, i0 + g, 0, 1, kind);
         }
         if (g < rows)
-            fpe_deb_rows_scalar(a, x0 + g * a->sq, c0 != NULL ? c0 + g * a->cq : NULL, p2c,
-                                i0 + g, rows - g);
+            fpe_deb_rows_scalar(a, x, c2p, p2c, i0 + g, rows - g, kind);
     }
 
-    /* one unit: rows i0 .. i0 + rows of one (batch, head); x, c2p and p2c at its row 0
-     * (c2p or p2c NULL when absent) */
     static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
                                      const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
     {
-        fpe_deberta_vec_rows(a, x + i0 * a->sq, c2p != NULL ? c2p + i0 * a->cq : NULL, p2c,
-                             i0, rows);
+        fpe_deb_unit(a, (char *)x, (const char *)c2p, (const char *)p2c, i0, rows,
+                     FPE_DEB_F32);
+    }
+
+    static void fpe_deberta_vec_unit_f16(const fpe_deb_vec *a, fpe_f16 *x, const fpe_f16 *c2p,
+                                         const fpe_f16 *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        fpe_deb_unit(a, (char *)x, (const char *)c2p, (const char *)p2c, i0, rows,
+                     FPE_DEB_F16);
+    }
+
+    static void fpe_deberta_vec_unit_bf16(const fpe_deb_vec *a, fpe_bf16 *x,
+                                          const fpe_bf16 *c2p, const fpe_bf16 *p2c,
+                                          Py_ssize_t i0, Py_ssize_t rows)
+    {
+        fpe_deb_unit(a, (char *)x, (const char *)c2p, (const char *)p2c, i0, rows,
+                     FPE_DEB_BF16);
     }
     #else
     #define FPE_DEB_VEC 0
@@ -748,13 +826,19 @@ cdef extern from *:
         Py_ssize_t q, k, lin, span, unit_rows;
         Py_ssize_t sq, cq, pk;
     } fpe_deb_vec;
-    static void fpe_deberta_vec_rows(const fpe_deb_vec *a, float *x0, const float *c0,
-                                     const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
-    {
-        (void)a; (void)x0; (void)c0; (void)p2c; (void)i0; (void)rows;
-    }
     static void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
                                      const float *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows;
+    }
+    static void fpe_deberta_vec_unit_f16(const fpe_deb_vec *a, fpe_f16 *x, const fpe_f16 *c2p,
+                                         const fpe_f16 *p2c, Py_ssize_t i0, Py_ssize_t rows)
+    {
+        (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows;
+    }
+    static void fpe_deberta_vec_unit_bf16(const fpe_deb_vec *a, fpe_bf16 *x,
+                                          const fpe_bf16 *c2p, const fpe_bf16 *p2c,
+                                          Py_ssize_t i0, Py_ssize_t rows)
     {
         (void)a; (void)x; (void)c2p; (void)p2c; (void)i0; (void)rows;
     }
@@ -770,8 +854,10 @@ cdef extern from *:
         Py_ssize_t sq, cq, pk
     void fpe_deberta_vec_unit(const fpe_deb_vec *a, float *x, const float *c2p,
                               const float *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
-    void fpe_deberta_vec_rows(const fpe_deb_vec *a, float *x0, const float *c0,
-                              const float *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
+    void fpe_deberta_vec_unit_f16(const fpe_deb_vec *a, fpe_f16 *x, const fpe_f16 *c2p,
+                                  const fpe_f16 *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
+    void fpe_deberta_vec_unit_bf16(const fpe_deb_vec *a, fpe_bf16 *x, const fpe_bf16 *c2p,
+                                   const fpe_bf16 *p2c, Py_ssize_t i0, Py_ssize_t rows) nogil
 
 
 cdef struct DebertaCall:
@@ -917,23 +1003,29 @@ cdef void deberta_run(const DebertaCall *a, store_t *x, Work work, int nthreads)
                 deberta_unit(a, x, u, <float *>work_for(work, 0), kind_f)
 
 
-cdef inline void deberta_vec_unit(const DebertaCall *a, float *x, Py_ssize_t u) noexcept nogil:
-    """Unit u of deberta_unit's, on the float32 AVX2 path (fpe_deberta_vec_unit)."""
+cdef inline void deberta_vec_unit(const DebertaCall *a, store_t *x, Py_ssize_t u) noexcept nogil:
+    """Unit u of deberta_unit's, on the AVX2 path (fpe_deberta_vec_unit and its float16 and
+    bfloat16 forms); double is not taken there."""
     cdef Py_ssize_t nblocks = ceil_div(a.q, DEBERTA_ROWS)
     cdef Py_ssize_t b = u // (a.heads * nblocks)
     cdef Py_ssize_t h = (u // nblocks) % a.heads
     cdef Py_ssize_t i0 = (u % nblocks) * DEBERTA_ROWS
-    cdef const float *c = NULL
-    cdef const float *p = NULL
+    cdef Py_ssize_t rows = min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0)
+    cdef const store_t *c = NULL
+    cdef const store_t *p = NULL
     if a.c2p != NULL:
-        c = (<const float *>a.c2p) + a.coff[b] + h * a.ch
+        c = (<const store_t *>a.c2p) + a.coff[b] + h * a.ch
     if a.p2c != NULL:
-        p = (<const float *>a.p2c) + a.poff[b] + h * a.ph
-    fpe_deberta_vec_unit(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0,
-                         min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0))
+        p = (<const store_t *>a.p2c) + a.poff[b] + h * a.ph
+    if store_t is float:
+        fpe_deberta_vec_unit(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0, rows)
+    elif store_t is fpe_f16:
+        fpe_deberta_vec_unit_f16(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0, rows)
+    elif store_t is fpe_bf16:
+        fpe_deberta_vec_unit_bf16(&a.vec, x + a.boff[b] + h * a.sh, c, p, i0, rows)
 
 
-cdef void deberta_vec_run(const DebertaCall *a, float *x, int nthreads) noexcept nogil:
+cdef void deberta_vec_run(const DebertaCall *a, store_t *x, int nthreads) noexcept nogil:
     cdef Py_ssize_t u, units = a.batch * a.heads * ceil_div(a.q, DEBERTA_ROWS)
     if nthreads > 1:
         for u in prange(units, schedule="static", num_threads=nthreads):
@@ -941,55 +1033,6 @@ cdef void deberta_vec_run(const DebertaCall *a, float *x, int nthreads) noexcept
     else:
         for u in range(units):
             deberta_vec_unit(a, x, u)
-
-
-cdef void deberta_half_unit(const DebertaCall *a, store_t *x, Py_ssize_t u,
-                            float *work) noexcept nogil:
-    """(batch, head) unit u of float16 or bfloat16 scores and logits on the float32 AVX2
-    path: the head's p2c widened to float32 once, then DEBERTA_ROWS rows of scores and
-    of c2p at a time, added to as float32 rows are and rounded back once (the same bits
-    as the general loops, which add in float32 too). work: p2c's rows, DEBERTA_ROWS + 8
-    rows of scores and as many of c2p (fpe_deberta_vec_rows's prefetch reads 8 on)."""
-    cdef Py_ssize_t b = u // a.heads, h = u % a.heads
-    cdef Py_ssize_t width = 2 * a.span, i0, rows, r, j
-    cdef fpe_deb_vec v = a.vec
-    cdef float *pf = NULL
-    cdef float *xf = work + (a.k * width if a.p2c != NULL else 0)
-    cdef float *cf = NULL
-    cdef const store_t *src
-    cdef const store_t *cbase = NULL
-    cdef store_t *head = x + a.boff[b] + h * a.sh
-    v.sq, v.cq, v.pk = a.k, width, width
-    if a.p2c != NULL:
-        pf = work
-        src = (<const store_t *>a.p2c) + a.poff[b] + h * a.ph
-        for j in range(a.k):
-            gather(src + j * a.pk, 1, pf + j * width, width)
-    if a.c2p != NULL:
-        cf = xf + (<Py_ssize_t>DEBERTA_ROWS + 8) * a.k
-        cbase = (<const store_t *>a.c2p) + a.coff[b] + h * a.ch
-    i0 = 0
-    while i0 < a.q:
-        rows = min(<Py_ssize_t>DEBERTA_ROWS, a.q - i0)
-        for r in range(rows):
-            gather(head + (i0 + r) * a.sq, 1, xf + r * a.k, a.k)
-            if cbase != NULL:
-                gather(cbase + (i0 + r) * a.cq, 1, cf + r * width, width)
-        fpe_deberta_vec_rows(&v, xf, cf, pf, i0, rows)
-        for r in range(rows):
-            scatter(xf + r * a.k, head + (i0 + r) * a.sq, 1, a.k)
-        i0 += rows
-
-
-cdef void deberta_half_run(const DebertaCall *a, store_t *x, Work work,
-                           int nthreads) noexcept nogil:
-    cdef Py_ssize_t u, units = a.batch * a.heads
-    if nthreads > 1:
-        for u in prange(units, schedule="static", num_threads=nthreads):
-            deberta_half_unit(a, x, u, <float *>work_for(work, omp_get_thread_num()))
-    else:
-        for u in range(units):
-            deberta_half_unit(a, x, u, <float *>work_for(work, 0))
 
 
 cdef bint deberta_windows(Py_ssize_t lo, Py_ssize_t hi, const int32_t *table,
@@ -1080,12 +1123,9 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
     # the float32 AVX2 path: tables of the indices by every distance of the call, c2p's
     # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]. float16
-    # and bfloat16 take it on float32 copies of their rows (deberta_half_unit; a thread
-    # holds one head's p2c, twice its bytes): the general loops convert one element at a
-    # time (DeBERTa-v3-base's (1, 12, 512, 512) float16 at 9% of its floor)
-    cdef bint half = code == CODE_F16 or code == CODE_BF16
-    cdef bint vec = (FPE_DEB_VEC and a.sk == 1 and 2 * span >= 8
-                     and (code == CODE_F32 or half)
+    # and bfloat16 too, widened and rounded in registers: the general loops convert one
+    # element at a time (DeBERTa-v3-base's (1, 12, 512, 512) float16 at 9% of its floor)
+    cdef bint vec = (FPE_DEB_VEC and code != CODE_F64 and a.sk == 1 and 2 * span >= 8
                      and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
     cdef Py_ssize_t width = a.q + a.k + 17
     cdef Scratch tables
@@ -1106,20 +1146,14 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
         a.vec.sq = a.sq
         a.vec.cq = a.cq if a.c2p != NULL else 0
         a.vec.pk = a.pk if a.p2c != NULL else 0
-    cdef Py_ssize_t per_thread = 0 if vec else (DEBERTA_ROWS * a.ld + a.chunk) * real_size
-    if vec and half:
-        # deberta_half_unit's rows: p2c's, and DEBERTA_ROWS + 8 of scores and of c2p
-        nthreads = units_threads(a.batch * a.heads, num_threads)
-        per_thread = ((a.k * 2 * span if a.p2c != NULL else 0)
-                      + (DEBERTA_ROWS + 8) * (a.k + (2 * span if a.c2p != NULL else 0))
-                      ) * sizeof(float)
-    # the general loops' p2c tile and row buffer, or deberta_half_unit's rows, per thread
-    cdef Scratch space = Scratch(per_thread, nthreads)
+    # the general loops' p2c tile and row buffer, per thread
+    cdef Scratch space = Scratch(0 if vec else (DEBERTA_ROWS * a.ld + a.chunk) * real_size,
+                                 nthreads)
     with nogil:
         if vec and code == CODE_F16:
-            deberta_half_run(&a, <fpe_f16 *>xp, space.work, nthreads)
+            deberta_vec_run(&a, <fpe_f16 *>xp, nthreads)
         elif vec and code == CODE_BF16:
-            deberta_half_run(&a, <fpe_bf16 *>xp, space.work, nthreads)
+            deberta_vec_run(&a, <fpe_bf16 *>xp, nthreads)
         elif vec:
             deberta_vec_run(&a, <float *>xp, nthreads)
         elif code == CODE_F32:
