@@ -526,7 +526,8 @@ cdef extern from *:
 
 cdef extern from *:
     """
-    /* float32 with AVX2, keys adjacent in the scores and the logits: 8 x 8 blocks.
+    /* float32 (float16, bfloat16) with AVX2, keys adjacent in the scores and the logits:
+     * 8 x 8 blocks of float32.
      *
      * The gather indices come from per-call tables by distance, over every distance the
      * call meets: E[e] = ci(i - j) for e = j - i and F[d] = pi(d) for d = i - j, each
@@ -877,7 +878,7 @@ cdef struct DebertaCall:
     Py_ssize_t span
     Py_ssize_t chunk                    # keys per pass over a block of rows
     Py_ssize_t ld                       # elements between the p2c tile's rows
-    fpe_deb_vec vec                     # the float32 AVX2 path's settings and tables
+    fpe_deb_vec vec                     # the AVX2 path's settings and tables
 
 
 cdef inline Py_ssize_t clamp_distance(Py_ssize_t d, Py_ssize_t reach) noexcept nogil:
@@ -1121,10 +1122,11 @@ def deberta_disentangled(cnp.ndarray scores, int code, object c2p, object p2c,
     # stores down a column of it): one cache line more than the chunk spreads them
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
     a.ld = round_up(a.chunk, 64 // real_size) + 64 // real_size
-    # the float32 AVX2 path: tables of the indices by every distance of the call, c2p's
-    # by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8]. float16
-    # and bfloat16 too, widened and rounded in registers: the general loops convert one
-    # element at a time (DeBERTa-v3-base's (1, 12, 512, 512) float16 at 9% of its floor)
+    # the AVX2 path's float32 blocks: tables of the indices by every distance of the call,
+    # c2p's by e = j - i in [-(q + 8), k + 8], p2c's by d = i - j in [-(k + 8), q + 8].
+    # float16 and bfloat16 too, widened and rounded in registers: the general loops
+    # convert one element at a time (DeBERTa-v3-base's (1, 12, 512, 512) float16 at 9% of
+    # its floor)
     cdef bint vec = (FPE_DEB_VEC and code != CODE_F64 and a.sk == 1 and 2 * span >= 8
                      and (a.c2p == NULL or a.cs == 1) and (a.p2c == NULL or a.ps == 1))
     cdef Py_ssize_t width = a.q + a.k + 17
