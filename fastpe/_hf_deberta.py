@@ -77,6 +77,14 @@ class AddedBias:
             f"reproduce that (call fastpe.hf.unpatch(model) to run it stock)")
 
 
+def is_attention_class(cls: type) -> bool:
+    """Whether `cls` is a disentangled self-attention class of transformers (it defines
+    BIAS_ATTRIBUTE or V1_BIAS_ATTRIBUTE)."""
+    return cls.__module__.startswith("transformers.models.") and (
+        callable(getattr(cls, BIAS_ATTRIBUTE, None))
+        or callable(getattr(cls, V1_BIAS_ATTRIBUTE, None)))
+
+
 def bias_attribute(module: object) -> str | None:
     """The name of the bias method fastpe stands in for where `module` is a disentangled
     self-attention of transformers with relative attention and a c2p or p2c term:

@@ -744,8 +744,7 @@ def _reorders_cos_sin(modules: dict[str, Any], name: str) -> bool:
     return code is not None and not _REORDERING_CALLS.isdisjoint(code.co_names)
 
 
-def _is_rotary_module(module: object) -> bool:
-    cls = type(module)
+def _is_rotary_class(cls: type) -> bool:
     return cls.__name__.endswith("RotaryEmbedding") and cls.__module__.startswith(
         "transformers.models.")
 
@@ -759,10 +758,7 @@ def _subclass_outside_transformers(modules: dict[str, Any]) -> tuple[str, type, 
         if cls.__module__.startswith("transformers."):
             continue
         for base in cls.__mro__[1:]:
-            if base.__module__.startswith("transformers.models.") and (
-                    base.__name__.endswith("RotaryEmbedding")
-                    or callable(getattr(base, _hf_deberta.BIAS_ATTRIBUTE, None))
-                    or callable(getattr(base, _hf_deberta.V1_BIAS_ATTRIBUTE, None))):
+            if _is_rotary_class(base) or _hf_deberta.is_attention_class(base):
                 return name, cls, base
     return None
 
@@ -1012,7 +1008,7 @@ def patch(model: Any) -> Any:
     if getattr(model, _STATE, None) is not None:
         return model
     modules = dict(_named_modules(model))
-    rotary = {name: m for name, m in modules.items() if _is_rotary_module(m)}
+    rotary = {name: m for name, m in modules.items() if _is_rotary_class(type(m))}
     disentangled = {name: (m, attribute) for name, m in modules.items()
                     if (attribute := _hf_deberta.bias_attribute(m)) is not None}
     if not rotary and not disentangled:
