@@ -466,6 +466,24 @@ def test_every_implementation_matches_the_reference(wl, dtype):
                 assert np.array_equal(arrays[name], base[name], equal_nan=True), form
 
 
+@pytest.mark.parametrize("dtype", CHECKED_DTYPES)
+@pytest.mark.parametrize("wl", [w for w in TINY_WORKLOADS if w.family == "rope" and w.per_call],
+                         ids=lambda w: w.name)
+def test_decode_rotations_timed_in_place_keep_their_size(wl, dtype):
+    """A decode is timed by tens of thousands of calls on the same q and k: each call a
+    rotation, so the values keep their size (a float16 or bfloat16 cos/sin cache, whose
+    rows are no rotations, grew them to inf)."""
+    if dtype not in wl.dtypes:
+        pytest.skip(f"{wl.name} runs in {wl.dtypes} only")
+    arrays = wl.make(np.dtype(dtype))
+    size = {n: np.abs(arrays[n].astype(np.float64)).max() for n in wl.result}
+    run = wl.impls["fastpe"](arrays, 1)
+    for _ in range(3000):
+        run(arrays)
+    for n in wl.result:
+        assert np.abs(arrays[n].astype(np.float64)).max() < 1.25 * size[n], n
+
+
 @pytest.mark.parametrize("dtype", _bench.DTYPES)
 @pytest.mark.parametrize("wl", [w for w in TINY_WORKLOADS if w.check_index],
                          ids=lambda w: w.name)

@@ -171,8 +171,12 @@ def _rope_workload(name: str, title: str, q_shape: tuple[int, ...], k_shape: tup
         else:
             freqs = fastpe.rope_frequencies(head_dim, base=base, scaling=scaling)
             top = int(offset + q_shape[1] if positions is None else np.max(positions) + 1)
-            # q's dtype (of a NumPy array, or a torch tensor's name for it)
+            # q's dtype (of a NumPy array, or a torch tensor's name for it); a float16 or
+            # bfloat16 cache's rows are no rotations (cos**2 + sin**2 off by up to 2**-8),
+            # and thousands of timed calls in place on the same q and k grew them to inf
             dtype = np.dtype(str(arrays["q"].dtype).removeprefix("torch."))
+            if dtype.itemsize < 4:
+                dtype = np.dtype(np.float32)
             cos, sin = fastpe.rope_cos_sin(np.arange(top), freqs, dtype=dtype)
 
             def run(a: Arrays) -> Result:
