@@ -181,7 +181,8 @@ RESULT_KEYS = {
 }
 # without a floor (a whole program) these are None
 FLOOR_KEYS = ("fraction_of_floor", "fastpe_gb_per_s", "floor_gb_per_s")
-FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-ahead", "floor:c-nt", "floor:c-split"}
+FLOOR_FORMS = {"floor:numpy", "floor:c", "floor:c-ahead", "floor:c-nt", "floor:c-split",
+               "floor:c-split-ahead"}
 
 
 def check_report(report: dict, *, dtype="float32", threads=1) -> None:
@@ -552,7 +553,7 @@ def test_floor_forms_with_reads(dtype, same_size):
     before = {n: v.copy() for n, v in arrays.items()}
     forms = _bench.floors.forms("stream", ("a",), ("b", "c"))
     if fastpe.info()["compiled"]:
-        assert set(forms) == {"numpy", "c", "c-split"}
+        assert set(forms) == {"numpy", "c", "c-split", "c-split-ahead"}
     for form, prepare in forms.items():
         for threads in (1, 2):
             run = prepare(arrays, threads)
@@ -576,6 +577,30 @@ def test_floor_forms_with_reads(dtype, same_size):
             kern.stream_reads(flat["a"].copy(), (flat["b"], flat["c"]), 1, True)
     acc = kern.stream_reads(flat["a"].copy(), (flat["b"], flat["c"]), 1, False)
     assert acc == int(np.bitwise_xor.reduce(flat["b"]) ^ np.bitwise_xor.reduce(flat["c"]))
+
+
+@pytest.mark.parametrize("ratio", [1, 3, 8, 9000])
+def test_fused_floor_of_a_smaller_read_folds_each_word_into_its_run(ratio):
+    """A learned table's rows, `ratio` times smaller than the batch they are added to:
+    the fused pass folds read word j into target words j * ratio .. (j + 1) * ratio - 1
+    (a mask of all ones shows it), across units of work of 1 and 2 threads; a read
+    whose words do not divide the target's is refused."""
+    kern = _backend_kernels()
+    if kern is None:
+        pytest.skip("needs the compiled kernels")
+    rng = np.random.default_rng(ratio)
+    m = 2 * 8192 // ratio + 5
+    target = rng.integers(0, 1 << 63, m * ratio, dtype=np.uint64)
+    rows = rng.integers(0, 1 << 63, m, dtype=np.uint64)
+    for threads in (1, 2):
+        t = target.copy()
+        kern.stream_reads(t, (rows,), threads, True, (1 << 64) - 1)
+        assert np.array_equal(t, target ^ np.repeat(rows, ratio))
+        t = target.copy()
+        kern.stream_reads(t, (rows,), threads, True)
+        assert np.array_equal(t, target)
+    with pytest.raises(ValueError, match="divide"):
+        kern.stream_reads(np.append(target, target[:1]), (rows,), 1, True)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

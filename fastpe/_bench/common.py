@@ -169,7 +169,8 @@ class Workload:
     inner: str | None = None          # a part its runners time inside each call (their
     #                                   `inner_seconds`, accumulated): "RoPE" in a program
     reads: tuple[str, ...] = ()       # arrays the call only reads, all of whose bytes the
-    #                                   floor reads too (DeBERTa's logit tables)
+    #                                   floor reads too (DeBERTa's logit tables; a view of
+    #                                   the rows of a learned table that the call adds)
 
     @property
     def written(self) -> tuple[str, ...]:

@@ -22,11 +22,13 @@ overheads or another moment's load:
   write-back of the line just read, which pays for buffers past the caches.
 
 A call that also reads arrays it does not write (``Workload.reads``: DeBERTa's logit
-tables) has them in its floor, each read once: ``numpy`` reduces each (the largest of its
-elements as unsigned integers, a vectorised pass) before its stream; ``c`` is one C pass
-that XORs the reads' words, ANDed with a mask of 0 known only at run time, into the
-written array's (arrays of one size), ``c-split`` a C pass over each read array and then
-the stream over the written one.
+tables, the rows of a learned table that a call adds) has them in its floor, each read
+once: ``numpy`` reduces each (the largest of its elements as unsigned integers, a
+vectorised pass) before its stream; ``c`` is one C pass that XORs the reads' words, ANDed
+with a mask of 0 known only at run time, into the written array's (arrays of one size,
+or one whose size divides the written one's: each of its words into the run of written
+words in its place), ``c-split`` a C pass over each read array and then the stream over the written one,
+``c-split-ahead`` the same with ``c-ahead``'s stream.
 
 A Python thread pool splits a multi-threaded NumPy floor into contiguous pieces (NumPy
 releases the GIL in ufunc loops); only worth it for big buffers, as a dispatch costs tens
@@ -110,8 +112,8 @@ def forms(kind: str, names: tuple[str, ...], reads: tuple[str, ...] = ()) -> dic
     """The forms of the floor over arrays `names`: "stream" (read + write each byte,
     in place) or "fill" (write each byte; what producing a table must at least do),
     with each byte of the arrays `reads` read once too (a stream only). The C forms are
-    there when the compiled kernels are ("c-ahead" not with reads); "c-nt" where they
-    have streaming stores."""
+    there when the compiled kernels are; "c-nt" (not with reads) where they have
+    streaming stores."""
     if reads and (kind != "stream" or len(names) != 1):  # pragma: no cover - no workload
         raise ValueError("a floor with reads is one in-place stream")
     out: dict[str, MaybePrepare] = {"numpy": prepare_floor(kind, names, reads)}
@@ -121,27 +123,31 @@ def forms(kind: str, names: tuple[str, ...], reads: tuple[str, ...] = ()) -> dic
     fill = kind == "fill"
 
     if reads:
-        def c_reads(fused: bool) -> MaybePrepare:
+        def c_reads(fused: bool, ahead: bool = False) -> MaybePrepare:
             def c(arrays: Arrays, threads: int) -> Runner | None:
                 every = (*names, *reads)
                 if not all(_c_ready(arrays[n]) for n in every):
                     return None
-                if fused and any(arrays[n].nbytes != arrays[names[0]].nbytes for n in reads):
+                size = arrays[names[0]].nbytes
+                if fused and any(arrays[n].nbytes != size for n in reads) and not (
+                        len(reads) == 1 and arrays[reads[0]].nbytes
+                        and size % arrays[reads[0]].nbytes == 0):
                     return None
                 target = arrays[names[0]]
                 mine = tuple(arrays[n] for n in reads)
 
                 def run(a: Arrays) -> Result:
                     if a is arrays:
-                        kern.stream_reads(target, mine, threads, fused)
+                        kern.stream_reads(target, mine, threads, fused, 0, ahead)
                     else:
                         kern.stream_reads(a[names[0]], tuple(a[n] for n in reads), threads,
-                                          fused)
+                                          fused, 0, ahead)
                     return ()
                 return run
             return c
         out["c"] = c_reads(True)
         out["c-split"] = c_reads(False)
+        out["c-split-ahead"] = c_reads(False, ahead=True)
         return out
 
     def c_form(nontemporal: bool, ahead: bool = False) -> MaybePrepare:

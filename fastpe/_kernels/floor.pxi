@@ -74,8 +74,61 @@ cdef extern from *:
         for (; i < n; i++)
             p[i] = fill ? v : p[i] ^ v;
     }
+
+    #if defined(__GNUC__) || defined(__clang__)
+    #define FPE_FLOOR_READ_AHEAD(p) \
+        __builtin_prefetch((const void *)((uintptr_t)(p) + FPE_FLOOR_AHEAD), 0, 3)
+    #else
+    #define FPE_FLOOR_READ_AHEAD(p) ((void)(p))
+    #endif
+
+    /* fpe_floor_words_ahead's pass over an array that is only read: the XOR of its
+     * words, each line's successor FPE_FLOOR_AHEAD bytes on asked for first */
+    static uint64_t fpe_floor_read_ahead(const uint64_t *p, Py_ssize_t n)
+    {
+        uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, r = 0;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            FPE_FLOOR_READ_AHEAD(p + i);
+            for (int j = 0; j < 8; j++)
+                acc[j] ^= p[i + j];
+        }
+        for (; i < n; i++)
+            r ^= p[i];
+        for (int j = 0; j < 8; j++)
+            r ^= acc[j];
+        return r;
+    }
+
+    /* p[i] ^= a[i / ratio] & mask for i < n (a multiple of ratio): a read array ratio
+     * times smaller than the target, read once in step with the target's pass, both
+     * streams prefetched FPE_FLOOR_AHEAD bytes on; a line of target words per read
+     * word (ratio 8) in a loop the compiler vectorises */
+    static void fpe_floor_fold_spread(uint64_t *p, const uint64_t *a, Py_ssize_t n,
+                                      Py_ssize_t ratio, uint64_t mask)
+    {
+        if (ratio == 8) {
+            for (Py_ssize_t j = 0; j < n / 8; j++) {
+                FPE_PREFETCH_AHEAD(p + 8 * j, FPE_FLOOR_AHEAD);
+                if ((j & 7) == 0)
+                    FPE_FLOOR_READ_AHEAD(a + j);
+                const uint64_t v = a[j] & mask;
+                for (int i = 0; i < 8; i++)
+                    p[8 * j + i] ^= v;
+            }
+            return;
+        }
+        for (Py_ssize_t j = 0; j < n / ratio; j++) {
+            const uint64_t v = a[j] & mask;
+            for (Py_ssize_t i = 0; i < ratio; i++)
+                p[j * ratio + i] ^= v;
+        }
+    }
     """
     int FPE_FLOOR_STREAM_STORES
+    uint64_t read_ahead "fpe_floor_read_ahead" (const uint64_t *p, Py_ssize_t n) noexcept nogil
+    void fold_spread "fpe_floor_fold_spread" (uint64_t *p, const uint64_t *a, Py_ssize_t n,
+                                              Py_ssize_t ratio, uint64_t mask) noexcept nogil
     void words_ahead "fpe_floor_words_ahead" (uint64_t *p, Py_ssize_t n, uint64_t v,
                                               int fill) noexcept nogil
     void words_nt "fpe_floor_words_nt" (uint64_t *p, Py_ssize_t n, uint64_t v,
@@ -208,13 +261,17 @@ cdef void fold_words(uint64_t *p, const uint64_t **reads, int nreads, Py_ssize_t
 
 
 def stream_reads(cnp.ndarray target, tuple reads, int num_threads, bint fused=True,
-                 uint64_t mask=0):
+                 uint64_t mask=0, bint ahead=False):
     """The floor of a call that writes `target` in place and reads `reads`: every word
     of target read and written once, every word of each read array read once. fused:
-    in one pass (the read arrays as many bytes as target, at most 8 of them), else a
-    pass over each read array, then target's. mask (0: values unchanged) is what the
-    fused pass ANDs the reads' XOR with before XORing it into target; returns the XOR
-    of the separate passes' words (so that no compiler drops them).
+    in one pass (the read arrays as many bytes as target, at most 8 of them; or one read
+    array whose words divide target's, each read word folded into the run of target
+    words in its place: a learned table's rows beside the batch rows they are added
+    to), else a pass over each read array, then target's (as stream() makes it, `ahead`
+    too, and each read array's pass prefetched the same way). mask
+    (0: values unchanged) is what the fused pass ANDs the reads' XOR with before XORing
+    it into target; returns the XOR of the separate passes' words (so that no compiler
+    drops them).
 
     arrays: C-contiguous, 8-byte aligned, nbytes multiples of 8 (the caller checks).
     """
@@ -224,6 +281,26 @@ def stream_reads(cnp.ndarray target, tuple reads, int num_threads, bint fused=Tr
     cdef const uint64_t *rp[8]
     cdef int nreads = len(reads), r, nthreads
     cdef uint64_t acc = 0
+    cdef Py_ssize_t ratio, unit
+    if fused and nreads == 1 and cnp.PyArray_NBYTES(<cnp.ndarray>reads[0]) < cnp.PyArray_NBYTES(target):
+        a = <cnp.ndarray>reads[0]
+        m = cnp.PyArray_NBYTES(a) // 8
+        if m == 0 or n % m:
+            raise ValueError("stream_reads: a fused pass needs a read array whose words "
+                             "divide the target's")
+        ratio = n // m
+        unit = max(1, STREAM_WORDS // ratio) * ratio
+        rp[0] = <const uint64_t *>cnp.PyArray_DATA(a)
+        units = ceil_div(n, unit)
+        nthreads = units_threads(units, num_threads)
+        with nogil:
+            if nthreads > 1:
+                for u in prange(units, schedule="static", num_threads=nthreads):
+                    w0 = u * unit
+                    fold_spread(p + w0, rp[0] + w0 // ratio, min(unit, n - w0), ratio, mask)
+            else:
+                fold_spread(p, rp[0], n, ratio, mask)
+        return 0
     if fused:
         if nreads > 8:
             raise ValueError("stream_reads: at most 8 read arrays in one pass")
@@ -253,10 +330,15 @@ def stream_reads(cnp.ndarray target, tuple reads, int num_threads, bint fused=Tr
             if nthreads > 1:
                 for u in prange(units, schedule="static", num_threads=nthreads):
                     w0 = u * STREAM_WORDS
-                    acc ^= read_words(q + w0, min(<Py_ssize_t>STREAM_WORDS, m - w0))
+                    if ahead:
+                        acc ^= read_ahead(q + w0, min(<Py_ssize_t>STREAM_WORDS, m - w0))
+                    else:
+                        acc ^= read_words(q + w0, min(<Py_ssize_t>STREAM_WORDS, m - w0))
+            elif ahead:
+                acc = acc ^ read_ahead(q, m)
             else:
                 acc = acc ^ read_words(q, m)
-    stream((target,), False, 0, num_threads)
+    stream((target,), False, 0, num_threads, False, ahead)
     return acc
 
 

@@ -140,6 +140,7 @@ def stream_reads(
     num_threads: int,
     fused: bool = ...,
     mask: int = ...,
+    ahead: bool = ...,
 ) -> int: ...
 def half_round_trip(arrays: tuple[NDArray[Any], ...]) -> None: ...
 def sinusoidal_call(
