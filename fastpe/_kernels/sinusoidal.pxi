@@ -15,7 +15,10 @@ cdef enum:
     # late; batch 2 both early 0.9x that of none). bfloat16 rows added in registers so
     # (rounded in integers, in element order or split into even and odd elements, or by
     # VCVTNEPS2BF16) took 0.95-1.5x the time of adding them after each pair on that Xeon,
-    # batch 1 to 8: their rounding takes the vector ports that making the rows needs.
+    # batch 1 to 8: their rounding takes the vector ports that making the rows needs. So
+    # bfloat16 (where the variant converts in registers) takes its early row after each
+    # pair is made: on an Intel Xeon (Emerald Rapids) (8, 2048, 1024) took 0.91-0.94x the
+    # time of none early (avx512 and avx2), batch 2 to 16 and dim 4096 0.8-1.0x.
     # One early row, not two: on an Intel Xeon (Emerald Rapids) two rows of a batch, some
     # MiB apart at the same offset in a 4 KiB page, written in turn vector by vector took
     # 1.1-1.6x the time (batch 2 to 8, float32 and float16, every variant).
@@ -292,7 +295,8 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
         if b1 - b0 <= EARLY_ROWS:
             early = b1 - b0
         elif rows2 and FPE_PE_ROWS2 and (
-                store_t is float or (store_t is fpe_f16 and FPE_HALF_ADD_RUNS)):
+                store_t is float
+                or ((store_t is fpe_f16 or store_t is fpe_bf16) and FPE_HALF_ADD_RUNS)):
             early = EARLY_ROWS
     cdef float *pe0
     cdef float *pe1
