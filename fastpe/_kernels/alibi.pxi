@@ -275,6 +275,58 @@ cdef extern from *:
         }
     }
 
+    /* select_unit's rows (keys at any positions, masked ones NaN) of unit-stride float16
+     * in one pass, where rows_f16 converted chunks through a float32 buffer in three (a
+     * left-padded decode took 2x float32's time that way). The same bits: the
+     * chunked loop's x + s * d is contracted to fma(s, d, x) in the variants with FMA,
+     * its symmetric d is min(k - q, q - k) as MINPS takes it, and a key is kept where
+     * k <= lim (never for NaN), else -inf. */
+    static FPE_ALIBI_NOINLINE void fpe_alibi_select_f16(fpe_f16 *x, const float *kf,
+                                                        Py_ssize_t n, float qf, float s,
+                                                        float lim, int symmetric,
+                                                        int accumulate)
+    {
+        Py_ssize_t j = 0;
+    #if FPE_HALF_RUNS_512
+        {
+            const __m512 q = _mm512_set1_ps(qf), sv = _mm512_set1_ps(s);
+            const __m512 lv = _mm512_set1_ps(lim), ninf = _mm512_set1_ps(-INFINITY);
+            for (; j + 16 <= n; j += 16) {
+                const __m512 k = _mm512_loadu_ps(kf + j);
+                __m512 d = _mm512_sub_ps(k, q);
+                if (symmetric)
+                    d = _mm512_min_ps(d, _mm512_sub_ps(q, k));
+                const __m512 v = accumulate
+                    ? _mm512_fmadd_ps(sv, d, fpe_f16x16_load(x + j, 0xffff))
+                    : _mm512_mul_ps(sv, d);
+                fpe_f16x16_store(x + j, 0xffff, _mm512_mask_blend_ps(
+                    _mm512_cmp_ps_mask(k, lv, _CMP_LE_OQ), ninf, v));
+            }
+        }
+    #endif
+        const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
+        const __m256 lv = _mm256_set1_ps(lim), ninf = _mm256_set1_ps(-INFINITY);
+        for (; j + 8 <= n; j += 8) {
+            const __m256 k = _mm256_loadu_ps(kf + j);
+            __m256 d = _mm256_sub_ps(k, q);
+            if (symmetric)
+                d = _mm256_min_ps(d, _mm256_sub_ps(q, k));
+            const __m256 v = accumulate ? _mm256_fmadd_ps(sv, d, fpe_f16x8_load(x + j))
+                                        : _mm256_mul_ps(sv, d);
+            fpe_f16x8_store(x + j, _mm256_blendv_ps(ninf, v, _mm256_cmp_ps(k, lv, _CMP_LE_OQ)));
+        }
+        for (; j < n; j++) {
+            const float k = kf[j];
+            float d = k - qf;
+            if (symmetric) {
+                const float nd = qf - k;
+                d = d < nd ? d : nd;
+            }
+            const float v = accumulate ? fmaf(s, d, fpe_f16_load(x[j])) : s * d;
+            x[j] = fpe_f16_make(k <= lim ? v : -INFINITY);
+        }
+    }
+
     /* the same for bfloat16 rows: 16 (32) at a time in fpe_bf16x16_load's lane order,
      * the key positions loaded in that order too; the narrowing is exact for the
      * reason the adds give (every operand a widened bfloat16 or a finite float32), by
@@ -451,6 +503,13 @@ cdef extern from *:
         (void)x; (void)kf; (void)j0; (void)j1; (void)qf; (void)s; (void)flip;
         (void)accumulate;
     }
+    static inline void fpe_alibi_select_f16(fpe_f16 *x, const float *kf, Py_ssize_t n,
+                                            float qf, float s, float lim, int symmetric,
+                                            int accumulate)
+    {
+        (void)x; (void)kf; (void)n; (void)qf; (void)s; (void)lim; (void)symmetric;
+        (void)accumulate;
+    }
     #define FPE_ALIBI_HALF_STREAM0(NAME, T)                                               \
     static inline Py_ssize_t NAME(T *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1,    \
                                   float qf, float s, int flip)                           \
@@ -467,6 +526,8 @@ cdef extern from *:
                            float qf, float s, int flip, int accumulate) nogil
     void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1,
                             float qf, float s, int flip, int accumulate) nogil
+    void fpe_alibi_select_f16(fpe_f16 *x, const float *kf, Py_ssize_t n, float qf, float s,
+                              float lim, int symmetric, int accumulate) nogil
     Py_ssize_t fpe_alibi_rows4_stream_f32(float *r0, float *r1, float *r2, float *r3,
                                           const float *kf, Py_ssize_t j0, Py_ssize_t j1,
                                           float qf, const float *sl, int flip) nogil
@@ -688,7 +749,8 @@ cdef inline void row_plain(const AlibiCall *a, store_t *row, const real_t *kf, i
 
 cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, const float *kf,
                           int64_t qp, const double *slopes) noexcept nogil:
-    """Unit-stride float16 rows (masked, or without FMA and F16C): chunks converted to
+    """Unit-stride float16 rows (masked, or without FMA and F16C): masked ones in one
+    pass where FPE_ALIBI_HALF_ONE_PASS (fpe_alibi_select_f16), else chunks converted to
     float32 on the stack (8 at a time with F16C), the float32 loops there, converted
     back. The same arithmetic as one element at a time, in vectors."""
     cdef float buf[SELECT_CHUNK + 16]
@@ -702,6 +764,9 @@ cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, cons
     for t in range(nh):
         row = row0 + t * a.sh
         slope = <float>slopes[t]
+        if FPE_ALIBI_HALF_ONE_PASS and not a.plain:
+            fpe_alibi_select_f16(row, kf, a.k, qf, slope, lim, a.symmetric, a.accumulate)
+            continue
         c0 = 0
         while c0 < a.k:
             n = min(<Py_ssize_t>SELECT_CHUNK, a.k - c0)
