@@ -13,7 +13,8 @@
 # before it is added, as transformers adds its `score` to the attention scores.
 #
 # float16/bfloat16 (and views whose keys are not adjacent) work through a float32 row
-# chunk on the stack: converted in, the same arithmetic, converted out. DeBERTa's float16
+# chunk on the stack: converted in, the same arithmetic, converted out; T5's float16 rows
+# of adjacent keys in one pass, in registers, in the variants with F16C and FMA. DeBERTa's float16
 # and bfloat16 with AVX2 take float32's vector blocks, widened and rounded in registers.
 
 cdef enum:
@@ -40,15 +41,35 @@ cdef struct T5Call:
     bint causal, accumulate
 
 
+cdef inline Py_ssize_t t5_reach_start(const T5Call *a, int64_t qp, Py_ssize_t j0,
+                                      Py_ssize_t j1) noexcept nogil:
+    """The first key of [j0, j1) at or after qp - reach (j1 if none; qp >= 0)."""
+    return <Py_ssize_t>min(max(qp - a.reach, <int64_t>j0), <int64_t>j1)
+
+
+cdef inline Py_ssize_t t5_reach_end(const T5Call *a, int64_t qp, Py_ssize_t lo,
+                                    Py_ssize_t j1) noexcept nogil:
+    """The first key of [lo, j1) past qp + reach (j1 if none), without forming
+    qp + reach + 1 where it would pass INT64_MAX."""
+    if qp >= <int64_t>j1 - a.reach - 1:
+        return j1
+    return <Py_ssize_t>max(qp + a.reach + 1, <int64_t>lo)
+
+
+cdef inline Py_ssize_t t5_causal_cut(const T5Call *a, int64_t qp) noexcept nogil:
+    """The first key masked by causality (k if none): after qp."""
+    if a.causal and qp < a.k - 1:  # not qp + 1: q_offset + i may be INT64_MAX
+        return <Py_ssize_t>max(qp + 1, <int64_t>0)
+    return a.k
+
+
 cdef inline void t5_chunk(const T5Call *a, real_t *x, Py_ssize_t j0, Py_ssize_t n,
                           int64_t qp, const real_t *bias) noexcept nogil:
     """x[t] (+)= bias of key j0 + t for the query at qp: below the reach a constant,
     within it a contiguous slice of the head's distances, beyond it a constant."""
     cdef Py_ssize_t j, j1 = j0 + n
-    # keys before qp - reach and after qp + reach (clamped to the chunk)
-    cdef int64_t lo64 = qp - a.reach, hi64 = qp + a.reach + 1
-    cdef Py_ssize_t lo = <Py_ssize_t>min(max(lo64, <int64_t>j0), <int64_t>j1)
-    cdef Py_ssize_t hi = <Py_ssize_t>min(max(hi64, <int64_t>lo), <int64_t>j1)
+    cdef Py_ssize_t lo = t5_reach_start(a, qp, j0, j1)
+    cdef Py_ssize_t hi = t5_reach_end(a, qp, lo, j1)
     cdef real_t first = bias[0], last = bias[a.width - 1]
     # element t of the middle reads bias[j0 + t - qp + reach]
     cdef const real_t *mid = bias + (<int64_t>a.reach - qp)
@@ -82,6 +103,86 @@ cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, int64_t qp, 
             x[j] = <real_t>-INFINITY
 
 
+cdef extern from *:
+    """
+    /* A T5 row of unit-stride float16 scores in one pass: each key widened, its bias
+     * added (first below the reach, mid[j] within it, last beyond), -inf where the key
+     * mask is 0 or from `cut` on (causal), narrowed, in registers, where the chunked path
+     * converts through a float32 buffer on the stack and masks it in separate passes (a
+     * decode step took 1.5x float32's time that way). The same bits: one float32 add
+     * and one rounding per element either way. */
+    #if FPE_HALF_ADD_RUNS
+    #define FPE_T5_HALF_ONE_PASS 1
+    static inline void fpe_t5_seg_f16(fpe_f16 *x, Py_ssize_t j, Py_ssize_t j1,
+                                      const float *b, int along, const unsigned char *m,
+                                      int accumulate)
+    {
+    #if FPE_HALF_RUNS_512
+        {
+            const __m512 ninf = _mm512_set1_ps(-INFINITY);
+            for (; j + 16 <= j1; j += 16) {
+                __m512 v = along ? _mm512_loadu_ps(b + j) : _mm512_set1_ps(*b);
+                if (accumulate)
+                    v = _mm512_add_ps(fpe_f16x16_load(x + j, 0xffff), v);
+                if (m != NULL) {
+                    const __m128i k = _mm_loadu_si128((const __m128i *)(m + j));
+                    v = _mm512_mask_blend_ps(_mm_test_epi8_mask(k, k), ninf, v);
+                }
+                fpe_f16x16_store(x + j, 0xffff, v);
+            }
+        }
+    #endif
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        for (; j + 8 <= j1; j += 8) {
+            __m256 v = along ? _mm256_loadu_ps(b + j) : _mm256_set1_ps(*b);
+            if (accumulate)
+                v = _mm256_add_ps(fpe_f16x8_load(x + j), v);
+            if (m != NULL) {
+                const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(m + j)));
+                v = _mm256_blendv_ps(v, ninf, _mm256_castsi256_ps(
+                    _mm256_cmpeq_epi32(k, _mm256_setzero_si256())));
+            }
+            fpe_f16x8_store(x + j, v);
+        }
+        for (; j < j1; j++) {
+            const float v = along ? b[j] : *b;
+            x[j] = fpe_f16_make(m != NULL && m[j] == 0 ? -INFINITY
+                                : accumulate ? fpe_f16_load(x[j]) + v : v);
+        }
+    }
+
+    /* keys [0, lo) add first, [lo, hi) mid[j], [hi, cut) last, [cut, n) are -inf
+     * (0 <= lo <= hi <= n, cut <= n) */
+    static FPE_NOINLINE void fpe_t5_row_f16(fpe_f16 *x, Py_ssize_t n, Py_ssize_t lo,
+                                            Py_ssize_t hi, Py_ssize_t cut, float first,
+                                            const float *mid, float last,
+                                            const unsigned char *m, int accumulate)
+    {
+        const Py_ssize_t a = lo < cut ? lo : cut, c = hi < cut ? hi : cut;
+        fpe_t5_seg_f16(x, 0, a, &first, 0, m, accumulate);
+        fpe_t5_seg_f16(x, a, c, mid, 1, m, accumulate);
+        fpe_t5_seg_f16(x, c, cut, &last, 0, m, accumulate);
+        for (Py_ssize_t j = cut; j < n; j++)
+            x[j].bits = 0xfc00;   /* -inf */
+    }
+    #else
+    #define FPE_T5_HALF_ONE_PASS 0
+    static inline void fpe_t5_row_f16(fpe_f16 *x, Py_ssize_t n, Py_ssize_t lo,
+                                      Py_ssize_t hi, Py_ssize_t cut, float first,
+                                      const float *mid, float last,
+                                      const unsigned char *m, int accumulate)
+    {
+        (void)x; (void)n; (void)lo; (void)hi; (void)cut; (void)first; (void)mid;
+        (void)last; (void)m; (void)accumulate;
+    }
+    #endif
+    """
+    int FPE_T5_HALF_ONE_PASS
+    void fpe_t5_row_f16(fpe_f16 *x, Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi,
+                        Py_ssize_t cut, float first, const float *mid, float last,
+                        const unsigned char *m, int accumulate) nogil
+
+
 cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
     """Unit u of (batch, heads, q): one row of scores."""
     cdef Py_ssize_t b = u // (a.heads * a.q)
@@ -92,12 +193,18 @@ cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexce
     cdef const real_t *bias = (<const real_t *>a.bias) + h * a.width
     cdef const unsigned char *m = NULL
     cdef real_t buf[REL_CHUNK]
-    cdef Py_ssize_t j0, n
+    cdef Py_ssize_t j0, n, lo
     if a.mask != NULL:
         m = a.mask + (b if a.mrows > 1 else 0) * a.k
     if (store_t is float or store_t is double) and a.sk == 1 and sizeof(store_t) == sizeof(real_t):
         t5_chunk(a, <real_t *>row, 0, a.k, qp, bias)
         mask_chunk(<real_t *>row, 0, a.k, qp, a.causal, m)
+        return
+    if store_t is fpe_f16 and real_t is float and FPE_T5_HALF_ONE_PASS and a.sk == 1:
+        lo = t5_reach_start(a, qp, 0, a.k)
+        fpe_t5_row_f16(row, a.k, lo, t5_reach_end(a, qp, lo, a.k), t5_causal_cut(a, qp),
+                       bias[0], bias + (<int64_t>a.reach - qp), bias[a.width - 1], m,
+                       a.accumulate)
         return
     j0 = 0
     while j0 < a.k:
