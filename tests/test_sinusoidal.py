@@ -533,15 +533,16 @@ def staging(request):
 
 @needs_compiled
 def test_staging_follows_the_cpu_vendor():
-    """Chosen at import: 256 KiB chunks eight batch rows at a time on Intel, 1 MiB four
-    at a time elsewhere."""
+    """Chosen at import: 256 KiB chunks eight batch rows at a time and the next token's
+    rows prefetched on Intel, 1 MiB four at a time without the prefetch elsewhere."""
     code = ("from fastpe import _backend; k = _backend.compiled; "
-            "print(k.cpu_vendor() or '-', *k.sinusoidal_staging())")
+            "print(k.cpu_vendor() or '-', *k.sinusoidal_staging(), k.row_prefetch())")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
-    vendor, chunk, rows = proc.stdout.split()
-    assert (int(chunk), int(rows)) == ((256 << 10, 8) if vendor == "GenuineIntel"
-                                       else (1 << 20, 4))
+    vendor, chunk, rows, prefetch = proc.stdout.split()
+    intel = vendor == "GenuineIntel"
+    assert (int(chunk), int(rows)) == ((256 << 10, 8) if intel else (1 << 20, 4))
+    assert prefetch == str(intel)
     if cpu_vendor_id() is not None:
         assert vendor == cpu_vendor_id()
     from fastpe import _backend

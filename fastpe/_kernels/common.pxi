@@ -125,15 +125,23 @@ def register_bfloat16(int typenum):
 
 # Whether the float32, float16 and bfloat16 adds (add_learned's batch rows,
 # add_sinusoidal's staged ones) prefetch the next token's rows as they add a token's
-# (fastpe_math.h: fpe_f32_madd_rows); row_prefetch sets it
+# (fastpe_math.h: fpe_f32_madd_rows); row_prefetch sets it, at import by the CPU's
+# vendor. On an Intel Xeon the prefetch took (8, 2048, 1024) float32 add_learned to
+# 0.78-0.84x the time, add_sinusoidal 0.87-0.93x (README). On an AMD Zen 4 it cost
+# time: without it float32 and float16 add_learned took 0.73-0.94x the time, batch 2
+# to 16, dim 1024 and 4096 (0.49-0.96x in float16), add_sinusoidal at batch 8 and 16
+# 0.88-0.93x (level at batch 2); bfloat16 add_sinusoidal, whose rows' rounding keeps
+# the core busy, 0.995-1.07x (one 1.22x), add_learned 0.68-1.22x. So it is on for Intel
+# only (Zen 5's staging was measured without it).
 cdef bint row_prefetch_on = True
 
 
 def row_prefetch(object on=None):
     """Whether the float32, float16 and bfloat16 adds prefetch the next token's rows
     (software prefetch) as they add a token's, add_sinusoidal then taking its staged
-    rows at most PREFETCH_LATE_ROWS batch rows at a time; `on` sets it, for
-    measurements and tests. The same bits either way."""
+    rows at most PREFETCH_LATE_ROWS batch rows at a time: on Intel CPUs from import
+    (common.pxi says why); `on` sets it, for measurements and tests. The same bits
+    either way."""
     global row_prefetch_on
     if on is not None:
         row_prefetch_on = bool(on)

@@ -107,6 +107,8 @@ bf16_hardware_narrowing(True)
 # Intel: every call; elsewhere (AMD Zen 5) calls whose rows are likely in the caches
 rope_cached_bytes(PY_SSIZE_T_MAX if cpu_vendor() == "GenuineIntel" else ROPE_CACHED_BYTES)
 sinusoidal_staging(*((256 << 10, 8) if cpu_vendor() == "GenuineIntel" else (1 << 20, 4)))
+# Intel only: on a Zen 4 the adds took 0.73-0.94x the time without (common.pxi)
+row_prefetch(cpu_vendor() == "GenuineIntel")
 
 
 def openmp_max_threads():
