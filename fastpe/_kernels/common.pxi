@@ -52,7 +52,7 @@ cdef extern from "fastpe_math.h" nogil:
                          int neox)
     void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f16 *k,
                               Py_ssize_t hk, Py_ssize_t kh, const float *c, const float *s,
-                              Py_ssize_t half, int neox)
+                              Py_ssize_t half, int neox, int cached)
     void fpe_rotate_heads_bf16(fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_bf16 *k,
                                Py_ssize_t hk, Py_ssize_t kh, const float *c, const float *s,
                                Py_ssize_t half, int neox, int cached)

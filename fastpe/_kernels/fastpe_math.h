@@ -31,14 +31,19 @@
 typedef struct { uint16_t bits; } fpe_f16;
 typedef struct { uint16_t bits; } fpe_bf16;
 
-/* A software prefetch, for writing, of the line `ahead` bytes past p: the address is
- * formed as an integer, so it may lie past the array (a prefetch never faults). The row
- * adds below take the next token's rows so (fpe_f32_madd_rows says what it measured). */
+/* A software prefetch, for writing (for reading), of the line `ahead` bytes past p: the
+ * address is formed as an integer, so it may lie past the array (a prefetch never
+ * faults). The row adds below take the next token's rows so (fpe_f32_madd_rows says
+ * what it measured); half-precision RoPE rows streamed from memory read ahead
+ * (fpe_fetch_ahead). */
 #if defined(__GNUC__) || defined(__clang__)
 #define FPE_PREFETCH_AHEAD(p, ahead)                                                   \
     __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(ahead)), 1, 3)
+#define FPE_PREFETCH_READ_AHEAD(p, ahead)                                              \
+    __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(ahead)), 0, 3)
 #else
 #define FPE_PREFETCH_AHEAD(p, ahead) ((void)(p), (void)(ahead))
+#define FPE_PREFETCH_READ_AHEAD(p, ahead) ((void)(p), (void)(ahead))
 #endif
 
 static inline uint32_t fpe_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -1203,6 +1208,22 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
  * The bits do not depend on the order. */
 #define FPE_HALF_GROUP_BYTES 1024
 
+/* Half-precision rows of adjacent pairs streamed from memory (not `cached`: on AMD
+ * CPUs, calls of more than fpe_rope_cached_bytes) ask for the lines FPE_ROW_AHEAD bytes
+ * past each row as they rotate it, a read prefetch. On an AMD Zen 4 (avx2 kernels,
+ * float16 (1, 2048, 32, 128) q with k of 32 or 8 heads, interleaved rounds) that took
+ * 0.87-0.91x the time of none (1 KiB ahead 0.95-1.05x, 4 KiB 0.85-0.90x), bfloat16
+ * 0.85-0.88x (both wide variants); rotate_half rows gained with k of 32 heads (0.93-0.96x)
+ * but lost with 8 (1.06-1.19x) and go without. Prefetching a token's rows at once, the
+ * next token's whole, took 1.3-2x the time. */
+#define FPE_ROW_AHEAD 2048
+
+static FPE_ALWAYS_INLINE void fpe_fetch_ahead(const void *row, Py_ssize_t nbytes)
+{
+    for (Py_ssize_t i = 0; i < nbytes; i += 64)
+        FPE_PREFETCH_READ_AHEAD(row, FPE_ROW_AHEAD + i);
+}
+
 static inline Py_ssize_t fpe_half_heads_group(Py_ssize_t half)
 {
     const Py_ssize_t row = 2 * half * 2;
@@ -1684,6 +1705,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_packed(fpe_bf16 *x, const fl
 static FPE_NOINLINE void fpe_rotate_pairs_bf16_packed_row(fpe_bf16 *x, const float *pc,
                                                           const float *ps, Py_ssize_t half)
 {
+    fpe_fetch_ahead(x, 4 * half);
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_packed, x, pc, ps, half, 64, 32);
 }
 
@@ -1697,6 +1719,7 @@ FPE_TARGET_BF16 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_packed_cvt(
 FPE_TARGET_BF16 static FPE_NOINLINE void fpe_rotate_pairs_bf16_packed_row_cvt(
     fpe_bf16 *x, const float *pc, const float *ps, Py_ssize_t half)
 {
+    fpe_fetch_ahead(x, 4 * half);
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_packed_cvt, x, pc, ps, half, 64, 32);
 }
 #endif
@@ -1799,17 +1822,29 @@ static FPE_ALWAYS_INLINE void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const
 }
 
 /* fpe_rotate_heads_f32 for float16 and bfloat16 rows: every head of a token in one call */
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_ahead(fpe_f16 *x, const float *c,
+                                                         const float *s, Py_ssize_t n)
+{
+    fpe_fetch_ahead(x, 2 * n);
+    fpe_rotate_pairs_f16_n(x, c, s, n);
+}
+
 static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f16 *k,
                                  Py_ssize_t hk, Py_ssize_t kh,
                                  const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
-                                 Py_ssize_t half, int neox)
+                                 Py_ssize_t half, int neox, int cached)
 {
     const Py_ssize_t heads = hq > hk ? hq : hk, group = fpe_half_heads_group(half);
+    if (!cached && !neox) {
+        FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f16_ahead, 2 * half, 128, 64);
+        return;
+    }
     if (neox) FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_half_f16_n, half, 64, 32);
     else FPE_HEADS_AT_FIXED_WIDTH(fpe_rotate_pairs_f16_n, 2 * half, 128, 64);
 }
 
-/* One row of bfloat16 per call, kept out of line (below), in both forms */
+/* One row of bfloat16 per call, kept out of line (below), in both forms: rows streamed
+ * from memory, adjacent pairs with the lines ahead fetched (fpe_fetch_ahead) */
 #define FPE_BF16_ROW_FUNCTIONS(SUFFIX, ATTR)                                           \
     ATTR static FPE_NOINLINE void fpe_rotate_half_bf16_row##SUFFIX(                    \
         fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half)                  \
@@ -1819,6 +1854,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
     ATTR static FPE_NOINLINE void fpe_rotate_pairs_bf16_row##SUFFIX(                   \
         fpe_bf16 *x, const float *c, const float *s, Py_ssize_t n)                     \
     {                                                                                  \
+        fpe_fetch_ahead(x, 2 * n);                                                     \
         FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, x, c, s, n, 128, 64);      \
     }
 
@@ -1887,10 +1923,11 @@ static inline void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const float *s,
 }
 static inline void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f16 *k,
                                         Py_ssize_t hk, Py_ssize_t kh, const float *c,
-                                        const float *s, Py_ssize_t half, int neox)
+                                        const float *s, Py_ssize_t half, int neox,
+                                        int cached)
 {
     (void)q; (void)hq; (void)qh; (void)k; (void)hk; (void)kh; (void)c; (void)s; (void)half;
-    (void)neox;
+    (void)neox; (void)cached;
 }
 static inline void fpe_rotate_heads_bf16(fpe_bf16 *q, Py_ssize_t hq, Py_ssize_t qh,
                                          fpe_bf16 *k, Py_ssize_t hk, Py_ssize_t kh,

@@ -24,7 +24,8 @@ cdef struct RopeCall:
     const int8_t *pair_axis2
     bint neox                       # pair j with j + half, else 2j with 2j + 1
     # its rows likely in the caches (fpe_rope_cached_bytes): float32 rows 512 bits at a
-    # time (avx512 variant), bfloat16 rows inline across heads
+    # time (avx512 variant), bfloat16 rows inline across heads; else half-precision
+    # adjacent pairs prefetched ahead (fastpe_math.h: fpe_fetch_ahead)
     bint cached
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w
@@ -311,7 +312,8 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
             continue
         if real_t is float and store_t is fpe_f16 and FPE_HALF_ROTATE and unit:
             fpe_rotate_heads_f16(<fpe_f16 *>(q + t * a.qs), a.hq, a.qh,
-                                 <fpe_f16 *>(k + t * a.ks), a.hk, a.kh, c, s, a.half, a.neox)
+                                 <fpe_f16 *>(k + t * a.ks), a.hk, a.kh, c, s, a.half, a.neox,
+                                 a.cached)
             continue
         if real_t is float and store_t is fpe_bf16 and FPE_HALF_ROTATE and unit:
             fpe_rotate_heads_bf16(<fpe_bf16 *>(q + t * a.qs), a.hq, a.qh,
