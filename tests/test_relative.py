@@ -256,6 +256,26 @@ def test_tables_of_any_float_dtype_and_layout(backend):
     assert_bytes_equal(s[0], want.astype(np.float32))
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_a_nan_in_the_table_is_a_nan_in_half_scores(dtype, backend):
+    """A float32 table's NaNs, signalling ones and ones with payload bits below the half
+    type's (which a rounding of the bits alone carries into inf or -0), give NaN scores,
+    at every key of the row loops (vector steps and their tail), as the reference does."""
+    bits = np.arange(32 * 2, dtype=np.float32).reshape(32, 2).view(np.uint32)
+    bits[::3, 0] = 0x7F800001    # signalling, payload in the low bits only, among finite
+    bits[:, 1] = 0xFFFFFFFF      # quiet, negative, every payload bit set
+    table = bits.view(np.float32)
+    for keys in (1, 8, 16, 40):
+        scores = np.linspace(-2, 2, 2 * keys).reshape(1, 2, 1, keys).astype(dtype)
+        want = fastpe.reference.add_relative_bias(scores.copy(), table)
+        got = fastpe.add_relative_bias(scores, table)
+        assert (np.isnan(np.asarray(got, np.float32))
+                == np.isnan(np.asarray(want, np.float32))).all(), keys
+        assert np.isnan(np.asarray(got[0, 1], np.float32)).all()
+        finite = ~np.isnan(np.asarray(want, np.float32))
+        assert_bytes_equal(got[finite], want[finite])
+
+
 def test_masked_keys_are_minus_inf_whatever_the_score():
     scores = np.full((1, 1, 2, 3), np.nan, np.float32)
     scores[0, 0, 0] = [np.inf, -np.inf, 1.0]

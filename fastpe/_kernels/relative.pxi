@@ -13,8 +13,9 @@
 # before it is added, as transformers adds its `score` to the attention scores.
 #
 # float16/bfloat16 (and views whose keys are not adjacent) work through a float32 row
-# chunk on the stack: converted in, the same arithmetic, converted out; T5's float16 rows
-# of adjacent keys in one pass, in registers, in the variants with F16C and FMA. DeBERTa's float16
+# chunk on the stack: converted in, the same arithmetic, converted out; T5's float16 and
+# bfloat16 rows of adjacent keys in one pass, in registers, in the variants with F16C and
+# FMA. DeBERTa's float16
 # and bfloat16 with AVX2 take float32's vector blocks, widened and rounded in registers.
 
 cdef enum:
@@ -105,82 +106,142 @@ cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, int64_t qp, 
 
 cdef extern from *:
     """
-    /* A T5 row of unit-stride float16 scores in one pass: each key widened, its bias
-     * added (first below the reach, mid[j] within it, last beyond), -inf where the key
-     * mask is 0 or from `cut` on (causal), narrowed, in registers, where the chunked path
-     * converts through a float32 buffer on the stack and masks it in separate passes (a
-     * decode step took 1.5x float32's time that way). The same bits: one float32 add
-     * and one rounding per element either way. */
+    /* A T5 row of unit-stride float16 or bfloat16 scores in one pass: each key widened,
+     * its bias added (first below the reach, mid[j] within it, last beyond), -inf where
+     * the key mask is 0 or from `cut` on (causal), narrowed, in registers, where the
+     * chunked path converts through a float32 buffer on the stack and masks it in
+     * separate passes (a float16 decode step took 1.25-1.3x the time that way). The same
+     * bits: one float32 add and one rounding per element either way; bfloat16 rounds to
+     * nearest even and quiets NaNs as fpe_bf16_make does, whatever the float32 (a bias
+     * from the caller's table may be a NaN with low payload bits). */
     #if FPE_HALF_ADD_RUNS
     #define FPE_T5_HALF_ONE_PASS 1
-    static inline void fpe_t5_seg_f16(fpe_f16 *x, Py_ssize_t j, Py_ssize_t j1,
-                                      const float *b, int along, const unsigned char *m,
-                                      int accumulate)
+    static inline __m256 fpe_t5_f16x8_load(const fpe_f16 *p) { return fpe_f16x8_load(p); }
+    static inline void fpe_t5_f16x8_store(fpe_f16 *p, __m256 v) { fpe_f16x8_store(p, v); }
+    static inline __m256 fpe_t5_bf16x8_load(const fpe_bf16 *p)
     {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    }
+    /* fpe_bf16x8_bits where the float32 is not a NaN, else its top half quieted */
+    static inline __m256i fpe_t5_bf16x8_bits(__m256 v)
+    {
+        const __m256i x = _mm256_castps_si256(v);
+        const __m256i nan = _mm256_cmpgt_epi32(
+            _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+        const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+        return _mm256_blendv_epi8(fpe_bf16x8_bits(v), quiet, nan);
+    }
+    static inline void fpe_t5_bf16x8_store(fpe_bf16 *p, __m256 v)
+    {
+        const __m256i b = fpe_t5_bf16x8_bits(v);   /* every lane below 2^16: packs exactly */
+        _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(b),
+                                                        _mm256_extracti128_si256(b, 1)));
+    }
     #if FPE_HALF_RUNS_512
-        {
-            const __m512 ninf = _mm512_set1_ps(-INFINITY);
-            for (; j + 16 <= j1; j += 16) {
-                __m512 v = along ? _mm512_loadu_ps(b + j) : _mm512_set1_ps(*b);
-                if (accumulate)
-                    v = _mm512_add_ps(fpe_f16x16_load(x + j, 0xffff), v);
-                if (m != NULL) {
-                    const __m128i k = _mm_loadu_si128((const __m128i *)(m + j));
-                    v = _mm512_mask_blend_ps(_mm_test_epi8_mask(k, k), ninf, v);
-                }
-                fpe_f16x16_store(x + j, 0xffff, v);
-            }
-        }
-    #endif
-        const __m256 ninf = _mm256_set1_ps(-INFINITY);
-        for (; j + 8 <= j1; j += 8) {
-            __m256 v = along ? _mm256_loadu_ps(b + j) : _mm256_set1_ps(*b);
-            if (accumulate)
-                v = _mm256_add_ps(fpe_f16x8_load(x + j), v);
-            if (m != NULL) {
-                const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(m + j)));
-                v = _mm256_blendv_ps(v, ninf, _mm256_castsi256_ps(
-                    _mm256_cmpeq_epi32(k, _mm256_setzero_si256())));
-            }
-            fpe_f16x8_store(x + j, v);
-        }
-        for (; j < j1; j++) {
-            const float v = along ? b[j] : *b;
-            x[j] = fpe_f16_make(m != NULL && m[j] == 0 ? -INFINITY
-                                : accumulate ? fpe_f16_load(x[j]) + v : v);
-        }
-    }
-
-    /* keys [0, lo) add first, [lo, hi) mid[j], [hi, cut) last, [cut, n) are -inf
-     * (0 <= lo <= hi <= n, cut <= n) */
-    static FPE_NOINLINE void fpe_t5_row_f16(fpe_f16 *x, Py_ssize_t n, Py_ssize_t lo,
-                                            Py_ssize_t hi, Py_ssize_t cut, float first,
-                                            const float *mid, float last,
-                                            const unsigned char *m, int accumulate)
+    static inline __m512 fpe_t5_f16x16_load(const fpe_f16 *p) { return fpe_f16x16_load(p, 0xffff); }
+    static inline void fpe_t5_f16x16_store(fpe_f16 *p, __m512 v) { fpe_f16x16_store(p, 0xffff, v); }
+    static inline __m512 fpe_t5_bf16x16_load(const fpe_bf16 *p)
     {
-        const Py_ssize_t a = lo < cut ? lo : cut, c = hi < cut ? hi : cut;
-        fpe_t5_seg_f16(x, 0, a, &first, 0, m, accumulate);
-        fpe_t5_seg_f16(x, a, c, mid, 1, m, accumulate);
-        fpe_t5_seg_f16(x, c, cut, &last, 0, m, accumulate);
-        for (Py_ssize_t j = cut; j < n; j++)
-            x[j].bits = 0xfc00;   /* -inf */
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
     }
+    static inline void fpe_t5_bf16x16_store(fpe_bf16 *p, __m512 v)
+    {
+        const __m512i x = _mm512_castps_si512(v);
+        const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+            _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+        const __m512i rounded = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), odd), 16);
+        const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256((__m256i *)p,
+                            _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+    }
+    #endif
+
+    /* keys [j, j1) of x: b[j] (along) or *b added (accumulate) or put, -inf where m[j]
+     * is 0 */
+    #if FPE_HALF_RUNS_512
+    #define FPE_T5_SEG_512(T, SUF)                                                        \
+        {                                                                                 \
+            const __m512 ninf = _mm512_set1_ps(-INFINITY);                                \
+            for (; j + 16 <= j1; j += 16) {                                               \
+                __m512 v = along ? _mm512_loadu_ps(b + j) : _mm512_set1_ps(*b);           \
+                if (accumulate)                                                           \
+                    v = _mm512_add_ps(fpe_t5_##SUF##x16_load(x + j), v);                  \
+                if (m != NULL) {                                                          \
+                    const __m128i k = _mm_loadu_si128((const __m128i *)(m + j));          \
+                    v = _mm512_mask_blend_ps(_mm_test_epi8_mask(k, k), ninf, v);          \
+                }                                                                         \
+                fpe_t5_##SUF##x16_store(x + j, v);                                        \
+            }                                                                             \
+        }
+    #else
+    #define FPE_T5_SEG_512(T, SUF)
+    #endif
+    #define FPE_T5_ROW(T, SUF, NINF)                                                      \
+    static inline void fpe_t5_seg_##SUF(T *x, Py_ssize_t j, Py_ssize_t j1, const float *b, \
+                                        int along, const unsigned char *m, int accumulate) \
+    {                                                                                     \
+        FPE_T5_SEG_512(T, SUF)                                                            \
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);                                    \
+        for (; j + 8 <= j1; j += 8) {                                                     \
+            __m256 v = along ? _mm256_loadu_ps(b + j) : _mm256_set1_ps(*b);               \
+            if (accumulate)                                                               \
+                v = _mm256_add_ps(fpe_t5_##SUF##x8_load(x + j), v);                       \
+            if (m != NULL) {                                                              \
+                const __m256i k = _mm256_cvtepu8_epi32(                                   \
+                    _mm_loadl_epi64((const __m128i *)(m + j)));                           \
+                v = _mm256_blendv_ps(v, ninf, _mm256_castsi256_ps(                        \
+                    _mm256_cmpeq_epi32(k, _mm256_setzero_si256())));                      \
+            }                                                                             \
+            fpe_t5_##SUF##x8_store(x + j, v);                                             \
+        }                                                                                 \
+        for (; j < j1; j++) {                                                             \
+            const float v = along ? b[j] : *b;                                            \
+            x[j] = fpe_##SUF##_make(m != NULL && m[j] == 0 ? -INFINITY                    \
+                                    : accumulate ? fpe_##SUF##_load(x[j]) + v : v);       \
+        }                                                                                 \
+    }                                                                                     \
+    /* keys [0, lo) add first, [lo, hi) mid[j], [hi, cut) last, [cut, n) are -inf        \
+     * (0 <= lo <= hi <= n, cut <= n) */                                                  \
+    static FPE_NOINLINE void fpe_t5_row_##SUF(T *x, Py_ssize_t n, Py_ssize_t lo,          \
+                                              Py_ssize_t hi, Py_ssize_t cut, float first, \
+                                              const float *mid, float last,               \
+                                              const unsigned char *m, int accumulate)     \
+    {                                                                                     \
+        const Py_ssize_t a = lo < cut ? lo : cut, c = hi < cut ? hi : cut;                \
+        fpe_t5_seg_##SUF(x, 0, a, &first, 0, m, accumulate);                              \
+        fpe_t5_seg_##SUF(x, a, c, mid, 1, m, accumulate);                                 \
+        fpe_t5_seg_##SUF(x, c, cut, &last, 0, m, accumulate);                             \
+        for (Py_ssize_t j = cut; j < n; j++)                                              \
+            x[j].bits = NINF;                                                             \
+    }
+    FPE_T5_ROW(fpe_f16, f16, 0xfc00)
+    FPE_T5_ROW(fpe_bf16, bf16, 0xff80)
     #else
     #define FPE_T5_HALF_ONE_PASS 0
-    static inline void fpe_t5_row_f16(fpe_f16 *x, Py_ssize_t n, Py_ssize_t lo,
-                                      Py_ssize_t hi, Py_ssize_t cut, float first,
-                                      const float *mid, float last,
-                                      const unsigned char *m, int accumulate)
-    {
-        (void)x; (void)n; (void)lo; (void)hi; (void)cut; (void)first; (void)mid;
-        (void)last; (void)m; (void)accumulate;
+    #define FPE_T5_ROW0(T, SUF)                                                           \
+    static inline void fpe_t5_row_##SUF(T *x, Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi, \
+                                        Py_ssize_t cut, float first, const float *mid,    \
+                                        float last, const unsigned char *m,               \
+                                        int accumulate)                                   \
+    {                                                                                     \
+        (void)x; (void)n; (void)lo; (void)hi; (void)cut; (void)first; (void)mid;          \
+        (void)last; (void)m; (void)accumulate;                                            \
     }
+    FPE_T5_ROW0(fpe_f16, f16)
+    FPE_T5_ROW0(fpe_bf16, bf16)
     #endif
     """
     int FPE_T5_HALF_ONE_PASS
     void fpe_t5_row_f16(fpe_f16 *x, Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi,
                         Py_ssize_t cut, float first, const float *mid, float last,
                         const unsigned char *m, int accumulate) nogil
+    void fpe_t5_row_bf16(fpe_bf16 *x, Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi,
+                         Py_ssize_t cut, float first, const float *mid, float last,
+                         const unsigned char *m, int accumulate) nogil
 
 
 cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
@@ -193,18 +254,23 @@ cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexce
     cdef const real_t *bias = (<const real_t *>a.bias) + h * a.width
     cdef const unsigned char *m = NULL
     cdef real_t buf[REL_CHUNK]
-    cdef Py_ssize_t j0, n, lo
+    cdef Py_ssize_t j0, n, lo, hi
     if a.mask != NULL:
         m = a.mask + (b if a.mrows > 1 else 0) * a.k
     if (store_t is float or store_t is double) and a.sk == 1 and sizeof(store_t) == sizeof(real_t):
         t5_chunk(a, <real_t *>row, 0, a.k, qp, bias)
         mask_chunk(<real_t *>row, 0, a.k, qp, a.causal, m)
         return
-    if store_t is fpe_f16 and real_t is float and FPE_T5_HALF_ONE_PASS and a.sk == 1:
+    if ((store_t is fpe_f16 or store_t is fpe_bf16) and real_t is float
+            and FPE_T5_HALF_ONE_PASS and a.sk == 1):
         lo = t5_reach_start(a, qp, 0, a.k)
-        fpe_t5_row_f16(row, a.k, lo, t5_reach_end(a, qp, lo, a.k), t5_causal_cut(a, qp),
-                       bias[0], bias + (<int64_t>a.reach - qp), bias[a.width - 1], m,
-                       a.accumulate)
+        hi = t5_reach_end(a, qp, lo, a.k)
+        if store_t is fpe_f16:
+            fpe_t5_row_f16(row, a.k, lo, hi, t5_causal_cut(a, qp), bias[0],
+                           bias + (<int64_t>a.reach - qp), bias[a.width - 1], m, a.accumulate)
+        else:
+            fpe_t5_row_bf16(row, a.k, lo, hi, t5_causal_cut(a, qp), bias[0],
+                            bias + (<int64_t>a.reach - qp), bias[a.width - 1], m, a.accumulate)
         return
     j0 = 0
     while j0 < a.k:
