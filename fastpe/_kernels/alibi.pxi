@@ -41,17 +41,10 @@ cdef extern from *:
      * when flip). Kept out of line: inlined into the kernel's large row function, its
      * pointers spill to the stack and reload every iteration. GCC checks once per call
      * that the rows and kf do not overlap, and vectorises. */
-    #if defined(__GNUC__)
-    #define FPE_ALIBI_NOINLINE __attribute__((noinline))
-    #elif defined(_MSC_VER)
-    #define FPE_ALIBI_NOINLINE __declspec(noinline)
-    #else
-    #define FPE_ALIBI_NOINLINE
-    #endif
     #define FPE_ALIBI_SEG4(NAME, T)                                                       \
-    static FPE_ALIBI_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,          \
-                                        Py_ssize_t j0, Py_ssize_t j1, T qf, const T *s,   \
-                                        int flip, int accumulate)                         \
+    static FPE_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,                \
+                                  Py_ssize_t j0, Py_ssize_t j1, T qf, const T *s,         \
+                                  int flip, int accumulate)                               \
     {                                                                                     \
         const T s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];                               \
         Py_ssize_t j;                                                                     \
@@ -88,8 +81,8 @@ cdef extern from *:
      * row. `keep` is 0: the bits of the old value are dropped, but the compiler
      * cannot know it, so the load stays. */
     #define FPE_ALIBI_NINF4(NAME, T, U, NINF)                                             \
-    static FPE_ALIBI_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, Py_ssize_t j0,         \
-                                        Py_ssize_t j1, U keep)                            \
+    static FPE_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, Py_ssize_t j0,              \
+                                  Py_ssize_t j1, U keep)                                  \
     {                                                                                     \
         U *u0 = (U *)r0, *u1 = (U *)r1, *u2 = (U *)r2, *u3 = (U *)r3;                     \
         for (Py_ssize_t j = j0; j < j1; j++) {                                            \
@@ -119,9 +112,9 @@ cdef extern from *:
     #define FPE_ALIBI_ADD(r, s) (r[j] + s * d)
     #define FPE_ALIBI_SET(r, s) (s * d)
     #define FPE_ALIBI_SELECT4(NAME, T, U, NINF)                                           \
-    static FPE_ALIBI_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,          \
-                                        Py_ssize_t j0, Py_ssize_t j1, T qf, const T *s,   \
-                                        T lim, int symmetric, int accumulate)             \
+    static FPE_NOINLINE void NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,                \
+                                  Py_ssize_t j0, Py_ssize_t j1, T qf, const T *s,         \
+                                  T lim, int symmetric, int accumulate)                   \
     {                                                                                     \
         const T s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];                               \
         Py_ssize_t j;                                                                     \
@@ -154,9 +147,9 @@ cdef extern from *:
     #if FPE_PAIRS_AVX2
     /* four rows aligned alike: a line of each in turn (a vector, or two with AVX2) */
     #define FPE_ALIBI_ROWS4_STREAM(NAME, T, V, W, SET1, LOAD, SUB, MUL, STREAM)          \
-    static FPE_ALIBI_NOINLINE Py_ssize_t NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,   \
-                                              Py_ssize_t j0, Py_ssize_t j1, T qf,        \
-                                              const T *sl, int flip)                     \
+    static FPE_NOINLINE Py_ssize_t NAME(T *r0, T *r1, T *r2, T *r3, const T *kf,          \
+                                        Py_ssize_t j0, Py_ssize_t j1, T qf,              \
+                                        const T *sl, int flip)                           \
     {                                                                                   \
         const V q = SET1(qf), s0 = SET1(sl[0]), s1 = SET1(sl[1]), s2 = SET1(sl[2]),     \
                 s3 = SET1(sl[3]);                                                       \
@@ -189,8 +182,8 @@ cdef extern from *:
     #endif
     /* one row: a line per step likewise */
     #define FPE_ALIBI_ROW_STREAM(NAME, T, V, W, SET1, LOAD, SUB, MUL, STREAM)            \
-    static FPE_ALIBI_NOINLINE Py_ssize_t NAME(T *r, const T *kf, Py_ssize_t j0,          \
-                                              Py_ssize_t j1, T qf, T slope, int flip)    \
+    static FPE_NOINLINE Py_ssize_t NAME(T *r, const T *kf, Py_ssize_t j0,                 \
+                                        Py_ssize_t j1, T qf, T slope, int flip)          \
     {                                                                                   \
         const V q = SET1(qf), s = SET1(slope);                                          \
         Py_ssize_t j = j0;                                                              \
@@ -245,9 +238,9 @@ cdef extern from *:
      * FMA, the ones this loop is built for. */
     #if FPE_HALF_ADD_RUNS
     #define FPE_ALIBI_HALF_ONE_PASS 1
-    static FPE_ALIBI_NOINLINE void fpe_alibi_seg_f16(fpe_f16 *x, const float *kf,
-                                                     Py_ssize_t j0, Py_ssize_t j1, float qf,
-                                                     float s, int flip, int accumulate)
+    static FPE_NOINLINE void fpe_alibi_seg_f16(fpe_f16 *x, const float *kf,
+                                               Py_ssize_t j0, Py_ssize_t j1, float qf,
+                                               float s, int flip, int accumulate)
     {
         Py_ssize_t j = j0;
     #if FPE_HALF_RUNS_512
@@ -281,10 +274,10 @@ cdef extern from *:
      * chunked loop's x + s * d is contracted to fma(s, d, x) in the variants with FMA,
      * its symmetric d is min(k - q, q - k) as MINPS takes it, and a key is kept where
      * k <= lim (never for NaN), else -inf. */
-    static FPE_ALIBI_NOINLINE void fpe_alibi_select_f16(fpe_f16 *x, const float *kf,
-                                                        Py_ssize_t n, float qf, float s,
-                                                        float lim, int symmetric,
-                                                        int accumulate)
+    static FPE_NOINLINE void fpe_alibi_select_f16(fpe_f16 *x, const float *kf,
+                                                  Py_ssize_t n, float qf, float s,
+                                                  float lim, int symmetric,
+                                                  int accumulate)
     {
         Py_ssize_t j = 0;
     #if FPE_HALF_RUNS_512
@@ -386,9 +379,9 @@ cdef extern from *:
     }
     #endif
 
-    static FPE_ALIBI_NOINLINE void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf,
-                                                      Py_ssize_t j0, Py_ssize_t j1, float qf,
-                                                      float s, int flip, int accumulate)
+    static FPE_NOINLINE void fpe_alibi_seg_bf16(fpe_bf16 *x, const float *kf,
+                                                Py_ssize_t j0, Py_ssize_t j1, float qf,
+                                                float s, int flip, int accumulate)
     {
     #if FPE_BF16_CVT
         if (fpe_bf16_cvt) {
@@ -402,7 +395,7 @@ cdef extern from *:
     /* fpe_alibi_row_stream_* for float16 and bfloat16 rows: a line (32 values) per
      * step from j0, where x + j0 is 64-byte aligned, converted as the loops above
      * convert (the same bits); returns the first j not written */
-    static FPE_ALIBI_NOINLINE Py_ssize_t fpe_alibi_row_stream_f16(fpe_f16 *x, const float *kf,
+    static FPE_NOINLINE Py_ssize_t fpe_alibi_row_stream_f16(fpe_f16 *x, const float *kf,
                                                                  Py_ssize_t j0, Py_ssize_t j1,
                                                                  float qf, float s, int flip)
     {
@@ -476,7 +469,7 @@ cdef extern from *:
     }
     #endif
 
-    static FPE_ALIBI_NOINLINE Py_ssize_t fpe_alibi_row_stream_bf16(fpe_bf16 *x,
+    static FPE_NOINLINE Py_ssize_t fpe_alibi_row_stream_bf16(fpe_bf16 *x,
                                                                   const float *kf,
                                                                   Py_ssize_t j0, Py_ssize_t j1,
                                                                   float qf, float s, int flip)
