@@ -90,18 +90,17 @@ cdef inline void t5_chunk(const T5Call *a, real_t *x, Py_ssize_t j0, Py_ssize_t 
             x[j - j0] = last
 
 
-cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, int64_t qp, bint causal,
+cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, Py_ssize_t cut,
                             const unsigned char *m) noexcept nogil:
-    """-inf on the masked keys of x[0 .. n) (keys j0 ..): after qp (causal), or m[j] == 0."""
-    cdef Py_ssize_t j, start
+    """-inf on the masked keys of x[0 .. n) (keys j0 ..): from cut on (t5_causal_cut), or
+    m[j] == 0."""
+    cdef Py_ssize_t j
     if m != NULL:
         for j in range(n):
             if m[j0 + j] == 0:
                 x[j] = <real_t>-INFINITY
-    if causal and qp < j0 + n - 1:  # not qp + 1: q_offset + i may be INT64_MAX
-        start = <Py_ssize_t>max(qp + 1 - j0, <int64_t>0)
-        for j in range(start, n):
-            x[j] = <real_t>-INFINITY
+    for j in range(max(cut - j0, 0), n):
+        x[j] = <real_t>-INFINITY
 
 
 cdef extern from *:
@@ -151,9 +150,7 @@ cdef extern from *:
         const __m512i x = _mm512_castps_si512(v);
         const __mmask16 nan = _mm512_cmpgt_epi32_mask(
             _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-        const __m512i rounded = _mm512_srli_epi32(
-            _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), odd), 16);
+        const __m512i rounded = _mm512_srli_epi32(fpe_bf16x16_bits_high(v), 16);
         const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
         _mm256_storeu_si256((__m256i *)p,
                             _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
@@ -163,7 +160,7 @@ cdef extern from *:
     /* keys [j, j1) of x: b[j] (along) or *b added (accumulate) or put, -inf where m[j]
      * is 0 */
     #if FPE_HALF_RUNS_512
-    #define FPE_T5_SEG_512(T, SUF)                                                        \
+    #define FPE_T5_SEG_512(SUF)                                                           \
         {                                                                                 \
             const __m512 ninf = _mm512_set1_ps(-INFINITY);                                \
             for (; j + 16 <= j1; j += 16) {                                               \
@@ -178,13 +175,13 @@ cdef extern from *:
             }                                                                             \
         }
     #else
-    #define FPE_T5_SEG_512(T, SUF)
+    #define FPE_T5_SEG_512(SUF)
     #endif
     #define FPE_T5_ROW(T, SUF, NINF)                                                      \
     static inline void fpe_t5_seg_##SUF(T *x, Py_ssize_t j, Py_ssize_t j1, const float *b, \
                                         int along, const unsigned char *m, int accumulate) \
     {                                                                                     \
-        FPE_T5_SEG_512(T, SUF)                                                            \
+        FPE_T5_SEG_512(SUF)                                                               \
         const __m256 ninf = _mm256_set1_ps(-INFINITY);                                    \
         for (; j + 8 <= j1; j += 8) {                                                     \
             __m256 v = along ? _mm256_loadu_ps(b + j) : _mm256_set1_ps(*b);               \
@@ -255,21 +252,22 @@ cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexce
     cdef const unsigned char *m = NULL
     cdef real_t buf[REL_CHUNK]
     cdef Py_ssize_t j0, n, lo, hi
+    cdef Py_ssize_t cut = t5_causal_cut(a, qp)
     if a.mask != NULL:
         m = a.mask + (b if a.mrows > 1 else 0) * a.k
     if (store_t is float or store_t is double) and a.sk == 1 and sizeof(store_t) == sizeof(real_t):
         t5_chunk(a, <real_t *>row, 0, a.k, qp, bias)
-        mask_chunk(<real_t *>row, 0, a.k, qp, a.causal, m)
+        mask_chunk(<real_t *>row, 0, a.k, cut, m)
         return
     if ((store_t is fpe_f16 or store_t is fpe_bf16) and real_t is float
             and FPE_T5_HALF_ONE_PASS and a.sk == 1):
         lo = t5_reach_start(a, qp, 0, a.k)
         hi = t5_reach_end(a, qp, lo, a.k)
         if store_t is fpe_f16:
-            fpe_t5_row_f16(row, a.k, lo, hi, t5_causal_cut(a, qp), bias[0],
+            fpe_t5_row_f16(row, a.k, lo, hi, cut, bias[0],
                            bias + (<int64_t>a.reach - qp), bias[a.width - 1], m, a.accumulate)
         else:
-            fpe_t5_row_bf16(row, a.k, lo, hi, t5_causal_cut(a, qp), bias[0],
+            fpe_t5_row_bf16(row, a.k, lo, hi, cut, bias[0],
                             bias + (<int64_t>a.reach - qp), bias[a.width - 1], m, a.accumulate)
         return
     j0 = 0
@@ -278,7 +276,7 @@ cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexce
         if a.accumulate:
             gather(row + j0 * a.sk, a.sk, buf, n)
         t5_chunk(a, buf, j0, n, qp, bias)
-        mask_chunk(buf, j0, n, qp, a.causal, m)
+        mask_chunk(buf, j0, n, cut, m)
         scatter(buf, row + j0 * a.sk, a.sk, n)
         j0 += n
 
