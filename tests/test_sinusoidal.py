@@ -27,6 +27,7 @@ from conftest import (
     assert_close,
     awkward_params,
     awkward_values,
+    cpu_family_id,
     cpu_vendor_id,
     describe,
     f32_fused_multiply_add,
@@ -502,14 +503,16 @@ def test_table_matches_reference(dtype, layout, both_threads):
                  context=table_context("sinusoidal_table", 130, 37, dtype, layout))
 
 
-# (chunk bytes, batch rows at a time) of staged PE rows: each CPU vendor's, and chunks
-# of one block of tokens (several chunks of a 70-token x) three rows at a time
-# (chunk bytes, batch rows at a time, float32 rows prefetching the next token's)
-STAGINGS = [(1 << 20, 4, True), (256 << 10, 8, True), (256 << 10, 8, False), (4096, 3, True),
-            (4096, 3, False)]
+# (chunk bytes, batch rows at a time, early rows, rows prefetching the next token's) of
+# staged PE rows: each CPU's, chunks of one block of tokens (several chunks of a 70-token
+# x) three rows at a time, and two or no early rows
+STAGINGS = [(1 << 20, 4, 1, True), (256 << 10, 8, 1, True), (256 << 10, 8, 1, False),
+            (1 << 20, 2, 0, False), (4096, 3, 1, True), (4096, 3, 0, False),
+            (4096, 3, 2, False)]
 
 
-@pytest.fixture(params=STAGINGS, ids=lambda s: f"chunk{s[0]}-rows{s[1]}-prefetch{s[2]}")
+@pytest.fixture(params=STAGINGS,
+                ids=lambda s: f"chunk{s[0]}-rows{s[1]}-early{s[2]}-prefetch{s[3]}")
 def staging(request):
     """The compiled add_sinusoidal's staging and row prefetch set to the parameter for
     the test (the NumPy backend has neither: only the first parameter runs there)."""
@@ -523,8 +526,8 @@ def staging(request):
     kern = _backend.compiled
     was, was_prefetch = kern.sinusoidal_staging(), kern.row_prefetch()
     try:
-        assert kern.sinusoidal_staging(*request.param[:2]) == request.param[:2]
-        assert kern.row_prefetch(request.param[2]) is request.param[2]
+        assert kern.sinusoidal_staging(*request.param[:3]) == request.param[:3]
+        assert kern.row_prefetch(request.param[3]) is request.param[3]
         yield request.param
     finally:
         kern.sinusoidal_staging(*was)
@@ -533,24 +536,39 @@ def staging(request):
 
 @needs_compiled
 def test_staging_follows_the_cpu_vendor():
-    """Chosen at import: 256 KiB chunks eight batch rows at a time and the next token's
-    rows prefetched on Intel, 1 MiB four at a time without the prefetch elsewhere."""
+    """Chosen at import: 256 KiB chunks, one early row and eight batch rows at a time,
+    and the next token's rows prefetched on Intel; 1 MiB, no early row and two at a time
+    without the prefetch on AMD's family 25 (Zen 3 and 4); 1 MiB, one early row and four
+    at a time without the prefetch elsewhere."""
     code = ("from fastpe import _backend; k = _backend.compiled; "
-            "print(k.cpu_vendor() or '-', *k.sinusoidal_staging(), k.row_prefetch())")
+            "print(k.cpu_vendor() or '-', k.cpu_family(), *k.sinusoidal_staging(), "
+            "k.row_prefetch())")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
-    vendor, chunk, rows, prefetch = proc.stdout.split()
+    vendor, family, chunk, rows, early, prefetch = proc.stdout.split()
     intel = vendor == "GenuineIntel"
-    assert (int(chunk), int(rows)) == ((256 << 10, 8) if intel else (1 << 20, 4))
+    if intel:
+        want = (256 << 10, 8, 1)
+    elif vendor == "AuthenticAMD" and family == "25":
+        want = (1 << 20, 2, 0)
+    else:
+        want = (1 << 20, 4, 1)
+    assert (int(chunk), int(rows), int(early)) == want
     assert prefetch == str(intel)
     if cpu_vendor_id() is not None:
         assert vendor == cpu_vendor_id()
+    if cpu_family_id() is not None:
+        assert int(family) == cpu_family_id()
     from fastpe import _backend
 
     with pytest.raises(ValueError, match="late_rows"):
         _backend.compiled.sinusoidal_staging(None, 0)
     with pytest.raises(ValueError, match="chunk_bytes"):
         _backend.compiled.sinusoidal_staging(0)
+    with pytest.raises(ValueError, match="early_rows"):
+        _backend.compiled.sinusoidal_staging(None, None, -1)
+    with pytest.raises(ValueError, match="early_rows"):
+        _backend.compiled.sinusoidal_staging(None, None, 65)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

@@ -4,11 +4,12 @@ from libc.string cimport memcpy
 
 
 cdef enum:
-    # staged PE rows: added to the first EARLY_ROWS batch rows as they are made, the
-    # others stage_late_rows batch rows at a time afterwards. float32 rows made in pairs
-    # (and float16 ones where the variant converts in registers) go to the early rows in
-    # registers (fpe_pe_rows2_f32), at every batch size: on an
-    # Intel Xeon (8, 2048, 1024) took 0.89x the time of none early in the baseline, 0.9-1x
+    # staged PE rows: added to the first stage_early_rows batch rows as they are made,
+    # the others stage_late_rows batch rows at a time afterwards. EARLY_ROWS: the early
+    # rows of Intel's and Zen 5's staging (below; a Zen 4 takes none). float32 rows made
+    # in pairs (and float16 ones where the variant converts in registers) go to the early
+    # rows in registers (fpe_pe_rows2_f32), at every batch size: on an Intel Xeon
+    # (8, 2048, 1024) took 0.89x the time of none early in the baseline, 0.9-1x
     # in the wide variants, and (4, 2048, 1024) 0.88x. Other rows are added after each is
     # made, and only where the batch has no more rows than that (on a Zen 5 with 1 MiB
     # chunks, batch 8 with none early took 0.86-0.95x the time of 2 early and 3 to 8
@@ -39,9 +40,16 @@ cdef enum:
     STREAM_TABLE_BYTES = 8 << 20
 
 
-# Staged PE rows, set at import by the CPU's vendor (sinusoidal_staging): chunks of at
-# most stage_bytes of them, added stage_late_rows batch rows at a time. On a Zen 5 (1 MiB
-# of L2) 1 MiB chunks four rows at a time made an (8, 2048, 1024) float32 add 0.87-0.9x
+# Staged PE rows, set at import by the CPU's vendor and family (sinusoidal_staging): chunks
+# of at most stage_bytes of them, added to stage_early_rows batch rows as they are made
+# and stage_late_rows batch rows at a time afterwards. On a Zen 4 (1 MiB of L2; NumPy's x
+# on 2 MiB pages) 1 MiB chunks, none early and two rows at a time made (8, 2048, 1024)
+# float32 0.92-0.97x the time of one early and four at a time (batch 4 to 16, dim 1024 and
+# 4096: 0.92-0.99x), bfloat16 0.90-0.99x, float16 0.93-0.99x (one shape 1.05-1.07x),
+# interleaved rounds in one process (a C model of both forms on the same NumPy x: 0.93x);
+# the rows of the first batch row are still fetched for writing as the rows are made.
+# On a Zen 5 (1 MiB of L2) 1 MiB chunks four rows at a time made an (8, 2048, 1024)
+# float32 add 0.87-0.9x
 # the time of 256 KiB chunks, float16 and bfloat16 the same time. On an Intel Xeon (2
 # MiB of L2) 256 KiB chunks eight rows at a time took 0.78-0.92x the time of 1 MiB ones
 # four at a time (batch 2 to 16, dim 1024 to 4096, float32 and half precision; avx2 and
@@ -49,13 +57,15 @@ cdef enum:
 # after each row is made, for a batch of 8, slower).
 cdef Py_ssize_t stage_bytes = 1 << 20
 cdef Py_ssize_t stage_late_rows = 4
+cdef Py_ssize_t stage_early_rows = EARLY_ROWS
 
 
-def sinusoidal_staging(object chunk_bytes=None, object late_rows=None):
-    """(chunk bytes, batch rows at a time) of the PE rows add_sinusoidal stages for
-    several batch rows: chosen at import by the CPU's vendor (sinusoidal.pxi says why);
-    the arguments set them, for tests. The same bits whatever they are."""
-    global stage_bytes, stage_late_rows
+def sinusoidal_staging(object chunk_bytes=None, object late_rows=None,
+                       object early_rows=None):
+    """(chunk bytes, batch rows at a time, early rows) of the PE rows add_sinusoidal
+    stages for several batch rows: chosen at import by the CPU's vendor and family
+    (sinusoidal.pxi says why); the arguments set them, for tests. The same bits whatever they are."""
+    global stage_bytes, stage_late_rows, stage_early_rows
     if chunk_bytes is not None:
         if not 1 <= chunk_bytes <= 1 << 40:
             raise ValueError(f"chunk_bytes must be in 1..{1 << 40}, got {chunk_bytes}")
@@ -64,7 +74,11 @@ def sinusoidal_staging(object chunk_bytes=None, object late_rows=None):
         if not 1 <= late_rows <= 64:
             raise ValueError(f"late_rows must be in 1..64, got {late_rows}")
         stage_late_rows = late_rows
-    return stage_bytes, stage_late_rows
+    if early_rows is not None:
+        if not 0 <= early_rows <= 64:
+            raise ValueError(f"early_rows must be in 0..64, got {early_rows}")
+        stage_early_rows = early_rows
+    return stage_bytes, stage_late_rows, stage_early_rows
 
 
 cdef struct SinusoidalCall:
@@ -85,6 +99,7 @@ cdef struct SinusoidalCall:
     double scale
     Py_ssize_t chunk          # tokens per work unit, a multiple of BLOCK_TOKENS
     Py_ssize_t late_rows      # staged rows added to this many batch rows at a time
+    Py_ssize_t early_rows     # batch rows that take each staged row as it is made
     bint direct               # PE rows written straight into x (float32/64 table rows)
     bint fused                # one batch row: each PE row added as soon as it is made
     Py_ssize_t ahead          # staged rows (not float64): bytes to the next token's
@@ -247,7 +262,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     float32/float64 table with unit stride), then every batch row that uses
     them, in long runs: long runs keep the streams sequential (blocks of
     32 tokens measured 1.8x a streaming pass). Batch rows of unit stride go
-    EARLY_ROWS of them as the rows are made, the others a.late_rows at a time over
+    a.early_rows of them as the rows are made, the others a.late_rows at a time over
     the chunk, each vector of a staged row read once for the group: for
     (8, 2048, 1024) float32 that measured 0.75x the time of one batch row
     after another (more streams of x in flight, making the rows overlapped
@@ -285,19 +300,19 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef bint fused = a.fused
     # float32 rows (a table's, staged for an add, or fused) two at a time: fpe_pe_rows2_f32
     cdef bint rows2 = store_t is not double and not a.split and a.fblock == a.nfreq
-    # batch rows sharing PE rows, staged (unit stride): up to EARLY_ROWS of them take each
-    # row (or pair of rows) as soon as it is made, while it is in L1, so that making the
-    # rows, which is arithmetic, overlaps their memory traffic (EARLY_ROWS says when);
+    # batch rows sharing PE rows, staged (unit stride): up to a.early_rows of them take
+    # each row (or pair of rows) as soon as it is made, while it is in L1, so that making
+    # the rows, which is arithmetic, overlaps their memory traffic (the comments at the top say where);
     # the others read the staged rows from the caches afterwards, a.late_rows at a time
     cdef bint staged = not direct and not fused and a.sd == 1 and a.accumulate
     cdef Py_ssize_t early = 0
     if staged and a.fblock == a.nfreq:
-        if b1 - b0 <= EARLY_ROWS:
+        if b1 - b0 <= a.early_rows:
             early = b1 - b0
         elif rows2 and FPE_PE_ROWS2 and (
                 store_t is float
                 or ((store_t is fpe_f16 or store_t is fpe_bf16) and FPE_HALF_ADD_RUNS)):
-            early = EARLY_ROWS
+            early = a.early_rows
     cdef float *pe0
     cdef float *pe1
     # float32 (float16, where it converts in registers) batch rows that take each pair
@@ -524,6 +539,7 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     a.chunk = max(<Py_ssize_t>BLOCK_TOKENS, min(<Py_ssize_t>CHUNK_TOKENS, chunk_tokens))
     a.chunk -= a.chunk % BLOCK_TOKENS
     a.late_rows = stage_late_rows
+    a.early_rows = stage_early_rows
     a.ahead = 0
     if code != CODE_F64 and row_prefetch_on and a.ss > 0:
         a.ahead = a.ss * (<Py_ssize_t>sizeof(float) if code == CODE_F32 else 2)
