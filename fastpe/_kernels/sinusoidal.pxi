@@ -44,9 +44,10 @@ cdef enum:
 # of at most stage_bytes of them, added to stage_early_rows batch rows as they are made
 # and stage_late_rows batch rows at a time afterwards. On a Zen 4 (1 MiB of L2; NumPy's x
 # on 2 MiB pages) 1 MiB chunks, none early and two rows at a time made (8, 2048, 1024)
-# float32 0.92-0.97x the time of one early and four at a time (batch 4 to 16, dim 1024 and
-# 4096: 0.92-0.99x), bfloat16 0.90-0.99x, float16 0.93-0.99x (one shape 1.05-1.07x),
-# interleaved rounds in one process (a C model of both forms on the same NumPy x: 0.93x);
+# float32 0.92-0.97x the time of one early and four at a time (batch 4 to 16, dim 1024
+# and 4096: 0.92-0.99x; (32, 2048, 1024), 256 MiB, 0.98x), bfloat16 0.90-0.99x, float16
+# 0.93-0.99x (one shape 1.05-1.07x), interleaved rounds in one process (a C model of both
+# forms on the same NumPy x: 0.93x);
 # the rows of the first batch row are still fetched for writing as the rows are made.
 # On a Zen 5 (1 MiB of L2) 1 MiB chunks four rows at a time made an (8, 2048, 1024)
 # float32 add 0.87-0.9x
