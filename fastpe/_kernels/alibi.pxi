@@ -673,7 +673,7 @@ cdef inline void seg_bias(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssize_t
             # now, overlaps the stores (a demand miss after them stalled every row:
             # float16 rows took 2x the time when not 64-byte aligned)
             if j1 > j0:
-                prefetch_row(<const char *>(row + j1 - 1), 1)
+                prefetch_lines(row + j1 - 1, 0, 1, 1)
             jm = aligned_from(row, j0, j1, sizeof(store_t), 64)
             seg_run(row, j0, jm, kf, qf, slope, flip, False)
             je = row_stream(row, jm, j1, kf, qf, slope, flip)

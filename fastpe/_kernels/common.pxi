@@ -31,6 +31,8 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_stream_fence()
     Py_ssize_t fpe_rows_copy_f32(float *mem, Py_ssize_t sd, float *tmp, Py_ssize_t w,
                                  Py_ssize_t n, int gather)
+    void prefetch_lines "fpe_prefetch_lines" (const void *p, Py_ssize_t ahead,
+                                              Py_ssize_t nbytes, int write)
     int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,
                          float *pe0, float *pe1, Py_ssize_t dim, Py_ssize_t nfreq,
                          double mult, int stream, void *x0, void *x1, Py_ssize_t nx,
@@ -98,16 +100,6 @@ cdef extern from *:
     int omp_get_thread_num() nogil
     int omp_get_thread_limit() nogil
 
-cdef extern from *:
-    """
-    /* the lines of [p, p + nbytes), fetched for writing */
-    static inline void fpe_prefetch_row(const char *p, Py_ssize_t nbytes)
-    {
-        for (Py_ssize_t i = 0; i < nbytes; i += 64)
-            FPE_PREFETCH_AHEAD(p, i);
-    }
-    """
-    void prefetch_row "fpe_prefetch_row" (const char *p, Py_ssize_t nbytes) nogil
 
 cdef extern from "numpy/arrayobject.h":
     enum: NPY_HALF

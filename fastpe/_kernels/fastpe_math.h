@@ -35,7 +35,7 @@ typedef struct { uint16_t bits; } fpe_bf16;
  * address is formed as an integer, so it may lie past the array (a prefetch never
  * faults). The row adds below take the next token's rows so (fpe_f32_madd_rows says
  * what it measured); half-precision RoPE rows streamed from memory read ahead
- * (fpe_fetch_ahead). */
+ * (fpe_prefetch_lines, below). */
 #if defined(__GNUC__) || defined(__clang__)
 #define FPE_PREFETCH_AHEAD(p, ahead)                                                   \
     __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(ahead)), 1, 3)
@@ -104,6 +104,20 @@ static inline fpe_f16 fpe_f16_make(float f)
 #define FPE_ALWAYS_INLINE inline
 #define FPE_NOINLINE
 #endif
+
+/* every line of [p + ahead, p + ahead + nbytes) asked for, for writing (write) or for
+ * reading: a row about to be written, or rows ahead of the one being read (`write` is a
+ * constant where it is called, so the branch folds away) */
+static FPE_ALWAYS_INLINE void fpe_prefetch_lines(const void *p, Py_ssize_t ahead,
+                                                 Py_ssize_t nbytes, int write)
+{
+    for (Py_ssize_t i = 0; i < nbytes; i += 64) {
+        if (write)
+            FPE_PREFETCH_AHEAD(p, ahead + i);
+        else
+            FPE_PREFETCH_READ_AHEAD(p, ahead + i);
+    }
+}
 
 /* ---- bfloat16: the top half of a float ----------------------------------- */
 static inline float fpe_bf16_load(fpe_bf16 h) { return fpe_bits_f32((uint32_t)h.bits << 16); }
@@ -247,15 +261,20 @@ static inline void fpe_bf16x16_store(fpe_bf16 *p, __m256 lo, __m256 hi)
     _mm256_storeu_si256((__m256i *)p, fpe_bf16x16_bits(lo, hi));
 }
 
+/* 8 bfloat16s to float32 in their own order: each one's bits the top half of its lane */
+static inline __m256 fpe_bf16x8_widen(const fpe_bf16 *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
 /* 16 bfloat16s to float32 in their own order (elements 0-7 in *lo, 8-15 in *hi), and
  * back: what RoPE rows load with cos and sin rows as they are, where the in-lane order
  * above has every cos and sin vector put in that order too (two shuffles each) */
 static inline void fpe_bf16x16_load_inorder(const fpe_bf16 *p, __m256 *lo, __m256 *hi)
 {
-    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    *hi = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8))), 16));
+    *lo = fpe_bf16x8_widen(p);
+    *hi = fpe_bf16x8_widen(p + 8);
 }
 
 static inline void fpe_bf16x16_store_inorder(fpe_bf16 *p, __m256 lo, __m256 hi)
@@ -425,14 +444,19 @@ static inline void fpe_bf16x32_store(fpe_bf16 *p, __mmask32 m, __m512 lo, __m512
         _mm512_mask_storeu_epi16(p, m, v);
 }
 
+/* fpe_bf16x8_widen's 512-bit form */
+static inline __m512 fpe_bf16x16_widen(const fpe_bf16 *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
 /* 32 bfloat16s to float32 in their own order (0-15 in *lo, 16-31 in *hi), and back:
  * fpe_bf16x16_load_inorder's 512-bit form */
 static inline void fpe_bf16x32_load_inorder(const fpe_bf16 *p, __m512 *lo, __m512 *hi)
 {
-    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-    *hi = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
+    *lo = fpe_bf16x16_widen(p);
+    *hi = fpe_bf16x16_widen(p + 16);
 }
 
 static inline void fpe_bf16x32_store_inorder(fpe_bf16 *p, __m512 lo, __m512 hi)
@@ -1218,11 +1242,6 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
  * next token's whole, took 1.3-2x the time. */
 #define FPE_ROW_AHEAD 2048
 
-static FPE_ALWAYS_INLINE void fpe_fetch_ahead(const void *row, Py_ssize_t nbytes)
-{
-    for (Py_ssize_t i = 0; i < nbytes; i += 64)
-        FPE_PREFETCH_READ_AHEAD(row, FPE_ROW_AHEAD + i);
-}
 
 static inline Py_ssize_t fpe_half_heads_group(Py_ssize_t half)
 {
@@ -1705,7 +1724,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_packed(fpe_bf16 *x, const fl
 static FPE_NOINLINE void fpe_rotate_pairs_bf16_packed_row(fpe_bf16 *x, const float *pc,
                                                           const float *ps, Py_ssize_t half)
 {
-    fpe_fetch_ahead(x, 4 * half);
+    fpe_prefetch_lines(x, FPE_ROW_AHEAD, 4 * half, 0);
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_packed, x, pc, ps, half, 64, 32);
 }
 
@@ -1719,7 +1738,7 @@ FPE_TARGET_BF16 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_bf16_packed_cvt(
 FPE_TARGET_BF16 static FPE_NOINLINE void fpe_rotate_pairs_bf16_packed_row_cvt(
     fpe_bf16 *x, const float *pc, const float *ps, Py_ssize_t half)
 {
-    fpe_fetch_ahead(x, 4 * half);
+    fpe_prefetch_lines(x, FPE_ROW_AHEAD, 4 * half, 0);
     FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_packed_cvt, x, pc, ps, half, 64, 32);
 }
 #endif
@@ -1825,7 +1844,7 @@ static FPE_ALWAYS_INLINE void fpe_rotate_bf16(fpe_bf16 *x, const float *c, const
 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f16_ahead(fpe_f16 *x, const float *c,
                                                          const float *s, Py_ssize_t n)
 {
-    fpe_fetch_ahead(x, 2 * n);
+    fpe_prefetch_lines(x, FPE_ROW_AHEAD, 2 * n, 0);
     fpe_rotate_pairs_f16_n(x, c, s, n);
 }
 
@@ -1844,7 +1863,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
 }
 
 /* One row of bfloat16 per call, kept out of line (below), in both forms: rows streamed
- * from memory, adjacent pairs with the lines ahead fetched (fpe_fetch_ahead) */
+ * from memory, adjacent pairs with the lines ahead fetched (fpe_prefetch_lines) */
 #define FPE_BF16_ROW_FUNCTIONS(SUFFIX, ATTR)                                           \
     ATTR static FPE_NOINLINE void fpe_rotate_half_bf16_row##SUFFIX(                    \
         fpe_bf16 *x, const float *c, const float *s, Py_ssize_t half)                  \
@@ -1854,7 +1873,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
     ATTR static FPE_NOINLINE void fpe_rotate_pairs_bf16_row##SUFFIX(                   \
         fpe_bf16 *x, const float *c, const float *s, Py_ssize_t n)                     \
     {                                                                                  \
-        fpe_fetch_ahead(x, 2 * n);                                                     \
+        fpe_prefetch_lines(x, FPE_ROW_AHEAD, 2 * n, 0);                                                     \
         FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, x, c, s, n, 128, 64);      \
     }
 

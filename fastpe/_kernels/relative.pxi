@@ -117,11 +117,7 @@ cdef extern from *:
     #define FPE_T5_HALF_ONE_PASS 1
     static inline __m256 fpe_t5_f16x8_load(const fpe_f16 *p) { return fpe_f16x8_load(p); }
     static inline void fpe_t5_f16x8_store(fpe_f16 *p, __m256 v) { fpe_f16x8_store(p, v); }
-    static inline __m256 fpe_t5_bf16x8_load(const fpe_bf16 *p)
-    {
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    }
+    static inline __m256 fpe_t5_bf16x8_load(const fpe_bf16 *p) { return fpe_bf16x8_widen(p); }
     /* fpe_bf16x8_bits where the float32 is not a NaN, else its top half quieted */
     static inline __m256i fpe_t5_bf16x8_bits(__m256 v)
     {
@@ -140,11 +136,7 @@ cdef extern from *:
     #if FPE_HALF_RUNS_512
     static inline __m512 fpe_t5_f16x16_load(const fpe_f16 *p) { return fpe_f16x16_load(p, 0xffff); }
     static inline void fpe_t5_f16x16_store(fpe_f16 *p, __m512 v) { fpe_f16x16_store(p, 0xffff, v); }
-    static inline __m512 fpe_t5_bf16x16_load(const fpe_bf16 *p)
-    {
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-    }
+    static inline __m512 fpe_t5_bf16x16_load(const fpe_bf16 *p) { return fpe_bf16x16_widen(p); }
     static inline void fpe_t5_bf16x16_store(fpe_bf16 *p, __m512 v)
     {
         const __m512i x = _mm512_castps_si512(v);
@@ -749,10 +741,9 @@ cdef extern from *:
     {
         if (kind == FPE_DEB_F32)
             return _mm256_loadu_ps((const float *)p);
-        const __m128i h = _mm_loadu_si128((const __m128i *)p);
         if (kind == FPE_DEB_F16)
-            return _mm256_cvtph_ps(h);
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        return fpe_bf16x8_widen((const fpe_bf16 *)p);
     }
 
     /* bfloat16: fpe_bf16x8_bits rounds as fpe_bf16_make does for these sums, whose

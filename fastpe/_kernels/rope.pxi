@@ -25,7 +25,7 @@ cdef struct RopeCall:
     bint neox                       # pair j with j + half, else 2j with 2j + 1
     # its rows likely in the caches (fpe_rope_cached_bytes): float32 rows 512 bits at a
     # time (avx512 variant), bfloat16 rows inline across heads; else half-precision
-    # adjacent pairs prefetched ahead (fastpe_math.h: fpe_fetch_ahead)
+    # adjacent pairs prefetched ahead (fastpe_math.h: FPE_ROW_AHEAD)
     bint cached
     # computed angles: inv_freq, one token's step, and the factors on cos and sin
     const double *w

@@ -367,9 +367,9 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                         add_rows_of(a, x, b0, early, t, pe0)
                         add_rows_of(a, x, b0, early, t + 1, pe1)
                     elif not direct and a.sd == 1:
-                        prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
-                        prefetch_row(<char *>(x + b0 * a.sb + (t + 1) * a.ss),
-                                     a.dim * sizeof(store_t))
+                        prefetch_lines(x + b0 * a.sb + t * a.ss, 0, a.dim * sizeof(store_t), 1)
+                        prefetch_lines(x + b0 * a.sb + (t + 1) * a.ss, 0,
+                                       a.dim * sizeof(store_t), 1)
                     prev = p + 1
                     t += 2
                     continue
@@ -408,7 +408,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
             elif not direct and a.sd == 1 and f1 == a.nfreq:
                 # the arithmetic leaves memory idle: fetch the row the first batch
                 # row will add into, so its stream starts warm
-                prefetch_row(<char *>(x + b0 * a.sb + t * a.ss), a.dim * sizeof(store_t))
+                prefetch_lines(x + b0 * a.sb + t * a.ss, 0, a.dim * sizeof(store_t), 1)
             t += 1
         f0 = f1
     if a.stream:
