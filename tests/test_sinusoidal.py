@@ -706,6 +706,33 @@ def test_table_past_the_caches_at_every_alignment(misalign):
                            f"rows {begin}.. at {misalign} bytes into a line")
 
 
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("dim, layout, misalign", [
+    (1024, "interleaved", 0), (1024, "interleaved", 16), (1000, "interleaved", 2),
+    (1025, "split", 34), (2048, "split_cos", 48)])
+def test_half_table_past_the_caches_is_the_float32_table_narrowed(dtype, dim, layout,
+                                                                   misalign):
+    """A float16 or bfloat16 table over 8 MiB goes out with streaming stores (whole lines;
+    a row's ends, shared with the next row's, plainly): `misalign` bytes into a cache
+    line, on 1 and 2 threads, every element is the float32 table's, rounded to nearest
+    even into the half dtype (NumPy's and ml_dtypes' own casts), and nothing beside the
+    table is written."""
+    rows = (9 << 20) // (2 * dim) + 1
+    want = fastpe.sinusoidal_table(rows, dim, layout=layout, offset=77,
+                                   num_threads=1).astype(dtype)
+    for threads in (1, 2):
+        raw = np.full(rows * dim * 2 + 128, 0xA5, np.uint8)
+        start = (-raw.ctypes.data) % 64 + misalign
+        out = raw[start:start + rows * dim * 2].view(dtype).reshape(rows, dim)
+        assert out.nbytes > 8 << 20
+        fastpe.sinusoidal_table(rows, dim, out=out, layout=layout, offset=77,
+                                num_threads=threads)
+        assert (raw[:start] == 0xA5).all() and (raw[start + out.nbytes:] == 0xA5).all(), \
+            "written outside out"
+        assert_bytes_equal(out, want, f"{dim} {layout} {misalign} bytes in, "
+                                      f"{threads} threads")
+
+
 @pytest.mark.parametrize("dim", [1024, 1000, 63])
 def test_rows_made_two_at_a_time_equal_rows_made_one_at_a_time(dim):
     """float32 PE rows come two per pass where they can (a table; rows staged for a

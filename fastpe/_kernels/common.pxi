@@ -16,6 +16,8 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_f16_run_store(const float *src, fpe_f16 *dst, Py_ssize_t n)
     void fpe_bf16_run_load(const fpe_bf16 *src, float *dst, Py_ssize_t n)
     void fpe_bf16_run_store(const float *src, fpe_bf16 *dst, Py_ssize_t n)
+    void fpe_f16_run_stream(const float *src, fpe_f16 *dst, Py_ssize_t n)
+    void fpe_bf16_run_stream(const float *src, fpe_bf16 *dst, Py_ssize_t n)
     void fpe_f16_add_rows(fpe_f16 *x, Py_ssize_t rows, Py_ssize_t stride, const fpe_f16 *t,
                           Py_ssize_t n, Py_ssize_t ahead)
     void fpe_bf16_add_rows(fpe_bf16 *x, Py_ssize_t rows, Py_ssize_t stride, const fpe_bf16 *t,
@@ -79,6 +81,7 @@ cdef extern from "fastpe_math.h" nogil:
     int FPE_HALF_NATIVE
     int FPE_HALF_RUNS_512
     int FPE_HALF_ADD_RUNS
+    int FPE_HALF_STREAM_ROWS
     int FPE_ROWS_VECTOR
     int FPE_PE_ROWS2
     int FPE_HALF_ROTATE

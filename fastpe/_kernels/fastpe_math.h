@@ -570,6 +570,60 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_s
 #define FPE_BF16_CVT 0
 #endif
 
+/* A float32 row of n values narrowed into a float16 or bfloat16 table's row with
+ * streaming stores, whole 64-byte lines of it (a table larger than the caches: a
+ * plain store that misses reads the line first, twice the traffic), its ends with plain
+ * ones; fpe_stream_fence() after the last row. The values are those of
+ * fpe_f16_run_store and fpe_bf16_run_store (the narrowing of finite PE values: no NaN
+ * to quiet). A row not on line boundaries asks ahead for the lines it and the next row
+ * end in, for writing (fpe_pe_rows2_f32 says why). Without the vector conversions (the
+ * baseline variant) the plain stores of those functions. */
+#if FPE_HALF_ADD_RUNS
+#define FPE_HALF_STREAM_ROWS 1
+#define FPE_HALF_ROW_STREAM(T, NAME, LINE, SCALAR)                                      \
+    static inline void NAME(const float *src, T *dst, Py_ssize_t n)                     \
+    {                                                                                   \
+        Py_ssize_t j = 0;                                                               \
+        if (((uintptr_t)dst & 63) || (n & 31)) {                                        \
+            FPE_PREFETCH_AHEAD(dst, n * sizeof(T));                                     \
+            FPE_PREFETCH_AHEAD(dst, 2 * n * sizeof(T));                                 \
+        }                                                                               \
+        if (((uintptr_t)dst & 1) == 0) {                                                \
+            for (; j < n && ((uintptr_t)(dst + j) & 63); j++)                           \
+                dst[j] = SCALAR(src[j]);                                                \
+            for (; j + 32 <= n; j += 32) {                                              \
+                LINE(src + j, dst + j);                                                 \
+                LINE(src + j + 16, dst + j + 16);                                       \
+            }                                                                           \
+        }                                                                               \
+        for (; j < n; j++)                                                              \
+            dst[j] = SCALAR(src[j]);                                                    \
+    }
+/* 16 values to half a line, in order */
+#define FPE_F16X16_STREAM(s, d)                                                         \
+    _mm256_stream_si256((__m256i *)(d),                                                 \
+                        _mm256_set_m128i(_mm256_cvtps_ph(_mm256_loadu_ps((s) + 8), 0),  \
+                                         _mm256_cvtps_ph(_mm256_loadu_ps(s), 0)))
+#define FPE_BF16X16_STREAM(s, d)                                                        \
+    do {                                                                                \
+        __m256 lo_, hi_;                                                                \
+        fpe_f32x16_load_unpacked((s), &lo_, &hi_);                                      \
+        _mm256_stream_si256((__m256i *)(d), fpe_bf16x16_bits(lo_, hi_));                \
+    } while (0)
+FPE_HALF_ROW_STREAM(fpe_f16, fpe_f16_run_stream, FPE_F16X16_STREAM, fpe_f16_make)
+FPE_HALF_ROW_STREAM(fpe_bf16, fpe_bf16_run_stream, FPE_BF16X16_STREAM, fpe_bf16_make)
+#else
+#define FPE_HALF_STREAM_ROWS 0
+static inline void fpe_f16_run_stream(const float *src, fpe_f16 *dst, Py_ssize_t n)
+{
+    fpe_f16_run_store(src, dst, n);
+}
+static inline void fpe_bf16_run_stream(const float *src, fpe_bf16 *dst, Py_ssize_t n)
+{
+    fpe_bf16_run_store(src, dst, n);
+}
+#endif
+
 /* The adds on `rows` rows `stride` elements apart that add the same t (1 or 2: each
  * vector of t, read from the cache, serves both rows of a pair). ahead (bytes, 0: none):
  * each row's line that far on prefetched as the row's line is reached, as

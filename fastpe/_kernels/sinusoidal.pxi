@@ -107,6 +107,8 @@ cdef struct SinusoidalCall:
     #                           row, to prefetch (0: none)
     bint stream               # a direct float32 interleaved table past the caches, one
     #                           block of frequencies: rows go out with non-temporal stores
+    bint stream_half          # a float16 or bfloat16 table past the caches, one block of
+    #                           frequencies: its float32 rows narrowed with them
 
 
 cdef inline void pe_row(const double *s, const double *c, real_t *pe, Py_ssize_t dim,
@@ -129,6 +131,14 @@ cdef inline void pe_row(const double *s, const double *c, real_t *pe, Py_ssize_t
             pair[2 * i + 1] = <real_t>(c[i] * mult)
         if f1 > ncos:
             pe[dim - 1] = <real_t>(s[f1 - 1 - f0] * mult)
+
+
+cdef inline void half_row_stream(store_t *row, const float *pe, Py_ssize_t dim) noexcept nogil:
+    """row = pe narrowed, with streaming stores (a.stream_half)."""
+    if store_t is fpe_f16:
+        fpe_f16_run_stream(pe, row, dim)
+    elif store_t is fpe_bf16:
+        fpe_bf16_run_stream(pe, row, dim)
 
 
 cdef inline void add_row(store_t *row, Py_ssize_t sd, const real_t *pe, Py_ssize_t dim,
@@ -358,6 +368,9 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                                     <float>a.scale):
                     if nx:
                         pass
+                    elif a.stream_half:
+                        half_row_stream(x + b0 * a.sb + t * a.ss, pe0, a.dim)
+                        half_row_stream(x + b0 * a.sb + (t + 1) * a.ss, pe1, a.dim)
                     elif fused:
                         add_block(x + b0 * a.sb + t * a.ss, a.sd, pe0, a.dim, a.nfreq,
                                   a.split, 0, a.nfreq, a.accumulate, <float>a.scale)
@@ -393,7 +406,9 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                            a.dim, a.nfreq, a.split, mult, f0, f1)
             else:
                 pe_row(first, second, pe_f + r, a.dim, a.nfreq, a.split, mult, f0, f1)
-            if fused:
+            if a.stream_half:
+                half_row_stream(x + b0 * a.sb + t * a.ss, pe_f, a.dim)
+            elif fused:
                 if store_t is double:
                     add_block(x + b0 * a.sb + t * a.ss, a.sd, pe_d, a.dim, a.nfreq, a.split,
                               f0, f1, a.accumulate, a.scale)
@@ -411,7 +426,7 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
                 prefetch_lines(x + b0 * a.sb + t * a.ss, 0, a.dim * sizeof(store_t), 1)
             t += 1
         f0 = f1
-    if a.stream:
+    if a.stream or a.stream_half:
         fpe_stream_fence()
     if direct or fused:
         return
@@ -558,6 +573,9 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     a.fblock = FREQ_BLOCK if blocked else a.nfreq
     a.stream = (a.direct and code == CODE_F32 and not a.split and not blocked
                 and nbytes > STREAM_TABLE_BYTES)
+    a.stream_half = (FPE_HALF_STREAM_ROWS and (code == CODE_F16 or code == CODE_BF16)
+                     and a.fused and not a.accumulate and a.sd == 1 and not blocked
+                     and nbytes > STREAM_TABLE_BYTES)
     cdef Scratch scratch = Scratch((4 * a.fblock + pe_rows * a.dim) * sizeof(double) + 32,
                                    nthreads, 0 if blocked else 2 * a.nfreq * sizeof(double))
     a.step_s = a.step_c = NULL
