@@ -40,22 +40,21 @@ cdef enum:
     STREAM_TABLE_BYTES = 8 << 20
 
 
-# Staged PE rows, set at import by the CPU's vendor and family (sinusoidal_staging): chunks
-# of at most stage_bytes of them, added to stage_early_rows batch rows as they are made
-# and stage_late_rows batch rows at a time afterwards. On a Zen 4 (1 MiB of L2; NumPy's x
+# Staged PE rows, set at import by the CPU's vendor and family (sinusoidal_staging):
+# chunks of at most stage_bytes of them, added to stage_early_rows batch rows as they are
+# made and stage_late_rows batch rows at a time afterwards. On a Zen 4 (1 MiB of L2; NumPy's x
 # on 2 MiB pages) 1 MiB chunks, none early and two rows at a time made (8, 2048, 1024)
 # float32 0.92-0.97x the time of one early and four at a time (batch 4 to 16, dim 1024
 # and 4096: 0.92-0.99x; (32, 2048, 1024), 256 MiB, 0.98x), bfloat16 0.90-0.99x, float16
 # 0.93-0.99x (one shape 1.05-1.07x), interleaved rounds in one process (a C model of both
-# forms on the same NumPy x: 0.93x);
-# the rows of the first batch row are still fetched for writing as the rows are made.
-# On a Zen 5 (1 MiB of L2) 1 MiB chunks four rows at a time made an (8, 2048, 1024)
-# float32 add 0.87-0.9x
-# the time of 256 KiB chunks, float16 and bfloat16 the same time. On an Intel Xeon (2
-# MiB of L2) 256 KiB chunks eight rows at a time took 0.78-0.92x the time of 1 MiB ones
-# four at a time (batch 2 to 16, dim 1024 to 4096, float32 and half precision; avx2 and
-# avx512 variants alike; 128 KiB and 512 KiB chunks in between, and early rows added
-# after each row is made, for a batch of 8, slower).
+# forms on the same NumPy x: 0.93x); the rows of the first batch row are still fetched
+# for writing as the rows are made. On a Zen 5 (1 MiB of L2) 1 MiB chunks four rows at a
+# time made an (8, 2048, 1024) float32 add 0.87-0.9x the time of 256 KiB chunks, float16
+# and bfloat16 the same time. On an Intel Xeon (2 MiB of L2) 256 KiB chunks eight rows
+# at a time took 0.78-0.92x the time of 1 MiB ones four at a time (batch 2 to 16, dim
+# 1024 to 4096, float32 and half precision; avx2 and avx512 variants alike; 128 KiB and
+# 512 KiB chunks in between, and early rows added after each row is made, for a batch
+# of 8, slower).
 cdef Py_ssize_t stage_bytes = 1 << 20
 cdef Py_ssize_t stage_late_rows = 4
 cdef Py_ssize_t stage_early_rows = EARLY_ROWS
@@ -65,7 +64,8 @@ def sinusoidal_staging(object chunk_bytes=None, object late_rows=None,
                        object early_rows=None):
     """(chunk bytes, batch rows at a time, early rows) of the PE rows add_sinusoidal
     stages for several batch rows: chosen at import by the CPU's vendor and family
-    (sinusoidal.pxi says why); the arguments set them, for tests. The same bits whatever they are."""
+    (sinusoidal.pxi says why); the arguments set them, for tests. The same bits
+    whatever they are."""
     global stage_bytes, stage_late_rows, stage_early_rows
     if chunk_bytes is not None:
         if not 1 <= chunk_bytes <= 1 << 40:
@@ -313,8 +313,9 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef bint rows2 = store_t is not double and not a.split and a.fblock == a.nfreq
     # batch rows sharing PE rows, staged (unit stride): up to a.early_rows of them take
     # each row (or pair of rows) as soon as it is made, while it is in L1, so that making
-    # the rows, which is arithmetic, overlaps their memory traffic (the comments at the top say where);
-    # the others read the staged rows from the caches afterwards, a.late_rows at a time
+    # the rows, which is arithmetic, overlaps their memory traffic (the comments at the
+    # top say where it measured so); the others read the staged rows from the caches
+    # afterwards, a.late_rows at a time
     cdef bint staged = not direct and not fused and a.sd == 1 and a.accumulate
     cdef Py_ssize_t early = 0
     if staged and a.fblock == a.nfreq:
