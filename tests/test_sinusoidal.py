@@ -569,6 +569,11 @@ def test_staging_follows_the_cpu_vendor():
         _backend.compiled.sinusoidal_staging(None, None, -1)
     with pytest.raises(ValueError, match="early_rows"):
         _backend.compiled.sinusoidal_staging(None, None, 65)
+    was = _backend.compiled.sinusoidal_staging()
+    for bad in ((4096, 3, 99), (4096, 3, 1.5), (4096, True, 0)):
+        with pytest.raises(ValueError):
+            _backend.compiled.sinusoidal_staging(*bad)
+        assert _backend.compiled.sinusoidal_staging() == was, f"{bad} changed the staging"
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

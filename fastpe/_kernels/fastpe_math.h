@@ -1296,7 +1296,6 @@ static FPE_ALWAYS_INLINE void fpe_rotate_f64(double *x, const double *c, const d
  * next token's whole, took 1.3-2x the time. */
 #define FPE_ROW_AHEAD 2048
 
-
 static inline Py_ssize_t fpe_half_heads_group(Py_ssize_t half)
 {
     const Py_ssize_t row = 2 * half * 2;
@@ -1927,7 +1926,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
     ATTR static FPE_NOINLINE void fpe_rotate_pairs_bf16_row##SUFFIX(                   \
         fpe_bf16 *x, const float *c, const float *s, Py_ssize_t n)                     \
     {                                                                                  \
-        fpe_prefetch_lines(x, FPE_ROW_AHEAD, 2 * n, 0);                                                     \
+        fpe_prefetch_lines(x, FPE_ROW_AHEAD, 2 * n, 0);                                \
         FPE_AT_FIXED_WIDTH(fpe_rotate_pairs_bf16_n##SUFFIX, x, c, s, n, 128, 64);      \
     }
 

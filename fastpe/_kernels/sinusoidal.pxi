@@ -67,17 +67,17 @@ def sinusoidal_staging(object chunk_bytes=None, object late_rows=None,
     (sinusoidal.pxi says why); the arguments set them, for tests. The same bits
     whatever they are."""
     global stage_bytes, stage_late_rows, stage_early_rows
+    # every argument checked before any is set: a refused call changes nothing
+    for name, value, low, high in (("chunk_bytes", chunk_bytes, 1, 1 << 40),
+                                   ("late_rows", late_rows, 1, 64),
+                                   ("early_rows", early_rows, 0, 64)):
+        if value is not None and (type(value) is not int or not low <= value <= high):
+            raise ValueError(f"{name} must be an int in {low}..{high}, got {value!r}")
     if chunk_bytes is not None:
-        if not 1 <= chunk_bytes <= 1 << 40:
-            raise ValueError(f"chunk_bytes must be in 1..{1 << 40}, got {chunk_bytes}")
         stage_bytes = chunk_bytes
     if late_rows is not None:
-        if not 1 <= late_rows <= 64:
-            raise ValueError(f"late_rows must be in 1..64, got {late_rows}")
         stage_late_rows = late_rows
     if early_rows is not None:
-        if not 0 <= early_rows <= 64:
-            raise ValueError(f"early_rows must be in 0..64, got {early_rows}")
         stage_early_rows = early_rows
     return stage_bytes, stage_late_rows, stage_early_rows
 
