@@ -711,6 +711,34 @@ def test_table_past_the_caches_at_every_alignment(misalign):
                            f"rows {begin}.. at {misalign} bytes into a line")
 
 
+@pytest.mark.parametrize("dim, misalign", [(1024, 0), (1024, 16), (1024, 8), (1000, 48),
+                                           (1023, 24), (6, 0)])
+def test_float64_table_past_the_caches_equals_small_tables(dim, misalign):
+    """A float64 interleaved table over 8 MiB goes out with streaming stores, four pairs
+    (a line) at a time where its pairs reach a line boundary (not 8 bytes past 16: then
+    plainly), the ends of rows plainly: `misalign` bytes into a line, on 1 and 2
+    threads, every block of 32 rows is bit for bit a small table's (made with plain
+    stores), nothing beside it is written, and it is within float64 rounding of the
+    reference."""
+    rows = (9 << 20) // (8 * dim) + 1
+    raw = np.full(rows * dim * 8 + 128, 0xA5, np.uint8)
+    start = (-raw.ctypes.data) % 64 + misalign
+    out = raw[start:start + rows * dim * 8].view(np.float64).reshape(rows, dim)
+    assert out.nbytes > 8 << 20
+    for threads in (1, 2):
+        out[...] = 0
+        fastpe.sinusoidal_table(rows, dim, out=out, dtype=np.float64, num_threads=threads)
+        assert (raw[:start] == 0xA5).all() and (raw[start + out.nbytes:] == 0xA5).all(), \
+            "written outside out"
+        for begin in (0, 32, rows - rows % 32 - 32):
+            small = fastpe.sinusoidal_table(32, dim, offset=begin, dtype=np.float64,
+                                            num_threads=1)
+            assert_bytes_equal(out[begin:begin + 32], small,
+                               f"rows {begin}.. at {misalign} bytes, {threads} threads")
+    ref = fastpe.reference.sinusoidal_table(rows, dim, dtype=np.float64)
+    assert np.abs(out - ref).max() <= 1e-9
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize("dim, layout, misalign", [
     (1024, "interleaved", 0), (1024, "interleaved", 16), (1000, "interleaved", 2),
@@ -721,7 +749,10 @@ def test_half_table_past_the_caches_is_the_float32_table_narrowed(dtype, dim, la
     a row's ends, shared with the next row's, plainly): `misalign` bytes into a cache
     line, on 1 and 2 threads, every element is the float32 table's, rounded to nearest
     even into the half dtype (NumPy's and ml_dtypes' own casts), and nothing beside the
-    table is written."""
+    table is written. (The compiled kernels' tables; the NumPy backend rounds its float64
+    values once.)"""
+    if fastpe.info()["backend"] != "cython":
+        pytest.skip("half tables made as float32 rows are the compiled kernels'")
     rows = (9 << 20) // (2 * dim) + 1
     want = fastpe.sinusoidal_table(rows, dim, layout=layout, offset=77,
                                    num_threads=1).astype(dtype)

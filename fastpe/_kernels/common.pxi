@@ -33,6 +33,8 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_stream_fence()
     Py_ssize_t fpe_rows_copy_f32(float *mem, Py_ssize_t sd, float *tmp, Py_ssize_t w,
                                  Py_ssize_t n, int gather)
+    void fpe_pe_row_stream_f64(const double *s, const double *c, double *pe, Py_ssize_t dim,
+                               Py_ssize_t nfreq, double mult)
     void prefetch_lines "fpe_prefetch_lines" (const void *p, Py_ssize_t ahead,
                                               Py_ssize_t nbytes, int write)
     int fpe_pe_rows2_f32(double *s, double *c, const double *step_s, const double *step_c,

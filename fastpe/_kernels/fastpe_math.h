@@ -2063,6 +2063,40 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
         pe[dim - 1] = (float)(s[nfreq - 1] * mult);
 }
 
+/* fpe_pe_row_stream_f32 for a float64 table: pe[2i], pe[2i + 1] = s[i] * mult,
+ * c[i] * mult (and the odd last feature), as pe_row computes them, whole 64-byte lines
+ * (four pairs) with streaming stores, the rest with plain ones; rows whose pairs never
+ * reach a line boundary (8 bytes past 16) go plainly. */
+static inline void fpe_pe_row_stream_f64(const double *s, const double *c, double *pe,
+                                         Py_ssize_t dim, Py_ssize_t nfreq, double mult)
+{
+    const Py_ssize_t ncos = dim / 2;
+    Py_ssize_t i = 0;
+#if FPE_PAIRS_AVX2
+    if (((uintptr_t)pe & 63) || (dim & 7))
+        fpe_prefetch_lines_apart(pe, dim * sizeof(double), 4);
+    for (; i < ncos && ((uintptr_t)(pe + 2 * i) & 63); i++) {
+        pe[2 * i] = s[i] * mult;
+        pe[2 * i + 1] = c[i] * mult;
+    }
+    const __m256d m = _mm256_set1_pd(mult);
+    const Py_ssize_t body = i + (ncos - i) / 4 * 4;   /* whole lines */
+    for (; i < body; i += 4) {
+        const __m256d a = _mm256_mul_pd(_mm256_loadu_pd(s + i), m);
+        const __m256d b = _mm256_mul_pd(_mm256_loadu_pd(c + i), m);
+        const __m256d lo = _mm256_unpacklo_pd(a, b), hi = _mm256_unpackhi_pd(a, b);
+        _mm256_stream_pd(pe + 2 * i, _mm256_permute2f128_pd(lo, hi, 0x20));
+        _mm256_stream_pd(pe + 2 * i + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
+    }
+#endif
+    for (; i < ncos; i++) {
+        pe[2 * i] = s[i] * mult;
+        pe[2 * i + 1] = c[i] * mult;
+    }
+    if (nfreq > ncos)
+        pe[dim - 1] = s[nfreq - 1] * mult;
+}
+
 /* Two consecutive interleaved float32 rows at once: (s, c) of the row before t
  * advance by one token step (the angle-addition formulas, s' = s sc + c ss fused as
  * advance_angles compiles them: the same bits) to row t, written to pe0, and again to

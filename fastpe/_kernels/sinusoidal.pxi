@@ -105,8 +105,9 @@ cdef struct SinusoidalCall:
     bint fused                # one batch row: each PE row added as soon as it is made
     Py_ssize_t ahead          # staged rows (not float64): bytes to the next token's
     #                           row, to prefetch (0: none)
-    bint stream               # a direct float32 interleaved table past the caches, one
-    #                           block of frequencies: rows go out with non-temporal stores
+    bint stream               # a direct float32 or float64 interleaved table past the
+    #                           caches, one block of frequencies: rows go out with
+    #                           non-temporal stores
     bint stream_half          # a float16 or bfloat16 table past the caches, one block of
     #                           frequencies: its float32 rows narrowed with them
 
@@ -285,11 +286,14 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     cdef Py_ssize_t t1 = min(t0 + a.chunk, a.seq)
     cdef Py_ssize_t b0 = 0 if a.pos_rows == 1 else prow
     cdef Py_ssize_t b1 = a.batch if a.pos_rows == 1 else prow + 1
-    # a table streamed out: the angle rows sit at its rows' address modulo 32 bytes, so
-    # that the vector loops read and write both aligned (NumPy's buffers often start 16
-    # bytes into a line: the angles' every other access then split a cache line, about
-    # 5% of an 8192 x 1024 table)
-    cdef size_t shift = (<size_t>(x + b0 * a.sb + t0 * a.ss) & 24) if a.stream else 0
+    # a float32 table streamed out: the angle rows sit at its rows' address modulo 32
+    # bytes, so that the vector loops read and write both aligned (NumPy's buffers often
+    # start 16 bytes into a line: the angles' every other access then split a cache line,
+    # about 5% of an 8192 x 1024 table). A float64 table's pairs take twice the bytes of
+    # their angles: no shift aligns both, and its angles stay on 32 bytes.
+    cdef size_t shift = 0
+    if store_t is float and a.stream:
+        shift = <size_t>(x + b0 * a.sb + t0 * a.ss) & 24
     cdef double *s = <double *>(work + shift)
     cdef double *c = s + a.fblock
     cdef double *step_s = c + a.fblock
@@ -394,9 +398,13 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
             prev = p
             r = 0 if fused else (t - t0) * a.dim
             if store_t is double:
-                pe_row(first, second,
-                       <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
-                       a.dim, a.nfreq, a.split, mult, f0, f1)
+                if a.stream:
+                    fpe_pe_row_stream_f64(s, c, <double *>(x + b0 * a.sb + t * a.ss), a.dim,
+                                          a.nfreq, mult)
+                else:
+                    pe_row(first, second,
+                           <double *>(x + b0 * a.sb + t * a.ss) if direct else pe_d + r,
+                           a.dim, a.nfreq, a.split, mult, f0, f1)
             elif store_t is float:
                 if a.stream:
                     fpe_pe_row_stream_f32(s, c, <float *>(x + b0 * a.sb + t * a.ss), a.dim,
@@ -572,8 +580,8 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     cdef Py_ssize_t pe_rows = 0 if a.direct else (2 if a.fused else min(a.chunk, a.seq))
     cdef bint blocked = a.nfreq > FREQ_BLOCK
     a.fblock = FREQ_BLOCK if blocked else a.nfreq
-    a.stream = (a.direct and code == CODE_F32 and not a.split and not blocked
-                and nbytes > STREAM_TABLE_BYTES)
+    a.stream = (a.direct and (code == CODE_F32 or code == CODE_F64) and not a.split
+                and not blocked and nbytes > STREAM_TABLE_BYTES)
     a.stream_half = (FPE_HALF_STREAM_ROWS and (code == CODE_F16 or code == CODE_BF16)
                      and a.fused and not a.accumulate and a.sd == 1 and not blocked
                      and nbytes > STREAM_TABLE_BYTES)
