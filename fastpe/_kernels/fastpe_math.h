@@ -119,14 +119,15 @@ static FPE_ALWAYS_INLINE void fpe_prefetch_lines(const void *p, Py_ssize_t ahead
     }
 }
 
-/* the line `apart` bytes past p, and the next count - 1 lines as far apart, asked for
- * for writing: where consecutive rows of a streamed table end (each shared with the
- * next row and written with plain stores) */
-static FPE_ALWAYS_INLINE void fpe_prefetch_lines_apart(const void *p, Py_ssize_t apart,
-                                                       int count)
+/* A streamed table's rows (row_bytes apart, this one at `row`) off line boundaries: the
+ * line each row ends in is shared with the next row and written with plain stores.
+ * Those lines of this row and the next three, asked for, for writing (fpe_pe_rows2_f32
+ * says why); nothing for rows on line boundaries. */
+static FPE_ALWAYS_INLINE void fpe_prefetch_row_ends(const void *row, Py_ssize_t row_bytes)
 {
-    for (int k = 1; k <= count; k++)
-        FPE_PREFETCH_AHEAD(p, k * apart);
+    if (((uintptr_t)row | (uintptr_t)row_bytes) & 63)
+        for (int k = 1; k <= 4; k++)
+            FPE_PREFETCH_AHEAD(row, k * row_bytes);
 }
 
 /* ---- bfloat16: the top half of a float ----------------------------------- */
@@ -585,17 +586,16 @@ static FPE_ALWAYS_INLINE void fpe_bf16_madd32(fpe_bf16 *x, Py_ssize_t rows, Py_s
  * plain store that misses reads the line first, twice the traffic), its ends with plain
  * ones; fpe_stream_fence() after the last row. The values are those of
  * fpe_f16_run_store and fpe_bf16_run_store (the narrowing of finite PE values: no NaN
- * to quiet). A row not on line boundaries asks ahead for the lines it and the next row
- * end in, for writing (fpe_pe_rows2_f32 says why). Without the vector conversions (the
- * baseline variant) the plain stores of those functions. */
+ * to quiet). A row off line boundaries asks ahead for the lines it and the next rows
+ * end in (fpe_prefetch_row_ends). Without the vector conversions (the baseline
+ * variant) the plain stores of those functions. */
 #if FPE_HALF_ADD_RUNS
 #define FPE_HALF_STREAM_ROWS 1
 #define FPE_HALF_ROW_STREAM(T, NAME, LINE, SCALAR)                                      \
     static inline void NAME(const float *src, T *dst, Py_ssize_t n)                     \
     {                                                                                   \
         Py_ssize_t j = 0;                                                               \
-        if (((uintptr_t)dst & 63) || (n & 31))                                          \
-            fpe_prefetch_lines_apart(dst, n * sizeof(T), 4);                            \
+        fpe_prefetch_row_ends(dst, n * sizeof(T));                                      \
         if (((uintptr_t)dst & 1) == 0) {                                                \
             for (; j < n && ((uintptr_t)(dst + j) & 63); j++)                           \
                 dst[j] = SCALAR(src[j]);                                                \
@@ -2036,10 +2036,7 @@ static inline void fpe_pe_row_stream_f32(const double *s, const double *c, float
     const Py_ssize_t ncos = dim / 2;
     Py_ssize_t i = 0;
 #if FPE_PAIRS_AVX2
-    if (((uintptr_t)pe & 63) || (dim & 15)) {
-        /* as fpe_pe_rows2_f32 below: the lines this row and the next three end in */
-        fpe_prefetch_lines_apart(pe, dim * sizeof(float), 4);
-    }
+    fpe_prefetch_row_ends(pe, dim * sizeof(float));
     if (((uintptr_t)pe & 7) == 0) {
         for (; i < ncos && ((uintptr_t)(pe + 2 * i) & 63); i++) {
             pe[2 * i] = (float)(s[i] * mult);
@@ -2073,8 +2070,7 @@ static inline void fpe_pe_row_stream_f64(const double *s, const double *c, doubl
     const Py_ssize_t ncos = dim / 2;
     Py_ssize_t i = 0;
 #if FPE_PAIRS_AVX2
-    if (((uintptr_t)pe & 63) || (dim & 7))
-        fpe_prefetch_lines_apart(pe, dim * sizeof(double), 4);
+    fpe_prefetch_row_ends(pe, dim * sizeof(double));
     for (; i < ncos && ((uintptr_t)(pe + 2 * i) & 63); i++) {
         pe[2 * i] = s[i] * mult;
         pe[2 * i + 1] = c[i] * mult;
@@ -2205,7 +2201,7 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
     while (stream && head < ncos && ((uintptr_t)(pe0 + 2 * head) & 63))
         head++;
     const Py_ssize_t body = head + (ncos - head) / 8 * 8;   /* whole lines, as above */
-    if (stream && (head || body < nfreq)) {
+    if (stream) {
         /* rows not on line boundaries: the line each row shares with the next takes
          * plain stores, each a miss that holds back the streaming stores queued behind
          * it until the line arrives. Asked for now, for writing: the lines pe1's row
@@ -2214,7 +2210,7 @@ static inline int fpe_pe_rows2_f32(double *s, double *c, const double *step_s,
          * past a line (where NumPy puts a large array) took 1.06-1.10x the time of one
          * on a line boundary so, 1.03-1.5x (unsteady) asking one pair ahead, 1.36-1.54x
          * without. */
-        fpe_prefetch_lines_apart(pe1, dim * sizeof(float), 4);
+        fpe_prefetch_row_ends(pe1, dim * sizeof(float));
     }
     const __m256d m = _mm256_set1_pd(mult);
     const int scaled = mult != 1.0;
