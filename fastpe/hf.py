@@ -30,7 +30,9 @@ disentangled relative attention (He et al., 2021), runs through fastpe.
 A dynamic NTK module keeps the frequencies of its longest call until one shorter
 than the original length, as transformers' ``dynamic_rope_update`` does: the patched
 module runs that update (its own code, on the call's last position) and rotates by the
-frequencies it keeps.
+frequencies it keeps. A LongRoPE module reads its length threshold from the config at
+every call and keeps the long factors' frequencies its first call formed: the patched
+module refuses either where it is not what ``patch`` read.
 
 The angles are ``position * inv_freq`` in float64, so at 2**20 positions the patched
 model rotates exactly where the stock float32 angles are off by up to about 6e-2
@@ -67,6 +69,7 @@ import importlib
 import inspect
 import math
 import re
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -208,6 +211,66 @@ def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
                          f"since): patch the model again")
 
 
+def _longrope_entry(module: Any, layer_type: str | None) -> dict[str, Any] | None:
+    """The module's config entry that transformers' LongRoPE update reads at each call."""
+    params = getattr(getattr(module, "config", None), "rope_parameters", None)
+    entry = params if layer_type is None or not isinstance(params, dict) else params.get(
+        layer_type)
+    return entry if isinstance(entry, dict) else None
+
+
+def _check_long_frequencies(module: Any, layer_type: str | None, rope: RotaryEmbedding,
+                            where: str) -> None:
+    """Refuse a LongRoPE module whose long factors' frequencies, which transformers forms
+    from the config at the module's first call and keeps (long_inv_freq), are not those
+    of the config fastpe read: kept from a call made before the config was edited, which
+    the stock model goes on rotating by."""
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    kept = getattr(module, f"{prefix}long_inv_freq", None)
+    original = rope._spec.original_max_position_embeddings
+    if kept is None or original is None:
+        return
+    held = _values(kept)
+    want = rope.frequencies(original + 1).inv_freq
+    ulp = _HALF_EPS.get(str(kept.dtype), 0.0)
+    if held.shape != want.shape or not np.allclose(held, want, rtol=max(ulp, 1e-6), atol=0):
+        raise ValueError(f"fastpe.hf: the rotary module{where} keeps {prefix}long_inv_freq "
+                         f"(LongRoPE's long factors' frequencies, which transformers forms "
+                         f"from the config at the module's first call) other than those of "
+                         f"the config fastpe.hf.patch read (edited before that call, or "
+                         f"since): fastpe reads the config, so it would rotate differently")
+
+
+def _longrope_state(module: Any, x: Any, position_ids: Any, layer_type: str | None,
+                    rope: RotaryEmbedding, checked: dict[str, tuple[Any, int]]) -> None:
+    """transformers' LongRoPE (longrope_frequency_update) reads the length past which the
+    long factors apply from the config at every call, and forms their frequencies from
+    the config at the module's first call, then keeps them. Refused where either is not
+    what fastpe.hf.patch read (the config edited since): the threshold at every call,
+    the kept frequencies whenever they are another tensor or were written (the module's
+    own update, run once on the call's last position, forms them first)."""
+    entry = _longrope_entry(module, layer_type)
+    threshold = None if entry is None else entry.get("original_max_position_embeddings")
+    original = rope._spec.original_max_position_embeddings
+    if threshold is not None and threshold != original:
+        raise ValueError(f"fastpe.hf: the rotary module's config gives LongRoPE's "
+                         f"original_max_position_embeddings {threshold!r}, fastpe.hf.patch "
+                         f"read {original} (edited since): transformers reads it at every "
+                         f"call, so it would switch factors at another length; patch the "
+                         f"model again")
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    if getattr(module, f"{prefix}long_inv_freq", None) is None:
+        last = position_ids.amax().reshape((1,) * position_ids.ndim)
+        kwargs = {} if layer_type is None else {"layer_type": layer_type}
+        type(module).forward(module, x, last, **kwargs)
+    kept = getattr(module, f"{prefix}long_inv_freq", None)
+    key = layer_type or ""
+    seen = checked.get(key)
+    if kept is not None and (seen is None or seen[0] is not kept or seen[1] != kept._version):
+        _check_long_frequencies(module, layer_type, rope, "")
+        checked[key] = (kept, kept._version)
+
+
 def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = False,
                     table: bool = False) -> Callable[..., Any]:
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
@@ -220,6 +283,8 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
     # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
     dynamic = {t for t, rope in ropes.items()
                if rope._spec.rope_type == "dynamic" and not rope._spec.mscaled}
+    longrope = {t for t, rope in ropes.items()
+                if rope._spec.rope_type == "longrope" and not rope._spec.mscaled}
 
     def forward(module: Any, x: Any, position_ids: Any,
                 layer_type: str | None = None) -> _Positions | tuple[_Positions, _Positions]:
@@ -235,7 +300,9 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
             position_ids = _table_positions(module, rope, position_ids, tables)
         kept = by_module.get(module)
         if kept is None:
-            kept = by_module[module] = ({}, {})
+            kept = by_module[module] = ({}, {}, {})
+        if layer_type in longrope:
+            _longrope_state(module, x, position_ids, layer_type, rope, kept[2])
         if _rounded(module, layer_type, rope, kept[0]):
             freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, kept[1])
         out = _Positions(rope, pair[1], position_ids, freqs)
@@ -243,9 +310,11 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
 
     # per module (a deepcopy of the model shares this function with the original) and
     # layer type: the buffer its frequencies were checked by, its version and whether it
-    # holds them rounded; the inv_freq buffer last read, its version and frequencies
+    # holds them rounded; the inv_freq buffer last read, its version and frequencies;
+    # LongRoPE's kept long frequencies last checked and their version
     by_module: weakref.WeakKeyDictionary[Any, tuple[dict[str, tuple[Any, int, bool]],
-                                                    dict[str, tuple[Any, int, RopeFrequencies]]]]
+                                                    dict[str, tuple[Any, int, RopeFrequencies]],
+                                                    dict[str, tuple[Any, int]]]]
     by_module = weakref.WeakKeyDictionary()
     # per table module: the embed_positions tensor last checked and its version
     tables: weakref.WeakKeyDictionary[Any, tuple[Any, int]] = weakref.WeakKeyDictionary()
@@ -398,6 +467,11 @@ def _rotate(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any
     dynamic NTK state holds. Negative position_ids (left padding written as
     attention_mask.cumsum(-1) - 1), which fastpe refuses, rotate by negative angles as
     the model's own code does: by those frequencies at real-valued positions."""
+    if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
+        if sys.modules["torch"].is_grad_enabled():
+            raise TypeError("fastpe.hf: the patched model rotates q and k in place, without "
+                            "autograd: run it under torch.no_grad() or "
+                            "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
     try:
         if freqs is None:
             rope(q, k, positions, layout=layout)
@@ -906,6 +980,8 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                              f"max_position_embeddings is {original} (edited after the model "
                              f"was built): fastpe reads the config, so it would rotate "
                              f"differently")
+        if rope._spec.rope_type == "longrope" and not rope._spec.mscaled:
+            _check_long_frequencies(module, layer_type, rope, f" {where}")
         if _is_rounded(buffer, rope):
             _refuse_held(rope, f" {where}")
         # Phi-3.5-MoE's forward multiplies by its mscales, not by this attribute

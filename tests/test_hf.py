@@ -516,8 +516,10 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
 
 
 def test_autograd_is_refused():
+    """The rotation is in place, outside autograd: a model run with grad enabled is told to
+    run under no_grad or inference_mode (not to detach q, which would drop its gradient)."""
     model = fastpe.hf.patch(text_model("llama"))
-    with pytest.raises(TypeError, match="requires grad"):
+    with pytest.raises(TypeError, match=r"run it under torch\.no_grad\(\)"):
         model(**prompt("llama"))
 
 
@@ -1250,6 +1252,47 @@ def test_a_dynamic_ntk_config_edited_after_patch_is_refused_when_it_grows():
         model(ids[:, :24])   # no growth: the frequencies of 24 positions, formed before
         with pytest.raises(ValueError, match=r"for 40 positions differ .* patch the model again"):
             model(ids)
+
+
+@pytest.mark.parametrize("edit", ["long_factor", "threshold"])
+def test_a_longrope_config_edited_after_patch_is_refused(edit):
+    """transformers reads LongRoPE's length threshold from the config at every call and
+    forms the long factors' frequencies from it at the module's first call, then keeps
+    them: a patched model whose threshold was edited since, or whose first call comes
+    after an edit of the factors, raises where it would rotate by what it was patched
+    with; one that kept them before the edit rotates as its stock copy does."""
+    def build():   # long factors past 12 positions (Phi3Config's own length sets it)
+        return text_model("phi3", max_position_embeddings=64, original_max_position_embeddings=12,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                           "long_factor": [2.0 + 0.5 * i for i in range(8)]})
+    stock, model = build(), fastpe.hf.patch(build())
+    assert model.config.rope_parameters["original_max_position_embeddings"] == 12
+    ids = torch.randint(3, 160, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=2e-5)
+    fresh = fastpe.hf.patch(build())   # no call yet: nothing kept
+    for m in (stock, model, fresh):
+        if edit == "long_factor":
+            m.config.rope_parameters["long_factor"] = [3.0 + 0.5 * i for i in range(8)]
+        else:
+            m.config.rope_parameters["original_max_position_embeddings"] = 16
+    with torch.no_grad():
+        if edit == "threshold":
+            for patched in (model, fresh):
+                with pytest.raises(ValueError, match=r"original_max_position_embeddings 16, "
+                                                     r"fastpe\.hf\.patch read 12"):
+                    patched(ids[:, :14])
+            return
+        # both kept the factors of their first call, from the config as it was
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=2e-5)
+        # a first call now forms them from the edited config
+        with pytest.raises(ValueError, match=r"keeps long_inv_freq .* other than"):
+            fresh(ids[:, :14])
+    # patched after the edit, fastpe would read the edited factors, the stock model rotates
+    # by those it kept
+    with pytest.raises(ValueError, match=r"keeps long_inv_freq .* other than"):
+        fastpe.hf.patch(stock)
 
 
 @pytest.mark.parametrize("build", [lambda: text_model("llama"), _dynamic_llama],
