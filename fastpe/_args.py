@@ -73,19 +73,25 @@ def _padding_shift(positions: _checks.Positions, padding_idx: object) -> _checks
                              positions.source)
 
 
+def _padded(name: str, padding_idx: object) -> str:
+    """The arguments that placed the rows: with padding_idx, it shifts them too."""
+    return name if padding_idx is None else f"{name} with padding_idx (rows padding_idx + 1 + p)"
+
+
 def sinusoidal_table(length: object, dim: object, *, base: object, offset: object,
                      layout: object, dtype: object, out: object,
                      num_threads: object, frequencies: object = "transformer",
                      padding_idx: object = None) -> SinusoidalPlan:
     length = _checks.count(length, "length")
     dim = _checks.count(dim, "dim", minimum=1)
-    # the table first: one past what memory holds is named by its shape, not by the
-    # frequencies' size
+    # the positions before the table, which a length past them would make in vain (256 GiB
+    # for 2**33 rows of 8); the table before the frequencies: one past what memory holds
+    # is named by its shape, not by the frequencies' size
+    positions = _padding_shift(_checks.positions(None, offset, 1, length), padding_idx)
+    _checks.angle_positions(positions.max, _padded("length and offset", padding_idx))
     out = _checks.output(out, (length, dim), dtype, "length and dim")
     inv_freq, split, cos_first, zero_tail = _sinusoidal_common(dim, base, layout, frequencies,
                                                                length > 0)
-    positions = _padding_shift(_checks.positions(None, offset, 1, length), padding_idx)
-    _checks.angle_positions(positions.max, "offset")
     return SinusoidalPlan(out[None], positions, inv_freq, split, False, 1.0,
                           _threads.check(num_threads), cos_first, zero_tail)
 
@@ -103,7 +109,8 @@ def add_sinusoidal(x: object, *, positions: object, offset: object, base: object
                          f"(|scale| <= {_F32_MAX:.6g}), got {scale!r}")
     pos = _padding_shift(_checks.positions(positions, offset, x3.shape[0], x3.shape[1]),
                          padding_idx)
-    _checks.angle_positions(pos.max, "offset" if positions is None else "positions")
+    _checks.angle_positions(pos.max, _padded("offset" if positions is None else "positions",
+                                             padding_idx))
     _checks.disjoint(x, "x", (pos.source, "positions"))
     return SinusoidalPlan(x3, pos, inv_freq, split, True, scale, _threads.check(num_threads),
                           cos_first, zero_tail)

@@ -751,8 +751,20 @@ ROWS += [
     # float64 angles are accurate to float32 precision only below 2**32 (both backends)
     Row("table/offset-2**32", lambda a: ST(2, D, offset=2**32 - 1), ValueError,
         r"\boffset\b.*2\*\*32", category="positions"),
+    # refused before a table of 2**33 rows is asked of memory
+    Row("table/length-past-2**32", lambda a: ST(2**33, 8), ValueError,
+        r"\blength and offset\b.*2\*\*32", category="positions"),
     Row("add_sinusoidal/positions-2**32", lambda a: AS(a["x"], [0, 1, 2, 3, 2**32]),
         ValueError, r"\bpositions\b.*2\*\*32", x_only(), category="positions"),
+    # fairseq's rows padding_idx + 1 + p: a padding_idx past the limit is named
+    Row("table/padding_idx-2**32", lambda a: ST(2, D, padding_idx=2**32, frequencies="fairseq",
+                                                layout="split"), ValueError,
+        r"\boffset with padding_idx\b.*2\*\*32", category="positions"),
+    Row("add_sinusoidal/padding_idx-2**32", lambda a: AS(a["x"], [0, 1, 2, 3, 4],
+                                                         padding_idx=2**32,
+                                                         frequencies="fairseq", layout="split"),
+        ValueError, r"\bpositions with padding_idx\b.*2\*\*32", x_only(),
+        category="positions"),
     Row("apply_rope/positions-2**32", lambda a: fastpe.apply_rope(a["q"], None,
                                                                   np.full(RS, 2**32)),
         ValueError, r"\bpositions\b.*2\*\*32", lambda: {"q": q64()}, category="positions"),
