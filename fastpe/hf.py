@@ -211,8 +211,9 @@ def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
                          f"since): patch the model again")
 
 
-def _longrope_entry(module: Any, layer_type: str | None) -> dict[str, Any] | None:
-    """The module's config entry that transformers' LongRoPE update reads at each call."""
+def _rope_entry(module: Any, layer_type: str | None) -> dict[str, Any] | None:
+    """The module's config entry of rope parameters (its layer type's), which
+    transformers' LongRoPE update and Phi-3.5-MoE's forward read at every call."""
     params = getattr(getattr(module, "config", None), "rope_parameters", None)
     entry = params if layer_type is None or not isinstance(params, dict) else params.get(
         layer_type)
@@ -249,7 +250,7 @@ def _longrope_state(module: Any, x: Any, position_ids: Any, layer_type: str | No
     what fastpe.hf.patch read (the config edited since): the threshold at every call,
     the kept frequencies whenever they are another tensor or were written (the module's
     own update, run once on the call's last position, forms them first)."""
-    entry = _longrope_entry(module, layer_type)
+    entry = _rope_entry(module, layer_type)
     threshold = None if entry is None else entry.get("original_max_position_embeddings")
     original = rope._spec.original_max_position_embeddings
     if threshold is not None and threshold != original:
@@ -272,13 +273,17 @@ def _longrope_state(module: Any, x: Any, position_ids: Any, layer_type: str | No
 
 
 def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = False,
-                    table: bool = False) -> Callable[..., Any]:
+                    table: bool = False,
+                    read: dict[str | None, dict[str, Any] | None] | None = None
+                    ) -> Callable[..., Any]:
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
     it to the copy's module, whose dynamic NTK state is its own). `single`: it returns
     one object where the stock module returns one complex freqs_cis tensor (DeepSeek-V2,
     Llama 4), else the (cos, sin) pair. `table`: a module that looks its sin and cos up
     in its embed_positions (GPT-J, CodeGen), checked again whenever that buffer is
-    another tensor or was written, and indexed as the stock code indexes it."""
+    another tensor or was written, and indexed as the stock code indexes it. `read`: per
+    layer type, a copy of the config entry patch() read for a module whose forward reads
+    it again at every call (Phi-3.5-MoE's), refused once it differs."""
     pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
     # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
     dynamic = {t for t, rope in ropes.items()
@@ -292,6 +297,12 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
         if pair is None:
             raise ValueError(f"fastpe.hf: layer_type={layer_type!r} is not one of this rotary "
                              f"module's layer types {sorted(map(str, ropes))}")
+        if read is not None and layer_type in read and (
+                _rope_entry(module, layer_type) != read[layer_type]):
+            raise ValueError("fastpe.hf: the rotary module's config rope_parameters were "
+                             "edited after fastpe.hf.patch read them, and its forward reads "
+                             "them at every call (Phi-3.5-MoE's mscales, factors and "
+                             "lengths): patch the model again")
         freqs = None
         if layer_type in dynamic:
             freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
@@ -1167,8 +1178,11 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
                              f"of (cos, sin) and of one freqs_cis, which fastpe.hf cannot "
                              f"serve with one return value")
         table = any(_looks_up_table(module, t, rope) for t, rope in ropes.items())
-        plan.append((module, "forward",
-                     types.MethodType(_rotary_forward(ropes, True in takes, table), module)))
+        # Phi-3.5-MoE's module reads its config entry at every call
+        read = {t: copy.deepcopy(_rope_entry(module, t))
+                for t, rope in ropes.items() if rope._spec.mscaled}
+        plan.append((module, "forward", types.MethodType(
+            _rotary_forward(ropes, True in takes, table, read or None), module)))
     return plan
 
 

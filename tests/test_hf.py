@@ -1709,3 +1709,22 @@ def test_a_torch_whose_dynamo_cannot_disable_still_patches(monkeypatch):
         fastpe.hf.patch(model)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "longrope"])
+def test_a_phimoe_config_edited_after_patch_is_refused(rope_type):
+    """Phi-3.5-MoE's rotary module forms its frequencies and picks its mscale from the
+    config at every call: a patched model whose rope parameters were edited since raises,
+    where it would rotate by those it was patched with."""
+    stock = FAMILIES[f"phimoe_{rope_type}"][0]()
+    model = fastpe.hf.patch(copy.deepcopy(stock))
+    ids = torch.randint(3, 160, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = stock(ids).logits
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=2e-5)
+        for m in (stock, model):
+            m.config.rope_parameters["long_mscale"] = 1.5
+        assert not torch.allclose(stock(ids).logits, before)   # the stock model follows it
+        with pytest.raises(ValueError, match=r"rope_parameters were edited after "
+                                             r"fastpe\.hf\.patch read them"):
+            model(ids)
