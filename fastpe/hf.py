@@ -1049,11 +1049,13 @@ def _check_position_table(module: Any, rope: RotaryEmbedding, where: str) -> Non
                          f"differently")
 
 
-def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+def _appliers(applying: dict[str, dict[str, Any]], name: str,
+              modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Of `applying` (module name -> the apply functions its forward calls), those that
     apply the rotary module `name`'s embedding: in the nearest module around it that
     has any (the text model or vision tower it belongs to; Moshi's attention holds its
-    own rotary module)."""
+    own rotary module). None: a ValueError, naming a module whose class, defined outside
+    transformers, replaces the forward of a transformers class that calls one."""
     scope = name
     while scope:
         scope = scope.rpartition(".")[0]
@@ -1061,6 +1063,17 @@ def _appliers(applying: dict[str, dict[str, Any]], name: str) -> dict[str, dict[
         found = {n: f for n, f in applying.items() if n == scope or n.startswith(prefix)}
         if found:
             return found
+    for sub_name, module in modules.items():
+        cls = type(module)
+        base = next((b for b in cls.__mro__[1:] if b.__module__.startswith("transformers.")
+                     and "forward" in vars(b) and _apply_names(b)), None)
+        if base is not None and not cls.__module__.startswith("transformers."):
+            raise ValueError(f"fastpe.hf: no module around the rotary module {name!r} calls "
+                             f"an apply_*rotary* function that fastpe.hf can replace: "
+                             f"{sub_name!r} is a {cls.__name__} ({cls.__module__}), a subclass "
+                             f"of transformers' {base.__name__} defined outside transformers "
+                             f"whose forward does not call it itself; fastpe.hf patches "
+                             f"transformers' own classes only")
     raise ValueError(f"fastpe.hf: no module around the rotary module {name!r} calls an "
                      f"apply_*rotary* function that fastpe.hf can replace")
 
@@ -1155,7 +1168,7 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
     for name, module in rotary.items():
         ropes = _ropes(module, _config(modules, name))
         takes: set[bool] = set()
-        for sub_name, functions in _appliers(applying, name).items():
+        for sub_name, functions in _appliers(applying, name, modules).items():
             for fname, f in functions.items():
                 if id(f) not in stand_ins:
                     stand_ins[id(f)] = _apply_function(fname, f)

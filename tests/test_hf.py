@@ -619,6 +619,28 @@ def test_a_subclass_defined_outside_transformers_is_refused_by_name():
         assert instance_attributes(model) == before
 
 
+def test_an_attention_subclass_whose_forward_hides_the_apply_call_is_named():
+    """An attention class of the user's whose forward calls its transformers base's (which
+    calls the apply function) gives fastpe.hf no call to replace: the refusal names it."""
+    llama_module = transformers.models.llama.modeling_llama
+
+    class MyAttention(llama_module.LlamaAttention):
+        def forward(self, hidden_states, position_embeddings, *args, **kwargs):
+            return super().forward(hidden_states, position_embeddings, *args, **kwargs)
+
+    llama = text_model("llama")
+    for layer in llama.model.layers:
+        mine = MyAttention(llama.config, layer.self_attn.layer_idx)
+        mine.load_state_dict(layer.self_attn.state_dict())
+        layer.self_attn = mine
+    before = instance_attributes(llama)
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' is a MyAttention "
+                                         r"\(test_hf\), a subclass of transformers' "
+                                         r"LlamaAttention defined outside transformers"):
+        fastpe.hf.patch(llama)
+    assert instance_attributes(llama) == before
+
+
 def count_disentangled(monkeypatch):
     """Every disentangled bias fastpe adds from now on, as the shape of the scores."""
     calls = []
