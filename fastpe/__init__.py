@@ -2,8 +2,9 @@
 
 Sinusoidal tables, learned position tables, RoPE (with linear, dynamic NTK,
 YaRN, LongRoPE and Llama 3 scaling), ALiBi, and the relative biases of T5 and
-DeBERTa, computed in place on NumPy arrays by compiled OpenMP kernels, with a
-pure-NumPy twin of every function in ``fastpe.reference``.
+DeBERTa, computed in place on NumPy arrays (and torch CPU tensors) by compiled
+OpenMP kernels, with a pure-NumPy twin of every function that runs a kernel in
+``fastpe.reference``.
 """
 
 from typing import TYPE_CHECKING

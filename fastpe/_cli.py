@@ -513,8 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the canonical workloads (LLaMA-7B-like RoPE prefill and decode, "
                     "batched decode, Llama-3-scaled RoPE, Qwen2-VL-like M-RoPE, a "
                     "sinusoidal table, sinusoidal and learned adds, BLOOM-like ALiBi "
-                    "prefill, bias table and decode, DeBERTa-v3's disentangled bias, and "
-                    "a decode step of a small NumPy "
+                    "prefill, bias table and decode, a T5 decoder step's bucketed bias, "
+                    "DeBERTa-v3's disentangled bias, and a decode step of a small NumPy "
                     "Llama with RoPE timed inside it): fastpe, the best single-threaded "
                     "NumPy, other libraries where installed (numba, ONNX Runtime, torch, "
                     "torch.compile, fastpe on torch tensors, jax) and the floor (the "
@@ -541,8 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "float64"),
                    default="float32",
                    help="dtype of the arrays (default float32; bfloat16 needs ml_dtypes and "
-                        "runs the one-axis RoPE workloads and the sinusoidal and learned "
-                        "adds)")
+                        "runs the one-axis RoPE workloads, the sinusoidal and learned adds "
+                        "and DeBERTa's bias)")
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated parts of workload names (e.g. rope,alibi-decode)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")

@@ -442,7 +442,7 @@ def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int 
 @_backend.numpy_only
 def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
                           p2c: ArrayLike | None = None, position_buckets: int = -1,
-                          max_relative_positions: int = -1,
+                          max_relative_positions: int,
                           num_threads: int | None = None) -> InPlace:
     """NumPy twin of :func:`fastpe.add_disentangled_bias`."""
     run_disentangled_bias(_relative_args.add_disentangled_bias(

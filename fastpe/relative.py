@@ -231,7 +231,7 @@ def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int 
 
 def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
                           p2c: ArrayLike | None = None, position_buckets: int = -1,
-                          max_relative_positions: int = -1,
+                          max_relative_positions: int,
                           num_threads: int | None = None) -> InPlace:
     """DeBERTa's relative attention added to scores in place, in one pass.
 
@@ -253,8 +253,9 @@ def add_disentangled_bias(scores: InPlace, *, c2p: ArrayLike | None = None,
         k_len (transformers' own p2c term has no other shape that adds to the scores).
     position_buckets, max_relative_positions : int
         The model's settings, as its attention module resolves them (DebertaV2 replaces a
-        max_relative_positions < 1 by max_position_embeddings, so one < 1 is a
-        ValueError: pass that); see :meth:`DisentangledBias.from_hf_config`.
+        max_relative_positions < 1 by max_position_embeddings, so max_relative_positions
+        is required and one < 1 is a ValueError: pass that; position_buckets < 1: no
+        log buckets); see :meth:`DisentangledBias.from_hf_config`.
     num_threads : int, optional
         Threads; default ``fastpe.get_num_threads()``.
 
@@ -495,7 +496,7 @@ class DisentangledBias:
     unclipped; v1 counts every pos_att_type entry in its scale_factor.
     """
 
-    def __init__(self, *, position_buckets: int = -1, max_relative_positions: int = -1,
+    def __init__(self, *, position_buckets: int = -1, max_relative_positions: int,
                  c2p: bool = True, p2c: bool = True, share_att_key: bool = False,
                  head_dim: int | None = None, sequence_span: bool = False,
                  scale_factor: int | None = None) -> None:

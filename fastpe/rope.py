@@ -350,7 +350,7 @@ class RotaryEmbedding:
     tokens; 0 elsewhere): pass ``q[:, prefix_tokens:]``. The embeddings of vision models
     on real-valued coordinates also carry what their positions are made from (README,
     "RoPE on real coordinates (DINOv3, SAM)"): ``grid``, the patch grid's (rows, columns) (SAM 2,
-    EdgeTAM, SAM 3), ``key_grid`` (SAM 2's and EdgeTAM's memory keys), ``window_size``
+    EdgeTAM, SAM 3), ``key_grid`` (EdgeTAM's memory keys), ``window_size``
     (SAM 3) and ``q_aggregation``, (kernel, stride) (EfficientLoFTR).
 
     With a model's config, q, k and its positions::
