@@ -32,7 +32,10 @@ than the original length, as transformers' ``dynamic_rope_update`` does: the pat
 module runs that update (its own code, on the call's last position) and rotates by the
 frequencies it keeps. A LongRoPE module reads its length threshold from the config at
 every call and keeps the long factors' frequencies its first call formed: the patched
-module refuses either where it is not what ``patch`` read.
+module refuses either where it is not what ``patch`` read. So it does, at every call,
+for the rest of what the stock forward reads then: the attention scaling, a dynamic NTK
+module's inv_freq, a text M-RoPE module's mrope_section, Phi-3.5-MoE's rope parameters,
+and Mistral Large 4's learned alpha (refused unless zero).
 
 The angles are ``position * inv_freq`` in float64, so at 2**20 positions the patched
 model rotates exactly where the stock float32 angles are off by up to about 6e-2
@@ -135,13 +138,18 @@ def _narrow(rope: RotaryEmbedding) -> RotaryEmbedding | None:
 
 
 def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | None,
-                         rope: RotaryEmbedding) -> RopeFrequencies | None:
+                         rope: RotaryEmbedding,
+                         checked: dict[str, tuple[Any, int, RopeFrequencies]] | None
+                         ) -> RopeFrequencies | None:
     """transformers' dynamic NTK (dynamic_rope_update) keeps the frequencies of the
     longest call since the last one shorter than the original length, not those of
     each call's own length. The module's own code updates that state here, given the
     call's last position alone (its cos and sin, of one position, are dropped); returns
     the frequencies of the length it keeps where they differ from those of the call's
-    own length, else None."""
+    own length, else None. `checked` (None: a module whose buffer holds them rounded,
+    which fastpe follows): its inv_freq buffer, what the stock module rotates by, is
+    refused where it is not fastpe's (_check_grown), whenever it is another tensor, was
+    written, or the length kept moved to other frequencies."""
     if rope.axes > 1 or rope._halves is not None:
         raise ValueError("fastpe.hf: dynamic NTK frequencies on more than one position "
                          "axis are not reproduced")
@@ -150,21 +158,23 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
     last = position_ids.amax().reshape((1,) * position_ids.ndim)
     kwargs = {} if layer_type is None else {"layer_type": layer_type}
     prefix = "" if layer_type is None else f"{layer_type}_"
-    # transformers' own fallback for a layer type without a length of its own
-    before = getattr(module, f"{prefix}max_seq_len_cached", module.max_seq_len_cached)
     type(module).forward(module, x, last, **kwargs)
+    # transformers' own fallback for a layer type without a length of its own
     kept = getattr(module, f"{prefix}max_seq_len_cached", None) if layer_type else None
     kept = int(module.max_seq_len_cached if kept is None else kept)
     original = rope._spec.original_max_position_embeddings
     assert original is not None  # set for dynamic NTK
     own_length = max(kept, original) == max(int(last) + 1, original)
-    grown = kept > int(before)
-    if own_length and not grown:
-        return None
     freqs = rope.frequencies(kept)
-    if grown:
-        # transformers formed these frequencies from the config as it is now
-        _check_grown(module, f"{prefix}inv_freq", freqs.inv_freq, kept)
+    name = f"{prefix}inv_freq"
+    buffer = getattr(module, name, None)
+    seen = None if checked is None else checked.get(name)
+    if checked is not None and buffer is not None and not (
+            seen is not None and seen[0] is buffer and seen[1] == buffer._version
+            and seen[2] is freqs):
+        # grown from the config as it is now, or written or replaced since
+        _check_grown(module, name, freqs.inv_freq, kept)
+        checked[name] = (buffer, buffer._version, freqs)
     return None if own_length else freqs
 
 
@@ -195,9 +205,9 @@ def _values(buffer: Any) -> np.ndarray:
 
 
 def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
-    """Refuse dynamic NTK frequencies that the module grew (its `name` buffer) to other
-    values than fastpe's for `length`: its config's factor or length edited after
-    patch(), which transformers reads again at each growth."""
+    """Refuse dynamic NTK frequencies that the module holds (its `name` buffer) other
+    than fastpe's for `length`: its config's factor or length edited after patch(), which
+    transformers reads again at each growth, or the buffer written or replaced."""
     buffer = getattr(module, name, None)
     if buffer is None:
         return
@@ -208,7 +218,7 @@ def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
         raise ValueError(f"fastpe.hf: the rotary module's dynamic NTK frequencies for "
                          f"{length} positions differ from those of the config fastpe.hf.patch "
                          f"read (its rope parameters or max_position_embeddings edited "
-                         f"since): patch the model again")
+                         f"since, or its {name} written or replaced): patch the model again")
 
 
 def _rope_entry(module: Any, layer_type: str | None) -> dict[str, Any] | None:
@@ -272,10 +282,59 @@ def _longrope_state(module: Any, x: Any, position_ids: Any, layer_type: str | No
         checked[key] = (kept, kept._version)
 
 
+def _check_alpha(module: Any, where: str) -> None:
+    """Refuse a learned alpha (Mistral Large 4: its forward multiplies every frequency by
+    exp(alpha), a parameter its checkpoint sets) that is not zero."""
+    alpha = getattr(module, "alpha", None)
+    if hasattr(alpha, "_version") and np.any(_values(alpha) != 0):
+        raise ValueError(f"fastpe.hf: the rotary module{where} holds a learned alpha that is "
+                         f"not zero (its forward multiplies every frequency by exp(alpha)), "
+                         f"which fastpe.hf does not reproduce: it rotates by the config's "
+                         f"frequencies")
+
+
+def _check_call_state(module: Any, layer_type: str | None, rope: RotaryEmbedding,
+                      sections: list[int] | None, checked: dict[str, tuple[Any, int, Any]]
+                      ) -> None:
+    """What a rotary module's forward reads at every call besides its config and
+    frequency buffers, refused once it is not what fastpe rotates by (written since
+    patch()): its attention scaling (an attribute), a text M-RoPE module's mrope_section
+    (the config's own list, so an edit of the config is one of it too), Mistral Large 4's
+    alpha (checked again whenever it is another tensor or was written)."""
+    _check_attention_scaling(module, layer_type, rope, "")
+    held = getattr(module, "mrope_section", None)
+    if sections is not None and isinstance(held, (list, tuple)) and list(held) != sections:
+        raise ValueError(f"fastpe.hf: the rotary module's mrope_section is now {list(held)}, "
+                         f"fastpe.hf.patch read {sections} (it or its config edited since): "
+                         f"fastpe would turn pairs by other axes; patch the model again")
+    alpha = getattr(module, "alpha", None)
+    seen = checked.get("alpha")
+    if alpha is not None and hasattr(alpha, "_version") and not (
+            seen is not None and seen[0] is alpha and seen[1] == alpha._version):
+        _check_alpha(module, "")
+        checked["alpha"] = (alpha, alpha._version, None)
+
+
+def _check_attention_scaling(module: Any, layer_type: str | None, rope: RotaryEmbedding,
+                             where: str) -> None:
+    """Refuse a rotary module whose attention scaling, which its forward multiplies cos
+    and sin by at every call, is not its config's (Phi-3.5-MoE's forward multiplies by its
+    mscales instead)."""
+    if rope._spec.mscaled:
+        return
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    scaling = getattr(module, f"{prefix}attention_scaling", None)
+    if isinstance(scaling, (int, float)) and not math.isclose(
+            scaling, rope._spec.frequencies(None).attention_scaling, rel_tol=1e-6):
+        raise ValueError(f"fastpe.hf: the rotary module{where} holds "
+                         f"{prefix}attention_scaling {scaling!r}, its config gives "
+                         f"{rope._spec.frequencies(None).attention_scaling!r}")
+
+
 def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = False,
                     table: bool = False,
-                    read: dict[str | None, dict[str, Any] | None] | None = None
-                    ) -> Callable[..., Any]:
+                    read: dict[str | None, dict[str, Any] | None] | None = None,
+                    sections: list[int] | None = None) -> Callable[..., Any]:
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
     it to the copy's module, whose dynamic NTK state is its own). `single`: it returns
     one object where the stock module returns one complex freqs_cis tensor (DeepSeek-V2,
@@ -283,7 +342,8 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
     in its embed_positions (GPT-J, CodeGen), checked again whenever that buffer is
     another tensor or was written, and indexed as the stock code indexes it. `read`: per
     layer type, a copy of the config entry patch() read for a module whose forward reads
-    it again at every call (Phi-3.5-MoE's), refused once it differs."""
+    it again at every call (Phi-3.5-MoE's), refused once it differs. `sections`: a copy of
+    a text M-RoPE module's mrope_section as patch() read it (_check_call_state)."""
     pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
     # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
     dynamic = {t for t, rope in ropes.items()
@@ -303,18 +363,21 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
                              "edited after fastpe.hf.patch read them, and its forward reads "
                              "them at every call (Phi-3.5-MoE's mscales, factors and "
                              "lengths): patch the model again")
-        freqs = None
-        if layer_type in dynamic:
-            freqs = _dynamic_frequencies(module, x, position_ids, layer_type, pair[0])
         rope = pair[0]
-        if table:
-            position_ids = _table_positions(module, rope, position_ids, tables)
         kept = by_module.get(module)
         if kept is None:
-            kept = by_module[module] = ({}, {}, {})
+            kept = by_module[module] = ({}, {}, {}, {})
+        _check_call_state(module, layer_type, rope, sections, kept[3])
+        rounded = _rounded(module, layer_type, rope, kept[0])
+        freqs = None
+        if layer_type in dynamic:
+            freqs = _dynamic_frequencies(module, x, position_ids, layer_type, rope,
+                                         None if rounded else kept[3])
+        if table:
+            position_ids = _table_positions(module, rope, position_ids, tables)
         if layer_type in longrope:
             _longrope_state(module, x, position_ids, layer_type, rope, kept[2])
-        if _rounded(module, layer_type, rope, kept[0]):
+        if rounded:
             freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, kept[1])
         out = _Positions(rope, pair[1], position_ids, freqs)
         return out if single else (out, out)
@@ -322,10 +385,13 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
     # per module (a deepcopy of the model shares this function with the original) and
     # layer type: the buffer its frequencies were checked by, its version and whether it
     # holds them rounded; the inv_freq buffer last read, its version and frequencies;
-    # LongRoPE's kept long frequencies last checked and their version
+    # LongRoPE's kept long frequencies last checked and their version; by name, the other
+    # tensors last checked (a dynamic NTK inv_freq, with the frequencies it was checked
+    # against; Mistral Large 4's alpha) and their versions
     by_module: weakref.WeakKeyDictionary[Any, tuple[dict[str, tuple[Any, int, bool]],
                                                     dict[str, tuple[Any, int, RopeFrequencies]],
-                                                    dict[str, tuple[Any, int]]]]
+                                                    dict[str, tuple[Any, int]],
+                                                    dict[str, tuple[Any, int, Any]]]]
     by_module = weakref.WeakKeyDictionary()
     # per table module: the embed_positions tensor last checked and its version
     tables: weakref.WeakKeyDictionary[Any, tuple[Any, int]] = weakref.WeakKeyDictionary()
@@ -995,14 +1061,18 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             _check_long_frequencies(module, layer_type, rope, f" {where}")
         if _is_rounded(buffer, rope):
             _refuse_held(rope, f" {where}")
-        # Phi-3.5-MoE's forward multiplies by its mscales, not by this attribute
-        scaling = None if rope._spec.mscaled else getattr(module, f"{prefix}attention_scaling",
-                                                           None)
-        if isinstance(scaling, (int, float)) and not math.isclose(
-                scaling, expected.attention_scaling, rel_tol=1e-6):
-            raise ValueError(f"fastpe.hf: the rotary module {where} holds "
-                             f"{prefix}attention_scaling {scaling!r}, its config gives "
-                             f"{expected.attention_scaling!r}")
+        _check_attention_scaling(module, layer_type, rope, f" {where}")
+        _check_alpha(module, f" {where}")
+        # dynamic NTK frequencies grown before patch(): formed from the config as it was
+        grown_to = getattr(module, f"{prefix}max_seq_len_cached",
+                           getattr(module, "max_seq_len_cached", None))
+        grown_to = None if grown_to is None else int(grown_to)   # an int or a 0-d tensor
+        if (rope._spec.rope_type == "dynamic" and not rope._spec.mscaled
+                and original is not None and grown_to is not None and grown_to > original
+                and getattr(module, f"{prefix}inv_freq", None) is not None
+                and not _is_rounded(buffer, rope)):
+            _check_grown(module, f"{prefix}inv_freq", rope.frequencies(grown_to).inv_freq,
+                         grown_to)
 
 
 def _looks_up_table(module: Any, layer_type: str | None, rope: RotaryEmbedding) -> bool:
@@ -1194,8 +1264,11 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
         # Phi-3.5-MoE's module reads its config entry at every call
         read = {t: copy.deepcopy(_rope_entry(module, t))
                 for t, rope in ropes.items() if rope._spec.mscaled}
+        # a text M-RoPE module's mrope_section, as it is now (its config's own list)
+        held = getattr(module, "mrope_section", None)
+        sections = list(held) if isinstance(held, (list, tuple)) else None
         plan.append((module, "forward", types.MethodType(
-            _rotary_forward(ropes, True in takes, table, read or None), module)))
+            _rotary_forward(ropes, True in takes, table, read or None, sections), module)))
     return plan
 
 

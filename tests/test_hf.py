@@ -1750,3 +1750,85 @@ def test_a_phimoe_config_edited_after_patch_is_refused(rope_type):
         with pytest.raises(ValueError, match=r"rope_parameters were edited after "
                                              r"fastpe\.hf\.patch read them"):
             model(ids)
+
+
+def _scale_attention(model):
+    model.model.rotary_emb.attention_scaling = 0.5
+
+
+def _write_dynamic_inv_freq(model):
+    model.model.rotary_emb.inv_freq.mul_(1.5)
+
+
+def _edit_mrope_section(model):
+    # the module holds its config's own list: an edit of the one is an edit of the other
+    model.config.text_config.rope_parameters["mrope_section"][:] = [4, 1, 3]
+
+
+@pytest.mark.parametrize("build, change, match", [
+    (lambda: text_model("llama"), _scale_attention,
+     r"holds attention_scaling 0\.5, its config gives 1\.0"),
+    (_dynamic_llama, _write_dynamic_inv_freq,
+     r"dynamic NTK frequencies for 16 positions differ .* inv_freq written or replaced"),
+    (qwen2_vl, _edit_mrope_section,
+     r"mrope_section is now \[4, 1, 3\], fastpe\.hf\.patch read \[2, 3, 3\]"),
+], ids=["attention_scaling", "dynamic-inv_freq", "mrope_section"])
+def test_rotary_state_written_after_patch_is_refused(build, change, match):
+    """What a rotary module's forward reads at every call (its attention scaling, a dynamic
+    NTK module's inv_freq, an M-RoPE module's mrope_section) changed after patch: the
+    stock model rotates by the new state, so the patched one raises, never rotating by the
+    old one."""
+    family = "qwen2_vl" if build is qwen2_vl else "llama"
+    stock, model = build(), fastpe.hf.patch(build())
+    with torch.no_grad():
+        want = stock(**prompt(family)).logits
+        torch.testing.assert_close(model(**prompt(family)).logits, want, rtol=0, atol=2e-5)
+        for m in (stock, model):
+            change(m)
+        assert not torch.allclose(stock(**prompt(family)).logits, want)
+        with pytest.raises(ValueError, match=match):
+            model(**prompt(family))
+
+
+def test_dynamic_ntk_frequencies_grown_before_an_edit_are_refused_at_patch():
+    """A dynamic NTK module grown past its original length holds frequencies formed from
+    its config as it was; patched after the config's factor was edited, fastpe would read
+    the new factor where the stock model rotates by the grown frequencies until its next
+    growth or reset."""
+    model = _dynamic_llama()
+    ids = torch.randint(3, 160, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(ids)
+    model.config.rope_parameters["factor"] = 4.0
+    with pytest.raises(ValueError, match=r"dynamic NTK frequencies for 40 positions differ"):
+        fastpe.hf.patch(model)
+
+
+def test_a_learned_alpha_on_the_frequencies_is_refused():
+    """Mistral Large 4's rotary module multiplies every frequency by exp(alpha), a
+    parameter its checkpoint sets (zero at init): a model with a non-zero alpha is refused
+    at patch, and one loaded after patch at its next call; zero matches its stock copy."""
+    config = transformers.MistralLarge4TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+        num_experts_per_tok=2, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16,
+        qk_nope_head_dim=8, head_dim=8, index_topk=8, index_head_dim=16, index_n_heads=2,
+        max_position_embeddings=256)
+
+    def build():
+        torch.manual_seed(0)
+        return transformers.MistralLarge4TextModel(copy.deepcopy(config)).eval()
+
+    ids = torch.arange(1, 41)[None]
+    stock, model = build(), fastpe.hf.patch(build())
+    alpha = torch.linspace(-0.5, 0.5, model.rotary_emb.alpha.numel())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).last_hidden_state, stock(ids).last_hidden_state,
+                                   rtol=0, atol=2e-5)
+        model.rotary_emb.alpha.copy_(alpha)
+        with pytest.raises(ValueError, match=r"holds a learned alpha that is not zero"):
+            model(ids)
+        loaded = build()
+        loaded.rotary_emb.alpha.copy_(alpha)
+    with pytest.raises(ValueError, match=r"holds a learned alpha that is not zero"):
+        fastpe.hf.patch(loaded)
