@@ -223,9 +223,11 @@ PLOT_FORMATS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg",
 
 def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
     """Refuse, before anything runs, an output the run could not write at its end."""
-    if path is None or path == "-":
+    if path is None or (path == "-" and option == "--json"):
         return
     target = Path(path).expanduser().resolve()
+    if target.parent.exists() and not target.parent.is_dir():
+        parser.error(f"{option} {path}: {target.parent} is not a directory")
     if not target.parent.is_dir():
         parser.error(f"{option} {path}: directory {target.parent} does not exist")
     if target.is_dir():
@@ -233,6 +235,17 @@ def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str |
     if option == "--plot" and target.suffix and target.suffix.lower() not in PLOT_FORMATS:
         parser.error(f"--plot {path}: matplotlib writes {', '.join(PLOT_FORMATS)} files "
                      f"(by the suffix), not {target.suffix}")
+    if option == "--plot" and path == "-":
+        parser.error("--plot -: a plot is a file (--json - is standard output)")
+    # opened now (and left as it was), so that a run of minutes is not lost at its end
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        parser.error(f"{option} {path}: cannot be written ({exc.strerror or exc})")
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def _plot_path(path: str) -> str:
@@ -261,7 +274,9 @@ def bench_table(report: dict[str, Any]) -> str:
     head = [
         f"fastpe {info['version']} bench: {report['dtype']}, fastpe on {threads} thread"
         f"{'s' if threads != 1 else ''} (of {info['num_threads']}); {info['backend']} backend"
-        + (f", {info['isa']} kernels" if info.get("isa") else "")
+        + (f", {info['isa']} kernels" if info.get("isa") and info["backend"] == "cython"
+           else " (fastpe.reference: no compiled kernel runs)" if info["backend"] == "numpy"
+           else "")
         + f"; {report['machine']['cpu']}, {report['machine']['logical_cpus']} CPUs",
         f"Medians of up to {report['rounds']} rounds, every contender in each round in a "
         f"random order, each sample after one untimed call ({report['mode']} mode).",
@@ -396,7 +411,8 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     wls = [wl for wl in wls if args.dtype in wl.dtypes]
     peers = peers_wanted(args)
     for name, reason in _bench.attach_peers(wls, peers).items():
-        skipped.append({"name": name, "reason": f"{reason} (pip install 'fastpe[peers]')"})
+        hint = " (pip install 'fastpe[peers]')" if reason.endswith("not installed") else ""
+        skipped.append({"name": name, "reason": reason + hint})
     mode_name = "quick" if args.quick else "default"
     mode = _bench.MODES[mode_name].copy()
     if args.rounds is not None:
@@ -428,7 +444,26 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     }
 
 
+def _check_only(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse an --only that names nothing, a part of it that matches no workload (a
+    typo would drop silently), and a selection none of whose workloads runs in --dtype."""
+    every = _bench.workloads(size_wanted(args))
+    if args.only is not None:
+        parts = [p.strip() for p in args.only.split(",")]
+        if not any(parts):
+            parser.error(f"--only {args.only!r} names no workload (see --list)")
+        for part in filter(None, parts):
+            if not _bench.select(every, part):
+                parser.error(f"--only {part!r} matches no workload (see --list)")
+    chosen = _bench.select(every, args.only)
+    if not args.list and not any(args.dtype in wl.dtypes for wl in chosen):
+        runs_in = sorted({d for wl in chosen for d in wl.dtypes})
+        parser.error(f"no workload selected runs in --dtype {args.dtype} (they run in "
+                     f"{', '.join(runs_in)})")
+
+
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _check_only(parser, args)
     if args.list:
         for wl in _bench.select(_bench.workloads(size_wanted(args)), args.only):
             print(f"{wl.name:<22} {wl.title}")
@@ -439,8 +474,6 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _need_matplotlib()
     if args.dtype == "bfloat16" and _checks.ml_dtypes(load=True) is None:
         raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
-    if not _bench.select(_bench.workloads(size_wanted(args)), args.only):
-        parser.error(f"--only {args.only!r} matches no workload (see --list)")
     limits = _limit_blas_threads()
     try:
         report = run_bench(args, Progress())
@@ -558,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     # For the tests: tiny arrays and a fixed number of rounds.
     p.add_argument("--size", choices=tuple(_bench.SIZES), default=None, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(bench_parser=p)
 
     p = sub.add_parser("demo", help="RoPE's relative positions, sinusoidal frequencies, "
                                     "ALiBi slopes, with numbers",
@@ -575,14 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench" and args.rounds is not None and args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+        args.bench_parser.error("--rounds must be at least 1")
     try:
         if args.command in (None, "info"):
             if args.command is None:
                 args.json = False
             return cmd_info(args)
         if args.command == "bench":
-            return cmd_bench(args, parser)
+            # its errors on its own usage line, as argparse's are
+            return cmd_bench(args, args.bench_parser)
         return cmd_demo(args, parser)
     except CommandError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

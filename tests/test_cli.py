@@ -150,13 +150,50 @@ def test_version():
     ["bench", "--plot", "table.txt"],
     ["bench", "--threads", "257"],
     ["bench", "--peers", "no-such-library"],
+    # an --only that names nothing, a part of it that matches nothing (a typo), a
+    # selection with nothing to run in the dtype, in a run and in a listing
+    ["bench", "--only", ""],
+    ["bench", "--only", ","],
+    ["bench", "--only", "rope-decode,no-such-workload"],
+    ["bench", "--list", "--only", "no-such-workload"],
+    ["bench", "--dtype", "bfloat16", "--only", "alibi"],
+    # outputs that cannot be written, found before the run
+    ["bench", "--json", "/proc/fastpe-bench.json"],
+    ["bench", "--json", "README.md/out.json"],
+    ["bench", "--plot", "-"],
     ["demo", "--plot"],
 ], ids=" ".join)
 def test_usage_errors_exit_2(args):
     proc = fastpe_cli(*args)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "usage:" in proc.stderr
+    if args[0] == "bench":
+        # on the bench command's own usage line, as argparse's own errors are
+        assert "python -m fastpe bench: error:" in proc.stderr, proc.stderr
     assert_no_traceback(proc)
+
+
+def test_a_peer_that_fails_to_import_is_skipped(tmp_path):
+    """A peer installed but broken (numba built for another NumPy) is skipped with the
+    reason, as one not installed is; the run goes on."""
+    (tmp_path / "numba").mkdir()
+    (tmp_path / "numba" / "__init__.py").write_text(
+        'raise ImportError("Numba needs NumPy 2.3 or less")\n')
+    proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--peers", "numba",
+                      "--only", "rope-decode", env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_ROOT}"})
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped numba: numba failed to import (ImportError: Numba needs NumPy 2.3 or " \
+           "less)" in proc.stdout + proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_the_numpy_backend_header_names_no_kernels():
+    proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--only", "rope-decode",
+                      env={"FASTPE_BACKEND": "numpy"})
+    assert proc.returncode == 0, proc.stderr
+    head = proc.stdout.splitlines()[0]
+    assert "numpy backend (fastpe.reference: no compiled kernel runs)" in head, head
+    assert "kernels;" not in head
 
 
 def test_a_plot_without_a_suffix_is_named_as_written():

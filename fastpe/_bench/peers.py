@@ -26,7 +26,8 @@ exact in the same sense as fastpe (angles formed in float64; ALiBi biases rounde
   user gets, beside the torch columns, on every workload but the NumPy program. It runs
   on fastpe's thread count.
 
-Each is skipped when its packages are not installed (``pip install 'fastpe[peers]'``).
+Each is skipped when its packages are not installed (``pip install 'fastpe[peers]'``)
+or fail to import.
 Every other peer runs on one thread (ONNX Runtime and torch are told so; XLA's CPU client is
 made with one CPU in view when fastpe is the first to import jax), like the NumPy
 baseline and the default ``--threads 1``.
@@ -64,9 +65,18 @@ _FAMILIES = {"numba": ("rope", "alibi"), "onnxruntime": ("rope",), "torch": ("ro
 
 
 def missing(name: str) -> str | None:
-    """Why peer `name` cannot run here, or None when it can."""
+    """Why peer `name` cannot run here, or None when it can: not installed, or installed
+    but failing to import (numba built for another NumPy, say)."""
     lacking = [m for m in _NEEDS[name] if importlib.util.find_spec(m) is None]
-    return f"{', '.join(lacking)} not installed" if lacking else None
+    if lacking:
+        return f"{', '.join(lacking)} not installed"
+    for module in _NEEDS[name]:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # whatever a broken install raises
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return f"{module} failed to import ({type(exc).__name__}: {first})"
+    return None
 
 
 def _positions(wl: Workload, arrays: Arrays) -> np.ndarray:
