@@ -34,8 +34,9 @@ frequencies it keeps. A LongRoPE module reads its length threshold from the conf
 every call and keeps the long factors' frequencies its first call formed: the patched
 module refuses either where it is not what ``patch`` read. So it does, at every call,
 for the rest of what the stock forward reads then: the attention scaling, a dynamic NTK
-module's inv_freq, a text M-RoPE module's mrope_section, Phi-3.5-MoE's rope parameters,
-and Mistral Large 4's learned alpha (refused unless zero).
+module's inv_freq, a text M-RoPE module's mrope_section, Phi-3.5-MoE's rope parameters.
+Mistral Large 4's module multiplies every frequency by exp(alpha), a learned parameter:
+the patched one rotates by fastpe's frequencies times exp(alpha) as alpha is at each call.
 
 The angles are ``position * inv_freq`` in float64, so at 2**20 positions the patched
 model rotates exactly where the stock float32 angles are off by up to about 6e-2
@@ -282,15 +283,32 @@ def _longrope_state(module: Any, x: Any, position_ids: Any, layer_type: str | No
         checked[key] = (kept, kept._version)
 
 
-def _check_alpha(module: Any, where: str) -> None:
-    """Refuse a learned alpha (Mistral Large 4: its forward multiplies every frequency by
-    exp(alpha), a parameter its checkpoint sets) that is not zero."""
+def _alpha_frequencies(module: Any, base: RopeFrequencies,
+                       checked: dict[str, tuple[Any, int, Any]]) -> RopeFrequencies:
+    """`base` times exp(alpha), where the module holds a learned alpha (Mistral Large 4:
+    its forward multiplies every frequency by exp(alpha), a parameter its checkpoint
+    sets, zero at init), in float64 as fastpe forms every frequency; `base` itself where
+    alpha is zero or absent. Formed again whenever alpha is another tensor or was
+    written, or base other frequencies."""
     alpha = getattr(module, "alpha", None)
-    if hasattr(alpha, "_version") and np.any(_values(alpha) != 0):
-        raise ValueError(f"fastpe.hf: the rotary module{where} holds a learned alpha that is "
-                         f"not zero (its forward multiplies every frequency by exp(alpha)), "
-                         f"which fastpe.hf does not reproduce: it rotates by the config's "
-                         f"frequencies")
+    if alpha is None or not hasattr(alpha, "_version"):
+        return base
+    seen = checked.get("alpha")
+    if seen is not None and seen[0] is alpha and seen[1] == alpha._version \
+            and seen[2][0] is base:
+        kept: RopeFrequencies = seen[2][1]
+        return kept
+    values = _values(alpha)
+    if values.shape != base.inv_freq.shape:
+        raise ValueError(f"fastpe.hf: the rotary module's learned alpha has "
+                         f"{values.size} values, its frequencies {base.inv_freq.size}")
+    scaled = base
+    if np.any(values != 0):
+        inv_freq = np.ascontiguousarray(base.inv_freq * np.exp(values))
+        inv_freq.setflags(write=False)
+        scaled = RopeFrequencies(inv_freq, base.attention_scaling)
+    checked["alpha"] = (alpha, alpha._version, (base, scaled))
+    return scaled
 
 
 def _check_call_state(module: Any, layer_type: str | None, rope: RotaryEmbedding,
@@ -299,20 +317,13 @@ def _check_call_state(module: Any, layer_type: str | None, rope: RotaryEmbedding
     """What a rotary module's forward reads at every call besides its config and
     frequency buffers, refused once it is not what fastpe rotates by (written since
     patch()): its attention scaling (an attribute), a text M-RoPE module's mrope_section
-    (the config's own list, so an edit of the config is one of it too), Mistral Large 4's
-    alpha (checked again whenever it is another tensor or was written)."""
+    (the config's own list, so an edit of the config is one of it too)."""
     _check_attention_scaling(module, layer_type, rope, "")
     held = getattr(module, "mrope_section", None)
     if sections is not None and isinstance(held, (list, tuple)) and list(held) != sections:
         raise ValueError(f"fastpe.hf: the rotary module's mrope_section is now {list(held)}, "
                          f"fastpe.hf.patch read {sections} (it or its config edited since): "
                          f"fastpe would turn pairs by other axes; patch the model again")
-    alpha = getattr(module, "alpha", None)
-    seen = checked.get("alpha")
-    if alpha is not None and hasattr(alpha, "_version") and not (
-            seen is not None and seen[0] is alpha and seen[1] == alpha._version):
-        _check_alpha(module, "")
-        checked["alpha"] = (alpha, alpha._version, None)
 
 
 def _check_attention_scaling(module: Any, layer_type: str | None, rope: RotaryEmbedding,
@@ -379,6 +390,12 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
             _longrope_state(module, x, position_ids, layer_type, rope, kept[2])
         if rounded:
             freqs = _held_frequencies(module, x, position_ids, layer_type, rope, freqs, kept[1])
+        if getattr(module, "alpha", None) is not None:
+            base = freqs if freqs is not None else rope.frequencies(
+                int(position_ids.amax()) + 1 if position_ids.numel() else None)
+            scaled = _alpha_frequencies(module, base, kept[3])
+            if scaled is not base:
+                freqs = scaled
         out = _Positions(rope, pair[1], position_ids, freqs)
         return out if single else (out, out)
 
@@ -1062,7 +1079,6 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
         if _is_rounded(buffer, rope):
             _refuse_held(rope, f" {where}")
         _check_attention_scaling(module, layer_type, rope, f" {where}")
-        _check_alpha(module, f" {where}")
         # dynamic NTK frequencies grown before patch(): formed from the config as it was
         grown_to = getattr(module, f"{prefix}max_seq_len_cached",
                            getattr(module, "max_seq_len_cached", None))

@@ -1804,10 +1804,11 @@ def test_dynamic_ntk_frequencies_grown_before_an_edit_are_refused_at_patch():
         fastpe.hf.patch(model)
 
 
-def test_a_learned_alpha_on_the_frequencies_is_refused():
+def test_a_learned_alpha_on_the_frequencies_is_followed():
     """Mistral Large 4's rotary module multiplies every frequency by exp(alpha), a
-    parameter its checkpoint sets (zero at init): a model with a non-zero alpha is refused
-    at patch, and one loaded after patch at its next call; zero matches its stock copy."""
+    parameter its checkpoint sets (zero at init): the patched model rotates by fastpe's
+    frequencies times exp(alpha), alpha loaded before patch or after it, as its stock copy
+    does."""
     config = transformers.MistralLarge4TextConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
@@ -1820,15 +1821,18 @@ def test_a_learned_alpha_on_the_frequencies_is_refused():
         return transformers.MistralLarge4TextModel(copy.deepcopy(config)).eval()
 
     ids = torch.arange(1, 41)[None]
-    stock, model = build(), fastpe.hf.patch(build())
+    stock, model, loaded = build(), fastpe.hf.patch(build()), build()
     alpha = torch.linspace(-0.5, 0.5, model.rotary_emb.alpha.numel())
     with torch.no_grad():
+        want = stock(ids).last_hidden_state
+        torch.testing.assert_close(model(ids).last_hidden_state, want, rtol=0, atol=2e-5)
+        for m in (stock, model, loaded):
+            m.rotary_emb.alpha.copy_(alpha)
+        want = stock(ids).last_hidden_state
+        torch.testing.assert_close(model(ids).last_hidden_state, want, rtol=0, atol=2e-5)
+        fastpe.hf.patch(loaded)
+        torch.testing.assert_close(loaded(ids).last_hidden_state, want, rtol=0, atol=2e-5)
+        model.rotary_emb.alpha.zero_()
+        stock.rotary_emb.alpha.zero_()
         torch.testing.assert_close(model(ids).last_hidden_state, stock(ids).last_hidden_state,
                                    rtol=0, atol=2e-5)
-        model.rotary_emb.alpha.copy_(alpha)
-        with pytest.raises(ValueError, match=r"holds a learned alpha that is not zero"):
-            model(ids)
-        loaded = build()
-        loaded.rotary_emb.alpha.copy_(alpha)
-    with pytest.raises(ValueError, match=r"holds a learned alpha that is not zero"):
-        fastpe.hf.patch(loaded)
