@@ -200,7 +200,7 @@ def _peers_arg(text: str) -> tuple[str, ...]:
         return _bench.PEERS
     if text.strip().lower() == "none":
         return ()
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))  # once each
     unknown = [n for n in names if n not in _bench.PEERS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"expected 'all', 'none' or names from "
@@ -289,8 +289,11 @@ def bench_table(report: dict[str, Any]) -> str:
         "which no pass over those bytes can be: the machine was busy; run again.",
     ]
     if peers:
-        head.append("Peers (" + ", ".join(peers) + "): their time / fastpe's, one thread, "
-                    "each result checked against fastpe.reference; above 1x fastpe is faster.")
+        head.append("Peers (" + ", ".join(peers) + "): their time / fastpe's, one thread "
+                    + ("(fastpe-torch: fastpe's threads)" if "fastpe-torch" in peers
+                       and threads != 1 else "")
+                    + ", each result checked against fastpe.reference; above 1x fastpe is "
+                    "faster.")
     if not info.get("compiled"):
         head.append("WARNING: the compiled kernels are not loaded: 'fastpe' is the NumPy "
                     "fallback here. In a source checkout, python -m puts ./fastpe (not built) "
