@@ -517,11 +517,12 @@ def _refuse_held(rope: RotaryEmbedding, where: str) -> None:
         what = "Phi-3.5-MoE's mscaled LongRoPE, which forms its frequencies at each call"
     else:
         return
-    raise ValueError(f"fastpe.hf: the rotary module{where} holds its frequencies rounded "
-                     f"to half precision (the model was cast, which rounds its buffers, and "
-                     f"maybe cast back), by which its own code rotates; fastpe.hf does not "
-                     f"reproduce that for {what}: load the model with "
-                     f"from_pretrained(dtype=...), which keeps them float32, or run it stock")
+    raise ValueError(f"fastpe.hf: the rotary module{where} holds frequencies other than its "
+                     f"config's, by which its own code rotates: rounded to half precision "
+                     f"(the model was cast, which rounds its buffers, and maybe cast back), "
+                     f"or written since; fastpe.hf does not reproduce that for {what}: load "
+                     f"the model with from_pretrained(dtype=...), which keeps them float32, "
+                     f"and leave them as they are, or run it stock")
 
 
 # model types whose attention does more with cos and sin than pass them to the apply
@@ -529,6 +530,9 @@ def _refuse_held(rope: RotaryEmbedding, where: str) -> None:
 _NOT_REPRODUCED = {
     "deepseek_v4": "its attention also rotates its output back (cos, -sin) and its "
                    "compressed keys at positions of their own",
+    "sam3_vit_model": "its windowed attention rotates q of (batch * windows, heads, tokens, "
+                      "dim), cos and sin given as keywords; fastpe reproduces its RoPE "
+                      "through RotaryEmbedding.from_hf_config and fastpe.sam3_vit_positions",
 }
 
 # parameters an apply function may have after (q, k, cos, sin) or (x, cos, sin)
@@ -748,6 +752,10 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
     def apply(*args: Any, **kwargs: Any) -> Any:
         q, k = args[0], args[1] if tensors == 2 else None
         given = q, k  # rotated in place, through the views below where q is one sequence
+        if by_complex is None and len(args) < tensors + 2:
+            raise ValueError(f"fastpe.hf: {name} was called with cos and sin as keywords, "
+                             f"which fastpe.hf does not read (it cannot tell their layout): "
+                             f"run this model stock (fastpe.hf.unpatch)")
         if by_complex is None:
             cos, sin, rest = args[tensors], args[tensors + 1], args[tensors + 2:]
         else:

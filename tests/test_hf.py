@@ -400,8 +400,9 @@ def test_a_multi_axis_model_cast_to_half_precision_is_refused():
     """M-RoPE rotates each pair by its axis's position, which fastpe.hf does not give a
     module's own rounded frequencies: a model cast to bfloat16 is refused, unchanged."""
     model = FAMILIES["qwen2_vl"][0]().to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"holds its frequencies rounded to half precision "
-                                         r".* several position axes"):
+    with pytest.raises(ValueError, match=r"holds frequencies other than its config's, .*"
+                                         r"rounded to half precision .* several position "
+                                         r"axes"):
         fastpe.hf.patch(model)
     assert not any("forward" in vars(m) for m in model.modules()
                    if type(m).__name__.endswith("RotaryEmbedding"))
@@ -1836,3 +1837,20 @@ def test_a_learned_alpha_on_the_frequencies_is_followed():
         stock.rotary_emb.alpha.zero_()
         torch.testing.assert_close(model(ids).last_hidden_state, stock(ids).last_hidden_state,
                                    rtol=0, atol=2e-5)
+
+
+def test_sam3_vit_is_refused_at_patch():
+    """SAM 3's ViT rotates q of (batch * windows, heads, tokens, dim) with cos and sin given
+    as keywords, which fastpe.hf cannot lay out (its RoPE runs through from_hf_config and
+    sam3_vit_positions instead): refused at patch, the model left stock, where it was
+    accepted and then failed at every forward."""
+    config = transformers.Sam3ViTConfig(hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        patch_size=8, image_size=64, window_size=4,
+                                        global_attn_indexes=[1], pretrain_image_size=32)
+    torch.manual_seed(0)
+    model = transformers.Sam3ViTModel(config).eval()
+    before = instance_attributes(model)
+    with pytest.raises(ValueError, match=r"model type 'sam3_vit_model' is not reproduced"):
+        fastpe.hf.patch(model)
+    assert instance_attributes(model) == before
