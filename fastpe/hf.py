@@ -1087,6 +1087,16 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
         if _is_rounded(buffer, rope):
             _refuse_held(rope, f" {where}")
         _check_attention_scaling(module, layer_type, rope, f" {where}")
+        # a tensor alpha is followed as Mistral Large 4's forward uses it, exp(alpha) times
+        # every frequency (_alpha_frequencies): refused where the forward does other
+        alpha = getattr(module, "alpha", None)
+        code = getattr(_own_forward(type(module)), "__code__", None)
+        if hasattr(alpha, "_version") and not {"alpha", "exp"} <= set(
+                getattr(code, "co_names", ())):
+            raise ValueError(f"fastpe.hf: the rotary module {where} holds a tensor alpha "
+                             f"that its forward does not use as exp(alpha) times its "
+                             f"frequencies (Mistral Large 4's), which fastpe.hf reproduces "
+                             f"alone")
         # dynamic NTK frequencies grown before patch(): formed from the config as it was
         grown_to = getattr(module, f"{prefix}max_seq_len_cached",
                            getattr(module, "max_seq_len_cached", None))

@@ -1854,3 +1854,14 @@ def test_sam3_vit_is_refused_at_patch():
     with pytest.raises(ValueError, match=r"model type 'sam3_vit_model' is not reproduced"):
         fastpe.hf.patch(model)
     assert instance_attributes(model) == before
+
+
+def test_a_tensor_alpha_used_otherwise_is_refused():
+    """fastpe.hf follows a rotary module's tensor alpha as Mistral Large 4's forward uses
+    it (exp(alpha) times every frequency); a module whose forward does not (here Llama's,
+    which ignores one) is refused rather than rotated by a guess."""
+    model = text_model("llama")
+    model.model.rotary_emb.alpha = torch.nn.Parameter(torch.zeros(HEAD_DIM // 2))
+    with pytest.raises(ValueError, match=r"holds a tensor alpha that its forward does not "
+                                         r"use as exp\(alpha\)"):
+        fastpe.hf.patch(model)
