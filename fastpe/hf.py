@@ -77,7 +77,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -171,8 +171,7 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
     buffer = getattr(module, name, None)
     seen = None if checked is None else checked.get(name)
     if checked is not None and buffer is not None and not (
-            seen is not None and seen[0] is buffer and seen[1] == buffer._version
-            and seen[2] is freqs):
+            _as_is(seen, buffer) and seen[2] is freqs):
         # grown from the config as it is now, or written or replaced since
         _check_grown(module, name, freqs.inv_freq, kept)
         checked[name] = (buffer, buffer._version, freqs)
@@ -203,6 +202,12 @@ def _values(buffer: Any) -> np.ndarray:
                          "which holds no values: fastpe.hf rotates real tensors (patch the "
                          "model once its weights are loaded, or unpatch it)")
     return np.asarray(buffer.detach().to("cpu").double().numpy()).reshape(-1)
+
+
+def _as_is(record: tuple[Any, ...] | None, tensor: Any) -> TypeGuard[tuple[Any, ...]]:
+    """Whether `record` (a tensor, its version, then anything) was made of `tensor` as
+    it is now: the same object, not written since (what the checks below are kept by)."""
+    return record is not None and record[0] is tensor and record[1] == tensor._version
 
 
 def _check_grown(module: Any, name: str, want: np.ndarray, length: int) -> None:
@@ -278,7 +283,7 @@ def _longrope_state(module: Any, x: Any, position_ids: Any, layer_type: str | No
     kept = getattr(module, f"{prefix}long_inv_freq", None)
     key = layer_type or ""
     seen = checked.get(key)
-    if kept is not None and (seen is None or seen[0] is not kept or seen[1] != kept._version):
+    if kept is not None and not _as_is(seen, kept):
         _check_long_frequencies(module, layer_type, rope, "")
         checked[key] = (kept, kept._version)
 
@@ -294,8 +299,7 @@ def _alpha_frequencies(module: Any, base: RopeFrequencies,
     if alpha is None or not hasattr(alpha, "_version"):
         return base
     seen = checked.get("alpha")
-    if seen is not None and seen[0] is alpha and seen[1] == alpha._version \
-            and seen[2][0] is base:
+    if _as_is(seen, alpha) and seen[2][0] is base:
         kept: RopeFrequencies = seen[2][1]
         return kept
     values = _values(alpha)
@@ -423,7 +427,7 @@ def _table_positions(module: Any, rope: RotaryEmbedding, position_ids: Any,
     when it is another tensor (a cast) or was written since the last check."""
     buffer = module.embed_positions
     seen = tables.get(module)
-    if seen is None or seen[0] is not buffer or seen[1] != buffer._version:
+    if not _as_is(seen, buffer):
         _check_position_table(module, rope, type(module).__name__)
         tables[module] = (buffer, buffer._version)
     rows = int(buffer.shape[0])
@@ -470,7 +474,7 @@ def _rounded(module: Any, layer_type: str | None, rope: RotaryEmbedding,
         return False
     key = layer_type or ""
     verdict = verdicts.get(key)
-    if verdict is None or verdict[0] is not buffer or verdict[1] != buffer._version:
+    if not _as_is(verdict, buffer):
         verdict = verdicts[key] = (buffer, buffer._version, _is_rounded(buffer, rope))
     return verdict[2]
 
@@ -493,7 +497,7 @@ def _held_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str | 
     buffer = getattr(module, f"{prefix}inv_freq")
     key = layer_type or ""
     kept = held.get(key)
-    if kept is None or kept[0] is not buffer or kept[1] != buffer._version:
+    if not _as_is(kept, buffer):
         scaling = (freqs or rope.frequencies(int(last) + 1)).attention_scaling
         values = np.ascontiguousarray(_values(buffer))
         values.setflags(write=False)
