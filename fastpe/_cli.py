@@ -447,9 +447,11 @@ def run_bench(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     }
 
 
-def _check_only(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse an --only that names nothing, a part of it that matches no workload (a
-    typo would drop silently), and a selection none of whose workloads runs in --dtype."""
+def _check_only(parser: argparse.ArgumentParser,
+                args: argparse.Namespace) -> list[_bench.Workload]:
+    """The workloads --only selects; refused: an --only that names nothing, a part of it
+    that matches no workload (a typo would drop silently), and a selection none of whose
+    workloads runs in --dtype."""
     every = _bench.workloads(size_wanted(args))
     if args.only is not None:
         parts = [p.strip() for p in args.only.split(",")]
@@ -463,12 +465,13 @@ def _check_only(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         runs_in = sorted({d for wl in chosen for d in wl.dtypes})
         parser.error(f"no workload selected runs in --dtype {args.dtype} (they run in "
                      f"{', '.join(runs_in)})")
+    return chosen
 
 
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    _check_only(parser, args)
+    chosen = _check_only(parser, args)
     if args.list:
-        for wl in _bench.select(_bench.workloads(size_wanted(args)), args.only):
+        for wl in chosen:
             print(f"{wl.name:<22} {wl.title}")
         return 0
     _check_output_path(parser, "--json", args.json)
