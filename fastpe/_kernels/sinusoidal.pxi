@@ -580,8 +580,8 @@ cdef int sinusoidal_execute(SinusoidalCall *a, int code, Py_ssize_t nbytes,
     cdef Py_ssize_t pe_rows = 0 if a.direct else (2 if a.fused else min(a.chunk, a.seq))
     cdef bint blocked = a.nfreq > FREQ_BLOCK
     a.fblock = FREQ_BLOCK if blocked else a.nfreq
-    a.stream = (a.direct and (code == CODE_F32 or code == CODE_F64) and not a.split
-                and not blocked and nbytes > STREAM_TABLE_BYTES)
+    # direct rows are float32 or float64 ones
+    a.stream = a.direct and not a.split and not blocked and nbytes > STREAM_TABLE_BYTES
     a.stream_half = (FPE_HALF_STREAM_ROWS and (code == CODE_F16 or code == CODE_BF16)
                      and a.fused and not a.accumulate and a.sd == 1 and not blocked
                      and nbytes > STREAM_TABLE_BYTES)
