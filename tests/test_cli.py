@@ -376,6 +376,18 @@ def test_bench_list():
     assert {w.name for w in _bench.workloads()} == expected
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [("bench", "--list"), ("info",), ("demo",)])
+def test_stdout_that_cannot_be_written_is_an_error_not_a_traceback(args):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "fastpe", *args], env=_env(),
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                              cwd=str(PACKAGE_ROOT))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert "error: cannot write the output: No space left on device" in proc.stderr
+
+
 @needs_mpl
 def test_bench_plot(tmp_path):
     png = tmp_path / "bench.png"
