@@ -84,7 +84,7 @@ def main() -> None:
             raise SystemExit("fastpe.hf: the patched model's greedy tokens differ from stock")
         caches = {}
         for name, model in (("stock", stock), ("fastpe.hf", patched)):
-            caches[name] = (model, model(prompt, use_cache=True).past_key_values)
+            caches[name] = (model, model(prompt, use_cache=True).cache)
         token = prompt[:, -1:]
         position = torch.tensor([[args.prompt]])
         times: dict[str, list[float]] = {name: [] for name in caches}
