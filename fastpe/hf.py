@@ -16,7 +16,8 @@ disentangled relative attention (He et al., 2021), runs through fastpe.
   in place on q and k (or on each, for the ``(x, cos, sin)`` form of Gemma 3n and 4
   and GPT-J's and CodeGen's ``(tensor, sin, cos)``): (batch, heads, seq, dim) for
   ``unsqueeze_dim=1``, (batch, seq, heads, dim) for ``unsqueeze_dim=2`` and GPT-J's
-  form, (tokens, heads, dim) for the vision towers' 3-D q; DeepSeek-V2's and Llama 4's
+  form, (tokens, heads, dim) for the vision towers' 3-D q (and (images, patches, heads,
+  dim) for Step3.5's images of one grid); DeepSeek-V2's and Llama 4's
   ``(q, k, freqs_cis)``, one complex tensor, in the layout its code broadcasts to.
   These two forms (GPT-J's and freqs_cis) are accepted once their function, run on
   probes (batch, seq and heads apart, one token, k of one head, float32 and float64,
@@ -102,18 +103,22 @@ _APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a
 class _Positions:
     """What a patched rotary module returns twice, as (cos, sin): the call's
     position_ids and the embedding that rotates by them (`narrow`: the same
-    embedding for a model that passes only the rotated features, q[..., :rotary_dim])."""
+    embedding for a model that passes only the rotated features, q[..., :rotary_dim]).
+    `patches`: where they are a vision tower's, its number of patches (the positions
+    then (axes, patches) already), else None."""
 
-    __slots__ = ("freqs", "narrow", "positions", "rope")
+    __slots__ = ("freqs", "narrow", "patches", "positions", "rope")
 
     def __init__(self, rope: RotaryEmbedding, narrow: RotaryEmbedding | None,
-                 positions: Any, freqs: RopeFrequencies | None = None) -> None:
+                 positions: Any, freqs: RopeFrequencies | None = None,
+                 patches: int | None = None) -> None:
         self.rope = rope
         self.narrow = narrow
         self.positions = positions
         # the frequencies transformers' dynamic NTK state holds, where they are not those
         # of the call's own length (_dynamic_frequencies)
         self.freqs = freqs
+        self.patches = patches
 
     def to(self, *args: Any, **kwargs: Any) -> _Positions:
         """Itself: DeepSeek-V2 and Llama 4 move their freqs_cis to q's device, and fastpe
@@ -349,7 +354,8 @@ def _check_attention_scaling(module: Any, layer_type: str | None, rope: RotaryEm
 def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = False,
                     table: bool = False,
                     read: dict[str | None, dict[str, Any] | None] | None = None,
-                    sections: list[int] | None = None) -> Callable[..., Any]:
+                    sections: list[int] | None = None,
+                    vision: bool = False) -> Callable[..., Any]:
     """The forward of a patched rotary module, bound to it (a copy of the model rebinds
     it to the copy's module, whose dynamic NTK state is its own). `single`: it returns
     one object where the stock module returns one complex freqs_cis tensor (DeepSeek-V2,
@@ -358,7 +364,9 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
     another tensor or was written, and indexed as the stock code indexes it. `read`: per
     layer type, a copy of the config entry patch() read for a module whose forward reads
     it again at every call (Phi-3.5-MoE's), refused once it differs. `sections`: a copy of
-    a text M-RoPE module's mrope_section as patch() read it (_check_call_state)."""
+    a text M-RoPE module's mrope_section as patch() read it (_check_call_state).
+    `vision`: a vision tower's module, whose forward reads its position_ids as (patches,
+    axes) (transformers' get_vision_position_ids), as many patches as axes included."""
     pairs = {t: (rope, _narrow(rope)) for t, rope in ropes.items()}
     # Phi-3.5-MoE's module (mscaled) forms its frequencies anew at each call, no state kept
     dynamic = {t for t, rope in ropes.items()
@@ -400,7 +408,11 @@ def _rotary_forward(ropes: dict[str | None, RotaryEmbedding], single: bool = Fal
             scaled = _alpha_frequencies(module, base, kept[3])
             if scaled is not base:
                 freqs = scaled
-        out = _Positions(rope, pair[1], position_ids, freqs)
+        patches = None
+        shape = tuple(getattr(position_ids, "shape", ()))
+        if vision and len(shape) == 2 and shape[1] == rope.axes:
+            position_ids, patches = position_ids.T, shape[0]
+        out = _Positions(rope, pair[1], position_ids, freqs, patches)
         return out if single else (out, out)
 
     # per module (a deepcopy of the model shares this function with the original) and
@@ -790,14 +802,23 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             # heads as over a 3-D q's
             q, k = q[0], None if k is None else k[0]
             layout = "shd"
+        elif _images_of_patches(q, k, cos.patches):
+            # Step3.5's tower: (images, patches, heads, dim), images of one grid, the cos
+            # rows of its patches broadcast over the images
+            layout = "bshd"
         else:
             raise ValueError(f"fastpe.hf: {name} takes no unsqueeze_dim and q has shape "
                              f"{tuple(getattr(q, 'shape', ()))}: fastpe.hf reads only "
-                             f"(tokens, heads, dim) or (1, tokens, heads, dim) q without it")
+                             f"(tokens, heads, dim) or (1, tokens, heads, dim) q without it, "
+                             f"or a vision tower's (images, patches, heads, dim) beside the "
+                             f"positions of one image's patches")
         rope, positions = cos.rope, cos.positions
         if cos.narrow is not None and getattr(q, "shape", (0,))[-1] == cos.narrow.head_dim:
             rope = cos.narrow
-        if layout == "shd" and rope.axes > 1:
+        if cos.patches is not None:
+            if layout == "bshd":
+                positions = positions[:, None]   # (axes, 1, patches): every image's
+        elif layout == "shd" and rope.axes > 1:
             positions = _axis_first(positions, rope.axes, name)
         if q_last and k is not None:
             axis = {"bhsd": 2, "bshd": 1, "shd": 0}[layout]
@@ -820,6 +841,13 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
 def _one_sequence(x: Any) -> bool:
     shape = tuple(getattr(x, "shape", ()))
     return len(shape) == 4 and shape[0] == 1
+
+
+def _images_of_patches(q: Any, k: Any, patches: int | None) -> bool:
+    """Whether q (and k) are (images, patches, heads, dim) beside a vision tower's
+    positions of `patches` patches (None: not a tower's)."""
+    shapes = [tuple(getattr(x, "shape", ())) for x in (q, k) if x is not None]
+    return patches is not None and all(len(s) == 4 and s[1] == patches for s in shapes)
 
 
 def _axis_first(positions: Any, axes: int, name: str) -> Any:
@@ -1306,7 +1334,8 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
         held = getattr(module, "mrope_section", None)
         sections = list(held) if isinstance(held, (list, tuple)) else None
         plan.append((module, "forward", types.MethodType(
-            _rotary_forward(ropes, True in takes, table, read or None, sections), module)))
+            _rotary_forward(ropes, True in takes, table, read or None, sections,
+                            kinds[name] in VISION), module)))
     return plan
 
 

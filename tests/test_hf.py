@@ -1865,3 +1865,63 @@ def test_a_tensor_alpha_used_otherwise_is_refused():
     with pytest.raises(ValueError, match=r"holds a tensor alpha that its forward does not "
                                          r"use as exp\(alpha\)"):
         fastpe.hf.patch(model)
+
+
+def _tower_attention_outputs(model):
+    """Every vision attention's output in call order, kept by forward hooks."""
+    outputs = []
+    for m in model.modules():
+        if type(m).__name__.endswith("VisionAttention"):
+            m.register_forward_hook(lambda m, a, out: outputs.append(
+                (out[0] if isinstance(out, tuple) else out).clone()))
+    return outputs
+
+
+def test_step3p5_tower_rotates_a_batch_of_images_of_one_grid():
+    """Step3.5's vision tower (Step3.7's model) runs its images, or an image's local crops,
+    as one batch of one grid: q of (images, patches, heads, dim) beside the cos and sin of
+    one image's patches, which it broadcasts over the images. Each attention's output is
+    its stock one, where the patched tower was accepted and then failed at every forward
+    of more than one image."""
+    step = pytest.importorskip("transformers.models.step3p7.modeling_step3p7")
+    config = step.Step3p7VisionConfig(hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=2,
+                                      patch_size=4, image_size=32)
+    torch.manual_seed(0)
+    stock = _positions_matter(step.Step3p7VisionModel(config).eval())
+    model = fastpe.hf.patch(copy.deepcopy(stock))
+    want, got = _tower_attention_outputs(stock), _tower_attention_outputs(model)
+    for shape in [(1, 3, 16, 24), (3, 3, 16, 24), (2, 3, 8, 4)]:
+        pixels = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            stock_out = stock(pixels).last_hidden_state
+            out = model(pixels).last_hidden_state
+        torch.testing.assert_close(out, stock_out, rtol=0, atol=2e-6)
+    assert len(got) == len(want) == 6
+    for o, w in zip(got, want, strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=1e-6 * float(w.abs().max()))
+
+
+def test_a_tower_of_as_many_patches_as_axes_reads_its_positions_as_patches():
+    """A vision tower's rotary module reads its position_ids as (patches, axes)
+    (transformers' get_vision_position_ids): PaddleOCR-VL's tower given one image of 1 x 2
+    patches, position_ids (2, 2), rotates as stock, where fastpe.hf refused it as
+    ambiguous at the forward."""
+    config = transformers.PaddleOCRVLConfig(
+        text_config=dict(SMALL, head_dim=HEAD_DIM),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, patch_size=4, image_size=32))
+    torch.manual_seed(0)
+    stock = _positions_matter(
+        transformers.PaddleOCRVLForConditionalGeneration(config).eval()).model.visual
+    model = fastpe.hf.patch(copy.deepcopy(stock))
+    want, got = _tower_attention_outputs(stock), _tower_attention_outputs(model)
+    pixels = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    for grids in ([[1, 1, 2]], [[1, 2, 1], [1, 1, 2]]):
+        n = sum(t * h * w for t, h, w in grids)
+        with torch.no_grad():
+            stock(pixel_values=pixels[:, :n], grid_thw=torch.tensor(grids))
+            model(pixel_values=pixels[:, :n], grid_thw=torch.tensor(grids))
+    assert len(got) == len(want) == 2
+    for o, w in zip(got, want, strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=1e-6 * float(w.abs().max()))
