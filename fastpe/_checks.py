@@ -140,7 +140,7 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
         if not (w and x.is_inference()):
             try:
                 # the common case, in one call (bfloat16, a grad or a device raise here)
-                out.append(x.numpy())
+                out.append(own_memory(x, x.numpy(), name))
                 continue
             except (RuntimeError, TypeError):
                 pass
@@ -168,16 +168,29 @@ def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
         if k is None:
             if q.is_inference():
                 raise TypeError
-            qv, kv = q.numpy(), None
+            qv, kv = own_memory(q, q.numpy(), "q"), None
         else:
             if q.is_inference() or k.is_inference():
                 raise TypeError
-            qv, kv = q.numpy(), k.numpy()
+            qv, kv = own_memory(q, q.numpy(), "q"), own_memory(k, k.numpy(), "k")
         pv = positions if positions is None or type(positions) is np.ndarray else (
-            positions.numpy())
+            own_memory(positions, positions.numpy(), "positions"))
     except (AttributeError, RuntimeError, TypeError):
         return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
     return [qv, kv, pv]
+
+
+def own_memory(x: Any, view: np.ndarray, name: str) -> np.ndarray:
+    """view, torch's NumPy conversion of the tensor x, when x has memory of its own; a
+    TypeError naming x where it has none (a null data pointer): a functional tensor of
+    torch.func.functionalize converts to a fresh array of other values, whose writes
+    would be lost and whose values read would be wrong, without an error from torch."""
+    if view.size and not x.data_ptr():
+        raise TypeError(f"{name} is a torch tensor without memory of its own (a functional "
+                        f"tensor of torch.func.functionalize, or another wrapper): its NumPy "
+                        f"conversion is not its memory, so fastpe would read and write other "
+                        f"values; call fastpe outside the transform")
+    return view
 
 
 _Layout = TypeVar("_Layout")
@@ -285,6 +298,7 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
             view: np.ndarray = x.view(torch.int16).numpy().view(module.bfloat16)
         else:
             view = x.numpy()
+        own_memory(x, view, name)
     except (RuntimeError, TypeError) as exc:
         if str(exc).startswith(name):
             raise
@@ -486,6 +500,13 @@ def count(n: Any, name: str, *, minimum: int | None = 0, whole_float: bool = Fal
     hold it) is taken as that int."""
     if isinstance(n, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool")
+    if type(n) is not int and is_tensor(n):
+        # torch's __index__ takes a bool tensor and any one-element tensor, which
+        # NumPy's arrays refuse (np.array(True), np.array([3])): a 0-d integer one only
+        if n.dtype is sys.modules["torch"].bool:
+            raise TypeError(f"{name} must be an int, got a bool tensor")
+        if n.ndim != 0:
+            raise TypeError(f"{name} must be an int, got a tensor of shape {tuple(n.shape)}")
     try:
         value = operator.index(n)
     except TypeError:

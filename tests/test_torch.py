@@ -503,3 +503,93 @@ def test_dual_tensors_of_forward_mode_ad_are_refused(entry, api):
         assert dual._version == version
         call(q, k, True)   # no tangent: written
         assert q._version > version
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("entry", [e for e in _entries() if not e.endswith("ndarray q")
+                                   and "memoryview" not in e])
+def test_functional_tensors_are_refused_not_written_to_a_copy(entry, backend):
+    """torch.func.functionalize's tensors are plain torch.Tensors without memory of their
+    own (data_ptr() is 0) whose numpy() is a fresh array of other values: fastpe refuses
+    them by name instead of reading those values and writing where nothing reads."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    from torch.func import functionalize
+    call = _entries()[entry]
+    outcome = []
+
+    def step(q, k):
+        q, k = q * 1, k * 1   # the transform's own (functional) tensors
+        with pytest.raises(TypeError, match=r"^(q|x|scores|out) is a torch tensor without "
+                                            r"memory of its own \(a functional tensor"):
+            call(q, k, True)
+        outcome.append("refused")
+        return q
+
+    q = _tensor((1, 3, 2, 8), "float32", 12)
+    with fastpe.use_backend(backend):
+        assert torch.equal(functionalize(step)(q, _tensor((1, 3, 2, 8), "float32", 13)), q)
+    assert outcome == ["refused"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_functional_tensors_read_beside_plain_ones_are_refused(backend):
+    """A functional tensor only read (positions, a learned table) is refused by name
+    too: its numpy() holds other values than it shows; the plain tensor beside it is
+    left as it was, its version too."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    from torch.func import functionalize
+    q, x = _tensor((1, 3, 2, 8), "float32", 14), _tensor((3, 8), "float32", 15)
+    before, version = (q.clone(), x.clone()), (q._version, x._version)
+
+    def step(positions, table):
+        positions, table = positions * 1, table * 1
+        with pytest.raises(TypeError, match=r"^positions is a torch tensor without memory"):
+            fastpe.apply_rope(q, None, positions, layout="bshd")
+        with pytest.raises(TypeError, match=r"^table is a torch tensor without memory"):
+            fastpe.add_learned(x, table)
+        return positions
+
+    with fastpe.use_backend(backend):
+        functionalize(step)(torch.arange(3), _tensor((16, 8), "float32", 16))
+    assert torch.equal(q, before[0]) and torch.equal(x, before[1])
+    assert (q._version, x._version) == version
+
+
+_INT_ARGS = {
+    "apply_rope offset": lambda n, q: fastpe.apply_rope(q, offset=n, layout="bshd"),
+    "RotaryEmbedding offset": lambda n, q: fastpe.RotaryEmbedding(8)(q, offset=n,
+                                                                    layout="bshd"),
+    "add_sinusoidal offset": lambda n, q: fastpe.add_sinusoidal(q[0, :, 0], offset=n),
+    "add_alibi q_offset": lambda n, q: fastpe.add_alibi(q, q_offset=n),
+    "add_relative_bias q_offset": lambda n, q: fastpe.add_relative_bias(
+        q, torch.ones(32, 3), q_offset=n),
+    "sinusoidal_table length": lambda n, q: fastpe.sinusoidal_table(n, 8, out=q[0, :1, 0]),
+}
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("arg", list(_INT_ARGS))
+def test_integer_arguments_take_0d_integer_tensors_only(arg, backend):
+    """An int argument takes a 0-d integer tensor as its value, as it takes NumPy's 0-d
+    integer array; a bool tensor and a one-element tensor of more dimensions, which
+    torch's __index__ takes but NumPy refuses for its arrays, are TypeErrors naming the
+    argument, the written tensor left as it was."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    call = _INT_ARGS[arg]
+    name = arg.split()[-1]
+    with fastpe.use_backend(backend):
+        for bad in (torch.tensor(True), torch.tensor([1]), torch.tensor([[1]])):
+            q = _tensor((1, 3, 2, 8), "float32", 17)
+            before, version = q.clone(), q._version
+            with pytest.raises(TypeError, match=f"^{name} must be an int, got a "):
+                call(bad, q)
+            assert torch.equal(q, before) and q._version == version
+        q, twin = _tensor((1, 3, 2, 8), "float32", 17), _tensor((1, 3, 2, 8), "float32", 17)
+        call(torch.tensor(1), q)
+        call(1, twin)
+        assert torch.equal(q, twin)
