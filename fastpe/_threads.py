@@ -94,6 +94,24 @@ def usable_cpus() -> int:
     return max(min(cpus, _cgroup_budget) if _cgroup_budget else cpus, 1)
 
 
+INT_MAX = 2**31 - 1
+
+
+def _env_count(name: str) -> int | None:
+    """The first count of the OpenMP variable `name` ("4" or "4,2"), a positive integer
+    as GNU OpenMP reads it (its value in full: OpenMP stores it in a long), else None."""
+    first = os.environ.get(name, "").split(",", 1)[0].strip()
+    if not first.isdigit() or not first.isascii():
+        return None
+    value = int(first)
+    return value if 0 < value < 2**63 else None
+
+
+def _truncated(value: int) -> int:
+    """`value` as a C int holds it (two's complement, 32 bits)."""
+    return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
 def _openmp_max() -> int:
     compiled = _backend.compiled
     if compiled is None:
@@ -101,9 +119,18 @@ def _openmp_max() -> int:
     n: int = compiled.openmp_max_threads()
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         # an explicit request, as OpenMP itself reads it, within the cap set_num_threads
-        # holds: past it OpenMP aborts the process when it cannot start the team
-        return min(n, MAX_THREADS)
-    return min(n, usable_cpus())
+        # holds: past it OpenMP aborts the process when it cannot start the team.
+        # omp_get_max_threads() returns the request cast to an int: one past INT_MAX
+        # reads as negative, 0 or a small count (OMP_NUM_THREADS=4294967296 gave 0
+        # threads, and a kernel given a team of 0 corrupts the heap); such a request is
+        # one past the cap.
+        request = _env_count("OMP_NUM_THREADS")
+        if n < 1 or (request is not None and request > INT_MAX
+                     and n == _truncated(request)):
+            limit = _env_count("OMP_THREAD_LIMIT")
+            n = MAX_THREADS if limit is None else min(limit, MAX_THREADS)
+        return max(min(n, MAX_THREADS), 1)
+    return max(min(n, usable_cpus()), 1)
 
 
 def _as_count(value: Any, name: str) -> int:

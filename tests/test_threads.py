@@ -64,6 +64,24 @@ def test_omp_num_threads_past_the_cap_is_held_to_it():
     assert _threads_in_subprocess(OMP_NUM_THREADS="100000") == [cap, cap]
 
 
+@needs_openmp
+@pytest.mark.parametrize("value,limit", [("4294967296", None), ("2147483648", None),
+                                         ("999999999999", None), ("4294967297", None),
+                                         ("4294967296", "3")])
+def test_omp_num_threads_past_an_int_is_held_to_the_cap(value, limit):
+    """omp_get_max_threads() returns OMP_NUM_THREADS cast to a C int: past 2**31 - 1 it
+    reads as 0 (4294967296: a team of 0, which corrupted the heap on the next large
+    call), negative (a MemoryError on every large call) or 1. Such a request is past
+    the cap, and held to it (or to OMP_THREAD_LIMIT); a large call then runs."""
+    want = _threads.MAX_THREADS if limit is None else int(limit)
+    code = (THREADS + "\nimport numpy as np\nx = np.zeros((2, 1024, 512), np.float32)\n"
+            "fastpe.add_sinusoidal(x)\nassert x.any()\nprint('ran')")
+    proc = run_python(code, OMP_NUM_THREADS=value, OMP_THREAD_LIMIT=limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-2]) == [want, want] and lines[-1] == "ran"
+
+
 def test_without_openmp_default_is_one():
     if OPENMP:
         # the same logic, seen from a build whose extension is missing
