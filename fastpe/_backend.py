@@ -118,6 +118,13 @@ class _Using(contextlib.ContextDecorator):
 
     def __exit__(self, *exc: object) -> None:
         found = _entered.get()
+        if not found:
+            # the context variables are the entering context's: a generator's block
+            # resumed and left on another thread leaves that thread with nothing to restore
+            raise RuntimeError(
+                f"fastpe.use_backend({self._name!r}): the block is left in another thread "
+                f"(or context) than the one that entered it, as a generator's block resumed "
+                f"on another thread is; the thread that entered it keeps the backend set")
         _current.set(found[-1])
         _entered.set(found[:-1])
 

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,39 @@ def test_compiled_backend_guard():
 
 def _other(name):
     return "numpy" if name == "cython" else "cython"
+
+
+def test_use_backend_left_on_another_thread_says_so():
+    """A generator's block entered on one thread and left on another (the generator
+    resumed there): the leaving thread's context has no entry to restore, a RuntimeError
+    naming the block, where it was a bare IndexError; the entering thread keeps the
+    backend set, as a context variable set in a generator does."""
+    start = fastpe.backend()
+    seen: dict[str, object] = {}
+
+    def gen():
+        with fastpe.use_backend(_other(start)):
+            yield fastpe.backend()
+            yield fastpe.backend()
+
+    def run(name, work):
+        def body():
+            try:
+                seen[name] = work()
+            except BaseException as exc:
+                seen[name] = exc
+        t = threading.Thread(target=body)
+        t.start()
+        t.join(20)
+
+    g = gen()
+    run("entered", lambda: (next(g), fastpe.backend()))
+    run("left", lambda: [next(g), next(g, None)])
+    assert seen["entered"] == (_other(start), _other(start))
+    assert isinstance(seen["left"], RuntimeError), seen["left"]
+    assert re.search(r"use_backend\('\w+'\): the block is left in another thread",
+                     str(seen["left"]))
+    assert fastpe.backend() == start
 
 
 @pytest.mark.skipif(not COMPILED, reason="needs both backends")
