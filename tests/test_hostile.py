@@ -5,6 +5,7 @@ hang or a wrong number."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -223,12 +224,20 @@ def test_lattice_proof_against_exact_search():
 def _assert_child_exits_cleanly(code, timeout):
     """Run `code`, which forks a child (pid) that exits 0 when all is well; a child that
     hangs fails the test at the timeout."""
-    proc = run_python(code + """
-_, status = os.waitpid(pid, 0)
-print("child", os.waitstatus_to_exitcode(status))
+    proc = run_python(code + f"""
+import time
+deadline = time.monotonic() + {timeout / 2}
+while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)
+if done[0] == 0:
+    os.kill(pid, 9)   # hung: killed, not left behind
+    os.waitpid(pid, 0)
+    print("child hung")
+else:
+    print("child", os.waitstatus_to_exitcode(done[1]))
 """, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "child 0" in proc.stdout
+    assert "child 0" in proc.stdout, proc.stdout
 
 
 # a forked child's threaded call (every size threaded), checked against the table: `ok`
@@ -254,6 +263,26 @@ if pid == 0:
     os._exit(0 if ok else 3)
 """
     _assert_child_exits_cleanly(code, timeout=120)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not fastpe._backend.compiled,
+                    reason="needs fork() and the compiled kernels")
+def test_a_fork_from_c_code_runs_serially_in_the_child():
+    """fork() called from C (here through ctypes) runs none of Python's fork hooks, so
+    fastpe's Python side does not know the child is one; the kernels' own pthread_atfork
+    handler does, and the child's threaded call runs on one thread instead of hanging
+    in the pool the parent's threaded call left."""
+    code = """
+import ctypes, os, numpy as np, fastpe, fastpe._threads
+fastpe._threads.SERIAL_BYTES = 0
+warm = np.zeros((4, 1024, 256), np.float32)
+fastpe.add_sinusoidal(warm, num_threads=2)   # the parent's pool, then the fork
+pid = ctypes.CDLL(None, use_errno=True).fork()
+if pid == 0:
+""" + _THREADED_CALL_IN_CHILD + """
+    os._exit(0 if ok else 3)
+"""
+    _assert_child_exits_cleanly(code, timeout=60)
 
 
 def test_a_child_that_imports_fastpe_after_the_fork_runs_serially():

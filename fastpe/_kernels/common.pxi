@@ -106,6 +106,26 @@ cdef extern from *:
     int omp_get_thread_limit() nogil
 
 
+cdef extern from *:
+    """
+    /* Set in the child of any fork() after this module loaded, C code's forks included
+     * (they run none of Python's fork hooks): the child's OpenMP pool may be a dead copy
+     * of the parent's, whose first parallel region would wait for threads that do not
+     * exist, so every kernel there runs on one thread. */
+    #if defined(_WIN32)
+    static const int fpe_forked_child = 0;
+    static int fpe_watch_forks(void) { return 0; }
+    #else
+    #include <pthread.h>
+    static volatile int fpe_forked_child = 0;
+    static void fpe_note_fork_child(void) { fpe_forked_child = 1; }
+    static int fpe_watch_forks(void) { return pthread_atfork(NULL, NULL, fpe_note_fork_child); }
+    #endif
+    """
+    const int fpe_forked_child
+    int fpe_watch_forks()
+
+
 cdef extern from "numpy/arrayobject.h":
     enum: NPY_HALF
 
@@ -287,7 +307,10 @@ cdef inline bint keeps_gil(int nthreads, Py_ssize_t nbytes) noexcept nogil:
 
 
 cdef inline int units_threads(Py_ssize_t nunits, int num_threads) noexcept nogil:
-    """Never more threads than work units."""
+    """Never more threads than work units, and one in a fork child (fpe_forked_child) or
+    where fewer than one is asked for."""
+    if num_threads < 2 or fpe_forked_child:
+        return 1
     if nunits < num_threads:
         return <int>max(nunits, 1)
     return num_threads

@@ -103,6 +103,8 @@ def bf16_hardware_narrowing(object on=None):
     return bool(fpe_bf16_cvt_state(-1))
 
 
+if fpe_watch_forks() != 0:
+    raise ImportError("fastpe: pthread_atfork could not register the kernels' fork handler")
 bf16_hardware_narrowing(True)
 # Intel: every call; elsewhere (AMD Zen 5) calls whose rows are likely in the caches
 rope_cached_bytes(PY_SSIZE_T_MAX if cpu_vendor() == "GenuineIntel" else ROPE_CACHED_BYTES)
