@@ -64,12 +64,15 @@ whose ``forward`` something else already replaced. A rotary module whose owner r
 its cos and sin before the apply function (the window attention of Qwen2.5-VL's vision
 tower) is left stock, with the blocks that apply it. The rotation is in place and
 has no autograd: run the patched model under ``torch.no_grad()`` or
-``torch.inference_mode()`` (a tensor that requires grad is a TypeError).
+``torch.inference_mode()`` (a tensor that requires grad is a TypeError). Nor can a
+trace record it: torch.jit.trace, torch.export and make_fx of a patched model raise a
+RuntimeError (torch.compile runs the patched forwards between its graphs).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import math
@@ -98,6 +101,11 @@ _TAKES_FREQS_CIS = "_fastpe_hf_freqs_cis"
 # set on the apply stand-ins whose function the probes saw turn adjacent pairs
 _PROBED_ADJACENT = "_fastpe_hf_adjacent"
 _APPLY_NAME = re.compile(r"apply_\w*(rotary|rope)")  # matched at the start of a name
+# why a patched forward is a graph break, for torch.compile's errors
+_GRAPH_BREAK = ("fastpe.hf: a patched model rotates q and k (and adds DeBERTa's bias) by a C "
+                "call on the tensors' memory, which no graph can hold: compile it with "
+                "fullgraph=False (the patched forwards run between the graphs), or "
+                "fastpe.hf.unpatch it to compile or export one whole graph")
 
 
 class _Positions:
@@ -183,17 +191,47 @@ def _dynamic_frequencies(module: Any, x: Any, position_ids: Any, layer_type: str
     return None if own_length else freqs
 
 
+def _refuse_tracing() -> None:
+    """A RuntimeError where a patched forward runs inside a trace rather than on tensors:
+    torch.jit.trace records the tensor operations around fastpe's C call and not the call,
+    so its graph would replay the model without the rotation (other numbers, silently);
+    torch.export and make_fx hand it fake tensors, which hold no memory to rotate."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    jit, compiler = getattr(torch, "jit", None), getattr(torch, "compiler", None)
+    traced = jit is not None and jit.is_tracing()
+    if traced or (compiler is not None and getattr(compiler, "is_compiling", bool)()):
+        raise RuntimeError(
+            f"fastpe.hf: a patched model cannot be "
+            f"{'traced by torch.jit.trace' if traced else 'exported or traced into a graph'}"
+            f": it rotates q and k (and adds DeBERTa's bias) by a C call on the tensors' "
+            f"memory, which a graph does not record. fastpe.hf.unpatch(model) to trace the "
+            f"stock model (torch.compile runs the patched forwards between its graphs)")
+
+
 def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn, run by Python wherever torch.compile compiles around it (torch is imported: a
     model exists): its graphs cannot hold fastpe's C call on the tensors' memory, nor
     trace the NumPy reads of the module's buffers, nor an attention forward rebuilt with
     globals of its own (nor what it calls: the same error), so each call is a graph
-    break. Tagged as a forward patch() made."""
-    eager: Callable[..., Any] = fn
+    break; refused inside a trace (_refuse_tracing). Tagged as a forward patch() made."""
+
+    @functools.wraps(fn)
+    def untraced(*args: Any, **kwargs: Any) -> Any:
+        _refuse_tracing()
+        return fn(*args, **kwargs)
+
+    eager: Callable[..., Any] = untraced
     try:
         # looked up, not imported by name: mypy runs with and without torch installed
         disable: Any = importlib.import_module("torch._dynamo").disable
-        eager = disable(fn, recursive=True)
+        try:
+            # fullgraph=True and torch.export(strict=True) raise with this reason, where
+            # dynamo's own hint (remove the disable call) would point into fastpe
+            eager = disable(untraced, recursive=True, reason=_GRAPH_BREAK)
+        except TypeError:   # a torch whose disable takes no reason
+            eager = disable(untraced, recursive=True)
     except Exception:  # a torch without dynamo compiles nothing to break around
         pass
     setattr(eager, _FASTPE_FORWARD, True)
@@ -1226,7 +1264,11 @@ def patch(model: Any) -> Any:
     """Make a transformers model apply its rotary position embedding through fastpe,
     in place on its own q and k tensors, with float64 angles from its position_ids;
     returns the model. Only this instance changes; :func:`unpatch` undoes it.
-    Patching a patched model does nothing.
+    Patching a patched model does nothing. Given torch.compile's wrapper, it patches the
+    model that the wrapper runs (and returns the wrapper); a model patched already through
+    a module holding it, or through one inside it, is refused. A patched model runs
+    between torch.compile's graphs and refuses to be traced (torch.jit.trace,
+    torch.export).
 
     DeBERTa (v1, v2, v3) and SEW-D models get their disentangled attention bias added by
     fastpe instead (fastpe._hf_deberta).
@@ -1240,10 +1282,18 @@ def patch(model: Any) -> Any:
         with torch.no_grad():
             tokens = model.generate(input_ids, max_new_tokens=20)
     """
+    given, model = model, _compiled_module(model)
     _drop_stale_patch(model)
     if getattr(model, _STATE, None) is not None:
-        return model
+        return given
     modules = dict(_named_modules(model))
+    held = [name for name, m in modules.items() if _patched_attributes(m)]
+    if held:
+        where = f"its module {held[0]!r}" if held[0] else "it"
+        raise ValueError(f"fastpe.hf: {type(model).__name__} is patched already, through "
+                         f"another module: {where} runs what fastpe.hf.patch set when it was "
+                         f"given a module holding this model or one inside it; "
+                         f"fastpe.hf.unpatch(model) undoes that, then patch the model")
     rotary = {name: m for name, m in modules.items() if _is_rotary_class(type(m))}
     disentangled = {name: (m, attribute) for name, m in modules.items()
                     if (attribute := _hf_deberta.bias_attribute(m)) is not None}
@@ -1280,7 +1330,7 @@ def patch(model: Any) -> Any:
     for module, attribute, value in plan:
         setattr(module, attribute, value)
     object.__setattr__(model, _STATE, [(module, attribute) for module, attribute, _ in plan])
-    return model
+    return given
 
 
 def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
@@ -1347,6 +1397,23 @@ def _runs_patch(module: Any, attribute: str) -> bool:
                    False)
 
 
+def _patched_attributes(module: Any) -> list[str]:
+    """The attributes of `module` that run a method patch() set (by any patch() call)."""
+    return [name for name in ("forward", _hf_deberta.BIAS_ATTRIBUTE,
+                              _hf_deberta.V1_BIAS_ATTRIBUTE) if _runs_patch(module, name)]
+
+
+def _compiled_module(model: Any) -> Any:
+    """The module that torch.compile's wrapper (an OptimizedModule) runs, else model: the
+    wrapper reads attributes through to it but keeps its own, so a patch recorded on the
+    wrapper would be one that unpatch(model) cannot see, and the reverse."""
+    while (type(model).__name__ == "OptimizedModule"
+           and type(model).__module__.startswith("torch._dynamo")
+           and "_orig_mod" in getattr(model, "_modules", {})):
+        model = model._modules["_orig_mod"]
+    return model
+
+
 def _drop_stale_patch(model: Any) -> None:
     """Forget a patch that a pickled copy of a patched model remembers but does not run
     (its modules run their stock methods): the model is then stock, and unmarked."""
@@ -1360,12 +1427,20 @@ def _drop_stale_patch(model: Any) -> None:
 
 def unpatch(model: Any) -> Any:
     """Undo :func:`patch`: the model runs its stock code again, bit for bit; returns
-    the model. Unpatching a model that is not patched does nothing."""
+    the model. Unpatching a model that is not patched does nothing. A patch made through
+    torch.compile's wrapper of the model, a module holding it or one inside it is undone
+    too."""
+    given, model = model, _compiled_module(model)
     _drop_stale_patch(model)
     patched = getattr(model, _STATE, None)
-    if patched is None:
-        return model
-    for module, name in patched:   # what patch() set, nothing set since
-        vars(module).pop(name, None)
-    object.__delattr__(model, _STATE)
-    return model
+    if patched is not None:
+        for module, name in patched:   # what patch() set, nothing set since
+            vars(module).pop(name, None)
+        object.__delattr__(model, _STATE)
+    # what patch() set when given a module inside this one, or one holding it: theirs is
+    # then stale, and dropped at their next patch() or unpatch()
+    for module in getattr(model, "modules", tuple)():
+        for name in _patched_attributes(module):
+            vars(module).pop(name)
+        vars(module).pop(_STATE, None)
+    return given

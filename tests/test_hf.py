@@ -1704,6 +1704,114 @@ def test_torch_compile_runs_the_patched_rotation_between_its_graphs(order):
     assert not torch.equal(got, stock)
 
 
+def test_torch_compile_fullgraph_names_fastpe_as_the_graph_break():
+    """fullgraph=True cannot run the patched forwards between graphs: dynamo's error says
+    why and what to do, not only that a disabled function was met."""
+    model = fastpe.hf.patch(text_model("llama"))
+
+    # a frame of its own: dynamo would reuse the model's forward compiled by other tests
+    # without fullgraph
+    @torch.compile(backend="eager", fullgraph=True)
+    def logits(ids):
+        return model(ids).logits
+
+    with torch.no_grad(), pytest.raises(Exception, match=r"fastpe\.hf: a patched model rotates "
+                                                          r"q and k .* fullgraph=False"):
+        logits(prompt("llama")["input_ids"])
+
+
+class _Holder(torch.nn.Module):
+    """A module of the user's own around a model."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+def _patched_forwards(model):
+    return [name for name, m in model.named_modules() if "forward" in vars(m)]
+
+
+def test_patch_and_unpatch_reach_a_model_through_torch_compile_and_holders():
+    """torch.compile's wrapper reads attributes through to the model but keeps its own:
+    patch() and unpatch() act on the model it runs, either way round. A patch made
+    through a module holding the model, or through one inside it, is undone by unpatch()
+    on any of them; patching the model over it is refused, not mistaken for accelerate's
+    hooks."""
+    stock = text_model("llama", initializer_range=0.4)
+    ids = prompt("llama")["input_ids"]
+    with torch.no_grad():
+        want = stock(ids).logits
+    model = fastpe.hf.patch(copy.deepcopy(stock))
+    compiled = torch.compile(model, backend="eager")
+    assert fastpe.hf.unpatch(compiled) is compiled
+    assert not _patched_forwards(model) and not hasattr(model, "_fastpe_hf_patched")
+
+    compiled = torch.compile(model, backend="eager")
+    assert fastpe.hf.patch(compiled) is compiled
+    assert fastpe.hf.patch(model) is model                    # patched already: nothing
+    assert _patched_forwards(model) and model._fastpe_hf_patched
+    fastpe.hf.unpatch(model)
+    assert not _patched_forwards(model)
+
+    # patched through a holder, then the model asked; patched through its inner model,
+    # then the model asked
+    for patched_through, asked in ((_Holder(model), model), (model.model, model)):
+        fastpe.hf.patch(patched_through)
+        with pytest.raises(ValueError, match=r"patched already, through another module: .*"
+                                             r"fastpe\.hf\.unpatch\(model\) undoes"):
+            fastpe.hf.patch(asked)
+        assert not hasattr(asked, "_fastpe_hf_patched")
+        fastpe.hf.unpatch(asked)
+        assert not _patched_forwards(model)
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, want)
+        fastpe.hf.patch(patched_through)                      # its stale record is dropped
+        assert _patched_forwards(model)
+        fastpe.hf.unpatch(patched_through)
+        assert not _patched_forwards(model)
+        assert not hasattr(patched_through, "_fastpe_hf_patched")
+
+
+class _LastHidden(torch.nn.Module):
+    """A model's last hidden state alone, for torch.jit.trace."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(ids, use_cache=False).last_hidden_state
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.parametrize("name", ["llama", "deberta"])
+def test_torch_jit_trace_of_a_patched_model_is_refused(name):
+    """torch.jit.trace records the tensor operations around fastpe's C call, not the
+    call: its graph would replay the model unrotated (other numbers, silently). So
+    torch.export and make_fx, whose fake tensors hold no memory to rotate, are refused
+    by name too."""
+    if name == "llama":
+        model = fastpe.hf.patch(text_model("llama")).model
+        ids = prompt("llama")["input_ids"]
+    else:
+        model = fastpe.hf.patch(deberta(position_buckets=32, max_relative_positions=64,
+                                        pos_att_type=["p2c", "c2p"])).deberta
+        ids = torch.arange(1, 21)[None]
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match=r"cannot be traced by torch\.jit\.trace: .* "
+                                               r"fastpe\.hf\.unpatch\(model\)"):
+            torch.jit.trace(_LastHidden(model), (ids,), check_trace=False)
+        with pytest.raises(RuntimeError, match=r"cannot be exported or traced into a graph"):
+            torch.export.export(_LastHidden(model), (ids,), strict=False)
+
+
 def test_a_model_on_the_meta_device_is_refused_by_name():
     """The meta device holds no values to rotate by: patch() and a patched model moved
     there raise a ValueError that says so (the stock model's meta forward infers shapes)."""
