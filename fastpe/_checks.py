@@ -131,10 +131,14 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
     tensor = _torch()[0].Tensor
     dual = forward_ad_on()
     out: list[Any] = []
+    trace_checked = False
     for x, name, w in args:
         if not isinstance(x, tensor):
             out.append(x)
             continue
+        if not trace_checked:   # once, at the first tensor
+            refuse_traced(name)
+            trace_checked = True
         if dual:
             refuse_dual(x, name)
         if not (w and x.is_inference()):
@@ -163,8 +167,8 @@ def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
     in fewer steps for the common case: q and k (or None) float32/16/64 tensors outside
     inference, positions None or a tensor (a decode step of a transformers model)."""
     try:
-        if forward_ad_on():
-            raise TypeError  # each tensor checked for a tangent on the way below
+        if forward_ad_on() or torch_trace() is not None:
+            raise TypeError  # each tensor checked (for a tangent, a trace) on the way below
         if k is None:
             if q.is_inference():
                 raise TypeError
@@ -256,6 +260,30 @@ def refuse_dual(x: Any, name: str) -> None:
                         f"the same operation to the tangent")
 
 
+def torch_trace() -> str | None:
+    """The trace recording torch's operations now, if any: torch.jit.trace (and the
+    ONNX exporter built on it) records them and not fastpe's C call on a tensor's memory,
+    so its graph would run without it; torch.export's and make_fx's graphs would not
+    hold fastpe's writes either."""
+    torch = sys.modules["torch"]
+    if torch._C._is_tracing():
+        return "torch.jit.trace (or an exporter built on it)"
+    proxy = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "PROXY", None)
+    if ((proxy is not None and torch._C._get_dispatch_mode(proxy) is not None)
+            or torch.compiler.is_compiling()):
+        return "torch.export or make_fx"
+    return None
+
+
+def refuse_traced(name: str) -> None:
+    """A RuntimeError naming the torch tensor `name` inside a trace (torch_trace)."""
+    how = torch_trace()
+    if how is not None:
+        raise RuntimeError(f"{name} is a torch tensor inside {how}: a trace records torch's "
+                           f"operations, not fastpe's C call on the tensor's memory, so its "
+                           f"graph would run without it; call fastpe outside the trace")
+
+
 def tensor_name(q: object, k: object) -> str | None:
     """"q" or "k", whichever is a torch tensor first, or None: the argument a RoPE
     call's messages name when it is a call on torch tensors."""
@@ -287,6 +315,7 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
     refuses a backward pass that saved its old values. A tensor only read with
     its negative or conjugate bit set is read as its values (a copy)."""
     torch, bfloat16, _, inference_mode = _torch()
+    refuse_traced(name)
     if forward_ad_on():
         refuse_dual(x, name)
     try:

@@ -593,3 +593,35 @@ def test_integer_arguments_take_0d_integer_tensors_only(arg, backend):
         call(torch.tensor(1), q)
         call(1, twin)
         assert torch.equal(q, twin)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("trace", ["torch.jit.trace", "make_fx"])
+@pytest.mark.parametrize("entry", list(_entries()))
+def test_a_trace_of_a_call_is_refused_not_recorded_without_it(entry, trace, backend):
+    """A trace records torch's operations, not fastpe's C call on the tensors' memory:
+    torch.jit.trace (and the ONNX exporter built on it) would replay its graph without
+    the call, make_fx's graph would not hold it. Every entry refuses its first tensor by
+    name inside one, the tensors left as they were, their versions too."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    from torch.fx.experimental.proxy_tensor import make_fx
+    call = _entries()[entry]
+    q, k = _tensor((1, 3, 2, 8), "float32", 18), _tensor((1, 3, 2, 8), "float32", 19)
+    before, version = (q.clone(), k.clone()), (q._version, k._version)
+
+    def step(q, k):
+        call(q, k, True)
+        return q * 1
+
+    how = r"torch\.jit\.trace" if trace == "torch.jit.trace" else r"torch\.export or make_fx"
+    with fastpe.use_backend(backend), pytest.raises(
+            RuntimeError, match=rf"^\w+ is a torch tensor inside {how}"):
+        if trace == "torch.jit.trace":
+            torch.jit.trace(step, (q, k), check_trace=False)
+        else:
+            make_fx(step)(q, k)
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    assert (q._version, k._version) == version

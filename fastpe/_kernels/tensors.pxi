@@ -104,6 +104,10 @@ cdef class _TorchViews:
     # torch.autograd.forward_ad: while one of its levels is open (_current_level >= 0)
     # a tensor may carry a tangent, which the Python layer refuses
     cdef object forward_ad
+    # torch._C._is_tracing and _len_torch_dispatch_stack (or None): inside
+    # torch.jit.trace, and under a dispatch mode (make_fx's, torch.export's), the Python
+    # layer takes every tensor (and refuses it inside a trace)
+    cdef object is_tracing, dispatch_modes
 
 
 cdef object _torch_views = None    # a _TorchViews, False where unusable, None before
@@ -144,6 +148,8 @@ cdef object torch_views_of():
             t.is_neg = None
         t.view = api.dltensor_from_py_object_no_sync
         t.forward_ad = sys.modules.get("torch.autograd.forward_ad")
+        t.is_tracing = getattr(torch._C, "_is_tracing", None)
+        t.dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
         t.bfloat16 = None
     except Exception:
         return None
@@ -152,9 +158,10 @@ cdef object torch_views_of():
 
 
 cdef object tensor_views_now():
-    """torch_views_of(), or None while a level of torch's forward-mode AD is open: a
-    tensor may then carry a tangent, and the Python layer refuses those. Looked up once
-    per call, whatever the number of tensors."""
+    """torch_views_of(), or None while a level of torch's forward-mode AD is open (a
+    tensor may then carry a tangent) or a trace records torch's operations (fastpe's
+    writes would be missing from its graph): the Python layer refuses those. Looked up
+    once per call, whatever the number of tensors."""
     cdef object t = torch_views_of()
     if t is None:
         return None
@@ -165,6 +172,10 @@ cdef object tensor_views_now():
             import sys
             fwad = (<_TorchViews>t).forward_ad = sys.modules.get("torch.autograd.forward_ad")
         if fwad is not None and fwad._current_level >= 0:
+            return None
+        if ((<_TorchViews>t).is_tracing is not None and (<_TorchViews>t).is_tracing()) or (
+                (<_TorchViews>t).dispatch_modes is not None
+                and (<_TorchViews>t).dispatch_modes()):
             return None
     except Exception:
         PyErr_Clear()
