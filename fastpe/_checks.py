@@ -268,9 +268,11 @@ def torch_trace() -> str | None:
     torch = sys.modules["torch"]
     if torch._C._is_tracing():
         return "torch.jit.trace (or an exporter built on it)"
+    # looked up: torch before 2.3 has no torch.compiler.is_compiling
     proxy = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "PROXY", None)
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     if ((proxy is not None and torch._C._get_dispatch_mode(proxy) is not None)
-            or torch.compiler.is_compiling()):
+            or (compiling is not None and compiling())):
         return "torch.export or make_fx"
     return None
 
