@@ -531,8 +531,20 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 # ---- parser -------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose --help and --version text that stdout cannot take is an
+    OSError (main's error line, exit 1), where argparse ignores it and exits 0."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message and file is sys.stdout:
+            file.write(message)
+            file.flush()   # buffered, the failure would come only at exit's flush
+        else:
+            super()._print_message(message, file)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="fastpe: fast, exact transformer positional encodings. Without a "
                     "command, prints `info`.",
@@ -613,18 +625,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "bench" and args.rounds is not None and args.rounds < 1:
-        args.bench_parser.error("--rounds must be at least 1")
     try:
-        if args.command in (None, "info"):
-            if args.command is None:
-                args.json = False
-            return cmd_info(args)
-        if args.command == "bench":
-            # its errors on its own usage line, as argparse's are
-            return cmd_bench(args, args.bench_parser)
-        return cmd_demo(args, parser)
+        args = parser.parse_args(argv)   # --help and --version write here (_Parser)
+        if args.command == "bench" and args.rounds is not None and args.rounds < 1:
+            args.bench_parser.error("--rounds must be at least 1")
+        status = _run(args, parser)
+        # stdout written to a file or a pipe is buffered: a short output fails to be
+        # written only at exit's flush, which Python reports as an ignored exception
+        sys.stdout.flush()
+        return status
     except CommandError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
@@ -639,9 +648,24 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         # Output files are probed and reported by the commands themselves; what is left
         # is stdout itself failing (a full disk, `> /dev/full`).
-        _drop_stdout()
-        print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return _stdout_failed(exc)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.command in (None, "info"):
+        if args.command is None:
+            args.json = False
+        return cmd_info(args)
+    if args.command == "bench":
+        # its errors on its own usage line, as argparse's are
+        return cmd_bench(args, args.bench_parser)
+    return cmd_demo(args, parser)
+
+
+def _stdout_failed(exc: OSError) -> int:
+    _drop_stdout()
+    print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+    return 1
 
 
 def _drop_stdout() -> None:

@@ -377,15 +377,40 @@ def test_bench_list():
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("args", [("bench", "--list"), ("info",), ("demo",)])
-def test_stdout_that_cannot_be_written_is_an_error_not_a_traceback(args):
+@pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.parametrize("args", [("bench", "--list"), ("info",), ("demo",), ("--help",),
+                                  ("--version",), ("bench", "--help")])
+def test_stdout_that_cannot_be_written_is_an_error_not_a_traceback(args, buffered):
+    """Buffered (stdout a file, as by default) a short output fails only when flushed;
+    unbuffered (PYTHONUNBUFFERED) at its write, which argparse ignores for its --help
+    and --version text."""
+    env = _env()
+    env.pop("PYTHONUNBUFFERED", None)
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "fastpe", *args], env=_env(),
+        proc = subprocess.run([sys.executable, "-m", "fastpe", *args], env=env,
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
                               cwd=str(PACKAGE_ROOT))
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
     assert "error: cannot write the output: No space left on device" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [("--version",), ("--help",), ("info",)])
+def test_a_reader_gone_before_the_output_is_quiet(args):
+    """A closed pipe (`python -m fastpe --version | head -0`) stops quietly, exit 1, where
+    a full disk is an error line."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fastpe", *args], env=_env(),
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                              cwd=str(PACKAGE_ROOT))
+    finally:
+        os.close(write)
+    assert proc.returncode == 1
+    assert proc.stderr == "", proc.stderr
 
 
 @needs_mpl
