@@ -38,21 +38,22 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 _user_threads: int | None = None
 _cgroup_budget: int | None = None  # CPUs the cgroup quota allows; 0: no quota
-# a fork() child: set by the hook below, or at import where the parent's OpenMP runtime
-# came with the fork (fastpe._fork)
+# a fork() child: the parent's OpenMP runtime came with the fork (fastpe._fork, read at
+# import), or the process is not the one that imported fastpe (_in_fork_child)
 _forked = _fork.INHERITED_RUNTIME
+_import_pid = os.getpid()
 
 
-def _after_fork_in_child() -> None:
+def _in_fork_child() -> bool:
     # Whatever ran a team before the fork (fastpe, or torch and NumPy's BLAS on the same
     # libgomp), the child's OpenMP pool may be a dead copy: a parallel region there can
-    # hang, so every forked child runs fastpe serially.
+    # hang, so every forked child runs fastpe serially. The process id tells every fork
+    # apart, C code's too (which run none of Python's fork hooks; the kernels' own
+    # pthread_atfork handler keeps them on one thread whatever they are asked).
     global _forked
-    _forked = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    if not _forked and os.getpid() != _import_pid:
+        _forked = True
+    return _forked
 
 
 def _cgroup_cpus(root: str) -> float | None:
@@ -160,7 +161,7 @@ def set_num_threads(n: int | None) -> None:
 
 def get_num_threads() -> int:
     """Threads a call with num_threads=None may use (1 in a forked child)."""
-    if _forked:
+    if _in_fork_child():
         return 1
     return _user_threads if _user_threads is not None else _openmp_max()
 
@@ -176,6 +177,6 @@ def resolve(num_threads: int | None, nbytes: int) -> int:
     unchecked, so the cap is enforced here too."""
     if num_threads is not None and num_threads > MAX_THREADS:
         check(num_threads)  # raises, naming num_threads
-    if nbytes < SERIAL_BYTES or _forked:
+    if nbytes < SERIAL_BYTES or _in_fork_child():
         return 1
     return get_num_threads() if num_threads is None else num_threads

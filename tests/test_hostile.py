@@ -285,6 +285,25 @@ if pid == 0:
     _assert_child_exits_cleanly(code, timeout=60)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork") or not fastpe._backend.compiled,
+                    reason="needs fork() and the compiled kernels")
+def test_a_fork_from_c_code_reports_the_one_thread_its_kernels_use():
+    """The child of a fork from C code runs every kernel on one thread (the kernels'
+    pthread_atfork handler): get_num_threads() and info() say so, where they reported
+    the parent's count."""
+    code = """
+import ctypes, os, fastpe
+fastpe.set_num_threads(None)
+if fastpe.get_num_threads() < 2:
+    fastpe.set_num_threads(2)
+pid = ctypes.CDLL(None, use_errno=True).fork()
+if pid == 0:
+    ok = fastpe.get_num_threads() == 1 and fastpe.info()["num_threads"] == 1
+    os._exit(0 if ok else 3)
+"""
+    _assert_child_exits_cleanly(code, timeout=60)
+
+
 def test_a_child_that_imports_fastpe_after_the_fork_runs_serially():
     """torch ran a team, then fork(), and fastpe is imported only in the child: fastpe's
     fork hook never ran, yet the child shares the parent's dead libgomp pool. The child
