@@ -10,7 +10,8 @@ OpenMP kernels, with a pure-NumPy twin of every function that runs a kernel in
 from typing import TYPE_CHECKING
 
 from . import (
-    _fork,  # noqa: F401  (first: it reads the process before the kernels load)
+    _dynamo,  # noqa: F401  (fastpe opaque to torch.compile's tracer)
+    _fork,  # noqa: F401  (before the kernels load: it reads the process as it was)
     reference,
 )
 from ._backend import backend, use_backend

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import BF16
+from conftest import BF16, run_python
 
 import fastpe
 
@@ -625,3 +625,49 @@ def test_a_trace_of_a_call_is_refused_not_recorded_without_it(entry, trace, back
             make_fx(step)(q, k)
     assert torch.equal(q, before[0]) and torch.equal(k, before[1])
     assert (q._version, k._version) == version
+
+
+_COMPILED_CALLS = """
+import sys, numpy as np
+{first}
+import torch
+cos, sin = fastpe.rope_cos_sin(np.arange(8), fastpe.rope_frequencies(64))
+ct, st = torch.from_numpy(np.asarray(cos)), torch.from_numpy(np.asarray(sin))
+calls = {{
+    "RotaryEmbedding": lambda q, k: fastpe.RotaryEmbedding(64)(q, k, layout="bshd", offset=3),
+    "apply_rope_cached": lambda q, k: fastpe.apply_rope_cached(q, k, ct, st, layout="bshd"),
+    "add_alibi": lambda q, k: fastpe.add_alibi(q),
+}}
+args = (torch.randn(1, 8, 4, 64), torch.randn(1, 8, 2, 64))
+bad = []
+for name, call in calls.items():
+    def step(q, k):
+        q, k = q * 1, k * 1
+        call(q, k)
+        return q + 0, k + 0
+    for backend in ("cython", "numpy"):
+        with fastpe.use_backend(backend):
+            want = step(*args)
+            torch._dynamo.reset()
+            try:
+                got = torch.compile(step, backend="eager")(*args)
+                if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want)):
+                    bad.append(f"{{name}} {{backend}}: other numbers")
+            except Exception as exc:
+                bad.append(f"{{name}} {{backend}}: {{type(exc).__name__}} {{exc}}"[:300])
+print(bad)
+"""
+
+
+@pytest.mark.parametrize("first", ["import fastpe", "import torch._dynamo, fastpe"])
+def test_calls_inside_a_compiled_function_run_between_its_graphs(first):
+    """torch.compile's tracer (TorchDynamo) rewrites the NumPy it meets into torch
+    operations on copies: fastpe's Python, traced, wrote into those (apply_rope_cached
+    on the NumPy backend: other numbers, silently) or failed inside dynamo. fastpe is in
+    dynamo's skip list, added when dynamo loads (fastpe imported first) or at fastpe's
+    import (dynamo loaded first), so its calls run as written, between the graphs, with
+    the numbers of the same calls uncompiled."""
+    pytest.importorskip("torch._dynamo")
+    proc = run_python(_COMPILED_CALLS.format(first=first), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-3000:]
