@@ -248,41 +248,40 @@ _THREADED_CALL_IN_CHILD = """
     ok = np.array_equal(x[0], fastpe.sinusoidal_table(1024, 256))"""
 
 
+def _threaded_call_after(fork: str, in_child: str = "") -> str:
+    """Code that runs `fork` (setting pid), then in the child `in_child` and a threaded
+    call, exiting 0 when its result is right."""
+    return (fork + "\nif pid == 0:" + in_child + _THREADED_CALL_IN_CHILD
+            + "\n    os._exit(0 if ok else 3)\n")
+
+
 def test_fork_after_torch_ran_a_team_then_a_threaded_call_in_the_child():
     """torch and fastpe share libgomp; its pool does not survive fork(): the child
     runs fastpe serially instead of hanging in GOMP_parallel."""
     pytest.importorskip("torch")
-    code = """
+    _assert_child_exits_cleanly(_threaded_call_after("""
 import os, sys, numpy as np, torch, fastpe, fastpe._threads
 torch.set_num_threads(2)
 a = torch.randn(256, 256); (a @ a).sum()
 torch.randn(1 << 20).exp_()
-pid = os.fork()
-if pid == 0:
-""" + _THREADED_CALL_IN_CHILD + """
-    os._exit(0 if ok else 3)
-"""
-    _assert_child_exits_cleanly(code, timeout=120)
+pid = os.fork()"""), timeout=120)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not fastpe._backend.compiled,
                     reason="needs fork() and the compiled kernels")
 def test_a_fork_from_c_code_runs_serially_in_the_child():
-    """fork() called from C (here through ctypes) runs none of Python's fork hooks, so
-    fastpe's Python side does not know the child is one; the kernels' own pthread_atfork
-    handler does, and the child's threaded call runs on one thread instead of hanging
-    in the pool the parent's threaded call left."""
-    code = """
+    """fork() called from C (here through ctypes) runs none of Python's fork hooks; the
+    kernels' own pthread_atfork handler keeps the child's threaded call on one thread,
+    whatever count reaches them (here 2: the Python side made to take the child for the
+    process that imported fastpe), instead of hanging in the pool the parent's threaded
+    call left."""
+    _assert_child_exits_cleanly(_threaded_call_after("""
 import ctypes, os, numpy as np, fastpe, fastpe._threads
 fastpe._threads.SERIAL_BYTES = 0
 warm = np.zeros((4, 1024, 256), np.float32)
 fastpe.add_sinusoidal(warm, num_threads=2)   # the parent's pool, then the fork
-pid = ctypes.CDLL(None, use_errno=True).fork()
-if pid == 0:
-""" + _THREADED_CALL_IN_CHILD + """
-    os._exit(0 if ok else 3)
-"""
-    _assert_child_exits_cleanly(code, timeout=60)
+pid = ctypes.CDLL(None, use_errno=True).fork()""", """
+    fastpe._threads._import_pid = os.getpid()"""), timeout=60)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not fastpe._backend.compiled,
