@@ -99,13 +99,16 @@ INT_MAX = 2**31 - 1
 
 
 def _env_count(name: str) -> int | None:
-    """The first count of the OpenMP variable `name` ("4" or "4,2"), a positive integer
-    as GNU OpenMP reads it (its value in full: OpenMP stores it in a long), else None."""
-    first = os.environ.get(name, "").split(",", 1)[0].strip()
-    if not first.isdigit() or not first.isascii():
-        return None
-    value = int(first)
-    return value if 0 < value < 2**63 else None
+    """The first count of the OpenMP variable `name` ("4" or "4,2"), as GNU OpenMP reads
+    it: each count a positive integer below 2**63 (it stores them in longs), "+"
+    allowed; None where it ignores the variable (unset, "0", "abc", "4,x")."""
+    counts = []
+    for part in os.environ.get(name, "").split(","):
+        digits = part.strip().removeprefix("+")
+        if not digits.isdigit() or not digits.isascii() or not 0 < int(digits) < 2**63:
+            return None
+        counts.append(int(digits))
+    return counts[0]
 
 
 def _truncated(value: int) -> int:
@@ -118,16 +121,16 @@ def _openmp_max() -> int:
     if compiled is None:
         return 1
     n: int = compiled.openmp_max_threads()
-    if os.environ.get("OMP_NUM_THREADS", "").strip():
+    request = _env_count("OMP_NUM_THREADS")
+    if request is not None:
         # an explicit request, as OpenMP itself reads it, within the cap set_num_threads
         # holds: past it OpenMP aborts the process when it cannot start the team.
         # omp_get_max_threads() returns the request cast to an int: one past INT_MAX
         # reads as negative, 0 or a small count (OMP_NUM_THREADS=4294967296 gave 0
         # threads, and a kernel given a team of 0 corrupts the heap); such a request is
-        # one past the cap.
-        request = _env_count("OMP_NUM_THREADS")
-        if n < 1 or (request is not None and request > INT_MAX
-                     and n == _truncated(request)):
+        # one past the cap. A value OpenMP ignores ("0", "abc") is no request: the
+        # default's cap (usable_cpus) holds.
+        if n < 1 or (request > INT_MAX and n == _truncated(request)):
             limit = _env_count("OMP_THREAD_LIMIT")
             n = MAX_THREADS if limit is None else min(limit, MAX_THREADS)
         return max(min(n, MAX_THREADS), 1)

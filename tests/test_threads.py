@@ -244,6 +244,12 @@ def test_default_is_capped_by_the_cgroup_quota(tmp_path, fresh_budget):
     assert fastpe.info()["num_threads"] == 1
     fresh_budget.setenv("OMP_NUM_THREADS", "3")
     assert fastpe.get_num_threads() == _backend.compiled.openmp_max_threads()
+    fresh_budget.setenv("OMP_NUM_THREADS", " +3")   # OpenMP's strtoul takes these
+    assert fastpe.get_num_threads() == _backend.compiled.openmp_max_threads()
+    # values OpenMP ignores (a warning, then its default): no request, the cap holds
+    for ignored in ("abc", "0", "-2", "0x10", "3,x", "\u0663", ""):
+        fresh_budget.setenv("OMP_NUM_THREADS", ignored)
+        assert fastpe.get_num_threads() == 1, ignored
 
 
 @needs_openmp
