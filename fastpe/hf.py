@@ -85,7 +85,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from . import _hf_deberta
+from . import _checks, _hf_deberta
 from ._hf_multimodal import VISION, text_mrope
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
@@ -196,12 +196,11 @@ def _refuse_tracing() -> None:
     torch.jit.trace records the tensor operations around fastpe's C call and not the call,
     so its graph would replay the model without the rotation (other numbers, silently);
     torch.export and make_fx hand it fake tensors, which hold no memory to rotate."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if "torch" not in sys.modules:
         return
-    jit, compiler = getattr(torch, "jit", None), getattr(torch, "compiler", None)
-    traced = jit is not None and jit.is_tracing()
-    if traced or (compiler is not None and getattr(compiler, "is_compiling", bool)()):
+    how = _checks.torch_trace()
+    if how is not None:
+        traced = how.startswith("torch.jit.trace")
         raise RuntimeError(
             f"fastpe.hf: a patched model cannot be "
             f"{'traced by torch.jit.trace' if traced else 'exported or traced into a graph'}"
