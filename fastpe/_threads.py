@@ -102,13 +102,10 @@ def _env_count(name: str) -> int | None:
     """The first count of the OpenMP variable `name` ("4" or "4,2"), as GNU OpenMP reads
     it: each count a positive integer below 2**63 (it stores them in longs), "+"
     allowed; None where it ignores the variable (unset, "0", "abc", "4,x")."""
-    counts = []
-    for part in os.environ.get(name, "").split(","):
-        digits = part.strip().removeprefix("+")
-        if not digits.isdigit() or not digits.isascii() or not 0 < int(digits) < 2**63:
-            return None
-        counts.append(int(digits))
-    return counts[0]
+    counts = [part.strip().removeprefix("+") for part in os.environ.get(name, "").split(",")]
+    if not all(c.isdigit() and c.isascii() and 0 < int(c) < 2**63 for c in counts):
+        return None
+    return int(counts[0])
 
 
 def _truncated(value: int) -> int:
