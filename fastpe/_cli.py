@@ -648,7 +648,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         # Output files are probed and reported by the commands themselves; what is left
         # is stdout itself failing (a full disk, `> /dev/full`).
-        return _stdout_failed(exc)
+        _drop_stdout()
+        print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -660,12 +662,6 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # its errors on its own usage line, as argparse's are
         return cmd_bench(args, args.bench_parser)
     return cmd_demo(args, parser)
-
-
-def _stdout_failed(exc: OSError) -> int:
-    _drop_stdout()
-    print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-    return 1
 
 
 def _drop_stdout() -> None:
