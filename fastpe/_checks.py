@@ -326,6 +326,8 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
             if module is None:
                 raise TypeError(f"{name} is a bfloat16 tensor, which needs the ml_dtypes "
                                 f"package (pip install 'fastpe[bfloat16]')")
+            if x.requires_grad and torch.is_grad_enabled():
+                _torch_usable(x, name)  # x.numpy()'s refusal, which the int16 view escapes
             view: np.ndarray = x.view(torch.int16).numpy().view(module.bfloat16)
         else:
             view = x.numpy()

@@ -226,13 +226,37 @@ def test_inference_tensors_are_written_only_in_inference_mode():
     assert not torch.equal(q, before[0])
 
 
-@pytest.mark.parametrize("what", ["q", "table"])
-def test_tensors_that_require_grad_are_refused_by_name(what):
-    x = torch.zeros(1, 3, 8, requires_grad=(what == "q"))
-    table = torch.zeros(4, 8, requires_grad=(what == "table"))
-    name = "x" if what == "q" else "table"
+_GRAD_CALLS = {
+    "q": lambda t: fastpe.apply_rope(t["q"], t["k"], layout="bhsd"),
+    "k": lambda t: fastpe.RotaryEmbedding(16)(t["q"], t["k"], layout="bhsd"),
+    "sin": lambda t: fastpe.apply_rope_cached(t["q"], None, t["cos"], t["sin"], layout="bhsd"),
+    "x": lambda t: fastpe.add_learned(t["x"], t["table"]),
+    "table": lambda t: fastpe.add_learned(t["x"], t["table"]),
+    "scores": lambda t: fastpe.add_alibi(t["scores"]),
+    "out": lambda t: fastpe.sinusoidal_table(8, 16, out=t["out"]),
+    "p2c": lambda t: fastpe.add_disentangled_bias(
+        t["scores"], c2p=t["c2p"], p2c=t["p2c"], position_buckets=8, max_relative_positions=64),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    BF16 is None, reason="needs ml_dtypes"))])
+@pytest.mark.parametrize("name", list(_GRAD_CALLS))
+def test_tensors_that_require_grad_are_refused_by_name(name, dtype):
+    """Written or read, in every dtype (bfloat16 is viewed through an int16 view, which
+    never requires grad), and left as they were."""
+    cos, sin = fastpe.rope_cos_sin(np.arange(8), fastpe.rope_frequencies(16))
+    shapes = {"q": (1, 2, 8, 16), "k": (1, 2, 8, 16), "cos": cos.shape, "sin": sin.shape,
+              "x": (1, 3, 16), "table": (4, 16), "scores": (1, 2, 8, 8), "out": (8, 16),
+              "c2p": (1, 2, 8, 16), "p2c": (1, 2, 8, 16)}
+    tensors = {what: _tensor(shape, dtype, seed) for seed, (what, shape) in enumerate(shapes.items())}
+    tensors[name].requires_grad_(True)
+    before = {what: t.detach().clone() for what, t in tensors.items()}
+    versions = {what: t._version for what, t in tensors.items()}
     with pytest.raises(TypeError, match=rf"\b{name}\b.*requires grad"):
-        fastpe.add_learned(x, table)
+        _GRAD_CALLS[name](tensors)
+    for what, t in tensors.items():
+        assert torch.equal(t.detach(), before[what]) and t._version == versions[what], what
 
 
 def test_tensors_that_require_grad_are_written_under_no_grad_as_torch_writes_them():
