@@ -41,9 +41,10 @@ def _head_dim(config: Mapping[str, Any], model_type: str, hidden: str, *divisors
                          f"{', '.join(keys[:-1])} and {keys[-1]}, got "
                          f"{', '.join(map(repr, values))}")
     head_dim = int(values[0]) // math.prod(int(v) for v in values[1:])
-    if head_dim % 4:
+    if head_dim < 4 or head_dim % 4:
         raise ValueError(f"model_type {model_type!r}: {hidden} // ({' * '.join(divisors)}) = "
-                         f"{head_dim} must be divisible by 4 (two axes of rotated pairs)")
+                         f"{head_dim} must be a positive multiple of 4 (two axes of rotated "
+                         f"pairs)")
     return head_dim
 
 

@@ -596,6 +596,8 @@ class DisentangledBias:
         if max_rel < 1:
             max_rel = _int_setting(cfg, "max_position_embeddings")
         heads = _int_setting(cfg, "num_attention_heads")
+        if heads < 1:
+            raise ValueError(f"config['num_attention_heads'] must be >= 1, got {heads}")
         if model_type == "deberta":
             # v1: no buckets, no shared projections, its own head width, and a scale
             # factor of 1 + len(pos_att_type), whatever the entries

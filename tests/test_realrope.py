@@ -232,7 +232,9 @@ def test_sam2_memory_positions_grid():
 
 
 @pytest.mark.parametrize("change, error, match", [
-    ({"hidden_size": 68}, ValueError, r"34 must be divisible by 4"),
+    ({"hidden_size": 68}, ValueError, r"34 must be a positive multiple of 4"),
+    # fewer features than heads: no feature per head (the model divides by zero)
+    ({"num_attention_heads": 1024}, ValueError, r"= 0 must be a positive multiple of 4"),
     ({"hidden_size": None}, ValueError, r"hidden_size and num_attention_heads"),
     ({"rope_theta": -1.0}, ValueError, r"rope_theta must be a positive number"),
     ({"rope_theta": "100"}, ValueError, r"rope_theta must be a positive number"),

@@ -799,6 +799,10 @@ def test_deberta_loader_settings():
     assert db.scale == pytest.approx(np.sqrt(64 * 3), rel=1e-7)
     with pytest.raises(ValueError, match="relative_attention"):
         fastpe.DisentangledBias.from_hf_config({**cfg, "relative_attention": False})
+    for family in ("deberta", "deberta-v2"):   # where the model divides by zero
+        with pytest.raises(ValueError, match=r"num_attention_heads'\] must be >= 1, got 0"):
+            fastpe.DisentangledBias.from_hf_config({**cfg, "model_type": family,
+                                                    "num_attention_heads": 0})
     with pytest.raises(ValueError, match="c2p"):
         db(np.zeros((1, 1, 2, 2)), p2c=np.zeros((1, 1, 2, 512)))
     # the config's values as they stand, not as the attention resolves them: refused
