@@ -612,17 +612,22 @@ def _hub_function(value: Any) -> Any:
     return functions[0] if len(functions) == 1 else value
 
 
+def _refuse_grad(q: Any, k: Any) -> None:
+    """A TypeError, saying how to run the model, where q or k would carry a gradient."""
+    if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
+        if sys.modules["torch"].is_grad_enabled():
+            raise TypeError("fastpe.hf: the patched model rotates q and k in place, without "
+                            "autograd: run it under torch.no_grad() or "
+                            "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
+
+
 def _rotate(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any,
             positions: Any, layout: RopeLayout) -> None:
     """q and k in place by the patched module's embedding, or by the frequencies its
     dynamic NTK state holds. Negative position_ids (left padding written as
     attention_mask.cumsum(-1) - 1), which fastpe refuses, rotate by negative angles as
     the model's own code does: by those frequencies at real-valued positions."""
-    if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
-        if sys.modules["torch"].is_grad_enabled():
-            raise TypeError("fastpe.hf: the patched model rotates q and k in place, without "
-                            "autograd: run it under torch.no_grad() or "
-                            "torch.inference_mode() (or fastpe.hf.unpatch it to train)")
+    _refuse_grad(q, k)
     try:
         if freqs is None:
             rope(q, k, positions, layout=layout)
@@ -643,6 +648,28 @@ def _rotate(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any
         # transformers picks them by max(position_ids) + 1 (dynamic NTK, LongRoPE)
         freqs = rope.frequencies(int(positions.amax()) + 1)
     _rotate_by(rope, freqs, q, k, positions.double(), layout)
+
+
+def _rotate_q_last(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any, k: Any,
+                   positions: Any, q_len: int, layout: RopeLayout) -> None:
+    """_rotate of a query shorter than its keys, by the keys' last q_len positions, and
+    of the keys, in two calls that write nothing unless both succeed: what a single
+    call checks of q and k together (each writable, apart in memory) checked first, q
+    rotated in a copy until k is."""
+    _refuse_grad(q, k)
+    for x, name in ((q, "q"), (k, "k")):
+        _checks.tensor_view(x, name, writable=True)
+    if (k_memory := _checks.memory_of(k)) is not None:
+        _checks.disjoint(k_memory, "k", (q, "q"))
+    rotated = q.clone()
+    _rotate(rope, freqs, rotated, None, positions[..., -q_len:] if q_len else positions[..., :0],
+            layout)
+    try:
+        _rotate(rope, freqs, k, None, positions, layout)
+    except (TypeError, ValueError) as exc:
+        # rotated alone, k was the call's q
+        raise type(exc)(re.sub(r"\bq\b", "k", str(exc))) from None
+    q.copy_(rotated)
 
 
 def _rotate_by(rope: RotaryEmbedding, freqs: RopeFrequencies, q: Any, k: Any,
@@ -861,10 +888,9 @@ def _apply_function(name: str, original: Callable[..., Any]) -> Callable[..., An
             axis = {"bhsd": 2, "bshd": 1, "shd": 0}[layout]
             q_len = q.shape[axis]
             if q_len != k.shape[axis]:
-                # its query holds the last q_len of the keys' positions
-                _rotate(rope, cos.freqs, q, None,
-                        positions[..., -q_len:] if q_len else positions[..., :0], layout)
-                _rotate(rope, cos.freqs, k, None, positions, layout)
+                # its query holds the last q_len of the keys' positions: two rotations,
+                # q's first in a copy, so that a k the second refuses leaves q as it was
+                _rotate_q_last(rope, cos.freqs, q, k, positions, q_len, layout)
                 return given
         _rotate(rope, cos.freqs, q, k, positions, layout)
         return given if tensors == 2 else given[0]

@@ -919,6 +919,37 @@ def test_a_query_rotated_by_the_keys_last_positions(rope):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("bad_k, match", [
+    (lambda: torch.randn(1, 2, 12, 18), r"^k has head_dim 18"),
+    (lambda: torch.randn(1, 2, 11, 16), r"^positions must have shape \(11,\)"),
+    (lambda: torch._neg_view(torch.randn(1, 2, 12, 16)), r"^k is a torch view with its negative"),
+    ("inference", r"^k is an inference tensor"),
+    ("holds q", r"^q overlaps k"),
+], ids=["head_dim", "tokens", "negated", "inference", "overlap"])
+def test_a_query_rotated_by_the_keys_last_positions_is_left_as_it_was_when_k_is_refused(
+        bad_k, match):
+    """The stand-in of such an apply function rotates q and k in two calls: a k refused
+    by the second, or one a single call would refuse beside q, leaves q unwritten, and
+    the message names k."""
+    from transformers.models.muse_glimmer_assistant import modeling_muse_glimmer_assistant
+    stand_in = fastpe.hf._apply_function(
+        "apply_rotary_pos_emb", modeling_muse_glimmer_assistant.apply_rotary_pos_emb)
+    cs = fastpe.hf._Positions(fastpe.RotaryEmbedding(16), None, torch.arange(12)[None])
+    q = torch.randn(1, 2, 4, 16)
+    if bad_k == "inference":
+        with torch.inference_mode():
+            k = torch.randn(1, 2, 12, 16)
+    elif bad_k == "holds q":
+        k = torch.randn(1, 2, 12, 16)
+        q = k[:, :, -4:]
+    else:
+        k = bad_k()
+    before = q.clone()
+    with torch.no_grad(), pytest.raises((TypeError, ValueError), match=match):
+        stand_in(q, k, cs, cs)
+    assert torch.equal(q, before) and q._version == 0
+
+
 def test_an_apply_function_wrapped_by_the_kernel_hub_is_read_as_its_function():
     """transformers 5.25 and later (with `kernels`) hold each modeling file's apply
     function as an nn.Module instance whose forward(*args, **kwargs) calls it: fastpe.hf
