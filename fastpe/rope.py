@@ -556,6 +556,7 @@ class RotaryEmbedding:
     def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
                 inverse: bool, num_threads: Any) -> None:
         """__call__'s validating path (arrays, inverse a bool)."""
+        self._check_settings()
         if self.reverse:
             inverse = not inverse
         if self._halves is not None:
@@ -613,7 +614,17 @@ class RotaryEmbedding:
             state.pop(name, None)
         return state
 
+    def _check_settings(self) -> None:
+        """head_dim and axes as they stand (public attributes, which a caller may set
+        after construction), checked as the constructor checks them, before either
+        backend takes the call."""
+        _checks.count(self.head_dim, "RotaryEmbedding.head_dim", minimum=1)
+        axes = _checks.count(self.axes, "RotaryEmbedding.axes", minimum=1)
+        if axes > _args.MAX_AXES:
+            raise ValueError(f"RotaryEmbedding.axes must be in [1, {_args.MAX_AXES}], got {axes}")
+
     def _make_state(self) -> Any:
+        self._check_settings()
         if (_backend.compiled is None or self._pair_freq is not None
                 or self._halves is not None or self._pair_axis2 is not None):
             return False
@@ -623,6 +634,7 @@ class RotaryEmbedding:
         """The RopeState of calls with positions of every axis: each pair's frequency
         and axis (False: none, for frequencies that depend on the call's length or a
         head split in halves)."""
+        self._check_settings()
         kern = _backend.compiled
         if kern is None or self._halves is not None or self._pair_axis is None:
             return False
