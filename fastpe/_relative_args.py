@@ -55,12 +55,12 @@ def _table(table: object, heads: int | None) -> np.ndarray:
     return t
 
 
-def t5_settings(num_buckets: object, bidirectional: object,
-                max_distance: object) -> _relative_math.T5BucketSpec:
-    nb = _checks.count(num_buckets, "num_buckets", minimum=1)
+def t5_settings(num_buckets: object, bidirectional: object, max_distance: object,
+                buckets_name: str = "num_buckets") -> _relative_math.T5BucketSpec:
+    nb = _checks.count(num_buckets, buckets_name, minimum=1)
     bi = _checks.flag(bidirectional, "bidirectional")
     md = _checks.count(max_distance, "max_distance", minimum=1)
-    _relative_math.t5_check(nb, md, bi)
+    _relative_math.t5_check(nb, md, bi, buckets_name)
     return _relative_math.t5_spec(nb, md, bi)
 
 
@@ -82,7 +82,8 @@ def _t5_plan(x: np.ndarray, table: np.ndarray, *, bidirectional: object, max_dis
     lead = x.shape[:-3]
     q, k = x.shape[-2:]
     batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
-    spec = t5_settings(table.shape[0], bidirectional, max_distance)
+    spec = t5_settings(table.shape[0], bidirectional, max_distance,
+                       "table's rows (its num_buckets)")
     off = _q_offset(q_offset, q, k)
     causal = _checks.flag(causal, "causal")
     mask = None if key_mask is None else _args._alibi_key_mask(key_mask, lead, batch, k)

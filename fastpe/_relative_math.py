@@ -78,14 +78,16 @@ def _t5_magnitude_buckets(n: NDArray[np.int64], num_buckets: int,
     return np.where(n < max_exact, n, np.minimum(large, num_buckets - 1))
 
 
-def t5_check(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+def t5_check(num_buckets: int, max_distance: int, bidirectional: bool,
+             buckets_name: str = "num_buckets") -> None:
     """Refuse settings whose buckets transformers computes from a division by zero or
-    the log of a ratio <= 1 (undefined float-to-int conversions)."""
+    the log of a ratio <= 1 (undefined float-to-int conversions). buckets_name: what
+    gave num_buckets (a table's rows)."""
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
     if max_exact < 1:
         need = 4 if bidirectional else 2
-        raise ValueError(f"num_buckets must be at least {need} "
+        raise ValueError(f"{buckets_name} must be at least {need} "
                          f"({'bidirectional' if bidirectional else 'unidirectional'}: "
                          f"one exact bucket per direction at least), got {num_buckets}")
     if max_distance <= max_exact:

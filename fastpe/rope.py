@@ -376,7 +376,7 @@ class RotaryEmbedding:
                                               mrope_interleaved)
             if axes is None:
                 axes = len(mrope_section)
-            elif axes != len(mrope_section):
+            elif _checks.count(axes, "axes", minimum=1) != len(mrope_section):
                 raise ValueError(f"axes={axes} but mrope_section has {len(mrope_section)} "
                                  f"entries, one per axis")
         elif _checks.flag(mrope_interleaved, "mrope_interleaved"):

@@ -317,6 +317,8 @@ BAD = [
     ("sections-type", dict(mrope_section=12), None, TypeError, "mrope_section"),
     ("negative-section", dict(mrope_section=[4, -1, 13]), None, ValueError, "mrope_section"),
     ("axes-without-sections", dict(axes=3), None, ValueError, "mrope_section"),
+    ("axes-array", dict(axes=np.array([1, 2]), mrope_section=[4, 6, 6]), None, TypeError,
+     "axes must be an int"),
     ("interleaved-alone", dict(mrope_interleaved=True), None, ValueError, "mrope_section"),
 ]
 
