@@ -221,9 +221,12 @@ def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int 
                                max_relative_positions: int = -1) -> np.ndarray:
     """DeBERTa's (q_len, k_len) relative positions of query i to key j, int64.
 
-    Exactly transformers' DebertaV2 ``build_relative_position`` (without its leading
-    axis): ``i - j``, log-bucketed (``make_log_bucket_position``, float32 steps
-    included) when position_buckets and max_relative_positions are both > 0.
+    transformers' DebertaV2 ``build_relative_position`` (without its leading axis):
+    ``i - j``, log-bucketed (``make_log_bucket_position``, float32 steps included)
+    when position_buckets and max_relative_positions are both > 0. Far past
+    max_relative_positions, where the attention's gathers clamp every bucket to the
+    same end, torch's float32 log can put a distance one bucket over
+    (fastpe._relative_math).
     """
     return reference.deberta_relative_positions(q_len, k_len, position_buckets=position_buckets,
                                                 max_relative_positions=max_relative_positions)
