@@ -613,6 +613,13 @@ def int64_range(a: np.ndarray) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
+def refuse_past_int64(a: np.ndarray, name: str) -> None:
+    """Refuse unsigned 64-bit integers (of either byte order) that int64 cannot hold,
+    which a cast to it would wrap to negative values."""
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) > INT64_MAX:
+        raise ValueError(f"{name} must be < 2**63, got {int(a.max())}")
+
+
 def position_array(positions: object, name: str,
                    converted: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Integer positions of any shape as a C-contiguous int64 array, all >= 0,
@@ -628,8 +635,7 @@ def position_array(positions: object, name: str,
         pos = pos.astype(np.int64)  # [] is float64 to NumPy, but holds no non-integer
     if pos.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {pos.dtype}")
-    if pos.dtype == np.uint64 and pos.size and int(pos.max()) > INT64_MAX:
-        raise ValueError(f"{name} must be < 2**63, got {int(pos.max())}")
+    refuse_past_int64(pos, name)
     pos = np.array(pos, np.int64, order="C")  # a copy; keeps 0-d arrays 0-d
     if pos.size == 0:
         return pos, -1

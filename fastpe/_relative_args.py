@@ -128,8 +128,7 @@ def distances(relative_position: object) -> NDArray[np.int64]:
     d = _checks.as_array(relative_position, "relative_position")
     if d.dtype.kind not in "iu":
         raise TypeError(f"relative_position must be integers, got dtype {d.dtype}")
-    if d.dtype == np.uint64 and d.size and int(d.max()) > _checks.INT64_MAX:
-        raise ValueError(f"relative_position must be < 2**63, got {int(d.max())}")
+    _checks.refuse_past_int64(d, "relative_position")
     return np.asarray(d, dtype=np.int64)
 
 

@@ -977,6 +977,9 @@ BAD_BUCKET = [
     ("relative_position-text", ["a"], {}, TypeError, ["relative_position"]),
     ("relative_position-uint64-2**63", np.full(2, 2**63, np.uint64), {}, ValueError,
      ["relative_position"]),
+    # big-endian: a cast to int64 would wrap them to negative distances, silently
+    ("relative_position-uint64-big-endian", np.full(2, 2**64 - 1, ">u8"), {}, ValueError,
+     ["relative_position", "2**63"]),
     ("num_buckets-bool", [1], {"num_buckets": True}, TypeError, ["num_buckets"]),
     ("num_buckets-too-few", [1], {"num_buckets": 2}, ValueError, ["num_buckets"]),
     ("max_distance-negative", [1], {"max_distance": -5}, ValueError, ["max_distance"]),
