@@ -431,6 +431,8 @@ def test_fast_path_declines_without_writing():
         "table byte-swapped": (np.zeros((4, 6), np.float32), table.astype(">f4"), 0, None),
         "table too narrow": (np.zeros((4, 7), np.float32), table, 0, ValueError),
         "past the end": (np.zeros((4, 6), np.float32), table, 37, IndexError),
+        # no batch rows to add to, but the sequence still runs past the table
+        "past the end, empty batch": (np.zeros((0, 4, 6), np.float32), table, 37, IndexError),
         "negative offset": (np.zeros((4, 6), np.float32), table, -1, ValueError),
         "bool offset": (np.zeros((4, 6), np.float32), table, True, TypeError),
         "numpy offset": (np.zeros((4, 6), np.float32), table, np.int64(2), None),

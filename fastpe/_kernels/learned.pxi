@@ -171,7 +171,7 @@ def learned_call(object x, object table, object positions, object offset, int nu
     dimensions with whole-element strides and disjoint elements; table an exact,
     aligned, native 2-D array of the same dtype and width with whole-element strides,
     provably apart from x (views_apart); positions None and offset an int >= 0 with
-    offset + seq <= the table's rows (any offset when there are no rows to add), or
+    offset + seq <= the table's rows (any offset when seq is 0), or
     offset 0 and positions as owned_positions() takes them, every value in [0, rows):
     copied before they are checked (up to POSITIONS_STACK on the stack, more on the
     heap), so that a rewrite by another thread cannot move a read past the table.
@@ -193,9 +193,10 @@ def learned_call(object x, object table, object positions, object offset, int nu
             or not views_apart(xa, ta)):
         return False
     if positions is None:
-        # every row from offset to offset + seq - 1 in the table (none: any offset)
+        # every row from offset to offset + seq - 1 in the table (none: any offset),
+        # whatever the batch: an empty one does not make the table long enough
         if not (0 <= offset <= INT64_MAX_VALUE) or (
-                dims[0] and dims[1] and offset > ta.shape[0] - dims[1]):
+                dims[1] and offset > ta.shape[0] - dims[1]):
             return False
     elif offset != 0:
         return False
