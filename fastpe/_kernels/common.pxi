@@ -93,17 +93,24 @@ cdef extern from *:
     #ifdef _OPENMP
     #include <omp.h>
     #define FPE_OPENMP 1
+    #if _OPENMP >= 200805
+    #define fpe_omp_thread_limit omp_get_thread_limit
+    #else
+    /* OpenMP 2.0 (MSVC's /openmp) has no thread limit, nor omp_get_thread_limit */
+    #include <limits.h>
+    static int fpe_omp_thread_limit(void) { return INT_MAX; }
+    #endif
     #else
     #define FPE_OPENMP 0
     static int omp_get_max_threads(void) { return 1; }
     static int omp_get_thread_num(void) { return 0; }
-    static int omp_get_thread_limit(void) { return 1; }
+    static int fpe_omp_thread_limit(void) { return 1; }
     #endif
     """
     int FPE_OPENMP
     int omp_get_max_threads() nogil
     int omp_get_thread_num() nogil
-    int omp_get_thread_limit() nogil
+    int omp_get_thread_limit "fpe_omp_thread_limit" () nogil
 
 
 cdef extern from *:
