@@ -165,19 +165,36 @@ def _probe_openmp(compiler, cflags, ldflags):
             return False
 
 
+def _compiles(compiler):
+    """Whether the compiler compiles a trivial C file at all."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "empty.c")
+        with open(src, "w") as fh:
+            fh.write("int fastpe_probe(void) { return 0; }\n")
+        try:
+            compiler.compile([src], output_dir=tmp)
+        except Exception:  # compiler errors come in many classes
+            return False
+        return True
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         compiler = self.compiler
         family = "msvc" if compiler.compiler_type == "msvc" else "unix"
+        if not _compiles(compiler):
+            raise SystemExit("fastpe: the C compiler cannot compile a one-line C file: "
+                             "building fastpe from source needs a working C compiler (GCC "
+                             "or clang; MSVC on Windows), or install one of its wheels")
         openmp = not _env_flag("FASTPE_DISABLE_OPENMP")
         cflags, ldflags = _openmp_flags(compiler)
         if openmp and not _probe_openmp(compiler, cflags, ldflags):
-            message = ("fastpe: the C compiler cannot build OpenMP programs; building serial "
-                       "kernels. Install an OpenMP runtime (libgomp, or libomp on macOS) to "
-                       "get threads.")
+            need = "Install an OpenMP runtime (libgomp, or libomp on macOS) to get threads."
             if _env_flag("FASTPE_FAIL_NO_OPENMP"):
-                raise SystemExit(message + " (FASTPE_FAIL_NO_OPENMP is set)")
-            warnings.warn(message, stacklevel=2)
+                raise SystemExit(f"fastpe: the C compiler cannot build OpenMP programs, and "
+                                 f"FASTPE_FAIL_NO_OPENMP is set. {need}")
+            warnings.warn(f"fastpe: the C compiler cannot build OpenMP programs; building "
+                          f"serial kernels. {need}", stacklevel=2)
             openmp = False
         if not openmp:
             cflags, ldflags = [], []
@@ -187,8 +204,9 @@ class BuildExt(build_ext):
         elif _env_flag("FASTPE_DEBUG"):
             common = ["-O0", "-g3"]
         else:
-            # -O3 turns on the loop vectoriser's full cost model on older GCCs.
-            common = ["-O3", "-fno-math-errno", "-Wno-unused-function"]
+            # -O3 turns on the loop vectoriser's full cost model on older GCCs; -g0
+            # overrides the interpreter's -g (debug info would be five sixths of a wheel)
+            common = ["-O3", "-g0", "-fno-math-errno", "-Wno-unused-function"]
         sanitize = os.environ.get("FASTPE_SANITIZE", "").strip()
         if sanitize and family == "unix":
             common += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
@@ -257,10 +275,12 @@ def _extensions():
             include_dirs=[numpy.get_include(), "fastpe/_kernels"],
             define_macros=list(macros),
         )
-        # Each variant needs its own generated C file: the module name is baked in.
+        # Each variant needs its own generated C file: the module name is baked in; so
+        # do debug builds (cythonize regenerates a file for changed sources, not for
+        # changed directives)
         extensions += cythonize(
             [ext],
-            build_dir=os.path.join("build", f"cython-{variant}"),
+            build_dir=os.path.join("build", f"cython-{variant}" + ("-debug" if debug else "")),
             compiler_directives=directives,
             quiet=True,
         )
