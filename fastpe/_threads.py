@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 from . import _backend, _checks, _constants, _fork
@@ -157,11 +158,22 @@ def set_num_threads(n: int | None) -> None:
     max(256, 8 * os.cpu_count()) threads."""
     global _user_threads
     _user_threads = None if n is None else _as_count(n, "n")
+    if _user_threads is not None and _user_threads > 1 and not _threaded():
+        warnings.warn("fastpe runs every call on one thread: its kernels were built without "
+                      "OpenMP, or are not built (python -m fastpe info says which)",
+                      RuntimeWarning, stacklevel=2)
+
+
+def _threaded() -> bool:
+    """Whether the kernels can run a team: built, and with OpenMP."""
+    compiled = _backend.compiled
+    return compiled is not None and bool(compiled.OPENMP)
 
 
 def get_num_threads() -> int:
-    """Threads a call with num_threads=None may use (1 in a forked child)."""
-    if _in_fork_child():
+    """Threads a call with num_threads=None may use (1 in a forked child, and where
+    the kernels cannot run a team, whatever set_num_threads asked)."""
+    if _in_fork_child() or not _threaded():
         return 1
     return _user_threads if _user_threads is not None else _openmp_max()
 

@@ -82,6 +82,23 @@ def test_omp_num_threads_past_an_int_is_held_to_the_cap(value, limit):
     assert json.loads(lines[-2]) == [want, want] and lines[-1] == "ran"
 
 
+@pytest.mark.parametrize("missing", ["openmp", "kernels"])
+def test_without_openmp_a_set_count_warns_and_every_call_counts_one(missing, monkeypatch):
+    """Kernels built without OpenMP (or not built) run every call on one thread: a count
+    asked for says so, and get_num_threads() reports what calls use."""
+    if missing == "kernels":
+        monkeypatch.setattr(_backend, "compiled", None)
+    elif _backend.compiled is not None:
+        monkeypatch.setattr(_backend.compiled, "OPENMP", False)
+    with pytest.warns(RuntimeWarning, match="without OpenMP, or are not built"):
+        fastpe.set_num_threads(3)
+    try:
+        assert fastpe.get_num_threads() == 1 and fastpe.info()["num_threads"] == 1
+        assert not fastpe.info()["openmp"]
+    finally:
+        fastpe.set_num_threads(None)
+
+
 def test_without_openmp_default_is_one():
     if OPENMP:
         # the same logic, seen from a build whose extension is missing
@@ -110,6 +127,7 @@ def test_honours_threadpoolctl():
     assert fastpe.get_num_threads() == default
 
 
+@needs_openmp
 def test_set_and_reset():
     default = fastpe.get_num_threads()
     fastpe.set_num_threads(3)
@@ -121,11 +139,13 @@ def test_set_and_reset():
     assert fastpe.get_num_threads() == default
 
 
+@needs_openmp
 def test_set_accepts_numpy_integers():
     fastpe.set_num_threads(np.int64(2))
     assert fastpe.get_num_threads() == 2 and type(fastpe.get_num_threads()) is int
 
 
+@needs_openmp
 def test_negative_counts_back_from_the_maximum():
     fastpe.set_num_threads(None)
     top = fastpe.get_num_threads()
@@ -137,6 +157,7 @@ def test_negative_counts_back_from_the_maximum():
     assert fastpe.get_num_threads() == 1
 
 
+@needs_openmp
 @pytest.mark.parametrize("bad,exc", [(0, ValueError), ("2", TypeError), (True, TypeError),
                                      (2.0, TypeError)], ids=["0", "str", "bool", "float"])
 def test_bad_counts(bad, exc):
