@@ -92,6 +92,9 @@ COMPILED = fastpe.info()["compiled"]
 # address space, so memory limits and RSS checks mean nothing under it.
 UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 PACKAGE_ROOT = Path(fastpe.__file__).resolve().parent.parent
+# the folder holding tests/: the source tree, or where tests/ and bench/ were copied to
+# test an installed fastpe (PACKAGE_ROOT is then site-packages)
+TREE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def dtype_name(dtype: np.dtype) -> str:

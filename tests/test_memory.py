@@ -15,9 +15,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import COMPILED, PACKAGE_ROOT, UNDER_ASAN, clean_env
+from conftest import COMPILED, PACKAGE_ROOT, TREE_ROOT, UNDER_ASAN, clean_env
 
-SCRIPT = PACKAGE_ROOT / "bench" / "leak_check.py"
+SCRIPT = TREE_ROOT / "bench" / "leak_check.py"
 
 pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="bench/ is not in this tree")
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import COMPILED, PACKAGE_ROOT
+from conftest import COMPILED, PACKAGE_ROOT, TREE_ROOT
 
 import fastpe
 import fastpe._version
@@ -57,11 +57,11 @@ def test_installed_metadata_version_is_fastpe_version():
 
 
 def test_pyproject_reads_the_version_module():
-    """In a source tree: pyproject.toml declares the version dynamic, read from
+    """Beside the tests (a source tree): pyproject.toml declares the version dynamic, read from
     fastpe._version.__version__, and spells no version of its own."""
-    pyproject = PACKAGE_ROOT / "pyproject.toml"
+    pyproject = TREE_ROOT / "pyproject.toml"
     if not pyproject.is_file():
-        pytest.skip("not running from a source tree (no pyproject.toml beside fastpe/)")
+        pytest.skip("no pyproject.toml beside tests/")
     if sys.version_info < (3, 11):
         pytest.skip("tomllib needs Python 3.11")
     import tomllib
