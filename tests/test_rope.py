@@ -1110,6 +1110,8 @@ def test_a_scaling_dict_seen_before_with_an_array_argument_names_it(bad):
 # ---- threads -----------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(ON_CYTHON and not fastpe.info()["openmp"],
+                    reason="fastpe was built without OpenMP: one thread for every count")
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_num_threads_give_bit_identical_results(threaded, dtype, monkeypatch):
     """3 batch rows x 4 blocks of 32 tokens; 1, 2 and 3 threads, computed angles (fast and
