@@ -553,6 +553,31 @@ def count(n: Any, name: str, *, minimum: int | None = 0, whole_float: bool = Fal
     return value
 
 
+# Python's and NumPy's own number types: their int() and float() are their values (a
+# subclass's __index__ or __float__ may answer otherwise than the value a check read)
+_PLAIN_INTS = frozenset({int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                         np.uint32, np.uint64, np.longlong, np.ulonglong})
+_PLAIN_REALS = _PLAIN_INTS | {float, np.float16, np.float32, np.float64}
+
+
+def plain_int(v: object) -> object:
+    """v as a Python int where it is a NumPy integer scalar, else v as given: the
+    compiled entries take Python ints, and send anything else down the validating path."""
+    return int(v) if type(v) in _PLAIN_INTS else v  # type: ignore[call-overload]
+
+
+def plain_real(v: object) -> float | None:
+    """float(v) where v is a Python or NumPy number (not a bool, not a subclass), else
+    None (an int too large for a float too): what the compiled entries take as a real
+    setting, every other value going the validating path."""
+    if type(v) not in _PLAIN_REALS:
+        return None
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+
+
 def real(v: object, name: str, *, positive: bool = False) -> float:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")

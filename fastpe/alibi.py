@@ -15,6 +15,7 @@ in place in one pass, the causal and padding masks fused into it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -170,15 +171,19 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         _checks.bump_written(scores)  # written: its version counter, as torch does
         return scores
     kern = _backend.kernels()
-    if (kern is not None and type(scores) is np.ndarray and max_bias is None
+    if (kern is not None and type(scores) is np.ndarray
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         # the compiled entry checks the call in C (False: nothing written, take the
         # validating path, which also produces every error message)
         x: Any = scores
-        if x.ndim >= 3:
-            sl = _math.cached_alibi_slopes(x.shape[-3], 8.0) if slopes is None else slopes
-            if kern.alibi_call(x, sl, q_positions, q_offset, k_positions, key_mask, causal,
-                               symmetric, True, _threads.resolve(num_threads, 2 * x.nbytes)):
+        # max_bias as the default slopes' (with slopes too: refused by the validating path)
+        mb = 8.0 if max_bias is None else _checks.plain_real(max_bias)
+        if (x.ndim >= 3 and mb is not None and 0 < mb < math.inf
+                and (slopes is None or max_bias is None)):
+            sl = _math.cached_alibi_slopes(x.shape[-3], mb) if slopes is None else slopes
+            if kern.alibi_call(x, sl, q_positions, _checks.plain_int(q_offset), k_positions,
+                               key_mask, causal, symmetric, True,
+                               _threads.resolve(num_threads, 2 * x.nbytes)):
                 return scores
     if any(_checks.is_tensor(v) for v in (slopes, q_positions, k_positions, key_mask)):
         # arrays beside a model's torch mask or positions: those viewed once, then the

@@ -106,7 +106,9 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
     return plan.x[0] if out is None else out
 
 
-_FLOATS = (float, np.float64)
+# the layouts of the compiled entry's rows (split_cos of an even width: with an odd one,
+# fairseq's frequencies alone)
+_FAST_LAYOUTS = frozenset({"interleaved", "split", "split_cos"})
 
 
 def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int = 0,
@@ -135,21 +137,23 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         _checks.bump_written(x)  # written: its version counter, as torch does
         return x
     kern = _backend.kernels()
-    # floats of known types only: the general path reads float(v), which a subclass's
-    # __float__ may answer differently from the value the compiled call would read
-    if (kern is not None and padding_idx is None
-            and type(x) is np.ndarray and type(base) in _FLOATS and 1.0 <= base < math.inf
-            and type(scale) in _FLOATS and type(layout) is str and layout == "interleaved"
+    if (kern is not None and padding_idx is None and type(x) is np.ndarray
+            and type(layout) is str and layout in _FAST_LAYOUTS
             and type(frequencies) is str and frequencies == "transformer"
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         # the compiled entry checks the call in C (False: nothing written, take the
-        # validating path, which also produces every error message); a base of at
-        # least 1 gives frequencies of at most 1, which sinusoidal_inv_freq never refuses
+        # validating path, which also produces every error message); numbers of Python's
+        # and NumPy's own types only (plain_real), and a base of at least 1, whose
+        # frequencies (at most 1) sinusoidal_inv_freq never refuses
         arr: Any = x
-        if arr.ndim in (2, 3) and kern.sinusoidal_call(
-                arr, _math.sinusoidal_inv_freq(arr.shape[-1], base, arr.size > 0), positions,
-                offset, scale, False, False, True,
-                _threads.resolve(num_threads, 2 * arr.nbytes)):
+        b = base if type(base) is float else _checks.plain_real(base)
+        sc = scale if type(scale) is float else _checks.plain_real(scale)
+        if (b is not None and 1.0 <= b < math.inf and sc is not None and arr.ndim in (2, 3)
+                and not (layout == "split_cos" and arr.shape[-1] % 2)
+                and kern.sinusoidal_call(
+                    arr, _math.sinusoidal_inv_freq(arr.shape[-1], b, arr.size > 0), positions,
+                    _checks.plain_int(offset), sc, layout != "interleaved",
+                    layout == "split_cos", True, _threads.resolve(num_threads, 2 * arr.nbytes))):
             return x
     if _checks.is_tensor(positions):
         # an array beside a model's torch positions: those viewed once, then the path of

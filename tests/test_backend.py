@@ -398,6 +398,71 @@ def test_build_has_openmp():
         f"compile flags: {info.get('compile_flags')}")
 
 
+_H, _K = 8, 96
+_TYPED_CALLS = {
+    # (a call with a program's argument types, the same call with Python's)
+    "alibi q_offset np.int64": (
+        lambda a: fastpe.add_alibi(a["s"], q_offset=np.int64(95)),
+        lambda a: fastpe.add_alibi(a["s"], q_offset=95)),
+    "alibi max_bias": (lambda a: fastpe.add_alibi(a["s"], max_bias=np.float32(6)),
+                       lambda a: fastpe.add_alibi(a["s"], slopes=fastpe.alibi_slopes(
+                           _H, max_bias=6.0))),
+    # transformers' slopes are float32
+    "alibi float32 slopes": (
+        lambda a: fastpe.add_alibi(a["s"], slopes=fastpe.alibi_slopes(_H).astype(np.float32)),
+        lambda a: fastpe.add_alibi(a["s"], slopes=fastpe.alibi_slopes(_H).astype(
+            np.float32).astype(np.float64))),
+    "t5 np.int64": (
+        lambda a: fastpe.add_relative_bias(a["s"], a["table"], bidirectional=False,
+                                           max_distance=np.int64(128), q_offset=np.int32(95)),
+        lambda a: fastpe.add_relative_bias(a["s"], a["table"], bidirectional=False,
+                                           max_distance=128, q_offset=95)),
+    "RelativeBias np.int64": (
+        lambda a: fastpe.RelativeBias(32, causal=True)(a["s"], a["table"],
+                                                       q_offset=np.int64(95)),
+        lambda a: fastpe.RelativeBias(32, causal=True)(a["s"], a["table"], q_offset=95)),
+    "learned np.int64": (lambda a: fastpe.add_learned(a["x"], a["wpe"], offset=np.int64(95)),
+                         lambda a: fastpe.add_learned(a["x"], a["wpe"], offset=95)),
+    "sinusoidal np scalars": (
+        lambda a: fastpe.add_sinusoidal(a["x"], offset=np.uint32(95), scale=np.float32(22.5),
+                                        base=10000),
+        lambda a: fastpe.add_sinusoidal(a["x"], offset=95, scale=22.5, base=10000.0)),
+    "sinusoidal split": (lambda a: fastpe.add_sinusoidal(a["x"], layout="split"), None),
+    "sinusoidal split_cos": (lambda a: fastpe.add_sinusoidal(a["x"], layout="split_cos"), None),
+}
+
+
+@pytest.mark.skipif(fastpe.backend() != "cython", reason="the compiled backend's entries")
+@pytest.mark.parametrize("name", list(_TYPED_CALLS))
+def test_a_programs_argument_types_take_the_compiled_entry(name, monkeypatch):
+    """NumPy's scalars (an offset from array arithmetic, a float32 scale), float32 slopes,
+    max_bias and the split layouts of a decode step are taken by the compiled entry, not
+    the validating path (5-15x the call's time), with the bits of the plain call."""
+    def inputs():
+        rng = np.random.default_rng(0)
+        return {"s": rng.random((4, _H, 1, _K), np.float32),
+                "table": rng.random((32, _H), np.float32),
+                "x": rng.random((4, 1, 512), np.float32),
+                "wpe": rng.random((1024, 512), np.float32)}
+
+    typed, plain = _TYPED_CALLS[name]
+    want = inputs()
+    if plain is not None:
+        plain(want)
+    else:   # the validating path's result
+        typed(want)
+    validating = ("_args.add_alibi", "_args.add_learned", "_args.add_sinusoidal",
+                  "_relative_args.add_relative_bias")
+    for where in validating:
+        module, function = where.split(".")
+        monkeypatch.setattr(getattr(fastpe, module), function,
+                            lambda *a, **k: pytest.fail("the validating path ran"))
+    got = inputs()
+    typed(got)
+    for key in got:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name}: {key}")
+
+
 # ---- FASTPE_ISA ----------------------------------------------------------------------------
 
 

@@ -1288,13 +1288,15 @@ cdef void alibi_owned_free(AlibiOwned *o) noexcept:
 
 cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
                        Py_ssize_t heads) noexcept:
-    """slopes an exact, C-contiguous, aligned, native float64 vector of `heads` finite
-    values (within float32's range unless x is float64: its arithmetic is float32's)
-    whose bytes are apart from x's, copied into o.slopes."""
+    """slopes an exact, C-contiguous, aligned, native float64 or float32 vector (the
+    dtype of transformers' slopes) of `heads` finite values (within float32's range
+    unless x is float64: its arithmetic is float32's) whose bytes are apart from x's,
+    copied into o.slopes (widened: the values the validating path's float64 copy holds)."""
     if not cnp.PyArray_CheckExact(slopes):
         return False
     cdef cnp.ndarray s = <cnp.ndarray>slopes
-    if (cnp.PyArray_TYPE(s) != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(s) != 1
+    cdef int typenum = cnp.PyArray_TYPE(s)
+    if ((typenum != cnp.NPY_DOUBLE and typenum != cnp.NPY_FLOAT) or cnp.PyArray_NDIM(s) != 1
             or not cnp.PyArray_IS_C_CONTIGUOUS(s) or not cnp.PyArray_ISALIGNED(s)
             or not cnp.PyArray_ISNOTSWAPPED(s) or s.shape[0] != heads
             or extents_overlap(x, s)):
@@ -1302,8 +1304,14 @@ cdef bint owned_slopes(AlibiOwned *o, object slopes, cnp.ndarray x,
     o.slopes = &o.sbuf[0] if heads <= OWNED_STACK else <double *>malloc(max(heads, 1) * sizeof(double))
     if o.slopes == NULL:
         return False
-    memcpy(o.slopes, cnp.PyArray_DATA(s), heads * sizeof(double))
     cdef Py_ssize_t h
+    cdef const float *narrow
+    if typenum == cnp.NPY_DOUBLE:
+        memcpy(o.slopes, cnp.PyArray_DATA(s), heads * sizeof(double))
+    else:
+        narrow = <const float *>cnp.PyArray_DATA(s)
+        for h in range(heads):
+            o.slopes[h] = narrow[h]
     cdef bint f64 = cnp.PyArray_TYPE(x) == cnp.NPY_DOUBLE
     for h in range(heads):
         if not (o.slopes[h] - o.slopes[h] == 0):  # NaN or infinite
@@ -1433,7 +1441,7 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
 
     It takes: scores an exact, writable, aligned, native float array of at least 3
     dimensions (..., heads, q, k) with whole-element strides and disjoint elements;
-    slopes an exact, aligned, native, C-contiguous float64 (heads,) of finite values;
+    slopes an exact, aligned, native, C-contiguous float64 or float32 (heads,) of finite values;
     q_positions and k_positions None or integer arrays as owned_positions() takes
     them for (batch, q) and (batch, k) calls, batch the product of the leading dims;
     key_mask None or an aligned, native, C-contiguous bool or integer array (k,) or
