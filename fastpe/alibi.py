@@ -43,6 +43,11 @@ def _run(plan: _args.AlibiPlan) -> None:
         raise _checks.entry_declined("ALiBi")
 
 
+# the largest bias alibi_bias makes through the compiled entry directly (larger ones, whose
+# allocation dwarfs the checks, go the validating path, which names sizes past memory)
+_FAST_BIAS_ELEMENTS = 1 << 24
+
+
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,
                q_offset: int | None = None, causal: bool = False, symmetric: bool = False,
                dtype: DTypeLike | None = None, out: np.ndarray | None = None,
@@ -96,6 +101,22 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
     <BLANKLINE>
            [[-0.01171875, -0.0078125 , -0.00390625,  0.        ]]])
     """
+    kern = _backend.kernels()
+    if (kern is not None and out is None and dtype is None and type(num_heads) is int
+            and type(q_len) is int and type(k_len) is int
+            and 0 <= num_heads * q_len * k_len <= _FAST_BIAS_ELEMENTS
+            and min(num_heads, q_len, k_len) >= 0
+            and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
+        # a decode step's bias through the compiled entry, as add_alibi's (False: nothing
+        # written, the validating path runs the call or names what is wrong)
+        mb = 8.0 if max_bias is None else _checks.plain_real(max_bias)
+        if mb is not None and 0 < mb < math.inf and (slopes is None or max_bias is None):
+            bias = np.empty((num_heads, q_len, k_len), np.float32)
+            if kern.alibi_call(bias, _math.cached_alibi_slopes(num_heads, mb) if slopes is None
+                               else slopes, q_positions, _checks.plain_int(q_offset),
+                               k_positions, key_mask, causal, symmetric, False,
+                               _threads.resolve(num_threads, bias.nbytes)):
+                return bias
     plan = _args.alibi_bias(num_heads, q_len, k_len, slopes=slopes, max_bias=max_bias,
                             q_offset=q_offset, causal=causal, symmetric=symmetric,
                             q_positions=q_positions, k_positions=k_positions, key_mask=key_mask,
