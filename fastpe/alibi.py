@@ -43,6 +43,14 @@ def _run(plan: _args.AlibiPlan) -> None:
         raise _checks.entry_declined("ALiBi")
 
 
+def _fast_max_bias(max_bias: object, slopes: object) -> float | None:
+    """A given max_bias for the compiled entry's default slopes: a positive finite
+    number of Python's or NumPy's types, without slopes (the validating path refuses
+    both), else None."""
+    mb = _checks.plain_real(max_bias)
+    return mb if slopes is None and mb is not None and 0 < mb < math.inf else None
+
+
 # the largest bias alibi_bias makes through the compiled entry directly (larger ones, whose
 # allocation dwarfs the checks, go the validating path, which names sizes past memory)
 _FAST_BIAS_ELEMENTS = 1 << 24
@@ -109,13 +117,14 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         # a decode step's bias through the compiled entry, as add_alibi's (False: nothing
         # written, the validating path runs the call or names what is wrong)
-        mb = 8.0 if max_bias is None else _checks.plain_real(max_bias)
-        if mb is not None and 0 < mb < math.inf and (slopes is None or max_bias is None):
+        mb = 8.0 if max_bias is None else _fast_max_bias(max_bias, slopes)
+        off = q_offset if q_offset is None or type(q_offset) is int else _checks.plain_int(
+            q_offset)
+        if mb is not None:
             bias = np.empty((num_heads, q_len, k_len), np.float32)
             if kern.alibi_call(bias, _math.cached_alibi_slopes(num_heads, mb) if slopes is None
-                               else slopes, q_positions, _checks.plain_int(q_offset),
-                               k_positions, key_mask, causal, symmetric, False,
-                               _threads.resolve(num_threads, bias.nbytes)):
+                               else slopes, q_positions, off, k_positions, key_mask, causal,
+                               symmetric, False, _threads.resolve(num_threads, bias.nbytes)):
                 return bias
     plan = _args.alibi_bias(num_heads, q_len, k_len, slopes=slopes, max_bias=max_bias,
                             q_offset=q_offset, causal=causal, symmetric=symmetric,
@@ -197,14 +206,13 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         # the compiled entry checks the call in C (False: nothing written, take the
         # validating path, which also produces every error message)
         x: Any = scores
-        # max_bias as the default slopes' (with slopes too: refused by the validating path)
-        mb = 8.0 if max_bias is None else _checks.plain_real(max_bias)
-        if (x.ndim >= 3 and mb is not None and 0 < mb < math.inf
-                and (slopes is None or max_bias is None)):
+        mb = 8.0 if max_bias is None else _fast_max_bias(max_bias, slopes)
+        if x.ndim >= 3 and mb is not None:
             sl = _math.cached_alibi_slopes(x.shape[-3], mb) if slopes is None else slopes
-            if kern.alibi_call(x, sl, q_positions, _checks.plain_int(q_offset), k_positions,
-                               key_mask, causal, symmetric, True,
-                               _threads.resolve(num_threads, 2 * x.nbytes)):
+            off = q_offset if q_offset is None or type(q_offset) is int else _checks.plain_int(
+                q_offset)
+            if kern.alibi_call(x, sl, q_positions, off, k_positions, key_mask, causal,
+                               symmetric, True, _threads.resolve(num_threads, 2 * x.nbytes)):
                 return scores
     if any(_checks.is_tensor(v) for v in (slopes, q_positions, k_positions, key_mask)):
         # arrays beside a model's torch mask or positions: those viewed once, then the

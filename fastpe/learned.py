@@ -37,7 +37,8 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
         # the common case, checked in C (False: nothing written, take the general
         # path, which also produces every error message)
         arr: Any = x
-        if kern.learned_call(arr, table, positions, _checks.plain_int(offset),
+        off = offset if type(offset) is int else _checks.plain_int(offset)
+        if kern.learned_call(arr, table, positions, off,
                              _threads.resolve(num_threads, 2 * arr.nbytes)):
             return x
     if _checks.is_tensor(table) or _checks.is_tensor(positions):

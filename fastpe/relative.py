@@ -181,7 +181,8 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
     (the validating path then runs it, or names what is wrong). num_buckets: the table's
     rows a RelativeBias takes (any other count goes that path)."""
     kern = _backend.kernels()
-    max_distance = _checks.plain_int(max_distance)
+    if type(max_distance) is not int:
+        max_distance = _checks.plain_int(max_distance)
     if (kern is None or not _array_or_tensor(scores) or not _array_or_tensor(table)
             or type(bidirectional) is not bool or type(max_distance) is not int
             or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
@@ -198,8 +199,10 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
     threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * nbytes)
     # the entry takes the table only at the row count the buckets are for: another
     # thread may have resized it in between
-    done: bool = kern.t5_call(x, table, spec.lut, spec.reach, spec.num_buckets,
-                              _checks.plain_int(q_offset), causal, key_mask, threads)
+    if q_offset is not None and type(q_offset) is not int:
+        q_offset = _checks.plain_int(q_offset)
+    done: bool = kern.t5_call(x, table, spec.lut, spec.reach, spec.num_buckets, q_offset,
+                              causal, key_mask, threads)
     return done
 
 

@@ -148,12 +148,13 @@ def add_sinusoidal(x: InPlace, positions: PositionsLike = None, *, offset: int =
         arr: Any = x
         b = base if type(base) is float else _checks.plain_real(base)
         sc = scale if type(scale) is float else _checks.plain_real(scale)
+        off = offset if type(offset) is int else _checks.plain_int(offset)
         if (b is not None and 1.0 <= b < math.inf and sc is not None and arr.ndim in (2, 3)
                 and not (layout == "split_cos" and arr.shape[-1] % 2)
                 and kern.sinusoidal_call(
                     arr, _math.sinusoidal_inv_freq(arr.shape[-1], b, arr.size > 0), positions,
-                    _checks.plain_int(offset), sc, layout != "interleaved",
-                    layout == "split_cos", True, _threads.resolve(num_threads, 2 * arr.nbytes))):
+                    off, sc, layout != "interleaved", layout == "split_cos", True,
+                    _threads.resolve(num_threads, 2 * arr.nbytes))):
             return x
     if _checks.is_tensor(positions):
         # an array beside a model's torch positions: those viewed once, then the path of
