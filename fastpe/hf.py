@@ -658,7 +658,7 @@ def _rotate_q_last(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any,
     rotated in a copy until k is."""
     _refuse_grad(q, k)
     for x, name in ((q, "q"), (k, "k")):
-        _checks.tensor_view(x, name, writable=True)
+        _checks.writable_array(_checks.tensor_view(x, name, writable=True), name)
     if (k_memory := _checks.memory_of(k)) is not None:
         _checks.disjoint(k_memory, "k", (q, "q"))
     rotated = q.clone()

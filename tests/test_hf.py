@@ -925,7 +925,8 @@ def test_a_query_rotated_by_the_keys_last_positions(rope):
     (lambda: torch._neg_view(torch.randn(1, 2, 12, 16)), r"^k is a torch view with its negative"),
     ("inference", r"^k is an inference tensor"),
     ("holds q", r"^q overlaps k"),
-], ids=["head_dim", "tokens", "negated", "inference", "overlap"])
+    ("q expanded", r"^q has overlapping elements"),
+], ids=["head_dim", "tokens", "negated", "inference", "overlap", "q-expanded"])
 def test_a_query_rotated_by_the_keys_last_positions_is_left_as_it_was_when_k_is_refused(
         bad_k, match):
     """The stand-in of such an apply function rotates q and k in two calls: a k refused
@@ -942,12 +943,16 @@ def test_a_query_rotated_by_the_keys_last_positions_is_left_as_it_was_when_k_is_
     elif bad_k == "holds q":
         k = torch.randn(1, 2, 12, 16)
         q = k[:, :, -4:]
+    elif bad_k == "q expanded":     # refused only when written: after k, in a copy's place
+        k = torch.randn(1, 2, 12, 16)
+        q = torch.randn(1, 1, 4, 16).expand(1, 2, 4, 16)
     else:
         k = bad_k()
-    before = q.clone()
+    before, k_before = q.clone(), k.clone()
     with torch.no_grad(), pytest.raises((TypeError, ValueError), match=match):
         stand_in(q, k, cs, cs)
     assert torch.equal(q, before) and q._version == 0
+    assert torch.equal(k, k_before)
 
 
 def test_an_apply_function_wrapped_by_the_kernel_hub_is_read_as_its_function():
