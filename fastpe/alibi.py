@@ -51,8 +51,9 @@ def _fast_max_bias(max_bias: object, slopes: object) -> float | None:
     return mb if slopes is None and mb is not None and 0 < mb < math.inf else None
 
 
-# the largest bias alibi_bias makes through the compiled entry directly (larger ones, whose
-# allocation dwarfs the checks, go the validating path, which names sizes past memory)
+# the largest bias alibi_bias makes through the compiled entry directly, and its largest
+# size on each axis (larger ones, whose allocation dwarfs the checks, go the validating
+# path, which names sizes past memory)
 _FAST_BIAS_ELEMENTS = 1 << 24
 
 
@@ -112,8 +113,9 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
     kern = _backend.kernels()
     if (kern is not None and out is None and dtype is None and type(num_heads) is int
             and type(q_len) is int and type(k_len) is int
-            and 0 <= num_heads * q_len * k_len <= _FAST_BIAS_ELEMENTS
-            and min(num_heads, q_len, k_len) >= 0
+            and 0 <= num_heads <= _FAST_BIAS_ELEMENTS and 0 <= q_len <= _FAST_BIAS_ELEMENTS
+            and 0 <= k_len <= _FAST_BIAS_ELEMENTS
+            and num_heads * q_len * k_len <= _FAST_BIAS_ELEMENTS
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         # a decode step's bias through the compiled entry, as add_alibi's (False: nothing
         # written, the validating path runs the call or names what is wrong)

@@ -479,6 +479,14 @@ def test_a_decode_steps_alibi_bias_takes_the_compiled_entry(kwargs, monkeypatch)
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("sizes", [(0, 2**63, 1), (4, 0, 2**63), (2**62, 0, 1)])
+def test_alibi_bias_of_no_elements_but_sizes_past_memory_is_named(sizes):
+    """A size past what an array holds beside a zero one: refused by name by every path
+    (the compiled entry's gate bounds each size, not only their product)."""
+    with pytest.raises(ValueError, match=r"num_heads, q_len and k_len give a table of shape"):
+        fastpe.alibi_bias(*sizes)
+
+
 # ---- FASTPE_ISA ----------------------------------------------------------------------------
 
 
