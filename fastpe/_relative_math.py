@@ -92,7 +92,7 @@ def t5_check(num_buckets: int, max_distance: int, bidirectional: bool,
                          f"one exact bucket per direction at least), got {num_buckets}")
     if max_distance <= max_exact:
         raise ValueError(f"max_distance must be > {max_exact} (the exact buckets of "
-                         f"num_buckets={num_buckets}), got {max_distance}: the log buckets "
+                         f"{num_buckets} in all), got {max_distance}: the log buckets "
                          f"would divide by log(max_distance / {max_exact}) <= 0")
     if max_distance > MAX_TABLE_DISTANCE:
         raise ValueError(f"max_distance must be at most {MAX_TABLE_DISTANCE} (2**22: the "

@@ -622,6 +622,9 @@ class RotaryEmbedding:
         axes = _checks.count(self.axes, "RotaryEmbedding.axes", minimum=1)
         if axes > _args.MAX_AXES:
             raise ValueError(f"RotaryEmbedding.axes must be in [1, {_args.MAX_AXES}], got {axes}")
+        if axes > 1 and self._pair_axis is None:
+            raise ValueError(f"RotaryEmbedding.axes={axes} needs mrope_section (which frequency "
+                             f"pairs rotate by which axis): make a new RotaryEmbedding")
 
     def _make_state(self) -> Any:
         self._check_settings()

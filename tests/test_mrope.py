@@ -920,6 +920,13 @@ def test_attributes_set_after_construction_are_checked_at_the_call(backend):
                     error, match=rf"^RotaryEmbedding\.{match}"):
                 changed(q, None, positions)
             assert_bytes_equal(q, q0)
+    one_axis = fastpe.RotaryEmbedding(8)
+    one_axis.axes = 2           # (2, seq) positions would read as two sequences' rows
+    for positions in (None, np.zeros((2, 3), np.int64), np.zeros((2, 1, 3), np.int64)):
+        with fastpe.use_backend(backend), pytest.raises(
+                ValueError, match=r"^RotaryEmbedding\.axes=2 needs mrope_section"):
+            one_axis(q, None, positions)
+        assert_bytes_equal(q, q0)
     hunyuan = fastpe.RotaryEmbedding(8, mrope_section=[2, 1, 1])
     hunyuan._pair_axis2 = np.array([1, 0, 2, 0], np.int8)   # the second feature's axes
     hunyuan.style = "gptj"
