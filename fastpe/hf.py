@@ -657,10 +657,10 @@ def _rotate_q_last(rope: RotaryEmbedding, freqs: RopeFrequencies | None, q: Any,
     call checks of q and k together (each writable, apart in memory) checked first, q
     rotated in a copy until k is."""
     _refuse_grad(q, k)
-    for x, name in ((q, "q"), (k, "k")):
-        _checks.writable_array(_checks.tensor_view(x, name, writable=True), name)
-    if (k_memory := _checks.memory_of(k)) is not None:
-        _checks.disjoint(k_memory, "k", (q, "q"))
+    _checks.writable_array(_checks.tensor_view(q, "q", writable=True), "q")
+    k_view = _checks.tensor_view(k, "k", writable=True)
+    _checks.writable_array(k_view, "k")
+    _checks.disjoint(k_view, "k", (q, "q"))
     rotated = q.clone()
     _rotate(rope, freqs, rotated, None, positions[..., -q_len:] if q_len else positions[..., :0],
             layout)
