@@ -121,6 +121,11 @@ def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bo
     The values are the table's, rounded to the output dtype (exact when it is the
     table's): transformers' ``compute_bias(q_len, k_len)[0]``.
     """
+    if dtype is None and out is None:
+        made = _t5_bias_compiled(table, q_len, k_len, bidirectional, max_distance, q_offset,
+                                 causal, num_threads)
+        if made is not None:
+            return made
     plan = _relative_args.relative_bias(table, q_len, k_len, bidirectional=bidirectional,
                                         max_distance=max_distance, q_offset=q_offset,
                                         causal=causal, dtype=dtype, out=out,
@@ -175,11 +180,12 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
 
 def _t5_compiled(scores: object, table: object, bidirectional: object, max_distance: object,
                  q_offset: object, causal: object, key_mask: object, num_threads: object,
-                 num_buckets: int | None = None) -> bool:
+                 num_buckets: int | None = None, accumulate: bool = True) -> bool:
     """add_relative_bias on NumPy arrays and torch tensors through the compiled entry,
     which checks the call in C: False, with nothing written, for a call it does not take
     (the validating path then runs it, or names what is wrong). num_buckets: the table's
-    rows a RelativeBias takes (any other count goes that path)."""
+    rows a RelativeBias takes (any other count goes that path); accumulate False writes
+    the bias over the scores."""
     kern = _backend.kernels()
     if type(max_distance) is not int:
         max_distance = _checks.plain_int(max_distance)
@@ -196,14 +202,40 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
         spec = _relative_math.t5_spec(rows, max_distance, bidirectional)
     except Exception:
         return False  # the validating path names the tensor or the setting
-    threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * 2 * nbytes)
+    threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * (2 if accumulate else 1) * nbytes)
     # the entry takes the table only at the row count the buckets are for: another
     # thread may have resized it in between
     if q_offset is not None and type(q_offset) is not int:
         q_offset = _checks.plain_int(q_offset)
     done: bool = kern.t5_call(x, table, spec.lut, spec.reach, spec.num_buckets, q_offset,
-                              causal, key_mask, threads)
+                              causal, key_mask, threads, accumulate)
     return done
+
+
+# the sizes relative_bias's compiled path makes an array of; larger calls (the kernels'
+# time, not the entry's) go the validating path, which names a size past memory
+T5_BIAS_COMPILED_ELEMENTS = 1 << 24
+
+
+def _t5_bias_compiled(table: object, q_len: object, k_len: object, bidirectional: object,
+                      max_distance: object, q_offset: object, causal: object,
+                      num_threads: object) -> np.ndarray | None:
+    """relative_bias of an ndarray table, in its dtype, through the compiled entry (a
+    decode step's bias in 2-3 us, where the validating path takes 10): the bias, or None
+    for a call it does not take, with nothing made."""
+    if (_backend.kernels() is None or type(table) is not np.ndarray or table.ndim != 2
+            or not table.dtype.isnative or type(q_len) is not int or type(k_len) is not int
+            or not 0 <= q_len <= T5_BIAS_COMPILED_ELEMENTS
+            or not 0 <= k_len <= T5_BIAS_COMPILED_ELEMENTS):
+        return None
+    heads = table.shape[1]
+    if heads * q_len * k_len > T5_BIAS_COMPILED_ELEMENTS:
+        return None
+    bias = np.empty((heads, q_len, k_len), table.dtype)
+    if _t5_compiled(bias, table, bidirectional, max_distance, q_offset, causal, None,
+                    num_threads, accumulate=False):
+        return bias
+    return None
 
 
 def _table_rows(table: Any) -> int:

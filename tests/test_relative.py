@@ -357,6 +357,39 @@ def test_plain_t5_calls_take_the_compiled_entry(compiled_entry, monkeypatch):
             fastpe.add_relative_bias(x, **args)
 
 
+@needs_compiled
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_a_t5_decode_steps_bias_takes_the_compiled_entry(compiled_entry, monkeypatch, dtype):
+    """relative_bias of an ndarray table (a decode step's bias, once per step) is written by
+    the compiled entry in the table's dtype, with the reference's bits (a table's -0.0
+    kept: written, not added to zeros); a dtype, an out or a table it does not view go
+    the validating path."""
+    table = t5_inputs((8, 1, 40), np.float32)[0].astype(dtype)
+    table[np.unravel_index(np.arange(0, table.size, 5), table.shape)] = -0.0
+    calls = [dict(q_len=1, k_len=40),
+             dict(q_len=3, k_len=40, q_offset=np.int64(50), causal=True, bidirectional=False),
+             dict(q_len=0, k_len=7), dict(q_len=1, k_len=1, max_distance=np.int32(20))]
+    wants = [fastpe.reference.relative_bias(table, **kw) for kw in calls]
+    settings = fastpe.RelativeBias(bidirectional=False, causal=True)
+    settings_want = fastpe.reference.relative_bias(table, 2, 9, q_offset=3, causal=True,
+                                                   bidirectional=False)
+    monkeypatch.setattr(fastpe._relative_args, "relative_bias",
+                        lambda *a, **k: pytest.fail("the validating path ran"))
+    for kw, want in zip(calls, wants):
+        got = fastpe.relative_bias(table, **kw)
+        assert got.dtype == table.dtype and got.flags.c_contiguous, kw
+        assert_bytes_equal(got, want, str(kw))
+    assert_bytes_equal(settings.bias(table, 2, 9, q_offset=3), settings_want)
+    declined = [dict(table=table, q_len=1, k_len=4, dtype=dtype),
+                dict(table=table, q_len=1, k_len=4, out=np.empty((8, 1, 4), dtype)),
+                dict(table=table.astype(table.dtype.newbyteorder()), q_len=1, k_len=4),
+                dict(table=table.tolist(), q_len=1, k_len=4),
+                dict(table=table, q_len=5, k_len=4)]
+    for kw in declined:
+        with pytest.raises(pytest.fail.Exception, match="validating path"):
+            fastpe.relative_bias(**kw)
+
+
 # ---- threads, views, memory --------------------------------------------------------------------------
 
 

@@ -191,6 +191,7 @@ def t5_call(
     causal: object,
     key_mask: object,
     num_threads: int,
+    accumulate: bool = ...,
 ) -> bool: ...
 def deberta_disentangled(
     scores: NDArray[Any],

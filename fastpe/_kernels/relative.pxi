@@ -404,9 +404,10 @@ def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut
 
 def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
             Py_ssize_t num_buckets, object q_offset, object causal, object key_mask,
-            int num_threads):
-    """The compiled entry of add_relative_bias: scores[..., h, i, j] += the T5 bias, in
-    place, and True; False, with nothing written, for any argument outside what it takes
+            int num_threads, bint accumulate=True):
+    """The compiled entry of add_relative_bias (and, accumulate False, of relative_bias
+    into an array it made): scores[..., h, i, j] += (or =) the T5 bias, in place, and
+    True; False, with nothing written, for any argument outside what it takes
     (fastpe.relative then validates the call in full, names what is wrong or normalises
     it, and runs t5_relative).
 
@@ -469,7 +470,7 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
             a.mask = o.mask
         t5_execute(&a, xv.data, nd, xv.shape, xv.strides, xv.itemsize, code, tv.data,
                    tv.strides[0], tv.strides[1], tcode, <const int32_t *>cnp.PyArray_DATA(lut),
-                   reach, off, causal, True, num_threads)
+                   reach, off, causal, accumulate, num_threads)
     finally:
         alibi_owned_free(&o)
     if not cnp.PyArray_CheckExact(scores):
