@@ -584,11 +584,11 @@ def rope_cos_sin(positions: object, freqs: object,
 
 
 def _real_valued(positions: np.ndarray) -> bool:
-    """Whether RoPE positions are real-valued (float16/32/64); bfloat16 ones are refused
-    by name: they hold whole positions exactly only up to 256."""
+    """Whether RoPE positions are real-valued (NumPy's float dtypes); bfloat16 ones are
+    refused by name: they hold whole positions exactly only up to 256."""
     if positions.dtype.name == "bfloat16":
-        raise TypeError("positions must be integers, or real-valued in float16, float32 or "
-                        "float64, got dtype bfloat16 (it holds whole numbers exactly only "
+        raise TypeError("positions must be integers, or real-valued in one of NumPy's float "
+                        "dtypes, got dtype bfloat16 (it holds whole numbers exactly only "
                         "up to 256)")
     return positions.dtype.kind == "f"
 

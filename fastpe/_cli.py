@@ -1,8 +1,9 @@
 """The command line: ``python -m fastpe [info | bench | demo]``.
 
 Exit codes: 0 success; 1 the command ran but failed (a result check, a missing optional
-dependency such as matplotlib for --plot, a file that cannot be written); 2 usage errors
-(argparse's convention); 130 interrupted.
+dependency such as matplotlib for --plot, a file whose writing fails); 2 usage errors
+(argparse's convention), an output path that cannot be written among them (checked
+before the run); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -549,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="fastpe: fast, exact transformer positional encodings. Without a "
                     "command, prints `info`.",
         epilog="exit codes: 0 ok, 1 failed (a result check, a missing optional "
-               "dependency, an unwritable file), 2 usage error")
+               "dependency, a file whose writing fails), 2 usage error (an output "
+               "path that cannot be written included)")
     parser.add_argument("--version", action="version", version=f"fastpe {fastpe.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{info,bench,demo}")
 

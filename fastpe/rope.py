@@ -307,8 +307,9 @@ def rope_cos_sin(positions: ArrayLike, freqs: RopeFrequencies | np.ndarray, *,
     (rotary_dim // 2,), multiplied by ``freqs.attention_scaling`` as Hugging
     Face's rotary modules do. Angles are formed and reduced in float64.
 
-    Positions are integers (at least 0) or real-valued (any float dtype: DINOv3's
-    patch centres, SAM's grids; negative ones too), each below 2**32 in magnitude.
+    Positions are integers (at least 0) or real-valued (NumPy's float dtypes, not
+    bfloat16, which holds whole numbers exactly only up to 256: DINOv3's patch centres,
+    SAM's grids; negative ones too), each below 2**32 in magnitude.
 
     >>> cos, sin = fastpe.rope_cos_sin(np.arange(4096), fastpe.rope_frequencies(128))
     """

@@ -2,7 +2,8 @@
 
 ``PE[p, 2i] = sin(p * w_i)`` and ``PE[p, 2i + 1] = cos(p * w_i)`` with
 ``w_i = base^(-2i / dim)``; the "split" layout puts all sines first, then all
-cosines (Marian, Pegasus). An odd ``dim`` ends on a sine column.
+cosines (Marian, Pegasus). An odd ``dim`` ends on a sine column (interleaved) or on a cosine
+column (split).
 
 ``frequencies="fairseq"`` is the form fairseq's sinusoidal positional embedding
 introduced and Hugging Face's M2M100, NLLB, XGLM, Speech2Text, Whisper (encoder) and
