@@ -2373,6 +2373,39 @@ def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
         assert_bytes_equal(runs[0], other, "q: in the caches vs streamed")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("style", STYLES)
+def test_heads_one_after_another_give_the_bits_of_tokens_one_after_another(dtype, style):
+    """(batch, heads, seq, dim) arrays are rotated several heads a token at a time over
+    units of up to 256 tokens (their cos and sin rows seeded every 32 tokens), the
+    (batch, seq, heads, dim) ones a token's heads at a time over units of 32: the same
+    bits, on one thread and two, with positions that run on, jump and repeat, and
+    M-RoPE's three axes."""
+    if is_bf16(dtype):
+        pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(17)
+    batch, seq, hq, hk, dim = 2, 1100, 12, 4, 64
+    q = rng.uniform(-2, 2, (batch, seq, hq, dim)).astype(dtype)
+    k = rng.uniform(-2, 2, (batch, seq, hk, dim)).astype(dtype)
+    runs = np.arange(seq) + 5
+    jumps = np.where(np.arange(seq) % 300 < 150, runs, runs * 7 % 5000)
+    mrope = fastpe.RotaryEmbedding(dim, mrope_section=[8, 12, 12], axes=3, style=style)
+    grid = np.stack([np.arange(seq) // 40, np.arange(seq) % 40, np.arange(seq) // 3])
+    calls = [(fastpe.apply_rope, runs), (fastpe.apply_rope, np.stack([jumps, runs])),
+             (mrope, grid)]
+    for threads in (1, 2):
+        for rotate, pos in calls:
+            a, b = q.copy(), k.copy()
+            c = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
+            d = np.ascontiguousarray(k.transpose(0, 2, 1, 3))
+            kw = {} if rotate is mrope else {"style": style}
+            rotate(a, b, pos, num_threads=threads, **kw)
+            rotate(c, d, pos, layout="bhsd", num_threads=threads, **kw)
+            assert not np.array_equal(as_f64(a), as_f64(q)), "nothing was rotated"
+            assert_bytes_equal(c.transpose(0, 2, 1, 3), a, context=f"q, {threads} threads")
+            assert_bytes_equal(d.transpose(0, 2, 1, 3), b, context=f"k, {threads} threads")
+
+
 @pytest.mark.skipif(not ON_CYTHON or fastpe.info().get("isa") != "avx512",
                     reason="the step width of float32 RoPE rows is the avx512 variant's "
                            "choice")
