@@ -1097,6 +1097,8 @@ def hf_config(config: object) -> tuple[object, str | None]:
                         f"got {type(config).__name__}")
     # a config.json dict, where the config object may hold what its class derives
     given_dict = isinstance(config, Mapping)
+    if not given_dict:
+        _hf_refuse_transformers_4(config)
     config = _hf_plain(config)
     model_type = _hf_get(config, "model_type")
     if model_type is not None and not isinstance(model_type, str):
@@ -1129,6 +1131,38 @@ def hf_config(config: object) -> tuple[object, str | None]:
             "composite models (an adaptor, an encoder of a protein or speech model, ...), "
             "whose attention fastpe cannot tell from their keys; fastpe does not load it")
     return config, model_type
+
+
+# rope types whose transformers 4 code reads other keys than transformers 5's: LongRoPE
+# its switch length from the top-level original_max_position_embeddings, else
+# max_position_embeddings, never from its rope_scaling dict; YaRN its original length
+# from max_position_embeddings where 5 moves a top-level original_max_position_embeddings
+# into the rope parameters (and before 4.47 neither the dict's original length nor its
+# mscale): a model of 4 rotates otherwise than fastpe's reading of its config
+_TRANSFORMERS_4_READS_OTHERWISE = ("yarn", "longrope")
+
+
+def _hf_refuse_transformers_4(config: object) -> None:
+    """A ValueError for a config object of a transformers older than 5 (imported in this
+    process) whose rope type that version reads otherwise than 5, whose code fastpe
+    reproduces. Its other rope types read the same keys; a dict is read as 5 reads it."""
+    utils = sys.modules.get("transformers.configuration_utils")
+    base = getattr(utils, "PretrainedConfig", None)
+    if not isinstance(base, type) or not isinstance(config, base):
+        return
+    version = str(getattr(sys.modules.get("transformers"), "__version__", ""))
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) >= 5:
+        return
+    rope = getattr(config, "rope_scaling", None)
+    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, Mapping) else None
+    if rope_type in _TRANSFORMERS_4_READS_OTHERWISE:
+        raise ValueError(
+            f"config is a transformers {version} config with rope_type {rope_type!r}: "
+            f"transformers 4 reads its original context length from other keys than "
+            f"transformers 5 (LongRoPE never from rope_scaling; YaRN from "
+            f"max_position_embeddings), and fastpe reproduces transformers 5 (>= 5.24); "
+            f"upgrade transformers")
 
 
 def _hf_refuse_incomplete_entries(config: Mapping[str, Any], model_type: str) -> None:

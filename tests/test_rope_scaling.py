@@ -877,3 +877,63 @@ def test_hf_rope_config_per_layer_type_parameters():
 def test_hf_rope_config_errors(config, exception, pattern):
     with pytest.raises(exception, match=pattern):
         hf_rope_config(config)
+
+
+def _transformers_of_version(monkeypatch, version):
+    """A stand-in transformers of `version` in sys.modules (none need be installed): its
+    configuration_utils.PretrainedConfig, a config class holding its keys as attributes."""
+    import sys
+    import types
+
+    class PretrainedConfig:
+        def __init__(self, **keys):
+            self.__dict__.update(keys, transformers_version=version)
+
+        def to_dict(self):
+            return dict(self.__dict__)
+
+    utils = types.ModuleType("transformers.configuration_utils")
+    utils.PretrainedConfig = PretrainedConfig
+    transformers = types.ModuleType("transformers")
+    transformers.__version__ = version
+    monkeypatch.setitem(sys.modules, "transformers", transformers)
+    monkeypatch.setitem(sys.modules, "transformers.configuration_utils", utils)
+    return PretrainedConfig
+
+
+TRANSFORMERS_4_ROPES = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "longrope": {"rope_type": "longrope", "factor": 8.0, "original_max_position_embeddings": 8,
+                 "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                 "long_factor": [2.0 + 0.3 * i for i in range(8)]},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "linear": {"type": "linear", "factor": 2.0},
+}
+
+
+@pytest.mark.parametrize("version", ["4.57.6", "4.46.3", "5.25.0"])
+@pytest.mark.parametrize("rope", list(TRANSFORMERS_4_ROPES))
+def test_a_transformers_4_config_object_of_yarn_or_longrope_is_refused(monkeypatch, version,
+                                                                       rope):
+    """transformers 4's YaRN and LongRoPE read their original context length from other
+    keys than 5's (LongRoPE never from rope_scaling, YaRN from max_position_embeddings),
+    so a model of 4 rotates otherwise than fastpe's reading of its config: a config object
+    of 4 with them is refused by name; its other rope types, a config of 5 and any
+    config.json dict are read as transformers 5 reads them."""
+    config_class = _transformers_of_version(monkeypatch, version)
+    keys = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+            "max_position_embeddings": 64, "rope_theta": 10000.0,
+            "rope_scaling": TRANSFORMERS_4_ROPES[rope]}
+    config = config_class(**keys)
+    as_dict = fastpe.RotaryEmbedding.from_hf_config(config.to_dict())
+    if version < "5" and rope in ("yarn", "longrope"):
+        with pytest.raises(ValueError, match=rf"transformers {version} config with rope_type "
+                                             rf"'{rope}'.*upgrade transformers"):
+            fastpe.RotaryEmbedding.from_hf_config(config)
+        return
+    got = fastpe.RotaryEmbedding.from_hf_config(config)
+    positions = np.array([0, 5, 40, 90])
+    for a, b in zip(got.cos_sin(positions, dtype="float64"),
+                    as_dict.cos_sin(positions, dtype="float64")):
+        np.testing.assert_array_equal(a, b)
