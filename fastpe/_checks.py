@@ -740,6 +740,23 @@ def output(out: object, shape: tuple[int, ...], dtype: object, names: str) -> np
     return out
 
 
+def compiled_output(out: object, dtype: object, shape: tuple[int, ...],
+                    default: np.dtype) -> np.ndarray | None:
+    """The array a compiled entry writes a table into: out where it is an exact ndarray
+    of that shape and no dtype is given, else a new array of dtype (default when None),
+    a float dtype of NumPy's; None for anything else, which the validating path (output)
+    judges and names."""
+    if out is not None:
+        return out if type(out) is np.ndarray and out.shape == shape and dtype is None else None
+    if dtype is None:
+        return np.empty(shape, default)
+    try:
+        dt = np.dtype(dtype)  # type: ignore[call-overload]
+    except Exception:
+        return None
+    return np.empty(shape, dt) if dt.kind == "f" or dt.name == "bfloat16" else None
+
+
 def entry_declined(entry: str) -> RuntimeError:
     """The error of a compiled entry that declined the call its validating path made:
     a bug in fastpe, never the caller's input."""

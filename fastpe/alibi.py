@@ -111,7 +111,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
            [[-0.01171875, -0.0078125 , -0.00390625,  0.        ]]])
     """
     kern = _backend.kernels()
-    if (kern is not None and out is None and dtype is None and type(num_heads) is int
+    if (kern is not None and type(num_heads) is int
             and type(q_len) is int and type(k_len) is int
             and 0 <= num_heads <= _FAST_BIAS_ELEMENTS and 0 <= q_len <= _FAST_BIAS_ELEMENTS
             and 0 <= k_len <= _FAST_BIAS_ELEMENTS
@@ -122,12 +122,13 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
         mb = 8.0 if max_bias is None else _fast_max_bias(max_bias, slopes)
         off = q_offset if q_offset is None or type(q_offset) is int else _checks.plain_int(
             q_offset)
-        if mb is not None:
-            bias = np.empty((num_heads, q_len, k_len), np.float32)
-            if kern.alibi_call(bias, _math.cached_alibi_slopes(num_heads, mb) if slopes is None
-                               else slopes, q_positions, off, k_positions, key_mask, causal,
-                               symmetric, False, _threads.resolve(num_threads, bias.nbytes)):
-                return bias
+        bias = None if mb is None else _checks.compiled_output(
+            out, dtype, (num_heads, q_len, k_len), np.dtype(np.float32))
+        if bias is not None and kern.alibi_call(
+                bias, _math.cached_alibi_slopes(num_heads, mb) if slopes is None else slopes,
+                q_positions, off, k_positions, key_mask, causal, symmetric, False,
+                _threads.resolve(num_threads, bias.nbytes)):
+            return bias
     plan = _args.alibi_bias(num_heads, q_len, k_len, slopes=slopes, max_bias=max_bias,
                             q_offset=q_offset, causal=causal, symmetric=symmetric,
                             q_positions=q_positions, k_positions=k_positions, key_mask=key_mask,

@@ -121,11 +121,10 @@ def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bo
     The values are the table's, rounded to the output dtype (exact when it is the
     table's): transformers' ``compute_bias(q_len, k_len)[0]``.
     """
-    if dtype is None and out is None:
-        made = _t5_bias_compiled(table, q_len, k_len, bidirectional, max_distance, q_offset,
-                                 causal, num_threads)
-        if made is not None:
-            return made
+    made = _t5_bias_compiled(table, q_len, k_len, bidirectional, max_distance, q_offset,
+                             causal, dtype, out, num_threads)
+    if made is not None:
+        return made
     plan = _relative_args.relative_bias(table, q_len, k_len, bidirectional=bidirectional,
                                         max_distance=max_distance, q_offset=q_offset,
                                         causal=causal, dtype=dtype, out=out,
@@ -218,11 +217,12 @@ T5_BIAS_COMPILED_ELEMENTS = 1 << 24
 
 
 def _t5_bias_compiled(table: object, q_len: object, k_len: object, bidirectional: object,
-                      max_distance: object, q_offset: object, causal: object,
-                      num_threads: object) -> np.ndarray | None:
-    """relative_bias of an ndarray table, in its dtype, through the compiled entry (a
-    decode step's bias in 2-3 us, where the validating path takes 10): the bias, or None
-    for a call it does not take, with nothing made."""
+                      max_distance: object, q_offset: object, causal: object, dtype: object,
+                      out: object, num_threads: object) -> np.ndarray | None:
+    """relative_bias of an ndarray table through the compiled entry (a decode step's
+    bias in 2-3 us, where the validating path takes 10): the bias, or None for a call it
+    does not take, with nothing written. A float64 table into a half type goes that
+    path, which rounds it once (the kernels read it through float32)."""
     if (_backend.kernels() is None or type(table) is not np.ndarray or table.ndim != 2
             or not table.dtype.isnative or type(q_len) is not int or type(k_len) is not int
             or not 0 <= q_len <= T5_BIAS_COMPILED_ELEMENTS
@@ -231,7 +231,9 @@ def _t5_bias_compiled(table: object, q_len: object, k_len: object, bidirectional
     heads = table.shape[1]
     if heads * q_len * k_len > T5_BIAS_COMPILED_ELEMENTS:
         return None
-    bias = np.empty((heads, q_len, k_len), table.dtype)
+    bias = _checks.compiled_output(out, dtype, (heads, q_len, k_len), table.dtype)
+    if bias is None or (bias.dtype.itemsize == 2 and table.dtype.itemsize == 8):
+        return None
     if _t5_compiled(bias, table, bidirectional, max_distance, q_offset, causal, None,
                     num_threads, accumulate=False):
         return bias

@@ -473,13 +473,22 @@ def test_a_programs_argument_types_take_the_compiled_entry(name, monkeypatch):
                          ids=["plain", "mask", "symmetric", "positions"])
 def test_a_decode_steps_alibi_bias_takes_the_compiled_entry(kwargs, monkeypatch):
     """alibi_bias of a decode step's shape through the compiled entry (the validating
-    path took 5-15x its time), with the validating path's bits (dtype given: that path)."""
-    want = fastpe.alibi_bias(16, 1, 96, dtype="float32", **kwargs)
+    path took 5-15x its time), a dtype or an out given too, with the validating path's
+    bits (that path's: a dtype of another byte order)."""
+    wants = {dt: fastpe.alibi_bias(16, 1, 96, dtype=np.dtype(dt).newbyteorder(), **kwargs)
+             for dt in ("float32", "float16", "float64")}
     monkeypatch.setattr(fastpe._args, "alibi_bias",
                         lambda *a, **k: pytest.fail("the validating path ran"))
     got = fastpe.alibi_bias(16, 1, 96, **kwargs)
     assert got.dtype == np.float32 and got.shape == (16, 1, 96)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, wants["float32"])
+    for dt, want in wants.items():
+        got = fastpe.alibi_bias(16, 1, 96, dtype=dt, **kwargs)
+        assert got.dtype == dt
+        np.testing.assert_array_equal(got, want)
+        out = np.full((16, 1, 96), np.nan, dt)
+        assert fastpe.alibi_bias(16, 1, 96, out=out, **kwargs) is out
+        np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("sizes", [(0, 2**63, 1), (4, 0, 2**63), (2**62, 0, 1)])

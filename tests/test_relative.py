@@ -361,9 +361,10 @@ def test_plain_t5_calls_take_the_compiled_entry(compiled_entry, monkeypatch):
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_a_t5_decode_steps_bias_takes_the_compiled_entry(compiled_entry, monkeypatch, dtype):
     """relative_bias of an ndarray table (a decode step's bias, once per step) is written by
-    the compiled entry in the table's dtype, with the reference's bits (a table's -0.0
-    kept: written, not added to zeros); a dtype, an out or a table it does not view go
-    the validating path."""
+    the compiled entry, in the table's dtype, the dtype given or an out, with the
+    reference's bits (a table's -0.0 kept: written, not added to zeros); a dtype of
+    another byte order, an out of another shape, a float64 table into a half type
+    (rounded once there) or a table it does not view go the validating path."""
     table = t5_inputs((8, 1, 40), np.float32)[0].astype(dtype)
     table[np.unravel_index(np.arange(0, table.size, 5), table.shape)] = -0.0
     calls = [dict(q_len=1, k_len=40),
@@ -379,12 +380,19 @@ def test_a_t5_decode_steps_bias_takes_the_compiled_entry(compiled_entry, monkeyp
         got = fastpe.relative_bias(table, **kw)
         assert got.dtype == table.dtype and got.flags.c_contiguous, kw
         assert_bytes_equal(got, want, str(kw))
+        assert_bytes_equal(fastpe.relative_bias(table, dtype=dtype, **kw), want, str(kw))
+        out = np.full(want.shape, np.nan, dtype)
+        assert fastpe.relative_bias(table, out=out, **kw) is out
+        assert_bytes_equal(out, want, f"{kw} into out")
     assert_bytes_equal(settings.bias(table, 2, 9, q_offset=3), settings_want)
-    declined = [dict(table=table, q_len=1, k_len=4, dtype=dtype),
-                dict(table=table, q_len=1, k_len=4, out=np.empty((8, 1, 4), dtype)),
+    declined = [dict(table=table, q_len=1, k_len=4, dtype=table.dtype.newbyteorder()),
+                dict(table=table, q_len=1, k_len=4, out=np.empty((8, 1, 5), dtype)),
+                dict(table=table, q_len=1, k_len=4, dtype=dtype, out=np.empty((8, 1, 4))),
                 dict(table=table.astype(table.dtype.newbyteorder()), q_len=1, k_len=4),
                 dict(table=table.tolist(), q_len=1, k_len=4),
                 dict(table=table, q_len=5, k_len=4)]
+    if dtype == "float64":
+        declined.append(dict(table=table, q_len=1, k_len=4, dtype="float16"))
     for kw in declined:
         with pytest.raises(pytest.fail.Exception, match="validating path"):
             fastpe.relative_bias(**kw)
