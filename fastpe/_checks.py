@@ -764,11 +764,17 @@ def entry_declined(entry: str) -> RuntimeError:
                         f"(a bug: please report it)")
 
 
+def kernel_addressable(x: np.ndarray) -> bool:
+    """Whether the compiled loops can address x: native byte order, aligned, strides a
+    multiple of the item size."""
+    return bool(x.dtype.isnative and x.flags.aligned
+                and all(s % x.itemsize == 0 for s in x.strides))
+
+
 def kernel_view(x: np.ndarray) -> np.ndarray:
-    """x itself when the compiled loops can address it (native byte order,
-    aligned, strides a multiple of the item size), else an aligned native copy
-    the caller writes back with ``x[...] = copy``."""
-    if x.dtype.isnative and x.flags.aligned and all(s % x.itemsize == 0 for s in x.strides):
+    """x itself when the compiled loops can address it, else an aligned native copy the
+    caller writes back with ``x[...] = copy``."""
+    if kernel_addressable(x):
         return x
     return np.array(x, dtype=x.dtype.newbyteorder("="), order="C")
 

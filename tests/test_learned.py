@@ -585,3 +585,37 @@ def test_validated_call_falls_back_to_a_copy_of_the_table(monkeypatch):
     assert len(seen) == 3 and seen[-1] is not table   # front door, validated, copy
     assert_bytes_equal(x, want)
     assert_bytes_equal(table, before)
+
+
+@pytest.mark.skipif(fastpe.backend() != "cython", reason="the compiled backend's copies")
+@pytest.mark.parametrize("kind", ["byteswapped", "unaligned"])
+def test_a_table_the_kernels_cannot_address_is_copied_only_where_read(kind, monkeypatch):
+    """A table of another byte order or unaligned is copied for the kernels: only the rows
+    the positions read (a one-token add copied all 4096 rows), with the positions shifted
+    to them; the sums are NumPy's."""
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((4096, 64)).astype(np.float32)
+    if kind == "byteswapped":
+        odd = table.astype(">f4")
+    else:
+        raw = np.empty(table.nbytes + 1, np.uint8)
+        odd = np.frombuffer(raw.data, np.float32, table.size, offset=1).reshape(table.shape)
+        odd[...] = table
+    copied = []
+    view = fastpe._checks.kernel_view
+
+    def counting(a):
+        out = view(a)
+        if out is not a:
+            copied.append(a.shape[0])
+        return out
+    monkeypatch.setattr(fastpe._checks, "kernel_view", counting)
+    calls = [(None, 4000, 1, [4000]), (np.array([[9, 3000, 5]]), 0, 3, [9, 3000, 5]),
+             (np.array([7, 7]), 0, 2, [7, 7])]
+    for positions, offset, seq, rows in calls:
+        x = rng.standard_normal((2, seq, 64)).astype(np.float32)
+        want = x + table[rows]
+        copied.clear()
+        got = fastpe.add_learned(x, odd, positions, offset=offset)
+        np.testing.assert_array_equal(got, want)
+        assert copied and max(copied) == max(rows) - min(rows) + 1, copied
