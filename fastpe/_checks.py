@@ -628,6 +628,14 @@ class Positions:
         return (self.offset + np.arange(seq, dtype=np.int64))[None, :]
 
 
+def repeated_halves(a: np.ndarray, neox: bool) -> bool:
+    """Whether each row of a holds each frequency's value twice, bit for bit (one compiled
+    pass; False on the NumPy backend, which never calls compiled code, and for arrays
+    the pass does not walk: the caller then compares values)."""
+    compiled = _backend.kernels()
+    return compiled is not None and bool(compiled.repeated_halves(a, neox))
+
+
 def int64_range(a: np.ndarray) -> tuple[int, int]:
     """(min, max) of a non-empty C-contiguous int64 array (one compiled pass, except
     on the NumPy backend, which never calls compiled code)."""

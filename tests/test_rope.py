@@ -2181,6 +2181,43 @@ def test_cached_per_token_takes_the_nans_a_cos_holds_twice(style):
     assert (q0 == 1).all()
 
 
+@pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])
+def test_cached_per_token_takes_a_zero_held_twice_with_either_sign(backend):
+    """Per-token cos and sin are checked bit for bit in one compiled pass, then by value:
+    a zero held as -0.0 and +0.0 is a value held twice."""
+    freqs = fastpe.rope_frequencies(16)
+    cos, sin = (a.astype(np.float32) for a in _hf_cos_sin(np.arange(4)[None], freqs))
+    cos[0, 1, 0], cos[0, 1, 8] = -0.0, 0.0
+    q = np.arange(4 * 2 * 16, dtype=np.float32).reshape(1, 4, 2, 16)
+    rows = q.copy()
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope_cached(q, None, cos, sin)
+        fastpe.apply_rope_cached(rows, None, cos[0, :, :8], sin[0, :, :8], np.arange(4))
+    assert_bytes_equal(q, rows, "per-token cos vs its rows looked up by position")
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [F16, F32, F64], ids=str)
+def test_the_compiled_pass_finds_each_value_held_twice_bit_for_bit(dtype):
+    """kernels.repeated_halves, which spares a decode call NumPy's comparisons: every row
+    of 1 to 3 dims and any strides, halves (neox) or adjacent pairs (gptj); one bit off
+    anywhere, or a zero of the other sign, is not held twice."""
+    kern = fastpe._backend.compiled
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((3, 5, 8)).astype(dtype)
+    forms = {True: np.concatenate([a, a], -1), False: np.repeat(a, 2, -1)}
+    for neox, x in forms.items():
+        for view in (x, x[1], x[1, 2], x[:, ::2], np.asfortranarray(x), x[::-1, ::-1]):
+            assert kern.repeated_halves(view, neox) and not kern.repeated_halves(view, not neox)
+        for where in ((0, 0, 0), (2, 4, 15), (1, 3, 9)):
+            off = x.copy()
+            off.view(np.dtype(f"u{x.itemsize}"))[where] ^= 1
+            assert not kern.repeated_halves(off, neox), where
+        signed = x.copy()
+        signed[0, 0, 0], signed[0, 0, 8 if neox else 1] = -0.0, 0.0
+        assert not kern.repeated_halves(signed, neox)
+
+
 @pytest.mark.parametrize("case, match", [
     ("halves-differ", r"\bcos\b does not hold each frequency's value twice"),
     ("gptj-of-neox-cos", r"\bcos\b does not hold each frequency's value twice"),

@@ -135,3 +135,51 @@ def int64_range(cnp.ndarray a):
         lo = min(lo, p[i])
         hi = max(hi, p[i])
     return lo, hi
+
+
+ctypedef fused bits_t:
+    uint16_t
+    uint32_t
+    uint64_t
+
+
+cdef bint rows_repeat(const char *base, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t s0,
+                      Py_ssize_t s1, Py_ssize_t n, Py_ssize_t sl, bint neox,
+                      bits_t kind) noexcept nogil:
+    cdef Py_ssize_t i0, i1, j, half = n // 2
+    cdef Py_ssize_t second = half * sl if neox else sl
+    cdef Py_ssize_t step = sl if neox else 2 * sl
+    cdef const char *row
+    for i0 in range(d0):
+        for i1 in range(d1):
+            row = base + i0 * s0 + i1 * s1
+            for j in range(half):
+                if (<const bits_t *>(row + j * step))[0] != (<const bits_t *>(
+                        row + j * step + second))[0]:
+                    return False
+    return True
+
+
+def repeated_halves(cnp.ndarray a, bint neox):
+    """Whether every row of a (its last axis, of even length) holds each frequency's value
+    twice, bit for bit: its first half again in its second (neox), or each even feature
+    in the odd one after it (transformers' per-token cos and sin). One pass, nothing
+    allocated; False also for an array it does not walk (unaligned, items of other than
+    2, 4 or 8 bytes, more than 3 dims), which the caller then checks by value."""
+    cdef int nd = cnp.PyArray_NDIM(a)
+    cdef Py_ssize_t isz = cnp.PyArray_ITEMSIZE(a)
+    if nd < 1 or nd > 3 or not cnp.PyArray_ISALIGNED(a) or isz not in (2, 4, 8):
+        return False
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp *st = cnp.PyArray_STRIDES(a)
+    cdef Py_ssize_t n = dims[nd - 1], sl = st[nd - 1]
+    cdef Py_ssize_t d0 = dims[0] if nd == 3 else 1, s0 = st[0] if nd == 3 else 0
+    cdef Py_ssize_t d1 = dims[nd - 2] if nd >= 2 else 1, s1 = st[nd - 2] if nd >= 2 else 0
+    if n % 2:
+        return False
+    cdef const char *p = <const char *>cnp.PyArray_DATA(a)
+    if isz == 2:
+        return rows_repeat(p, d0, d1, s0, s1, n, sl, neox, <uint16_t>0)
+    if isz == 4:
+        return rows_repeat(p, d0, d1, s0, s1, n, sl, neox, <uint32_t>0)
+    return rows_repeat(p, d0, d1, s0, s1, n, sl, neox, <uint64_t>0)
