@@ -133,3 +133,37 @@ def test_rope_decode_loop(benchmark, case):
     benchmark.group = "RoPE decode loop"
     benchmark.extra_info.update(case=case, batch=batch, start=start)
     benchmark.pedantic(run, setup=setup, rounds=2000, iterations=1, warmup_rounds=10)
+
+
+# -- one prefill in either memory order ----------------------------------------------------
+# transformers holds q and k as (batch, heads, seq, dim); a contiguous array of that order
+# is rotated several heads a token at a time. The same bytes token by token, and one
+# streaming pass over them, beside it.
+ORDER_Q, ORDER_K = (1, 2048, 32, 128), (1, 2048, 8, 128)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("order", ["bshd", "bhsd", "floor"])
+def test_rope_prefill_memory_order(benchmark, order, dtype):
+    rng = np.random.default_rng(0)
+    q0 = rng.uniform(-2, 2, ORDER_Q).astype(dtype)
+    k0 = rng.uniform(-2, 2, ORDER_K).astype(dtype)
+    if order == "bhsd":
+        q0, k0 = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q0, k0))
+    q, k = q0.copy(), k0.copy()
+    if order == "floor":
+        words = [a.view(np.uint16 if a.itemsize == 2 else np.uint32) for a in (q, k)]
+
+        def run():
+            for w in words:
+                np.bitwise_or(w, 0, out=w)
+    else:
+        def run():
+            fastpe.apply_rope(q, k, offset=5, layout=order, num_threads=1)
+        run()
+        want = fastpe.reference.apply_rope(q0.copy(), k0.copy(), offset=5, layout=order)
+        for got, ref in zip((q, k), want):
+            assert _bench.compare(got, ref, dtype) is None
+    benchmark.group = f"RoPE prefill by memory order, {dtype}"
+    benchmark.extra_info.update(order=order, q=ORDER_Q, k=ORDER_K)
+    benchmark(run)
