@@ -157,6 +157,10 @@ def bump_written(*written: object) -> None:
     (the others: None, a RoPE call without k, or ndarrays beside a tensor), together,
     once: what torch's in-place operations do after writing. One call into torch: a
     decode step takes a few microseconds."""
+    if len(written) == 1:  # one tensor (an add's x, a bias's scores): no generator
+        if type(written[0]) is not np.ndarray and is_tensor(written[0]):
+            (_TORCH or _torch())[2](written)
+        return
     tensors = tuple(x for x in written if type(x) is not np.ndarray and is_tensor(x))
     if tensors:
         (_TORCH or _torch())[2](tensors)
