@@ -1145,7 +1145,8 @@ _TRANSFORMERS_4_READS_OTHERWISE = ("yarn", "longrope")
 def _hf_refuse_transformers_4(config: object) -> None:
     """A ValueError for a config object of a transformers older than 5 (imported in this
     process) whose rope type that version reads otherwise than 5, whose code fastpe
-    reproduces. Its other rope types read the same keys; a dict is read as 5 reads it."""
+    reproduces (Phi-3's "su" is its LongRoPE), or which holds rope_parameters, which 4
+    never reads. Its other rope types read the same keys; a dict is read as 5 reads it."""
     utils = sys.modules.get("transformers.configuration_utils")
     base = getattr(utils, "PretrainedConfig", None)
     if not isinstance(base, type) or not isinstance(config, base):
@@ -1154,8 +1155,18 @@ def _hf_refuse_transformers_4(config: object) -> None:
     major = version.split(".")[0]
     if not major.isdigit() or int(major) >= 5:
         return
+    if getattr(config, "rope_parameters", None) is not None:
+        raise ValueError(
+            f"config is a transformers {version} config holding rope_parameters (a "
+            f"config.json of transformers 5?), which transformers 4 does not read: its "
+            f"model rotates by rope_scaling and rope_theta alone; fastpe reproduces "
+            f"transformers 5 (>= 5.24); upgrade transformers")
     rope = getattr(config, "rope_scaling", None)
     rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, Mapping) else None
+    model_type = getattr(config, "model_type", None)
+    renames = _hf_models.ROPE_TYPE_RENAMES.get(model_type if isinstance(model_type, str)
+                                               else "", {})
+    rope_type = renames.get(rope_type, rope_type) if isinstance(rope_type, str) else rope_type
     if rope_type in _TRANSFORMERS_4_READS_OTHERWISE:
         raise ValueError(
             f"config is a transformers {version} config with rope_type {rope_type!r}: "

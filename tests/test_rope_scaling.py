@@ -937,3 +937,24 @@ def test_a_transformers_4_config_object_of_yarn_or_longrope_is_refused(monkeypat
     for a, b in zip(got.cos_sin(positions, dtype="float64"),
                     as_dict.cos_sin(positions, dtype="float64")):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["phi3-su", "rope_parameters"])
+def test_a_transformers_4_config_object_read_otherwise_is_refused(monkeypatch, case):
+    """Phi-3's "su", which fastpe reads as LongRoPE, is refused from transformers 4 as
+    LongRoPE is; so is a config of 4 holding rope_parameters (a config.json of 5 loaded
+    by 4), which 4's model never reads: it rotates by rope_scaling and rope_theta."""
+    config_class = _transformers_of_version(monkeypatch, "4.41.2")
+    keys = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+            "max_position_embeddings": 64, "rope_theta": 10000.0}
+    if case == "phi3-su":
+        su = {**TRANSFORMERS_4_ROPES["longrope"], "type": "su"}
+        del su["rope_type"]
+        keys.update(model_type="phi3", rope_scaling=su)
+        match = r"transformers 4\.41\.2 config with rope_type 'longrope'"
+    else:
+        keys.update(rope_scaling=None, rope_parameters={**TRANSFORMERS_4_ROPES["yarn"],
+                                                        "rope_theta": 10000.0})
+        match = r"transformers 4\.41\.2 config holding rope_parameters"
+    with pytest.raises(ValueError, match=match):
+        fastpe.RotaryEmbedding.from_hf_config(config_class(**keys))
