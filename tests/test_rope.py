@@ -2684,3 +2684,40 @@ def test_an_embeddings_frequency_settings_are_fixed_once_made(name, value):
     assert_bytes_equal(rope(q.copy(), None, np.arange(4))[0],
                        fastpe.apply_rope(q.copy(), None, np.arange(4), style="gptj")[0],
                        "style set after construction")
+
+
+@pytest.mark.skipif(not ON_CYTHON, reason="the compiled backend's copies")
+@pytest.mark.parametrize("kind", ["byteswapped", "unaligned"])
+def test_a_cache_the_kernels_cannot_address_is_copied_only_where_read(kind, monkeypatch):
+    """A cos/sin cache of another byte order or unaligned is copied for the kernels: only
+    the rows the positions read (a decode call copied all 4096 rows), the positions
+    shifted to them; the same bits as the native cache's, inverse too."""
+    cos, sin = fastpe.rope_cos_sin(np.arange(4096), fastpe.rope_frequencies(32))
+    if kind == "byteswapped":
+        odd = cos.astype(">f4")
+    else:
+        raw = np.empty(cos.nbytes + 1, np.uint8)
+        odd = np.frombuffer(raw.data, np.float32, cos.size, offset=1).reshape(cos.shape)
+        odd[...] = cos
+    copied = []
+    view = fastpe._checks.kernel_view
+
+    def counting(a):
+        out = view(a)
+        if out is not a and a.ndim == 2:
+            copied.append(a.shape[0])
+        return out
+    monkeypatch.setattr(fastpe._checks, "kernel_view", counting)
+    rng = np.random.default_rng(4)
+    calls = [(None, 4000, (1, 1), [4000]), (np.array([[9, 3000, 5]]), 0, (1, 3), [9, 3000, 5]),
+             (np.array([[7, 7], [2, 8]]), 0, (2, 2), [7, 8, 2])]
+    for positions, offset, (batch, seq), rows in calls:
+        q = rng.standard_normal((batch, seq, 2, 32)).astype(np.float32)
+        for inverse in (False, True):
+            want = fastpe.apply_rope_cached(q.copy(), None, cos, sin, positions,
+                                            offset=offset, inverse=inverse)[0]
+            copied.clear()
+            got = fastpe.apply_rope_cached(q.copy(), None, odd, sin, positions, offset=offset,
+                                           inverse=inverse)[0]
+            assert_bytes_equal(got, want, f"{positions} {offset}")
+            assert copied and max(copied) == max(rows) - min(rows) + 1, copied
