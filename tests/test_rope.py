@@ -2211,7 +2211,8 @@ def test_the_compiled_pass_finds_each_value_held_twice_bit_for_bit(dtype):
             assert kern.repeated_halves(view, neox) and not kern.repeated_halves(view, not neox)
         for where in ((0, 0, 0), (2, 4, 15), (1, 3, 9)):
             off = x.copy()
-            off.view(np.dtype(f"u{x.itemsize}"))[where] ^= 1
+            bits = np.dtype(f"u{x.itemsize}")
+            off.view(bits)[where] ^= bits.type(1)  # NumPy 1.24 takes no int with uint64
             assert not kern.repeated_halves(off, neox), where
         signed = x.copy()
         signed[0, 0, 0], signed[0, 0, 8 if neox else 1] = -0.0, 0.0
