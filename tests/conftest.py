@@ -221,6 +221,34 @@ def entry_callers(monkeypatch, name: str) -> list[tuple[str, object]]:
     return callers
 
 
+def kernel_copies(monkeypatch) -> list[int]:
+    """Spy on fastpe._checks.kernel_view for the test: the list, filled as calls come, of
+    the row counts of the 2-D arrays (tables, caches) it copies for the kernels."""
+    real = fastpe._checks.kernel_view
+    copied: list[int] = []
+
+    def spy(a):
+        out = real(a)
+        if out is not a and a.ndim == 2:
+            copied.append(a.shape[0])
+        return out
+
+    monkeypatch.setattr(fastpe._checks, "kernel_view", spy)
+    return copied
+
+
+def unaddressable(values: np.ndarray, kind: str) -> np.ndarray:
+    """values in an array the kernels cannot address: "byteswapped" (the other byte
+    order) or "unaligned" (a view into a uint8 buffer at byte offset 1)."""
+    if kind == "byteswapped":
+        return values.astype(values.dtype.newbyteorder())
+    raw = np.empty(values.nbytes + 1, np.uint8)
+    a = raw[1:].view(values.dtype).reshape(values.shape)
+    a[...] = values
+    assert not a.flags.aligned
+    return a
+
+
 def assert_bytes_equal(actual: np.ndarray, expected: np.ndarray, context: str = "") -> None:
     """Bit-identical values (NaN payloads and signed zeros included)."""
     a, e = np.ascontiguousarray(actual), np.ascontiguousarray(expected)

@@ -25,10 +25,12 @@ from conftest import (
     describe,
     half_edge_operands,
     is_bf16,
+    kernel_copies,
     make_awkward,
     make_positions,
     needs_compiled,
     snapshot,
+    unaddressable,
 )
 
 import fastpe
@@ -595,21 +597,8 @@ def test_a_table_the_kernels_cannot_address_is_copied_only_where_read(kind, monk
     to them; the sums are NumPy's."""
     rng = np.random.default_rng(3)
     table = rng.standard_normal((4096, 64)).astype(np.float32)
-    if kind == "byteswapped":
-        odd = table.astype(">f4")
-    else:
-        raw = np.empty(table.nbytes + 1, np.uint8)
-        odd = np.frombuffer(raw.data, np.float32, table.size, offset=1).reshape(table.shape)
-        odd[...] = table
-    copied = []
-    view = fastpe._checks.kernel_view
-
-    def counting(a):
-        out = view(a)
-        if out is not a:
-            copied.append(a.shape[0])
-        return out
-    monkeypatch.setattr(fastpe._checks, "kernel_view", counting)
+    odd = unaddressable(table, kind)
+    copied = kernel_copies(monkeypatch)
     calls = [(None, 4000, 1, [4000]), (np.array([[9, 3000, 5]]), 0, 3, [9, 3000, 5]),
              (np.array([7, 7]), 0, 2, [7, 7])]
     for positions, offset, seq, rows in calls:

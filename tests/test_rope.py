@@ -44,10 +44,12 @@ from conftest import (
     assert_bytes_equal,
     assert_close,
     is_bf16,
+    kernel_copies,
     make_awkward,
     needs_compiled,
     run_python,
     tolerance,
+    unaddressable,
 )
 
 import fastpe
@@ -2694,21 +2696,8 @@ def test_a_cache_the_kernels_cannot_address_is_copied_only_where_read(kind, monk
     the rows the positions read (a decode call copied all 4096 rows), the positions
     shifted to them; the same bits as the native cache's, inverse too."""
     cos, sin = fastpe.rope_cos_sin(np.arange(4096), fastpe.rope_frequencies(32))
-    if kind == "byteswapped":
-        odd = cos.astype(">f4")
-    else:
-        raw = np.empty(cos.nbytes + 1, np.uint8)
-        odd = np.frombuffer(raw.data, np.float32, cos.size, offset=1).reshape(cos.shape)
-        odd[...] = cos
-    copied = []
-    view = fastpe._checks.kernel_view
-
-    def counting(a):
-        out = view(a)
-        if out is not a and a.ndim == 2:
-            copied.append(a.shape[0])
-        return out
-    monkeypatch.setattr(fastpe._checks, "kernel_view", counting)
+    odd = unaddressable(cos, kind)
+    copied = kernel_copies(monkeypatch)
     rng = np.random.default_rng(4)
     calls = [(None, 4000, (1, 1), [4000]), (np.array([[9, 3000, 5]]), 0, (1, 3), [9, 3000, 5]),
              (np.array([[7, 7], [2, 8]]), 0, (2, 2), [7, 8, 2])]
