@@ -752,6 +752,13 @@ def output(out: object, shape: tuple[int, ...], dtype: object, names: str) -> np
     return out
 
 
+# the largest table (alibi_bias, relative_bias) made through a compiled entry directly,
+# and its largest size on each axis: larger ones, whose allocation dwarfs the checks, go
+# the validating path, which names sizes past memory (checked inline at each gate: a
+# function call was 8% of a decode step's bias)
+COMPILED_TABLE_ELEMENTS = 1 << 24
+
+
 def compiled_output(out: object, dtype: object, shape: tuple[int, ...],
                     default: np.dtype) -> np.ndarray | None:
     """The array a compiled entry writes a table into: out where it is an exact ndarray
@@ -774,6 +781,21 @@ def entry_declined(entry: str) -> RuntimeError:
     a bug in fastpe, never the caller's input."""
     return RuntimeError(f"fastpe: the compiled {entry} entry declined a validated call "
                         f"(a bug: please report it)")
+
+
+def rows_read(pos: Positions, *tables: np.ndarray
+              ) -> tuple[list[np.ndarray], np.ndarray | None, int]:
+    """Tables looked up by position (a learned table, a cos/sin cache), the positions and
+    the offset, for the compiled entries: where any table cannot be addressed (another
+    byte order, unaligned), only the rows the positions read, copied, the positions
+    shifted to them (a decode call copied a whole table of thousands of rows: 4 ms)."""
+    if all(kernel_addressable(t) for t in tables) or pos.max < 0:
+        return [kernel_view(t) for t in tables], pos.array, pos.offset
+    low = pos.offset if pos.array is None else int64_range(pos.array)[0]
+    views = [kernel_view(t[low:pos.max + 1]) for t in tables]
+    if pos.array is None:
+        return views, None, 0
+    return views, pos.array - low, pos.offset
 
 
 def kernel_addressable(x: np.ndarray) -> bool:

@@ -51,12 +51,6 @@ def _fast_max_bias(max_bias: object, slopes: object) -> float | None:
     return mb if slopes is None and mb is not None and 0 < mb < math.inf else None
 
 
-# the largest bias alibi_bias makes through the compiled entry directly, and its largest
-# size on each axis (larger ones, whose allocation dwarfs the checks, go the validating
-# path, which names sizes past memory)
-_FAST_BIAS_ELEMENTS = 1 << 24
-
-
 def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | None = None,
                q_offset: int | None = None, causal: bool = False, symmetric: bool = False,
                dtype: DTypeLike | None = None, out: np.ndarray | None = None,
@@ -111,11 +105,11 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int, *, slopes: ArrayLike | No
            [[-0.01171875, -0.0078125 , -0.00390625,  0.        ]]])
     """
     kern = _backend.kernels()
+    most = _checks.COMPILED_TABLE_ELEMENTS
     if (kern is not None and type(num_heads) is int
             and type(q_len) is int and type(k_len) is int
-            and 0 <= num_heads <= _FAST_BIAS_ELEMENTS and 0 <= q_len <= _FAST_BIAS_ELEMENTS
-            and 0 <= k_len <= _FAST_BIAS_ELEMENTS
-            and num_heads * q_len * k_len <= _FAST_BIAS_ELEMENTS
+            and 0 <= num_heads <= most and 0 <= q_len <= most and 0 <= k_len <= most
+            and num_heads * q_len * k_len <= most
             and (num_threads is None or (type(num_threads) is int and num_threads > 0))):
         # a decode step's bias through the compiled entry, as add_alibi's (False: nothing
         # written, the validating path runs the call or names what is wrong)

@@ -58,7 +58,7 @@ def add_learned(x: InPlace, table: ArrayLike, positions: PositionsLike = None, *
 def _run(kern: Any, plan: _args.LearnedPlan) -> None:
     """The validated, normalised call, through the same compiled entry."""
     threads = _threads.resolve(plan.num_threads, 2 * plan.x.nbytes)
-    table, positions, offset = _rows_read(plan)
+    (table,), positions, offset = _checks.rows_read(plan.positions, plan.table)
     with _checks.kernel_views(plan.x) as (work,):
         done = kern.learned_call(work, table, positions, offset, threads)
         if not done:
@@ -67,17 +67,3 @@ def _run(kern: Any, plan: _args.LearnedPlan) -> None:
             done = kern.learned_call(work, np.array(table), positions, offset, threads)
     if not done:
         raise _checks.entry_declined("add_learned")
-
-
-def _rows_read(plan: _args.LearnedPlan) -> tuple[np.ndarray, np.ndarray | None, int]:
-    """The table, positions and offset the compiled entry takes: a table it cannot
-    address (another byte order, unaligned) copied, only the rows the positions read,
-    the positions shifted to them (a one-token add copied a whole 8192-row table, 5000x
-    NumPy's time)."""
-    table, pos = plan.table, plan.positions
-    if _checks.kernel_addressable(table) or pos.max < 0:
-        return _checks.kernel_view(table), pos.array, pos.offset
-    if pos.array is None:
-        return _checks.kernel_view(table[pos.offset:pos.max + 1]), None, 0
-    low = _checks.int64_range(pos.array)[0]
-    return _checks.kernel_view(table[low:pos.max + 1]), pos.array - low, 0

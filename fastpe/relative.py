@@ -211,25 +211,20 @@ def _t5_compiled(scores: object, table: object, bidirectional: object, max_dista
     return done
 
 
-# the sizes relative_bias's compiled path makes an array of; larger calls (the kernels'
-# time, not the entry's) go the validating path, which names a size past memory
-T5_BIAS_COMPILED_ELEMENTS = 1 << 24
-
-
-def _t5_bias_compiled(table: object, q_len: object, k_len: object, bidirectional: object,
+def _t5_bias_compiled(table: object, q_len: int, k_len: int, bidirectional: object,
                       max_distance: object, q_offset: object, causal: object, dtype: object,
                       out: object, num_threads: object) -> np.ndarray | None:
     """relative_bias of an ndarray table through the compiled entry (a decode step's
     bias in 2-3 us, where the validating path takes 10): the bias, or None for a call it
     does not take, with nothing written. A float64 table into a half type goes that
     path, which rounds it once (the kernels read it through float32)."""
+    most = _checks.COMPILED_TABLE_ELEMENTS
     if (_backend.kernels() is None or type(table) is not np.ndarray or table.ndim != 2
             or not table.dtype.isnative or type(q_len) is not int or type(k_len) is not int
-            or not 0 <= q_len <= T5_BIAS_COMPILED_ELEMENTS
-            or not 0 <= k_len <= T5_BIAS_COMPILED_ELEMENTS):
+            or not 0 <= q_len <= most or not 0 <= k_len <= most):
         return None
     heads = table.shape[1]
-    if heads * q_len * k_len > T5_BIAS_COMPILED_ELEMENTS:
+    if heads * q_len * k_len > most:
         return None
     bias = _checks.compiled_output(out, dtype, (heads, q_len, k_len), table.dtype)
     if bias is None or (bias.dtype.itemsize == 2 and table.dtype.itemsize == 8):

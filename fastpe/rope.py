@@ -46,7 +46,10 @@ def _run(plan: _args.RopePlan) -> None:
         state = kern.RopeState(-1, False, plan.inv_freq, plan.att, -1, None, plan.pair_axis,
                                plan.pair_axis2, axes)
     elif plan.cos is not None and plan.sin is not None:
-        cos, sin, pos, offset = _cache_rows_read(plan)
+        if plan.pair_axis is None:
+            (cos, sin), pos, offset = _checks.rows_read(plan.positions, plan.cos, plan.sin)
+        else:
+            cos, sin = _checks.kernel_view(plan.cos), _checks.kernel_view(plan.sin)
     nbytes = 2 * (plan.q.nbytes + (0 if plan.k is None else plan.k.nbytes))
     args = (pos, offset, "neox" if plan.neox else "gptj", "bshd", plan.inverse, None)
     team = _threads.resolve(plan.num_threads, nbytes)
@@ -65,26 +68,6 @@ def _run(plan: _args.RopePlan) -> None:
                 kw is None or kern.rope_call(state, kw, None, *args, cos, sin, 0, team))
     if not done:
         raise _checks.entry_declined("RoPE")
-
-
-def _cache_rows_read(plan: _args.RopePlan) -> tuple[np.ndarray, np.ndarray,
-                                                    np.ndarray | None, int]:
-    """cos, sin, positions and offset for the compiled entry: a cache it cannot address
-    (another byte order, unaligned) copied, only the rows the positions read, the
-    positions shifted to them (a decode call on a big-endian cache of 32768 rows copied
-    it whole: 4 ms)."""
-    assert plan.cos is not None and plan.sin is not None
-    pos = plan.positions
-    if ((_checks.kernel_addressable(plan.cos) and _checks.kernel_addressable(plan.sin))
-            or pos.max < 0 or plan.pair_axis is not None):
-        return (_checks.kernel_view(plan.cos), _checks.kernel_view(plan.sin), pos.array,
-                pos.offset)
-    rows = slice(pos.offset if pos.array is None else _checks.int64_range(pos.array)[0],
-                 pos.max + 1)
-    cos, sin = _checks.kernel_view(plan.cos[rows]), _checks.kernel_view(plan.sin[rows])
-    if pos.array is None:
-        return cos, sin, None, 0
-    return cos, sin, pos.array - rows.start, pos.offset
 
 
 def _state(spec: _rope_scaling.RopeSpec, head_dim: int, flip: bool = False) -> Any:
