@@ -956,6 +956,26 @@ def test_half_types_compute_in_float32(dtype):
     assert_bytes_equal(got, want, f"{dtype} rounds once")
 
 
+@pytest.mark.parametrize("dtype", [d for d in FLOAT_DTYPES if d.itemsize == 2], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["rows", "columns"])
+@pytest.mark.parametrize("option", ["key_mask", "mask-causal", "sym-positions", "q_offset"])
+def test_half_types_masked_rows_and_columns_match_reference_bits(dtype, transposed, option):
+    """float16 / bfloat16 scores whose keys are selected (a mask, causal, positions), as
+    rows of keys and as columns of queries (a K @ Q^T view), lengths past every vector
+    step with a tail, NaN scores among them: the NumPy reference's bits, element for
+    element, and -inf wherever a key is masked."""
+    batch, heads, q, k = 2, 4, 45, 83
+    kw = option_kwargs(option, batch, heads, q, k)
+    values = awkward_values((batch, heads, q, k), dtype, seed=12, low=-8, high=8)
+    values[0, 1, 3, ::7] = np.nan
+    scores = (np.ascontiguousarray(values.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+              if transposed else values.copy())
+    want = values.copy()
+    fastpe.add_alibi(scores, **kw)
+    fastpe.reference.add_alibi(want, **kw)
+    assert_bytes_equal(scores, want, f"{option} {np.dtype(dtype)} transposed={transposed}")
+
+
 def test_causal_and_symmetric_together_is_causal():
     a = fastpe.alibi_bias(3, 5, 5, causal=True, symmetric=True)
     assert_bytes_equal(a, fastpe.alibi_bias(3, 5, 5, causal=True), "causal wins")

@@ -392,6 +392,101 @@ cdef extern from *:
         fpe_alibi_seg_bf16_nc(x, kf, j0, j1, qf, s, flip, accumulate, 0);
     }
 
+    /* fpe_alibi_select_f16 for bfloat16 rows, in fpe_alibi_seg_bf16's lane order (the
+     * same bits as select_unit's loop on them, for the reasons both give), where that
+     * loop went one element at a time: a masked (1, 32, 1024, 1024) bfloat16 add took
+     * 3x float16's time so */
+    static FPE_ALWAYS_INLINE void fpe_alibi_select_bf16_nc(fpe_bf16 *x, const float *kf,
+                                                           Py_ssize_t n, float qf, float s,
+                                                           float lim, int symmetric,
+                                                           int accumulate, int cvt)
+    {
+        Py_ssize_t j = 0;
+    #if FPE_HALF_RUNS_512
+        {
+            const __m512 q = _mm512_set1_ps(qf), sv = _mm512_set1_ps(s);
+            const __m512 lv = _mm512_set1_ps(lim), ninf = _mm512_set1_ps(-INFINITY);
+            for (; j + 32 <= n; j += 32) {
+                __m512 x0, x1, k0, k1;
+                fpe_f32x32_load_unpacked(kf + j, 0xffffffffu, &k0, &k1);
+                __m512 d0 = _mm512_sub_ps(k0, q), d1 = _mm512_sub_ps(k1, q);
+                if (symmetric) {
+                    d0 = _mm512_min_ps(d0, _mm512_sub_ps(q, k0));
+                    d1 = _mm512_min_ps(d1, _mm512_sub_ps(q, k1));
+                }
+                __m512 v0, v1;
+                if (accumulate) {
+                    fpe_bf16x32_load(x + j, 0xffffffffu, &x0, &x1);
+                    v0 = _mm512_fmadd_ps(sv, d0, x0);
+                    v1 = _mm512_fmadd_ps(sv, d1, x1);
+                } else {
+                    v0 = _mm512_mul_ps(sv, d0);
+                    v1 = _mm512_mul_ps(sv, d1);
+                }
+                FPE_BF16X32_STORE(cvt, x + j, 0xffffffffu,
+                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(k0, lv, _CMP_LE_OQ), ninf, v0),
+                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(k1, lv, _CMP_LE_OQ), ninf, v1));
+            }
+        }
+    #endif
+        const __m256 q = _mm256_set1_ps(qf), sv = _mm256_set1_ps(s);
+        const __m256 lv = _mm256_set1_ps(lim), ninf = _mm256_set1_ps(-INFINITY);
+        for (; j + 16 <= n; j += 16) {
+            __m256 x0, x1, k0, k1;
+            fpe_f32x16_load_unpacked(kf + j, &k0, &k1);
+            __m256 d0 = _mm256_sub_ps(k0, q), d1 = _mm256_sub_ps(k1, q);
+            if (symmetric) {
+                d0 = _mm256_min_ps(d0, _mm256_sub_ps(q, k0));
+                d1 = _mm256_min_ps(d1, _mm256_sub_ps(q, k1));
+            }
+            __m256 v0, v1;
+            if (accumulate) {
+                fpe_bf16x16_load(x + j, &x0, &x1);
+                v0 = _mm256_fmadd_ps(sv, d0, x0);
+                v1 = _mm256_fmadd_ps(sv, d1, x1);
+            } else {
+                v0 = _mm256_mul_ps(sv, d0);
+                v1 = _mm256_mul_ps(sv, d1);
+            }
+            FPE_BF16X16_STORE(cvt, x + j,
+                              _mm256_blendv_ps(ninf, v0, _mm256_cmp_ps(k0, lv, _CMP_LE_OQ)),
+                              _mm256_blendv_ps(ninf, v1, _mm256_cmp_ps(k1, lv, _CMP_LE_OQ)));
+        }
+        (void)cvt;
+        for (; j < n; j++) {
+            const float k = kf[j];
+            float d = k - qf;
+            if (symmetric) {
+                const float nd = qf - k;
+                d = d < nd ? d : nd;
+            }
+            const float v = accumulate ? fmaf(s, d, fpe_bf16_load(x[j])) : s * d;
+            x[j] = fpe_bf16_make(k <= lim ? v : -INFINITY);
+        }
+    }
+
+    #if FPE_BF16_CVT
+    FPE_TARGET_BF16 static FPE_NOINLINE void fpe_alibi_select_bf16_cvt(
+        fpe_bf16 *x, const float *kf, Py_ssize_t n, float qf, float s, float lim,
+        int symmetric, int accumulate)
+    {
+        fpe_alibi_select_bf16_nc(x, kf, n, qf, s, lim, symmetric, accumulate, 1);
+    }
+    #endif
+
+    static FPE_NOINLINE void fpe_alibi_select_bf16(fpe_bf16 *x, const float *kf,
+                                                   Py_ssize_t n, float qf, float s,
+                                                   float lim, int symmetric, int accumulate)
+    {
+    #if FPE_BF16_CVT
+        if (fpe_bf16_cvt) {
+            fpe_alibi_select_bf16_cvt(x, kf, n, qf, s, lim, symmetric, accumulate);
+            return;
+        }
+    #endif
+        fpe_alibi_select_bf16_nc(x, kf, n, qf, s, lim, symmetric, accumulate, 0);
+    }
+
     /* fpe_alibi_row_stream_* for float16 and bfloat16 rows: a line (32 values) per
      * step from j0, where x + j0 is 64-byte aligned, converted as the loops above
      * convert (the same bits); returns the first j not written */
@@ -503,6 +598,13 @@ cdef extern from *:
         (void)x; (void)kf; (void)n; (void)qf; (void)s; (void)lim; (void)symmetric;
         (void)accumulate;
     }
+    static inline void fpe_alibi_select_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t n,
+                                             float qf, float s, float lim, int symmetric,
+                                             int accumulate)
+    {
+        (void)x; (void)kf; (void)n; (void)qf; (void)s; (void)lim; (void)symmetric;
+        (void)accumulate;
+    }
     #define FPE_ALIBI_HALF_STREAM0(NAME, T)                                               \
     static inline Py_ssize_t NAME(T *x, const float *kf, Py_ssize_t j0, Py_ssize_t j1,    \
                                   float qf, float s, int flip)                           \
@@ -521,6 +623,8 @@ cdef extern from *:
                             float qf, float s, int flip, int accumulate) nogil
     void fpe_alibi_select_f16(fpe_f16 *x, const float *kf, Py_ssize_t n, float qf, float s,
                               float lim, int symmetric, int accumulate) nogil
+    void fpe_alibi_select_bf16(fpe_bf16 *x, const float *kf, Py_ssize_t n, float qf, float s,
+                               float lim, int symmetric, int accumulate) nogil
     Py_ssize_t fpe_alibi_rows4_stream_f32(float *r0, float *r1, float *r2, float *r3,
                                           const float *kf, Py_ssize_t j0, Py_ssize_t j1,
                                           float qf, const float *sl, int flip) nogil
@@ -918,33 +1022,46 @@ cdef inline void select_unit(store_t *row, Py_ssize_t sk, Py_ssize_t j0, Py_ssiz
             store(row, j * sk, keep_or_ninf(slope * (kj - qf), kj <= lim))
 
 
+cdef inline void select_line(store_t *x, Py_ssize_t stride, Py_ssize_t n, const real_t *kf,
+                             real_t qf, real_t slope, real_t lim, bint symmetric,
+                             bint accumulate) noexcept nogil:
+    """select_unit over n elements `stride` apart (a row of keys, or alibi_column's
+    column of queries), in vectors wherever the storage allows."""
+    cdef Py_ssize_t jm, c0, m
+    cdef real_t tmp[SELECT_CHUNK]
+    if store_t is fpe_f16 and real_t is float and stride == 1 and FPE_ALIBI_HALF_ONE_PASS:
+        fpe_alibi_select_f16(x, <const float *>kf, n, <float>qf, <float>slope, <float>lim,
+                             symmetric, accumulate)
+    elif store_t is fpe_bf16 and real_t is float and stride == 1 and FPE_ALIBI_HALF_ONE_PASS:
+        fpe_alibi_select_bf16(x, <const float *>kf, n, <float>qf, <float>slope, <float>lim,
+                              symmetric, accumulate)
+    elif store_t is fpe_f16:
+        # convert chunks to float32 on the stack, select there in vectors, convert back
+        c0 = 0
+        while c0 < n:
+            m = min(<Py_ssize_t>SELECT_CHUNK, n - c0)
+            if accumulate:
+                gather(x + c0 * stride, stride, tmp, m)
+            select_unit(tmp, 1, 0, m, kf + c0, qf, slope, lim, symmetric, accumulate)
+            scatter(tmp, x + c0 * stride, stride, m)
+            c0 += m
+    elif stride == 1:
+        # unit stride spelled out, so that the loops vectorise
+        if store_t is float or store_t is double:
+            jm = aligned_from(x, 0, n, sizeof(store_t))
+            select_unit(x, 1, 0, jm, kf, qf, slope, lim, symmetric, accumulate)
+            select_unit(x, 1, jm, n, kf, qf, slope, lim, symmetric, accumulate)
+        else:
+            select_unit(x, 1, 0, n, kf, qf, slope, lim, symmetric, accumulate)
+    else:
+        select_unit(x, stride, 0, n, kf, qf, slope, lim, symmetric, accumulate)
+
+
 cdef inline void row_select(const AlibiCall *a, store_t *row, const real_t *kf, int64_t qp,
                             real_t slope) noexcept nogil:
     cdef real_t qf = <real_t>qp
-    cdef real_t lim = qf if a.causal else <real_t>INFINITY
-    cdef Py_ssize_t jm, c0, n
-    cdef real_t tmp[SELECT_CHUNK]
-    if store_t is fpe_f16:
-        # strided float16 (unit stride goes through rows_f16): convert chunks of the row
-        # to float32 on the stack, select there in vectors, convert back
-        c0 = 0
-        while c0 < a.k:
-            n = min(<Py_ssize_t>SELECT_CHUNK, a.k - c0)
-            if a.accumulate:
-                gather(row + c0 * a.sk, a.sk, tmp, n)
-            select_unit(tmp, 1, 0, n, kf + c0, qf, slope, lim, a.symmetric, a.accumulate)
-            scatter(tmp, row + c0 * a.sk, a.sk, n)
-            c0 += n
-    elif a.sk == 1:
-        # unit stride spelled out, so that the loops vectorise
-        if store_t is float or store_t is double:
-            jm = aligned_from(row, 0, a.k, sizeof(store_t))
-            select_unit(row, 1, 0, jm, kf, qf, slope, lim, a.symmetric, a.accumulate)
-            select_unit(row, 1, jm, a.k, kf, qf, slope, lim, a.symmetric, a.accumulate)
-        else:
-            select_unit(row, 1, 0, a.k, kf, qf, slope, lim, a.symmetric, a.accumulate)
-    else:
-        select_unit(row, a.sk, 0, a.k, kf, qf, slope, lim, a.symmetric, a.accumulate)
+    select_line(row, a.sk, a.k, kf, qf, slope, qf if a.causal else <real_t>INFINITY,
+                a.symmetric, a.accumulate)
 
 
 # ---- the exact scalar loop: positions past the real_t's integers ------------------------
@@ -996,7 +1113,7 @@ cdef void alibi_column(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind
     cdef const real_t *nqf = (<const real_t *>a.nqf) + (b if a.qrows > 1 else 0) * a.q
     cdef real_t nk = -kf[j]
     cdef real_t lim = nk if a.causal else (<real_t>INFINITY if kf[j] == kf[j] else nk)
-    select_unit(x + a.boff[b] + h * a.sh + j * a.sk, a.sq, 0, a.q, nqf, nk,
+    select_line(x + a.boff[b] + h * a.sh + j * a.sk, a.sq, a.q, nqf, nk,
                 <real_t>a.slopes[h], lim, a.symmetric, a.accumulate)
 
 
