@@ -22,13 +22,14 @@
 # before; 64-byte aligned for the avx512 variant's 512-bit loops), and the key-position
 # row sits at the same address modulo that alignment, so that its loads are aligned too.
 # A table past 8 MiB is written with non-temporal stores (fpe_alibi_row_stream_*).
-# float16 and bfloat16 rows of the plain case are widened, biased and narrowed in
-# registers, in one pass (fpe_alibi_seg_f16 / bf16); masked float16 rows convert in
-# chunks (fastpe_math.h's run conversions, F16C), since GCC does not vectorise the
-# element-wise ones. Masked
-# keys are selected on the bits (keep_or_ninf), as a branch on a float comparison
-# does not vectorise. A view whose keys are not nearest in memory walks what is
-# nearest inner instead: the heads (alibi_heads) or the queries (alibi_column).
+# float16 and bfloat16 runs of unit stride are widened, biased and narrowed in
+# registers, in one pass (fpe_alibi_seg_f16 / bf16; masked ones fpe_alibi_select_f16 /
+# bf16), since GCC does not vectorise the element-wise conversions; strided float16
+# ones convert in chunks (fastpe_math.h's run conversions, F16C). Masked keys are
+# selected on the bits (keep_or_ninf), as a branch on a float comparison does not
+# vectorise. A view whose keys are not nearest in memory walks what is nearest inner
+# instead: the heads (alibi_heads) or the queries (alibi_column, through the same
+# select_line as a row of keys).
 
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport INT32_MAX, uint32_t, uint64_t
