@@ -143,12 +143,12 @@ _STATES: Any = None if _backend.compiled is None else _backend.compiled.RopeStat
 
 def _with_team(kern: Any, nbytes: int, state: Any, q: Any, k: Any, positions: Any,
                offset: Any, style: Any, layout: Any, inverse: Any, num_threads: Any, cos: Any,
-               sin: Any) -> int:
+               sin: Any, token: bool = False) -> int:
     """The compiled entry again for a call it found to touch `nbytes` bytes, past the
     serial size: with the team the thread policy gives it."""
     done: int = kern.rope_call(state, q, k, positions, offset, style, layout, inverse,
                                num_threads, cos, sin, _threads.SERIAL_BYTES,
-                               _threads.resolve(num_threads, nbytes))
+                               _threads.resolve(num_threads, nbytes), token)
     return done
 
 
@@ -272,13 +272,14 @@ def apply_rope_cached(q: InPlace, k: Any, cos: ArrayLike, sin: ArrayLike,
             else np.ndim(cos))
     token_rows = (ndim == 3 if per_token is None else per_token if type(per_token) is bool
                   else _checks.flag(per_token, "per_token"))
-    if kern is not None and not token_rows:
-        # rows looked up by position: arrays and torch tensors alike, viewed once in C
+    if kern is not None:
+        # rows looked up by position, or lined up with the tokens: arrays and torch
+        # tensors alike, viewed once in C
         done = kern.rope_call(None, q, k, positions, offset, style, layout, inverse,
-                              num_threads, cos, sin, _threads.SERIAL_BYTES, 0)
+                              num_threads, cos, sin, _threads.SERIAL_BYTES, 0, token_rows)
         if done > 1:
             done = _with_team(kern, done, None, q, k, positions, offset, style, layout,
-                              inverse, num_threads, cos, sin)
+                              inverse, num_threads, cos, sin, token_rows)
         if done:
             return given
     q, k, positions, layout, cos, sin = _tensor_views(q, k, positions, layout, cos, sin)

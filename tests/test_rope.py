@@ -43,6 +43,7 @@ from conftest import (
     as_f64,
     assert_bytes_equal,
     assert_close,
+    entry_callers,
     is_bf16,
     kernel_copies,
     make_awkward,
@@ -2196,6 +2197,44 @@ def test_cached_per_token_takes_a_zero_held_twice_with_either_sign(backend):
         fastpe.apply_rope_cached(q, None, cos, sin)
         fastpe.apply_rope_cached(rows, None, cos[0, :, :8], sin[0, :, :8], np.arange(4))
     assert_bytes_equal(q, rows, "per-token cos vs its rows looked up by position")
+
+
+@needs_compiled
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_per_token_cos_sin_rotate_in_the_compiled_entry(style, rows, layout, strided,
+                                                        monkeypatch):
+    """transformers' per-token cos and sin (one row for the batch, or one per sequence;
+    contiguous, or every other token of a longer array) are read in place by the compiled
+    entry at its first call, not by the validating path: the bits of the same values
+    looked up by position."""
+    freqs = fastpe.rope_frequencies(32)
+    positions = np.array([[7, 8, 9], [0, 1, 2]])[:rows]
+    cos, sin = (a.astype(np.float32) for a in _hf_cos_sin(np.repeat(positions, 2, 1), freqs,
+                                                           style))
+    cos, sin = (a[:, ::2] if strided else np.ascontiguousarray(a[:, ::2]) for a in (cos, sin))
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 3, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 2, 32)).astype(np.float32)
+    if layout == "bhsd":
+        q, k = q.transpose(0, 2, 1, 3).copy(), k.transpose(0, 2, 1, 3).copy()
+    want_q, want_k = q.copy(), k.copy()
+    halves = [(a[..., :16] if style == "neox" else a[..., ::2]).reshape(rows * 3, 16)
+              for a in (cos, sin)]
+    fastpe.apply_rope_cached(want_q, want_k, *halves, np.arange(rows * 3).reshape(rows, 3),
+                             style=style, layout=layout)
+    callers = entry_callers(monkeypatch, "rope_call")
+
+    def validating_path(*args):
+        raise AssertionError("the validating path converted the per-token rows")
+
+    monkeypatch.setattr(fastpe._args, "token_cos_sin", validating_path)
+    fastpe.apply_rope_cached(q, k, cos, sin, style=style, layout=layout)
+    assert callers == [("apply_rope_cached", 1)]
+    assert_bytes_equal(q, want_q, "q")
+    assert_bytes_equal(k, want_k, "k")
 
 
 @needs_compiled

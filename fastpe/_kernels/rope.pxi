@@ -34,11 +34,13 @@ cdef struct RopeCall:
     const double *step_s
     const double *step_c
     double cos_scale, sin_scale
-    # or a cos/sin cache: (rows, half) arrays of storage cache_code
+    # or a cos/sin cache: (rows, half) arrays of storage cache_code; cr0, sr0: bytes
+    # from one positions row's cache to the next (transformers' per-token rows of a
+    # batch: token_rows), else 0
     const char *cos_cache
     const char *sin_cache
     int cache_code
-    Py_ssize_t cc0, cc1, sc0, sc1
+    Py_ssize_t cc0, cc1, sc0, sc1, cr0, sr0
     bint invert_cache               # rotate by the inverse of the cached matrix
 
 
@@ -210,8 +212,10 @@ cdef inline void cos_sin_rows(const RopeCall *a, Py_ssize_t prow, Py_ssize_t t0,
                 ctab[r + i] = <real_t>(c[i] * a.cos_scale)
                 stab[r + i] = <real_t>(s[i] * a.sin_scale)
         else:
-            gather_code(a.cos_cache + p * a.cc0, a.cache_code, a.cc1, ctab + r, a.half)
-            gather_code(a.sin_cache + p * a.sc0, a.cache_code, a.sc1, stab + r, a.half)
+            gather_code(a.cos_cache + prow * a.cr0 + p * a.cc0, a.cache_code, a.cc1,
+                        ctab + r, a.half)
+            gather_code(a.sin_cache + prow * a.sr0 + p * a.sc0, a.cache_code, a.sc1,
+                        stab + r, a.half)
             if a.invert_cache:
                 # the inverse of [[c, -s], [s, c]] is [[c, s], [-s, c]] / (c^2 + s^2)
                 for i in range(a.half):
@@ -537,7 +541,7 @@ cdef void rope_setup(RopeCall *a, Py_ssize_t half, const int64_t *pos, Py_ssize_
     a.cos_cache = a.sin_cache = NULL
     a.cache_code = 0
     a.invert_cache = False
-    a.cc0 = a.cc1 = a.sc0 = a.sc1 = 0
+    a.cc0 = a.cc1 = a.sc0 = a.sc1 = a.cr0 = a.sr0 = 0
 
 
 cdef int rope_execute(RopeCall *a, int code, char *qp, char *kp, int num_threads) except -1:
@@ -843,6 +847,99 @@ cdef const double *frequency_data(object inv_freq, const View *q, const View *k,
     return <const double *>wv.data
 
 
+ctypedef fused bits_t:
+    uint16_t
+    uint32_t
+    uint64_t
+
+
+cdef bint rows_repeat(const char *base, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t s0,
+                      Py_ssize_t s1, Py_ssize_t n, Py_ssize_t sl, bint neox,
+                      bits_t kind) noexcept nogil:
+    cdef Py_ssize_t i0, i1, j, half = n // 2
+    cdef Py_ssize_t second = half * sl if neox else sl
+    cdef Py_ssize_t step = sl if neox else 2 * sl
+    cdef const char *row
+    for i0 in range(d0):
+        for i1 in range(d1):
+            row = base + i0 * s0 + i1 * s1
+            for j in range(half):
+                if (<const bits_t *>(row + j * step))[0] != (<const bits_t *>(
+                        row + j * step + second))[0]:
+                    return False
+    return True
+
+
+cdef bint halves_repeat(const char *p, int nd, const Py_ssize_t *dims, const Py_ssize_t *st,
+                        Py_ssize_t isz, bint neox) noexcept nogil:
+    """Whether every row of an aligned array of 1 to 3 dims (its last axis, of even
+    length) holds each frequency's value twice, bit for bit: its first half again in its
+    second (neox), or each even feature in the odd one after it (transformers' per-token
+    cos and sin). False also for items of other than 2, 4 or 8 bytes."""
+    if nd < 1 or nd > 3 or dims[nd - 1] % 2:
+        return False
+    cdef Py_ssize_t n = dims[nd - 1], sl = st[nd - 1]
+    cdef Py_ssize_t d0 = dims[0] if nd == 3 else 1, s0 = st[0] if nd == 3 else 0
+    cdef Py_ssize_t d1 = dims[nd - 2] if nd >= 2 else 1, s1 = st[nd - 2] if nd >= 2 else 0
+    if isz == 2:
+        return rows_repeat(p, d0, d1, s0, s1, n, sl, neox, <uint16_t>0)
+    if isz == 4:
+        return rows_repeat(p, d0, d1, s0, s1, n, sl, neox, <uint32_t>0)
+    if isz == 8:
+        return rows_repeat(p, d0, d1, s0, s1, n, sl, neox, <uint64_t>0)
+    return False
+
+
+def repeated_halves(cnp.ndarray a, bint neox):
+    """halves_repeat of an ndarray: one pass, nothing allocated; False also for one it
+    does not walk (unaligned, items of other than 2, 4 or 8 bytes, more than 3 dims),
+    which the caller then checks by value."""
+    if not cnp.PyArray_ISALIGNED(a):
+        return False
+    return halves_repeat(<const char *>cnp.PyArray_DATA(a), cnp.PyArray_NDIM(a),
+                         <const Py_ssize_t *>cnp.PyArray_DIMS(a),
+                         <const Py_ssize_t *>cnp.PyArray_STRIDES(a), cnp.PyArray_ITEMSIZE(a),
+                         neox)
+
+
+cdef bint token_rows(RopeCall *a, const View *cos, const View *sin, const View *q,
+                     const View *k, bint neox) noexcept:
+    """Fill `a` with transformers' per-token cos and sin, lined up with q's tokens (a's
+    positions: offset 0, no array): (seq, 2 * half) or (rows, seq, 2 * half) views of one
+    shape and float dtype, rows 1 or q's batch, 2 * half <= head_dim, apart from q and k,
+    each frequency's value held twice bit for bit as `neox` pairs features; the cache is
+    their first halves (or even features), read in place. False otherwise: the
+    validating path then checks the values (a zero of either sign held twice) or names
+    what is wrong."""
+    cdef int code = cache_code_of(cos)
+    cdef int nd = cos.ndim
+    cdef Py_ssize_t i, rows, n
+    if code < 0 or cache_code_of(sin) != code or sin.ndim != nd or (nd != 2 and nd != 3):
+        return False
+    for i in range(nd):
+        if cos.shape[i] != sin.shape[i]:
+            return False
+    n = cos.shape[nd - 1]
+    rows = cos.shape[0] if nd == 3 else 1
+    if (n == 0 or n % 2 or n > q.shape[q.ndim - 1] or cos.shape[nd - 2] != a.seq
+            or (rows != 1 and rows != a.batch) or not apart(cos, q, k)
+            or not apart(sin, q, k)
+            or not halves_repeat(cos.data, nd, cos.shape, cos.strides, cos.itemsize, neox)
+            or not halves_repeat(sin.data, nd, sin.shape, sin.strides, sin.itemsize, neox)):
+        return False
+    a.half = n // 2
+    a.cos_cache = cos.data
+    a.sin_cache = sin.data
+    a.cache_code = code
+    a.cc0, a.sc0 = cos.strides[nd - 2], sin.strides[nd - 2]
+    a.cc1 = (1 if neox else 2) * (cos.strides[nd - 1] // cos.itemsize)
+    a.sc1 = (1 if neox else 2) * (sin.strides[nd - 1] // sin.itemsize)
+    if rows > 1:
+        a.pos_rows = rows
+        a.cr0, a.sr0 = cos.strides[0], sin.strides[0]
+    return True
+
+
 cdef bint cached_rows(RopeCall *a, const View *cos, const View *sin, const View *q,
                       const View *k, int64_t hi) noexcept:
     """Fill `a` with the cos/sin cache when cos and sin are 2-D views of one shape
@@ -1136,7 +1233,8 @@ cdef bint axis_positions(RopeCall *a, RopeState state, const View *pa, const Vie
 
 def rope_call(RopeState state, object q, object k, object positions, object offset,
               object style, object layout, object inverse, object num_threads,
-              object cos, object sin, Py_ssize_t serial_bytes, int threads):
+              object cos, object sin, Py_ssize_t serial_bytes, int threads,
+              bint token=False):
     """The compiled entry of apply_rope, apply_rope_cached and RotaryEmbedding: the
     caller's arguments as given, checked here. 1 when it rotated; 0, having touched
     nothing, when the call is not the plain case, and fastpe.rope's validating path
@@ -1155,8 +1253,10 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
     frequencies apart from q and k, finite, at most head_dim / 2 of them; the scaling a
     normal float32 > 0; with its pair_axis, offset 0 and positions of every axis as
     axis_positions() takes them), or with state None from cos and sin as cached_rows()
-    takes them, looked up by positions this call owns. fastpe.rope's validating path
-    calls this again with the normalised arguments: the only way to the loops.
+    takes them, looked up by positions this call owns; with `token`, cos and sin as
+    transformers' rotary modules return them, lined up with q's tokens (token_rows), and
+    no positions. fastpe.rope's validating path calls this again with the normalised
+    arguments: the only way to the loops.
     """
     cdef View qv, kv, pv, cv, sv
     cdef View *kp = NULL
@@ -1197,7 +1297,7 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
         sp = &sv
     done = rope_views(state, &qv, kp, positions, pp, offset, style,
                       "bshd" if layout is None else layout, inverse, num_threads, cp, sp,
-                      serial_bytes, threads)
+                      serial_bytes, threads, token)
     if done == 1 and not arrays:
         # q and k were viewed as exact ndarrays or plain tensors
         increment = version_increment()
@@ -1213,7 +1313,8 @@ def rope_call(RopeState state, object q, object k, object positions, object offs
 cdef Py_ssize_t rope_views(RopeState state, const View *q, const View *k, object positions,
                            const View *pv, object offset, object style, object layout,
                            object inverse, object num_threads, const View *cos,
-                           const View *sin, Py_ssize_t serial_bytes, int threads) except -1:
+                           const View *sin, Py_ssize_t serial_bytes, int threads,
+                           bint token) except -1:
     """rope_call on the operands' views."""
     cdef int lay, code
     cdef bint neox, inv
@@ -1233,9 +1334,12 @@ cdef Py_ssize_t rope_views(RopeState state, const View *q, const View *k, object
     if state is None:
         # the cache's rows are looked up by position: positions the call owns, so that a
         # rewrite by another thread cannot move a lookup past the cache
+        if token and (positions is not None or off != 0):
+            return 0
         code = fast_arrays(&a, q, k, positions, pv, off, lay, &hi, posbuf, &heap)
         try:
-            if code < 0 or not cached_rows(&a, cos, sin, q, k, hi):
+            if code < 0 or not (token_rows(&a, cos, sin, q, k, neox) if token
+                                else cached_rows(&a, cos, sin, q, k, hi)):
                 return 0
             a.neox = neox
             a.invert_cache = inv
