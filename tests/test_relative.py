@@ -227,6 +227,96 @@ def test_add_relative_bias_matches_reference(shape, dtype, option, both_threads)
         assert_bytes_equal(np.asarray(got, dtype=dtype), want, f"{option} {layout}")
 
 
+# Views whose queries lie closer in memory than their keys (K @ Q^T transposed), which the
+# kernels walk key column by key column (from 16 queries on); 300 queries pass a column
+# chunk of the strided loops (256).
+COLUMN_SHAPES = [(2, 3, 40, 41), (1, 1, 300, 301), (2, 2, 3, 33, 70)]
+COLUMN_OPTIONS = {**T5_OPTIONS,
+                  "last": {"q_offset": 2**63 - 300, "causal": True, "key_mask": True},
+                  "near": {"q_offset": 5, "causal": True, "max_distance": 20}}
+
+
+def column_views(values):
+    """(name, view) of values (..., h, q, k) laid out with the queries nearer in memory than
+    the keys: transposed, every other query of a transposed buffer, reversed queries,
+    Fortran order."""
+    nd = values.ndim
+    perm = (*range(nd - 2), nd - 1, nd - 2)
+    yield "transposed", values.transpose(perm).copy().transpose(perm)
+    wide = np.zeros(values.shape[:-2] + (values.shape[-1], 2 * values.shape[-2]), values.dtype)
+    every_other = wide[..., ::2].transpose(perm)
+    every_other[...] = values
+    yield "every-other-query", every_other
+    reversed_queries = values.transpose(perm).copy()[..., ::-1].transpose(perm)
+    reversed_queries[...] = values
+    yield "reversed-queries", reversed_queries
+    yield "fortran", np.asfortranarray(values)
+
+
+def column_call(option, table, mask):
+    kw = dict(COLUMN_OPTIONS[option])
+    if kw.pop("key_mask", False):
+        kw["key_mask"] = mask
+    return lambda f, s: f(s, table, **kw)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("option", list(COLUMN_OPTIONS))
+@pytest.mark.parametrize("shape", COLUMN_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_transposed_scores_get_the_contiguous_bits(shape, dtype, option, both_threads):
+    """Scores whose queries are adjacent in memory get the bits of the same call on
+    contiguous scores and of the reference, infinities and NaNs among them."""
+    table, mask = t5_inputs(shape, dtype)
+    call = column_call(option, table, mask)
+    base = make_awkward("contiguous", shape, dtype)
+    base.reshape(-1)[::37] = np.inf
+    base.reshape(-1)[5::41] = -np.inf
+    base.reshape(-1)[11::43] = np.nan
+    want = call(fastpe.reference.add_relative_bias, base.copy())
+
+    def add(s, t, **kw):
+        return fastpe.add_relative_bias(s, t, num_threads=both_threads, **kw)
+
+    assert_bytes_equal(call(add, base.copy()), want, "contiguous")
+    for name, view in column_views(base):
+        assert_bytes_equal(call(add, view), want, f"{option} {name}")
+    if len(shape) == 4 and "key_mask" not in COLUMN_OPTIONS[option]:
+        # the bias alone, written into transposed scores
+        kw = {k: v for k, v in COLUMN_OPTIONS[option].items() if k != "key_mask"}
+        bias = fastpe.reference.relative_bias(table, *shape[-2:], dtype=dtype, **kw)
+        for name, out in column_views(np.zeros(shape[1:], dtype)):
+            got = fastpe.relative_bias(table, *shape[-2:], out=out, num_threads=both_threads,
+                                       **kw)
+            assert_bytes_equal(got, bias, f"relative_bias {option} {name}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("step", [1, 2, -1])
+@pytest.mark.parametrize("option", ["near", "last", "mask"])
+def test_transposed_scores_inside_a_buffer_write_only_their_view(option, step, dtype,
+                                                                 backend):
+    """Transposed scores that are a window of a larger buffer of sentinels: the window gets
+    the reference's bits, its first and last queries and keys too, and no sentinel beside,
+    before or after a column changes."""
+    shape = (2, 3, 37, 45)
+    table, mask = t5_inputs(shape, dtype)
+    call = column_call(option, table, mask)
+    values = make_awkward("contiguous", shape, dtype)
+    want = call(fastpe.reference.add_relative_bias, values.copy())
+    b, h, q, k = shape
+    big = np.full((b + 1, h + 1, k + 3, 2 * q + 5), 777, dtype)   # keys, then queries
+    queries = slice(2, 2 + step * q, step) if step > 0 else slice(q + 1, 1, -1)
+    window = (slice(1, None), slice(1, None), slice(1, k + 1), queries)
+    view = big[window].swapaxes(-1, -2)
+    view[...] = values
+    before = big.copy()
+    call(fastpe.add_relative_bias, view)
+    assert_bytes_equal(view, want, f"{option} step {step}")
+    inside = np.zeros(big.shape, bool)
+    inside[window] = True
+    assert_bytes_equal(big[~inside], before[~inside], "outside the view")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_relative_bias_matches_the_table_rounded_once(dtype):
     rng = np.random.default_rng(3)

@@ -4,7 +4,11 @@
 # masked (causal: j > qpos_i; key_mask[b, j] == 0). The bucket depends on the distance only
 # and is constant past `reach`, so each head's bias is tabulated once per call by distance
 # (bias_by_distance[h, d + reach], in the compute type), and a row of scores adds a
-# contiguous slice of it: one read of the scores, a vector add, one write.
+# contiguous slice of it: one read of the scores, a vector add, one write. A view whose
+# queries lie closer in memory than its keys (K @ Q^T transposed), 16 queries or more,
+# walks key columns instead (t5_column): the distance falls by one per query down a
+# column, so a column adds a contiguous slice of the same biases tabulated by negated
+# distance.
 #
 # DeBERTa-v2/v3 (He et al., 2021): scores[b, h, i, j] += c2p[b, h, i, ci(i - j)] +
 # p2c[b, h, j, pi(i - j)], the gather indices a function of the distance too (the spec's
@@ -20,6 +24,15 @@
 
 cdef enum:
     REL_CHUNK = 256
+    # key columns of a unit of the column walk (t5_columns): its index arithmetic once per
+    # 16 columns, not per column, took 0.68x the time on transposed (4, 12, 16, 512)
+    T5_COLUMNS = 16
+    # the fewest queries of a column walk: a column costs about 6 ns before its first
+    # element, where the row walk's strided elements of a head in the caches take under
+    # 1 ns each (transposed (4, 12, q, 512), one thread, AMD EPYC Zen 4: the column walk
+    # took the row walk's time at q of 7 (float64), 10 (float32) and 13 (float16), and
+    # 0.35-0.71x at 16)
+    T5_COLUMN_QUERIES = 16
     # query rows of a DeBERTa unit: p2c's term of a key is a run of adjacent elements
     # of its row for adjacent queries, so a block of 16 float32 rows reads each line of
     # p2c once (64 rows measured no faster, with a tile four times larger)
@@ -37,9 +50,12 @@ cdef struct T5Call:
     Py_ssize_t reach                    # distances clamp to [-reach, reach]
     Py_ssize_t width                    # 2 * reach + 1
     char *bias                          # (heads, width) real_t: bias by distance
+    char *rbias                         # the same by negated distance (columns), or NULL
     const unsigned char *mask           # (mrows, k) 0/1, or NULL
     Py_ssize_t mrows
     bint causal, accumulate
+    bint columns                        # walk key columns (t5_columns)
+    Py_ssize_t nunits                   # units of work of the walk chosen
 
 
 cdef inline Py_ssize_t t5_reach_start(const T5Call *a, int64_t qp, Py_ssize_t j0,
@@ -64,30 +80,36 @@ cdef inline Py_ssize_t t5_causal_cut(const T5Call *a, int64_t qp) noexcept nogil
     return a.k
 
 
+cdef inline void t5_zones(real_t *x, Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi, real_t first,
+                          const real_t *mid, real_t last, bint accumulate) noexcept nogil:
+    """x[t] (+)= first for t < lo, mid[t] for lo <= t < hi, last from hi on (lo <= hi <= n)."""
+    cdef Py_ssize_t t
+    if accumulate:
+        for t in range(lo):
+            x[t] = x[t] + first
+        for t in range(lo, hi):
+            x[t] = x[t] + mid[t]
+        for t in range(hi, n):
+            x[t] = x[t] + last
+    else:
+        for t in range(lo):
+            x[t] = first
+        for t in range(lo, hi):
+            x[t] = mid[t]
+        for t in range(hi, n):
+            x[t] = last
+
+
 cdef inline void t5_chunk(const T5Call *a, real_t *x, Py_ssize_t j0, Py_ssize_t n,
                           int64_t qp, const real_t *bias) noexcept nogil:
     """x[t] (+)= bias of key j0 + t for the query at qp: below the reach a constant,
     within it a contiguous slice of the head's distances, beyond it a constant."""
-    cdef Py_ssize_t j, j1 = j0 + n
+    cdef Py_ssize_t j1 = j0 + n
     cdef Py_ssize_t lo = t5_reach_start(a, qp, j0, j1)
     cdef Py_ssize_t hi = t5_reach_end(a, qp, lo, j1)
-    cdef real_t first = bias[0], last = bias[a.width - 1]
     # element t of the middle reads bias[j0 + t - qp + reach]
     cdef const real_t *mid = bias + (<int64_t>a.reach - qp)
-    if a.accumulate:
-        for j in range(j0, lo):
-            x[j - j0] = x[j - j0] + first
-        for j in range(lo, hi):
-            x[j - j0] = x[j - j0] + mid[j]
-        for j in range(hi, j1):
-            x[j - j0] = x[j - j0] + last
-    else:
-        for j in range(j0, lo):
-            x[j - j0] = first
-        for j in range(lo, hi):
-            x[j - j0] = mid[j]
-        for j in range(hi, j1):
-            x[j - j0] = last
+    t5_zones(x, n, lo - j0, hi - j0, bias[0], mid + j0, bias[a.width - 1], a.accumulate)
 
 
 cdef inline void mask_chunk(real_t *x, Py_ssize_t j0, Py_ssize_t n, Py_ssize_t cut,
@@ -273,22 +295,103 @@ cdef void t5_unit(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexce
         j0 += n
 
 
+cdef inline void t5_column(const T5Call *a, store_t *col, Py_ssize_t j, const real_t *bias,
+                           const real_t *rbias, const unsigned char *m) noexcept nogil:
+    """The column of key j (col: its query 0) of one head (its biases by distance and by
+    negated distance) of one sequence (its key mask row, or NULL). Down it the distance
+    j - (q_offset + i) falls by one per query: queries [0, cut) are masked (causal: the key
+    comes after them; every one where the key mask is 0), [cut, lo) lie past the reach
+    (the last bias), [lo, hi) within it (a contiguous slice of the biases by negated
+    distance), the rest before it (the first). Each element gets the value and the
+    operations of the row walk (t5_unit)."""
+    cdef real_t first = bias[0], last = bias[a.width - 1]
+    cdef const real_t *mid = rbias
+    cdef real_t buf[REL_CHUNK]
+    # the query position at distance 0 (no overflow: 0 <= q_offset <= INT64_MAX)
+    cdef int64_t e = <int64_t>j - a.q_offset
+    cdef Py_ssize_t i, i0, n, cut = 0
+    cdef Py_ssize_t lo = a.q, hi = a.q
+    if m != NULL and m[j] == 0:
+        cut = a.q
+    elif a.causal and e > 0:
+        cut = <Py_ssize_t>min(e, <int64_t>a.q)
+    if cut < a.q:
+        # cut <= max(e, 0) here, so e - cut does not overflow, nor e - reach where that
+        # passes cut (q_offset may be near INT64_MAX)
+        lo = cut if e - cut <= a.reach else <Py_ssize_t>min(e - a.reach, <int64_t>a.q)
+        hi = <Py_ssize_t>min(max(e + a.reach + 1, <int64_t>lo), <int64_t>a.q)
+        if lo < hi:
+            # query i of the middle reads the bias of distance e - i (-reach <= e - i <= reach)
+            mid = mid + (<int64_t>a.reach - e)
+    if (store_t is float or store_t is double) and a.sq == 1 and sizeof(store_t) == sizeof(real_t):
+        for i in range(cut):
+            (<real_t *>col)[i] = <real_t>-INFINITY
+        t5_zones((<real_t *>col) + cut, a.q - cut, lo - cut, hi - cut, last, mid + cut, first,
+                 a.accumulate)
+        return
+    for i in range(cut):
+        store(col, i * a.sq, <real_t>-INFINITY)
+    if ((store_t is fpe_f16 or store_t is fpe_bf16) and real_t is float
+            and FPE_T5_HALF_ONE_PASS and a.sq == 1):
+        if store_t is fpe_f16:
+            fpe_t5_row_f16(col + cut, a.q - cut, lo - cut, hi - cut, a.q - cut, last,
+                           mid + cut, first, NULL, a.accumulate)
+        else:
+            fpe_t5_row_bf16(col + cut, a.q - cut, lo - cut, hi - cut, a.q - cut, last,
+                            mid + cut, first, NULL, a.accumulate)
+        return
+    i0 = cut
+    while i0 < a.q:
+        n = min(<Py_ssize_t>REL_CHUNK, a.q - i0)
+        if a.accumulate:
+            gather(col + i0 * a.sq, a.sq, buf, n)
+        t5_zones(buf, n, min(max(lo - i0, 0), n), min(max(hi - i0, 0), n), last, mid + i0,
+                 first, a.accumulate)
+        scatter(buf, col + i0 * a.sq, a.sq, n)
+        i0 += n
+
+
+cdef void t5_columns(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
+    """Unit u of (batch, heads, blocks of T5_COLUMNS keys): their columns."""
+    cdef Py_ssize_t nblocks = ceil_div(a.k, T5_COLUMNS)
+    cdef Py_ssize_t b = u // (a.heads * nblocks)
+    cdef Py_ssize_t h = (u // nblocks) % a.heads
+    cdef Py_ssize_t j0 = (u % nblocks) * T5_COLUMNS
+    cdef Py_ssize_t j, j1 = min(j0 + T5_COLUMNS, a.k)
+    cdef store_t *base = x + a.boff[b] + h * a.sh
+    cdef const real_t *bias = (<const real_t *>a.bias) + h * a.width
+    cdef const real_t *rbias = (<const real_t *>a.rbias) + h * a.width
+    cdef const unsigned char *m = NULL
+    if a.mask != NULL:
+        m = a.mask + (b if a.mrows > 1 else 0) * a.k
+    for j in range(j0, j1):
+        t5_column(a, base + j * a.sk, j, bias, rbias, m)
+
+
+cdef inline void t5_any(const T5Call *a, store_t *x, Py_ssize_t u, real_t kind) noexcept nogil:
+    """Unit u of the walk t5_execute chose for this view."""
+    if a.columns:
+        t5_columns(a, x, u, kind)
+    else:
+        t5_unit(a, x, u, kind)
+
+
 cdef void t5_run(const T5Call *a, store_t *x, int nthreads) noexcept nogil:
-    cdef Py_ssize_t u, units = a.batch * a.heads * a.q
+    cdef Py_ssize_t u, units = a.nunits
     cdef double kind_d = 0
     cdef float kind_f = 0
     if nthreads > 1:
         for u in prange(units, schedule="static", num_threads=nthreads):
             if store_t is double:
-                t5_unit(a, x, u, kind_d)
+                t5_any(a, x, u, kind_d)
             else:
-                t5_unit(a, x, u, kind_f)
+                t5_any(a, x, u, kind_f)
     else:
         for u in range(units):
             if store_t is double:
-                t5_unit(a, x, u, kind_d)
+                t5_any(a, x, u, kind_d)
             else:
-                t5_unit(a, x, u, kind_f)
+                t5_any(a, x, u, kind_f)
 
 
 cdef Py_ssize_t *leading_offsets(cnp.ndarray x, int inner, Py_ssize_t batch,
@@ -485,7 +588,7 @@ cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
                     int num_threads) except -1:
     """Run a T5 call whose arguments are checked, its mask (or NULL) in `a`: the scores
     at xp (nd dims, byte strides), the table at tp (t5_bias_by_distance) tabulated by
-    distance, then every row of scores."""
+    distance, then every row (or key column) of scores."""
     cdef int ax
     a.batch = 1
     for ax in range(nd - 3):
@@ -500,8 +603,14 @@ cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
     a.width = 2 * reach + 1
     a.causal, a.accumulate = causal, accumulate
     cdef Py_ssize_t real_size = sizeof(double) if code == CODE_F64 else sizeof(float)
+    # a view whose queries lie closer in memory than its keys (K @ Q^T transposed) walks
+    # those inner, as alibi_execute does: its rows read a line or more per key (the
+    # (1, 12, 512, 512) float32 of such a view took 59x the time of contiguous scores)
+    a.columns = (a.q >= T5_COLUMN_QUERIES and a.sk != 1
+                 and magnitude(a.sq) < magnitude(a.sk))
     cdef Py_ssize_t bias_bytes = round_up(a.heads * a.width * real_size, 64)
-    cdef Py_ssize_t need = bias_bytes + a.batch * <Py_ssize_t>sizeof(Py_ssize_t)
+    cdef Py_ssize_t tables = 2 if a.columns else 1
+    cdef Py_ssize_t need = tables * bias_bytes + a.batch * <Py_ssize_t>sizeof(Py_ssize_t)
     cdef char stack[T5_STACK_BYTES + 64]
     cdef Scratch work = None
     cdef char *shared = <char *>((<size_t>stack + 63) & ~(<size_t>63))
@@ -514,15 +623,32 @@ cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
     cdef Py_ssize_t t0 = <Py_ssize_t>(max(dlo, -<int64_t>reach) + reach)
     cdef Py_ssize_t t1 = <Py_ssize_t>(min(dhi, <int64_t>reach) + reach + 1)
     t5_bias_by_distance(tp, tsr, tsc, tcode, lut, a.width, a.heads, code, t0, t1, a.bias)
+    a.rbias = NULL
+    if a.columns:
+        a.rbias = shared + bias_bytes
+        t5_negated_distances(a, real_size, t0, t1)
     a.boff = offsets_of_rows(nd, dims, strides, itemsize, 3, a.batch,
-                             <Py_ssize_t *>(shared + bias_bytes))
-    cdef int nthreads = units_threads(a.batch * a.heads * a.q, num_threads)
+                             <Py_ssize_t *>(shared + tables * bias_bytes))
+    a.nunits = a.batch * a.heads * (ceil_div(a.k, T5_COLUMNS) if a.columns else a.q)
+    cdef int nthreads = units_threads(a.nunits, num_threads)
     if keeps_gil(nthreads, a.batch * a.heads * a.q * a.k * itemsize):
         t5_run_code(a, code, xp, nthreads)
     else:
         with nogil:
             t5_run_code(a, code, xp, nthreads)
     return 0
+
+
+cdef void t5_negated_distances(T5Call *a, Py_ssize_t real_size, Py_ssize_t t0,
+                               Py_ssize_t t1) noexcept nogil:
+    """a.rbias[h, width - 1 - t] = a.bias[h, t] for the distances t5_bias_by_distance
+    tabulated (t0 <= t < t1 and both ends)."""
+    cdef Py_ssize_t h, t, w = a.width
+    for h in range(a.heads):
+        for t in range(w):
+            if t == 0 or t == w - 1 or t0 <= t < t1:
+                memcpy(a.rbias + (h * w + w - 1 - t) * real_size,
+                       a.bias + (h * w + t) * real_size, real_size)
 
 
 cdef void t5_run_code(const T5Call *a, int code, char *xp, int nthreads) noexcept nogil:
