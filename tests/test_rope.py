@@ -2223,15 +2223,18 @@ def test_per_token_cos_sin_rotate_in_the_compiled_entry(style, rows, layout, str
     want_q, want_k = q.copy(), k.copy()
     halves = [(a[..., :16] if style == "neox" else a[..., ::2]).reshape(rows * 3, 16)
               for a in (cos, sin)]
-    fastpe.apply_rope_cached(want_q, want_k, *halves, np.arange(rows * 3).reshape(rows, 3),
-                             style=style, layout=layout)
+    with fastpe.use_backend("cython"):
+        fastpe.apply_rope_cached(want_q, want_k, *halves,
+                                 np.arange(rows * 3).reshape(rows, 3), style=style,
+                                 layout=layout)
     callers = entry_callers(monkeypatch, "rope_call")
 
     def validating_path(*args):
         raise AssertionError("the validating path converted the per-token rows")
 
     monkeypatch.setattr(fastpe._args, "token_cos_sin", validating_path)
-    fastpe.apply_rope_cached(q, k, cos, sin, style=style, layout=layout)
+    with fastpe.use_backend("cython"):
+        fastpe.apply_rope_cached(q, k, cos, sin, style=style, layout=layout)
     assert callers == [("apply_rope_cached", 1)]
     assert_bytes_equal(q, want_q, "q")
     assert_bytes_equal(k, want_k, "k")
