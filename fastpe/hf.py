@@ -85,7 +85,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from . import _checks, _hf_deberta
+from . import _checks, _hf_deberta, _hf_realrope
 from ._hf_multimodal import VISION, text_mrope
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
@@ -587,6 +587,14 @@ _NOT_REPRODUCED = {
                       "dim), cos and sin given as keywords; fastpe reproduces its RoPE "
                       "through RotaryEmbedding.from_hf_config and fastpe.sam3_vit_positions",
 }
+
+# the models that rotate by real-valued coordinates (fastpe._hf_realrope), unless
+# _NOT_REPRODUCED says more
+_REAL_COORDINATES = ("its attention code rotates q and k by real-valued coordinates, out of "
+                     "fastpe.hf.patch's reach; fastpe reproduces its RoPE through "
+                     "RotaryEmbedding.from_hf_config(model.config) and the positions the "
+                     "README's 'RoPE on real coordinates' names, called from one's own "
+                     "attention code")
 
 # parameters an apply function may have after (q, k, cos, sin) or (x, cos, sin)
 _EXTRA_PARAMS = {"unsqueeze_dim", "position_ids"}
@@ -1319,6 +1327,10 @@ def patch(model: Any) -> Any:
                          f"another module: {where} runs what fastpe.hf.patch set when it was "
                          f"given a module holding this model or one inside it; "
                          f"fastpe.hf.unpatch(model) undoes that, then patch the model")
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if isinstance(model_type, str) and model_type in _hf_realrope.LOADERS:
+        raise ValueError(f"fastpe.hf: model type {model_type!r} is not reproduced: "
+                         + _NOT_REPRODUCED.get(model_type, _REAL_COORDINATES))
     rotary = {name: m for name, m in modules.items() if _is_rotary_class(type(m))}
     disentangled = {name: (m, attribute) for name, m in modules.items()
                     if (attribute := _hf_deberta.bias_attribute(m)) is not None}
@@ -1330,6 +1342,14 @@ def patch(model: Any) -> Any:
                              f"transformers' {base.__name__} defined outside transformers: "
                              f"fastpe.hf patches transformers' own classes only, as it cannot "
                              f"tell what a subclass changes")
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if isinstance(model_type, str) and model_type in _hf_realrope.LOADERS:
+            raise ValueError(f"fastpe.hf: {type(model).__name__} ({model_type!r}) rotates q "
+                             f"and k by real-valued coordinates inside its own attention "
+                             f"code, where fastpe.hf.patch cannot reach: build its embedding "
+                             f"with fastpe.RotaryEmbedding.from_hf_config(model.config) and "
+                             f"rotate from your own attention code with the positions it "
+                             f"needs (README: RoPE on real coordinates)")
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)) nor "
                          f"DeBERTa's disentangled attention: fastpe.hf patches only models "

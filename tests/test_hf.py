@@ -449,6 +449,15 @@ def test_models_fastpe_cannot_reproduce_raise_and_stay_unchanged():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2))
     with pytest.raises(ValueError, match="no transformers rotary embedding module"):
         fastpe.hf.patch(gpt2)
+    # RoPE on real coordinates, inside the model's attention code: the way to it named
+    dinov3 = transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
+        hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1,
+        image_size=32, patch_size=16))
+    with pytest.raises(ValueError, match=r"model type 'dinov3_vit' is not reproduced: its "
+                                         r"attention code rotates q and k by real-valued "
+                                         r"coordinates.*from_hf_config"):
+        fastpe.hf.patch(dinov3)
+    assert not any("forward" in vars(m) for m in dinov3.modules())
     # GPT-J's form (x, sin, cos) whose function rotates otherwise than GPT-J's (halves)
     gptj = transformers.GPTJForCausalLM(transformers.GPTJConfig(
         n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64, vocab_size=64))
