@@ -393,10 +393,10 @@ cdef extern from *:
         fpe_alibi_seg_bf16_nc(x, kf, j0, j1, qf, s, flip, accumulate, 0);
     }
 
-    /* fpe_alibi_select_f16 for bfloat16 rows, in fpe_alibi_seg_bf16's lane order (the
-     * same bits as select_unit's loop on them, for the reasons both give), where that
-     * loop went one element at a time: a masked (1, 32, 1024, 1024) bfloat16 add took
-     * 3x float16's time so */
+    /* fpe_alibi_select_f16 for bfloat16 rows, in fpe_alibi_seg_bf16's lane order, where
+     * select_unit's loop went one element at a time (a masked (1, 32, 1024, 1024)
+     * bfloat16 add took 3x float16's time so). Its bits: fpe_alibi_select_f16's
+     * arithmetic, narrowed exactly as fpe_alibi_seg_bf16 narrows (-inf and NaN too). */
     static FPE_ALWAYS_INLINE void fpe_alibi_select_bf16_nc(fpe_bf16 *x, const float *kf,
                                                            Py_ssize_t n, float qf, float s,
                                                            float lim, int symmetric,
