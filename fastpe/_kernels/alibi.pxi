@@ -270,8 +270,8 @@ cdef extern from *:
     }
 
     /* select_unit's rows (keys at any positions, masked ones NaN) of unit-stride float16
-     * in one pass, where rows_f16 converted chunks through a float32 buffer in three (a
-     * left-padded decode took 2x float32's time that way). The same bits: the
+     * in one pass, where the chunked path converts them through a float32 buffer in
+     * three (a left-padded decode took 2x float32's time that way). The same bits: the
      * chunked loop's x + s * d is contracted to fma(s, d, x) in the variants with FMA,
      * its symmetric d is min(k - q, q - k) as MINPS takes it, and a key is kept where
      * k <= lim (never for NaN), else -inf. */
@@ -847,34 +847,25 @@ cdef inline void row_plain(const AlibiCall *a, store_t *row, const real_t *kf, i
 
 cdef inline void rows_f16(const AlibiCall *a, fpe_f16 *row0, Py_ssize_t nh, const float *kf,
                           int64_t qp, const double *slopes) noexcept nogil:
-    """Unit-stride float16 rows (masked, or without FMA and F16C): masked ones in one
-    pass where FPE_ALIBI_HALF_ONE_PASS (fpe_alibi_select_f16), else chunks converted to
-    float32 on the stack (8 at a time with F16C), the float32 loops there, converted
-    back. The same arithmetic as one element at a time, in vectors."""
+    """Unit-stride float16 rows of the plain case without FMA and F16C (the others take
+    fpe_alibi_seg_f16's one pass; masked ones select_line): chunks converted to float32
+    on the stack, the float32 loops there, converted back. The same arithmetic as one
+    element at a time, in vectors."""
     cdef float buf[SELECT_CHUNK + 16]
     cdef float *tmp = <float *>((<size_t>buf + 63) & ~(<size_t>63))   # aligned like kf
     cdef float qf = <float>qp
-    cdef float lim = qf if a.causal else <float>INFINITY
-    cdef float slope
     cdef Py_ssize_t split = plain_split(a, qp)
     cdef Py_ssize_t t, c0, n
     cdef fpe_f16 *row
     for t in range(nh):
         row = row0 + t * a.sh
-        slope = <float>slopes[t]
-        if FPE_ALIBI_HALF_ONE_PASS and not a.plain:
-            fpe_alibi_select_f16(row, kf, a.k, qf, slope, lim, a.symmetric, a.accumulate)
-            continue
         c0 = 0
         while c0 < a.k:
             n = min(<Py_ssize_t>SELECT_CHUNK, a.k - c0)
             if a.accumulate:
                 fpe_f16_run_load(row + c0, tmp, n)
-            if a.plain:
-                span_plain(a, tmp, 1, n, kf + c0, qf, slope, min(max(split - c0, 0), n),
-                           False)
-            else:
-                select_unit(tmp, 1, 0, n, kf + c0, qf, slope, lim, a.symmetric, a.accumulate)
+            span_plain(a, tmp, 1, n, kf + c0, qf, <float>slopes[t],
+                       min(max(split - c0, 0), n), False)
             fpe_f16_run_store(tmp, row + c0, n)
             c0 += n
 
@@ -1029,7 +1020,8 @@ cdef inline void select_line(store_t *x, Py_ssize_t stride, Py_ssize_t n, const 
     """select_unit over n elements `stride` apart (a row of keys, or alibi_column's
     column of queries), in vectors wherever the storage allows."""
     cdef Py_ssize_t jm, c0, m
-    cdef real_t tmp[SELECT_CHUNK]
+    cdef real_t buf[SELECT_CHUNK + 16]
+    cdef real_t *tmp = <real_t *>((<size_t>buf + 63) & ~(<size_t>63))   # aligned like kf
     if store_t is fpe_f16 and real_t is float and stride == 1 and FPE_ALIBI_HALF_ONE_PASS:
         fpe_alibi_select_f16(x, <const float *>kf, n, <float>qf, <float>slope, <float>lim,
                              symmetric, accumulate)
@@ -1178,7 +1170,7 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
     qp = query_position(a, b, i)
     if a.exact:
         kf = key_row(a, b, kind)
-        if store_t is fpe_f16 and a.sk == 1 and not (a.plain and FPE_ALIBI_HALF_ONE_PASS):
+        if store_t is fpe_f16 and a.sk == 1 and a.plain and not FPE_ALIBI_HALF_ONE_PASS:
             rows_f16(a, row0, nh, <const float *>kf, qp, a.slopes + h0)
         elif (store_t is float or store_t is double) and a.plain and a.sk == 1 \
                 and nh == HEAD_GROUP and a.four_rows:
