@@ -1342,14 +1342,6 @@ def patch(model: Any) -> Any:
                              f"transformers' {base.__name__} defined outside transformers: "
                              f"fastpe.hf patches transformers' own classes only, as it cannot "
                              f"tell what a subclass changes")
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if isinstance(model_type, str) and model_type in _hf_realrope.LOADERS:
-            raise ValueError(f"fastpe.hf: {type(model).__name__} ({model_type!r}) rotates q "
-                             f"and k by real-valued coordinates inside its own attention "
-                             f"code, where fastpe.hf.patch cannot reach: build its embedding "
-                             f"with fastpe.RotaryEmbedding.from_hf_config(model.config) and "
-                             f"rotate from your own attention code with the positions it "
-                             f"needs (README: RoPE on real coordinates)")
         raise ValueError(f"fastpe.hf: {type(model).__name__} has no transformers rotary "
                          f"embedding module (*RotaryEmbedding, forward(x, position_ids)) nor "
                          f"DeBERTa's disentangled attention: fastpe.hf patches only models "
