@@ -136,17 +136,21 @@ def _rope_cos_sin(plan: _args.RopePlan, work: np.dtype,
     return cos[:, :, None, :], sin[:, :, None, :]
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: np.dtype,
-            cos2: np.ndarray | None = None, sin2: np.ndarray | None = None) -> None:
-    """Pairs (a, b) -> (a cos - b sin, b cos2 + a sin2); cos2, sin2 default to cos, sin."""
+def _rotated(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool, work: np.dtype,
+             cos2: np.ndarray | None = None, sin2: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x's pair halves (views of x) and their rotated values in x's dtype (rounded as
+    writing them rounds), x not yet written: pairs (a, b) -> (a cos - b sin,
+    b cos2 + a sin2); cos2, sin2 default to cos, sin."""
     half = cos.shape[-1]
     if neox:
         first, second = x[..., :half], x[..., half:2 * half]
     else:
         first, second = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
     a, b = first.astype(work), second.astype(work)
-    first[...] = a * cos - b * sin
-    second[...] = b * (cos if cos2 is None else cos2) + a * (sin if sin2 is None else sin2)
+    new_first = (a * cos - b * sin).astype(x.dtype, copy=False)
+    new_second = b * (cos if cos2 is None else cos2) + a * (sin if sin2 is None else sin2)
+    return first, second, new_first, new_second.astype(x.dtype, copy=False)
 
 
 @_ieee
@@ -156,9 +160,13 @@ def run_rope(plan: _args.RopePlan) -> None:
     cos2 = sin2 = None
     if plan.pair_axis2 is not None:
         cos2, sin2 = _rope_cos_sin(plan, work, plan.pair_axis2)
-    for x in (plan.q, plan.k):
-        if x is not None:
-            _rotate(x, cos, sin, plan.neox, work, cos2, sin2)
+    # every value formed before any is written: a MemoryError while forming k's leaves
+    # q as it was, as a refused call leaves it
+    rotated = [_rotated(x, cos, sin, plan.neox, work, cos2, sin2)
+               for x in (plan.q, plan.k) if x is not None]
+    for first, second, new_first, new_second in rotated:
+        first[...] = new_first
+        second[...] = new_second
 
 
 # ---- the public twins --------------------------------------------------------

@@ -229,6 +229,36 @@ def test_wide_rows_match_the_formula(dim, layout, dtype):
                          max_position=5000, context=f"add {name} {dim} {layout} t{threads}")
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer's shadow memory exceeds any address-space limit")
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_numpy_rope_out_of_memory_leaves_q_and_k_as_they_were(style):
+    """The NumPy backend's RoPE runs out of memory forming k's values (64 MiB of k, 40
+    MiB of address space left): a MemoryError, and neither q nor k written, as a refused
+    call leaves them. It rotated q first, then failed on k, q left rotated."""
+    proc = run_python(f"""
+        import resource
+        import numpy as np, fastpe
+        q = np.ones((1, 4096, 1, 128), np.float32)
+        k = np.ones((1, 4096, 32, 128), np.float32)
+        def address_space():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmSize"):
+                    return int(line.split()[1]) * 1024
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (address_space() + (40 << 20), hard))
+        try:
+            fastpe.reference.apply_rope(q, k, offset=3, style="{style}")
+        except MemoryError:
+            print("MemoryError")
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        print((q == 1).all(), (k == 1).all())
+        fastpe.reference.apply_rope(q, k, offset=3, style="{style}")   # room again: rotated
+        print((q == 1).all(), (k == 1).all())
+    """, timeout=120)
+    assert proc.stdout.split() == ["MemoryError", "True", "True", "False", "False"], (
+        proc.stdout, proc.stderr[-2000:])
+
+
 @pytest.mark.skipif(not COMPILED, reason="the compiled extension is not built")
 @pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer's shadow memory exceeds any address-space limit")
 def test_work_space_grows_with_the_work_not_the_width():
