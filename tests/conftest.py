@@ -565,6 +565,13 @@ def clean_env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
+def floats_past_a_boundary(size: int, shift: int, fill: float) -> tuple[np.ndarray, int]:
+    """A float32 buffer of `fill` with room for `size` floats starting `shift` (0 to 7)
+    floats past a 32-byte boundary, and that start."""
+    buf = np.full(size + 16, fill, np.float32)
+    return buf, (-(buf.ctypes.data // 4)) % 8 + shift
+
+
 def run_python(code: str, *args: str, timeout: float = 60,
                **env: str | None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (environment from clean_env(**env))."""

@@ -23,6 +23,7 @@ from conftest import (
     awkward_params,
     awkward_values,
     describe,
+    floats_past_a_boundary,
     half_edge_operands,
     is_bf16,
     kernel_copies,
@@ -411,6 +412,26 @@ def test_no_writes_outside_the_view(view, dtype, both_threads):
     ctx = f"add_learned on {view} view {describe(v)}, num_threads={both_threads}"
     assert_bytes_equal(big[~inside], before[~inside], ctx + ": outside the view")
     assert np.all(as_f64(big[inside]) == SENTINEL + 8), ctx + ": inside the view"
+
+
+@pytest.mark.parametrize("dim", [1, 3, 7, 8, 9, 16, 23, 37, 64, 1029])
+def test_rows_at_every_offset_from_a_vector_boundary(dim, both_threads):
+    """float32 rows starting 0 to 7 floats past a 32-byte boundary (the row adds take x's
+    elements up to the boundary one at a time, then whole vectors): each sum is x's
+    value plus its table row's in float32, rounded once, and nothing around x changes."""
+    rng = np.random.default_rng(21)
+    table = rng.uniform(-1, 1, (40, dim)).astype(np.float32)
+    for shift in range(8):
+        buf, start = floats_past_a_boundary(3 * 30 * dim, shift, SENTINEL)
+        x = buf[start:start + 3 * 30 * dim].reshape(3, 30, dim)
+        x[...] = rng.uniform(-3, 3, x.shape)
+        x0, before = x.copy(), buf.copy()
+        fastpe.add_learned(x, table, offset=5, num_threads=both_threads)
+        ctx = f"dim {dim}, {shift} floats past 32 bytes, num_threads={both_threads}"
+        assert_bytes_equal(x, x0 + table[5:35], ctx)
+        outside = np.ones(buf.size, bool)
+        outside[start:start + x.size] = False
+        assert_bytes_equal(buf[outside], before[outside], ctx + ": outside x")
 
 
 # ---- the compiled fast path --------------------------------------------------------------

@@ -31,6 +31,7 @@ from conftest import (
     cpu_vendor_id,
     describe,
     f32_fused_multiply_add,
+    floats_past_a_boundary,
     half_edge_operands,
     is_bf16,
     make_awkward,
@@ -365,6 +366,37 @@ def test_add_sinusoidal_equals_add_learned_of_the_table(shape, dtype, backend):
         got = fastpe.add_learned(x.copy(), table)
         want = fastpe.add_sinusoidal(x.copy())
     assert_bytes_equal(got, want, f"add_learned of the table, {shape} {dtype.__name__}")
+
+
+@pytest.mark.parametrize("dim", [7, 9, 37, 64, 1029])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_rows_at_every_offset_from_a_vector_boundary(batch, dim, both_threads):
+    """float32 x starting 0 to 7 floats past a 32-byte boundary (the PE rows made for the
+    adds sit at x's offset, and the adds walk x from the boundary): with scale 1 each
+    value is x plus the table's value in float32, rounded once; with scale 2.5 every
+    offset gives the bits of the first; nothing around x changes."""
+    rng = np.random.default_rng(22)
+    size = batch * 40 * dim
+    table = fastpe.sinusoidal_table(40, dim, dtype=np.float32)
+    scaled = None
+    for shift in range(8):
+        for scale in (1.0, 2.5):
+            buf, start = floats_past_a_boundary(size, shift, SENTINEL)
+            x = buf[start:start + size].reshape(batch, 40, dim)
+            x[...] = rng.uniform(-3, 3, x.shape) if scale == 1 else np.linspace(-3, 3, size
+                                                                                ).reshape(x.shape)
+            x0, before = x.copy(), buf.copy()
+            fastpe.add_sinusoidal(x, scale=scale, num_threads=both_threads)
+            ctx = f"{x.shape}, {shift} floats past 32 bytes, scale {scale}"
+            if scale == 1:
+                assert_bytes_equal(x, x0 + table, ctx)
+            elif scaled is None:
+                scaled = x.copy()
+            else:
+                assert_bytes_equal(x, scaled, ctx + ": against 0 floats past")
+            outside = np.ones(buf.size, bool)
+            outside[start:start + size] = False
+            assert_bytes_equal(buf[outside], before[outside], ctx + ": outside x")
 
 
 @pytest.mark.parametrize("backend", [pytest.param("cython", marks=needs_compiled), "numpy"])

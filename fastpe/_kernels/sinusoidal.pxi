@@ -290,9 +290,11 @@ cdef void sinusoidal_unit(const SinusoidalCall *a, store_t *x, Py_ssize_t unit,
     # bytes, so that the vector loops read and write both aligned (NumPy's buffers often
     # start 16 bytes into a line: the angles' every other access then split a cache line,
     # about 5% of an 8192 x 1024 table). A float64 table's pairs take twice the bytes of
-    # their angles: no shift aligns both, and its angles stay on 32 bytes.
+    # their angles: no shift aligns both, and its angles stay on 32 bytes. float32 PE
+    # rows made for adds sit at x's rows' offset likewise (32 * fblock bytes past the
+    # angles), as fpe_f32_madd_rows walks x's rows from a 32-byte boundary.
     cdef size_t shift = 0
-    if store_t is float and a.stream:
+    if store_t is float and (a.stream or not a.direct):
         shift = <size_t>(x + b0 * a.sb + t0 * a.ss) & 24
     cdef double *s = <double *>(work + shift)
     cdef double *c = s + a.fblock
