@@ -2425,32 +2425,37 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style, bf16
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
     """On AMD CPUs a call whose q and k hold more than 4 MiB takes its rows as streamed
-    from memory (256-bit float32 steps, a call per bfloat16 row), a smaller one as in
-    the caches; on Intel CPUs every call as in the caches: the same bits either way,
-    token block by token block, with the limit at 4 MiB and at either end."""
+    from memory (256-bit float32 steps, from a line boundary for rotate_half rows on Zen 3
+    and 4; a call per bfloat16 row), a smaller one as in the caches; on Intel CPUs every
+    call as in the caches: the same bits either way, token block by token block, with the
+    limit at 4 MiB and at either end, and streamed rows walked either way."""
     rng = np.random.default_rng(7)
     q0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
     k0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
     assert q0.nbytes + k0.nbytes > 4 << 20
     pos = np.arange(600) * 37
     kern = fastpe._backend.compiled
-    was = kern.rope_cached_bytes() if kern is not None else None
+    was = (kern.rope_cached_bytes(), kern.rotate_half_lines()) if kern is not None else None
     runs = []
     try:
-        for limit in ((4 << 20, 0, sys.maxsize) if kern is not None else (None,)):
-            if limit is not None:
+        for limit, lines in ([(4 << 20, False), (4 << 20, True), (0, False), (0, True),
+                              (sys.maxsize, False)] if kern is not None else [(None, None)]):
+            if kern is not None:
                 kern.rope_cached_bytes(limit)
+                kern.rotate_half_lines(lines)
             q, k = q0.copy(), k0.copy()
             whole_q, whole_k = q0.copy(), k0.copy()
             fastpe.apply_rope(whole_q, whole_k, pos, style=style)
             for t in range(0, 600, 50):
                 fastpe.apply_rope(q[:, t:t + 50], k[:, t:t + 50], pos[t:t + 50], style=style)
-            assert_bytes_equal(whole_q, q, f"q: one call vs blocks, limit {limit}")
-            assert_bytes_equal(whole_k, k, f"k: one call vs blocks, limit {limit}")
+            ctx = f"limit {limit}, rotate_half rows from a line boundary {lines}"
+            assert_bytes_equal(whole_q, q, f"q: one call vs blocks, {ctx}")
+            assert_bytes_equal(whole_k, k, f"k: one call vs blocks, {ctx}")
             runs.append(whole_q)
     finally:
-        if kern is not None:
-            kern.rope_cached_bytes(was)
+        if was is not None:
+            kern.rope_cached_bytes(was[0])
+            kern.rotate_half_lines(was[1])
     for other in runs[1:]:
         assert_bytes_equal(runs[0], other, "q: in the caches vs streamed")
 

@@ -78,6 +78,7 @@ cdef extern from "fastpe_math.h" nogil:
     void fpe_cpu_vendor(char *out)
     int fpe_cpu_family()
     Py_ssize_t fpe_rope_cached_bytes
+    int fpe_rotate_half_lines
     const char *FASTPE_ISA
     const char *FASTPE_COMPILE_FLAGS
     int FPE_HALF_NATIVE

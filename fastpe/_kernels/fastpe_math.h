@@ -1007,6 +1007,17 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
  * same bits. */
 static Py_ssize_t fpe_rope_cached_bytes = PY_SSIZE_T_MAX;
 
+/* Whether float32 rotate_half rows of a call past fpe_rope_cached_bytes (streamed from
+ * memory) take the walk from a line boundary too, not 256-bit steps from their start.
+ * Set at import by the CPU's vendor and family (kernels.pyx): on AMD's family 25 (Zen 3
+ * and Zen 4) only. On a Zen 5 the walk from a boundary took 1.3x the time of steps from
+ * the start (a Llama 3 prefill, q and k of different head counts); on a Zen 4 (avx2
+ * kernels, interleaved rounds in one process) 0.92x with k of 8 heads and 0.97x with k
+ * of 32 (float16 and bfloat16 rows, which it does not touch, took 1.15-1.2x with their
+ * adjacent pairs in the caches' form). The same operations on every element, the same
+ * bits. */
+static int fpe_rotate_half_lines = 0;
+
 /* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
  * at feature `at`, in vectors of type VT, and one feature (pair) at a time: every row
  * walk below is made of these, so each element gets the same operations whatever
@@ -1514,7 +1525,7 @@ static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *
      * takes it as that) and adjacent pairs: rotate_half rows streamed from memory (a
      * Llama 3 prefill's, q and k of different head counts) took 1.3x the time that
      * way on a Zen 5, adjacent-pair ones 0.9x */
-    if ((wide || !neox)
+    if ((wide || !neox || fpe_rotate_half_lines)
             && fpe_rotate_heads_f32_lines(q, hq, qh, k, hk, kh, c, s, kc, ks, half, neox))
         return;
 #else

@@ -92,6 +92,17 @@ def rope_cached_bytes(object limit=None):
     return fpe_rope_cached_bytes
 
 
+def rotate_half_lines(object on=None):
+    """Whether float32 rotate_half rows of calls past rope_cached_bytes (streamed from
+    memory) walk from a cache line boundary: on AMD's family 25 (Zen 3 and Zen 4) from
+    import (fastpe_math.h says why); `on` sets it, for measurements and tests. The same
+    bits either way."""
+    global fpe_rotate_half_lines
+    if on is not None:
+        fpe_rotate_half_lines = 1 if on else 0
+    return bool(fpe_rotate_half_lines)
+
+
 def bf16_hardware_narrowing(object on=None):
     """Whether the vector loops of bfloat16 results (RoPE rows, the sinusoidal and learned
     adds, ALiBi) narrow float32 by AVX512_BF16's VCVTNE2PS2BF16 (avx2 and avx512
@@ -117,6 +128,8 @@ else:
     sinusoidal_staging(1 << 20, 4, EARLY_ROWS)
 # Intel only: on a Zen 4 the adds took 0.73-0.94x the time without (common.pxi)
 row_prefetch(cpu_vendor() == "GenuineIntel")
+# Zen 3 and Zen 4 only: on a Zen 5 it took 1.3x the time (fastpe_math.h)
+rotate_half_lines(cpu_vendor() == "AuthenticAMD" and cpu_family() == 25)
 
 
 def openmp_max_threads():
