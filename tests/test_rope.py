@@ -2462,6 +2462,46 @@ def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("shape", [(32, 1, 8, 128), (1, 70, 4, 64), (3, 5, 2, 96)], ids=str)
+def test_q_alone_gets_the_bits_of_q_beside_k(shape, style, dtype):
+    """q rotated alone (k None: a model rotating q and k in calls of their own) gets the
+    bits it gets beside k, whatever its offset from a cache line and k's, positions per
+    sequence or shared, in the caches or streamed, rotate_half rows either walk."""
+    rng = np.random.default_rng(31)
+    size = int(np.prod(shape))
+    pos = rng.integers(0, 50000, shape[:2])
+    kern = fastpe._backend.compiled
+    was = (kern.rope_cached_bytes(), kern.rotate_half_lines()) if kern is not None else None
+    try:
+        for limit, lines in ([(sys.maxsize, False), (0, False), (0, True)] if kern is not None
+                             else [(None, None)]):
+            if kern is not None:
+                kern.rope_cached_bytes(limit)
+                kern.rotate_half_lines(lines)
+            for q_at, k_at in [(0, 0), (4, 4), (0, 12), (3, 1)]:
+                qb = np.zeros(size + 16, dtype)
+                kb = np.zeros(size + 16, dtype)
+                q = qb[q_at:q_at + size].reshape(shape)
+                k = kb[k_at:k_at + size].reshape(shape)
+                q[...] = rng.standard_normal(shape).astype(dtype)
+                k[...] = rng.standard_normal(shape).astype(dtype)
+                alone = q.copy()
+                fastpe.apply_rope(alone, None, pos, style=style)
+                fastpe.apply_rope(q, k, pos, style=style)
+                ctx = f"{shape} q at +{q_at}, k at +{k_at}, limit {limit}, lines {lines}"
+                assert_bytes_equal(alone, q, ctx)
+                shared = q.copy()
+                fastpe.apply_rope(shared, None, offset=9, style=style)
+                fastpe.apply_rope(q, k, offset=9, style=style)
+                assert_bytes_equal(shared, q, ctx + ", positions from offset")
+    finally:
+        if was is not None:
+            kern.rope_cached_bytes(was[0])
+            kern.rotate_half_lines(was[1])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("style", STYLES)
 def test_heads_one_after_another_give_the_bits_of_tokens_one_after_another(dtype, style):
     """(batch, heads, seq, dim) arrays are rotated several heads a token at a time over
     units of up to 256 tokens (their cos and sin rows seeded every 32 tokens), the

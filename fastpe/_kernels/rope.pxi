@@ -304,42 +304,46 @@ cdef inline void rotate_tokens_qk(const RopeCall *a, store_t *q, store_t *k, Py_
     """Rotate ntok tokens of q and k (both laid out token by token), head h of q
     beside head h of k: two streams in flight hide more memory latency than one
     after the other. kctab, kstab: the same rows as ctab, stab, placed at k's offset
-    from a cache line (float32 rows of unit stride; or ctab, stab)."""
+    from a cache line (float32 rows of unit stride; or ctab, stab). k is NULL where q
+    is rotated alone (a.hk 0)."""
     cdef Py_ssize_t t, h, heads = max(a.hq, a.hk)
     cdef const real_t *c
     cdef const real_t *s
+    cdef store_t *kt = NULL
     # rows of unit stride, rotated where they are (float16 and bfloat16 widened in
     # registers): every head of a token in one call (fastpe_math.h)
-    cdef bint unit = a.qd == 1 and a.kd == 1
+    cdef bint unit = a.qd == 1 and (a.hk == 0 or a.kd == 1)
     cdef bint direct = unit and ((store_t is float and real_t is float)
                                  or (store_t is double and real_t is double))
     for t in range(ntok):
         c = ctab + t * a.width
         s = stab + t * a.width
+        if a.hk:
+            kt = k + t * a.ks
         if real_t is float and direct:
-            fpe_rotate_heads_f32(<float *>(q + t * a.qs), a.hq, a.qh, <float *>(k + t * a.ks),
+            fpe_rotate_heads_f32(<float *>(q + t * a.qs), a.hq, a.qh, <float *>kt,
                                  a.hk, a.kh, c, s, kctab + t * a.width, kstab + t * a.width,
                                  a.half, a.neox, a.cached)
             continue
         if real_t is double and direct:
             fpe_rotate_heads_f64(<double *>(q + t * a.qs), a.hq, a.qh,
-                                 <double *>(k + t * a.ks), a.hk, a.kh, c, s, a.half, a.neox)
+                                 <double *>kt, a.hk, a.kh, c, s, a.half, a.neox)
             continue
         if real_t is float and store_t is fpe_f16 and FPE_HALF_ROTATE and unit:
             fpe_rotate_heads_f16(<fpe_f16 *>(q + t * a.qs), a.hq, a.qh,
-                                 <fpe_f16 *>(k + t * a.ks), a.hk, a.kh, c, s, a.half, a.neox,
+                                 <fpe_f16 *>kt, a.hk, a.kh, c, s, a.half, a.neox,
                                  a.cached)
             continue
         if real_t is float and store_t is fpe_bf16 and FPE_HALF_ROTATE and unit:
             fpe_rotate_heads_bf16(<fpe_bf16 *>(q + t * a.qs), a.hq, a.qh,
-                                  <fpe_bf16 *>(k + t * a.ks), a.hk, a.kh, c, s, a.half,
+                                  <fpe_bf16 *>kt, a.hk, a.kh, c, s, a.half,
                                   a.neox, a.cached)
             continue
         for h in range(heads):
             if h < a.hq:
                 rotate_row(q + h * a.qh + t * a.qs, a.qd, c, s, a.half, a.neox, a.cached, tmp)
             if h < a.hk:
-                rotate_row(k + h * a.kh + t * a.ks, a.kd, c, s, a.half, a.neox, a.cached, tmp)
+                rotate_row(kt + h * a.kh, a.kd, c, s, a.half, a.neox, a.cached, tmp)
 
 
 cdef inline void rotate_heads_two(store_t *base, Py_ssize_t heads, Py_ssize_t sh,
@@ -436,10 +440,18 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
     if store_t is fpe_bf16 and real_t is float and a.w == NULL:
         fpe_f32_nan_tops(ctab, ntok * a.width)   # a caller's cache (fastpe_math.h)
         fpe_f32_nan_tops(stab, ntok * a.width)
-    if (a.hk and not a.q_token_inner and not a.k_token_inner
-            and not a.q_across and not a.k_across):
-        kfirst = k + b * a.kb + t0 * a.ks
-        if (store_t is float and real_t is float and a.qd == 1 and a.kd == 1
+    # float32 and float64 q alone (no k, or k in a call of its own) takes the loops of q
+    # beside k too: a batched decode's q and k rotated in two calls took 1.32x the time
+    # of one call (a row at a time through rotate_heads; on an AMD Zen 4, avx2 kernels,
+    # float32 (32, 1, 32, 128)), and 1.1x for a prefill. Half-precision rows alone keep
+    # rotate_heads: bfloat16 adjacent pairs there and beside k take a NaN of a caller's
+    # cos and sin from different operands (another payload)
+    if (not a.q_token_inner and not a.q_across
+            and ((a.hk and not a.k_token_inner and not a.k_across)
+                 or (a.hk == 0 and (store_t is float or store_t is double)))):
+        if a.hk:
+            kfirst = k + b * a.kb + t0 * a.ks
+        if (store_t is float and real_t is float and a.hk and a.qd == 1 and a.kd == 1
                 and (<size_t>kfirst - <size_t>first) % (LINE_FLOATS * sizeof(float))):
             # k's rows at another offset from a line than q's: a copy of the rows at
             # k's offset
