@@ -2465,8 +2465,9 @@ def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
 @pytest.mark.parametrize("shape", [(32, 1, 8, 128), (1, 70, 4, 64), (3, 5, 2, 96)], ids=str)
 def test_q_alone_gets_the_bits_of_q_beside_k(shape, style, dtype):
     """q rotated alone (k None: a model rotating q and k in calls of their own) gets the
-    bits it gets beside k, whatever its offset from a cache line and k's, positions per
-    sequence or shared, in the caches or streamed, rotate_half rows either walk."""
+    bits it gets beside k, and k likewise, whatever their offsets from a cache line (one
+    walk for both, or each its own where they differ), positions per sequence or shared,
+    in the caches or streamed, rotate_half rows either walk."""
     rng = np.random.default_rng(31)
     size = int(np.prod(shape))
     pos = rng.integers(0, 50000, shape[:2])
@@ -2485,11 +2486,13 @@ def test_q_alone_gets_the_bits_of_q_beside_k(shape, style, dtype):
                 k = kb[k_at:k_at + size].reshape(shape)
                 q[...] = rng.standard_normal(shape).astype(dtype)
                 k[...] = rng.standard_normal(shape).astype(dtype)
-                alone = q.copy()
+                alone, k_alone = q.copy(), k.copy()
                 fastpe.apply_rope(alone, None, pos, style=style)
+                fastpe.apply_rope(k_alone, None, pos, style=style)
                 fastpe.apply_rope(q, k, pos, style=style)
                 ctx = f"{shape} q at +{q_at}, k at +{k_at}, limit {limit}, lines {lines}"
                 assert_bytes_equal(alone, q, ctx)
+                assert_bytes_equal(k_alone, k, ctx + ": k")
                 shared = q.copy()
                 fastpe.apply_rope(shared, None, offset=9, style=style)
                 fastpe.apply_rope(q, k, offset=9, style=style)
