@@ -1012,10 +1012,10 @@ static Py_ssize_t fpe_rope_cached_bytes = PY_SSIZE_T_MAX;
  * Set at import by the CPU's vendor and family (kernels.pyx): on AMD's family 25 (Zen 3
  * and Zen 4) only. On a Zen 5 the walk from a boundary took 1.3x the time of steps from
  * the start (a Llama 3 prefill, q and k of different head counts); on a Zen 4 (avx2
- * kernels, interleaved rounds in one process) 0.92x with k of 8 heads and 0.97x with k
- * of 32 (float16 and bfloat16 rows, which it does not touch, took 1.15-1.2x with their
- * adjacent pairs in the caches' form). The same operations on every element, the same
- * bits. */
+ * kernels, interleaved rounds in one process) 0.84-0.87x with k of 8 heads and
+ * 0.95-0.97x with k of 32. Only these rows: every row of such a prefill taken as in the
+ * caches (fpe_rope_cached_bytes unbounded) made float16 and bfloat16 adjacent pairs
+ * take 1.15-1.2x the time there. The same operations on every element, the same bits. */
 static int fpe_rotate_half_lines = 0;
 
 /* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
