@@ -1015,7 +1015,8 @@ static Py_ssize_t fpe_rope_cached_bytes = PY_SSIZE_T_MAX;
  * kernels, interleaved rounds in one process) 0.84-0.87x with k of 8 heads and
  * 0.95-0.97x with k of 32. Only these rows: every row of such a prefill taken as in the
  * caches (fpe_rope_cached_bytes unbounded) made float16 and bfloat16 adjacent pairs
- * take 1.15-1.2x the time there. The same operations on every element, the same bits. */
+ * take 1.15-1.2x the time there. The same operations on every element, the same bits
+ * (which payload a result keeps where two NaNs meet aside: the walks pick it apart). */
 static int fpe_rotate_half_lines = 0;
 
 /* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
