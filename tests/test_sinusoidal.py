@@ -378,13 +378,13 @@ def test_rows_at_every_offset_from_a_vector_boundary(batch, dim, both_threads):
     rng = np.random.default_rng(22)
     size = batch * 40 * dim
     table = fastpe.sinusoidal_table(40, dim, dtype=np.float32)
+    ramp = np.linspace(-3, 3, size).reshape(batch, 40, dim)
     scaled = None
     for shift in range(8):
         for scale in (1.0, 2.5):
             buf, start = floats_past_a_boundary(size, shift, SENTINEL)
             x = buf[start:start + size].reshape(batch, 40, dim)
-            x[...] = rng.uniform(-3, 3, x.shape) if scale == 1 else np.linspace(-3, 3, size
-                                                                                ).reshape(x.shape)
+            x[...] = rng.uniform(-3, 3, x.shape) if scale == 1 else ramp
             x0, before = x.copy(), buf.copy()
             fastpe.add_sinusoidal(x, scale=scale, num_threads=both_threads)
             ctx = f"{x.shape}, {shift} floats past 32 bytes, scale {scale}"
