@@ -1505,23 +1505,6 @@ static FPE_NOINLINE int fpe_rotate_heads_f32_lines512(
 #endif
 #endif
 
-#if FPE_PAIRS_AVX2
-/* fpe_rotate_heads_f32's walk from a line boundary of one tensor's heads alone */
-static FPE_ALWAYS_INLINE int fpe_rotate_heads_f32_lines_alone(float *x, Py_ssize_t hx,
-                                                              Py_ssize_t xh, const float *c,
-                                                              const float *s, Py_ssize_t half,
-                                                              int neox, int wide)
-{
-#if defined(__AVX512F__)
-    if (wide)
-        return fpe_rotate_heads_f32_lines512(x, hx, xh, NULL, 0, 0, c, s, NULL, NULL, half,
-                                             neox);
-#endif
-    (void)wide;
-    return fpe_rotate_heads_f32_lines(x, hx, xh, NULL, 0, 0, c, s, NULL, NULL, half, neox);
-}
-#endif
-
 static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *k,
                                  Py_ssize_t hk, Py_ssize_t kh,
                                  const float *FPE_RESTRICT c, const float *FPE_RESTRICT s,
@@ -1531,14 +1514,15 @@ static void fpe_rotate_heads_f32(float *q, Py_ssize_t hq, Py_ssize_t qh, float *
     const Py_ssize_t group = 1;
 #if FPE_PAIRS_AVX2
     /* rows in the caches whose q and k lie at different offsets from a step's boundary:
-     * k's heads first in a walk of their own, then q's, each unrolled for its own offset,
-     * where one walk beside the other took its offsets at run time: a (32, 1, 32, 128)
-     * batched decode with q on a line and k 16 bytes past one took 1.2x the time of both
-     * on a line (AMD Zen 4, avx2 kernels) */
+     * k's heads first in a call of their own, then q's, each walk unrolled for its own
+     * offset, where one walk beside the other took its offsets at run time: a (32, 1,
+     * 32, 128) batched decode with q on a line and k 16 bytes past one took 1.2x the
+     * time of both on a line (AMD Zen 4, avx2 kernels) */
     const uintptr_t step_bytes = (uintptr_t)FPE_STEP_FLOATS(wide) * sizeof(float);
-    if (wide && hq && hk && (((uintptr_t)q ^ (uintptr_t)k) & (step_bytes - 1))
-            && fpe_rotate_heads_f32_lines_alone(k, hk, kh, kc, ks, half, neox, wide))
+    if (wide && hq && hk && (((uintptr_t)q ^ (uintptr_t)k) & (step_bytes - 1))) {
+        fpe_rotate_heads_f32(k, hk, kh, NULL, 0, 0, kc, ks, NULL, NULL, half, neox, wide);
         hk = 0;
+    }
 #endif
     const Py_ssize_t heads = hq > hk ? hq : hk;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)

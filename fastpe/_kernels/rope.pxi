@@ -451,16 +451,16 @@ cdef void rope_block(const RopeCall *a, store_t *q, store_t *k, Py_ssize_t unit,
                  or (a.hk == 0 and (store_t is float or store_t is double)))):
         if a.hk:
             kfirst = k + b * a.kb + t0 * a.ks
-        if (store_t is float and real_t is float and a.hk and a.qd == 1 and a.kd == 1
-                and (<size_t>kfirst - <size_t>first) % (LINE_FLOATS * sizeof(float))):
-            # k's rows at another offset from a line than q's: a copy of the rows at
-            # k's offset
-            kctab = tmp + 2 * a.half * a.tmp_rows
-            kctab += (<size_t>kfirst // sizeof(float)
-                      - <size_t>kctab // sizeof(float)) % LINE_FLOATS
-            kstab = kctab + rows
-            memcpy(kctab, ctab, ntok * a.width * sizeof(float))
-            memcpy(kstab, stab, ntok * a.width * sizeof(float))
+            if (store_t is float and real_t is float and a.qd == 1 and a.kd == 1
+                    and (<size_t>kfirst - <size_t>first) % (LINE_FLOATS * sizeof(float))):
+                # k's rows at another offset from a line than q's: a copy of the rows at
+                # k's offset
+                kctab = tmp + 2 * a.half * a.tmp_rows
+                kctab += (<size_t>kfirst // sizeof(float)
+                          - <size_t>kctab // sizeof(float)) % LINE_FLOATS
+                kstab = kctab + rows
+                memcpy(kctab, ctab, ntok * a.width * sizeof(float))
+                memcpy(kstab, stab, ntok * a.width * sizeof(float))
         rotate_tokens_qk(a, first, kfirst, ntok, ctab, stab, kctab, kstab, tmp)
         return
     rotate_heads(first, a.hq, a.qh, a.qs, a.qd, ntok, a.q_token_inner,
