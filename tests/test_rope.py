@@ -22,6 +22,7 @@ for sequences under 32 tokens corrupted memory at commit ee8c113.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import sys
@@ -2421,6 +2422,25 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style, bf16
                                    atol=2e-2 if is_bf16(dtype) else 4e-3)
 
 
+@contextlib.contextmanager
+def rope_walks(limit, lines):
+    """The compiled kernels' RoPE walks set for a block (rope_cached_bytes: the largest
+    call taken as in the caches; rotate_half_lines: streamed rotate_half rows from a line
+    boundary), the import-time choices restored after it; nothing without them."""
+    kern = fastpe._backend.compiled
+    if kern is None:
+        yield
+        return
+    was = kern.rope_cached_bytes(), kern.rotate_half_lines()
+    kern.rope_cached_bytes(limit)
+    kern.rotate_half_lines(lines)
+    try:
+        yield
+    finally:
+        kern.rope_cached_bytes(was[0])
+        kern.rotate_half_lines(was[1])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16] + ([BF16] if BF16 is not None else []))
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
@@ -2434,28 +2454,19 @@ def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
     k0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
     assert q0.nbytes + k0.nbytes > 4 << 20
     pos = np.arange(600) * 37
-    kern = fastpe._backend.compiled
-    was = (kern.rope_cached_bytes(), kern.rotate_half_lines()) if kern is not None else None
     runs = []
-    try:
-        for limit, lines in ([(4 << 20, False), (4 << 20, True), (0, False), (0, True),
-                              (sys.maxsize, False)] if kern is not None else [(None, None)]):
-            if kern is not None:
-                kern.rope_cached_bytes(limit)
-                kern.rotate_half_lines(lines)
+    for limit, lines in [(4 << 20, False), (4 << 20, True), (0, False), (0, True),
+                         (sys.maxsize, False)]:
+        with rope_walks(limit, lines):
             q, k = q0.copy(), k0.copy()
             whole_q, whole_k = q0.copy(), k0.copy()
             fastpe.apply_rope(whole_q, whole_k, pos, style=style)
             for t in range(0, 600, 50):
                 fastpe.apply_rope(q[:, t:t + 50], k[:, t:t + 50], pos[t:t + 50], style=style)
-            ctx = f"limit {limit}, rotate_half rows from a line boundary {lines}"
-            assert_bytes_equal(whole_q, q, f"q: one call vs blocks, {ctx}")
-            assert_bytes_equal(whole_k, k, f"k: one call vs blocks, {ctx}")
-            runs.append(whole_q)
-    finally:
-        if was is not None:
-            kern.rope_cached_bytes(was[0])
-            kern.rotate_half_lines(was[1])
+        ctx = f"limit {limit}, rotate_half rows from a line boundary {lines}"
+        assert_bytes_equal(whole_q, q, f"q: one call vs blocks, {ctx}")
+        assert_bytes_equal(whole_k, k, f"k: one call vs blocks, {ctx}")
+        runs.append(whole_q)
     for other in runs[1:]:
         assert_bytes_equal(runs[0], other, "q: in the caches vs streamed")
 
@@ -2471,14 +2482,8 @@ def test_q_alone_gets_the_bits_of_q_beside_k(shape, style, dtype):
     rng = np.random.default_rng(31)
     size = int(np.prod(shape))
     pos = rng.integers(0, 50000, shape[:2])
-    kern = fastpe._backend.compiled
-    was = (kern.rope_cached_bytes(), kern.rotate_half_lines()) if kern is not None else None
-    try:
-        for limit, lines in ([(sys.maxsize, False), (0, False), (0, True)] if kern is not None
-                             else [(None, None)]):
-            if kern is not None:
-                kern.rope_cached_bytes(limit)
-                kern.rotate_half_lines(lines)
+    for limit, lines in [(sys.maxsize, False), (0, False), (0, True)]:
+        with rope_walks(limit, lines):
             for q_at, k_at in [(0, 0), (4, 4), (0, 12), (3, 1)]:
                 qb = np.zeros(size + 16, dtype)
                 kb = np.zeros(size + 16, dtype)
@@ -2497,10 +2502,6 @@ def test_q_alone_gets_the_bits_of_q_beside_k(shape, style, dtype):
                 fastpe.apply_rope(shared, None, offset=9, style=style)
                 fastpe.apply_rope(q, k, offset=9, style=style)
                 assert_bytes_equal(shared, q, ctx + ", positions from offset")
-    finally:
-        if was is not None:
-            kern.rope_cached_bytes(was[0])
-            kern.rotate_half_lines(was[1])
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
