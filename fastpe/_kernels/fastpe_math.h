@@ -1022,38 +1022,63 @@ static int fpe_rotate_half_lines = 0;
 /* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
  * at feature `at`, in vectors of type VT, and one feature (pair) at a time: every row
  * walk below is made of these, so each element gets the same operations whatever
- * the walk. */
+ * the walk. Where `rows` is 2 each step also takes row x2 (second half y2), by the same
+ * cos and sin (fpe_rotate_heads_f32_lines_w: two rows a load of them); where it is 1,
+ * x2 and y2 are not read. */
+#define FPE_HALF_ONE_OF(X, Y, at)                                                      \
+    do {                                                                               \
+        const float a_ = (X)[at], b_ = (Y)[at];                                        \
+        (X)[at] = FPE_HALF_X_F(a_, c[at], b_, s[at]);                                  \
+        (Y)[at] = FPE_HALF_Y_F(a_, c[at], b_, s[at]);                                  \
+    } while (0)
 #define FPE_HALF_ONE(at)                                                               \
     do {                                                                               \
-        const float a_ = x[at], b_ = y[at];                                            \
-        x[at] = FPE_HALF_X_F(a_, c[at], b_, s[at]);                                    \
-        y[at] = FPE_HALF_Y_F(a_, c[at], b_, s[at]);                                    \
+        FPE_HALF_ONE_OF(x, y, at);                                                     \
+        if (rows == 2) FPE_HALF_ONE_OF(x2, y2, at);                                    \
     } while (0)
 
+#define FPE_PAIR_ONE_OF(X, at)                                                         \
+    do {                                                                               \
+        const float a_ = (X)[at], b_ = (X)[(at) + 1];                                  \
+        (X)[at] = FPE_PAIR_MADD_F(a_, c[at], b_, s[at]);                               \
+        (X)[(at) + 1] = FPE_PAIR_MADD_F(b_, c[(at) + 1], a_, s[(at) + 1]);             \
+    } while (0)
 #define FPE_PAIR_ONE(at)                                                               \
     do {                                                                               \
-        const float a_ = x[at], b_ = x[(at) + 1];                                      \
-        x[at] = FPE_PAIR_MADD_F(a_, c[at], b_, s[at]);                                 \
-        x[(at) + 1] = FPE_PAIR_MADD_F(b_, c[(at) + 1], a_, s[(at) + 1]);               \
+        FPE_PAIR_ONE_OF(x, at);                                                        \
+        if (rows == 2) FPE_PAIR_ONE_OF(x2, at);                                        \
     } while (0)
 
 #if FPE_PAIRS_AVX2
-#define FPE_HALF_STEP(VT, LOAD, STORE, FMSUB, FMADD, MUL, at)                          \
+/* the step of row X (second half Y) by the cos and sin vectors c_ and s_ */
+#define FPE_HALF_STEP_OF(VT, LOAD, STORE, FMSUB, FMADD, MUL, X, Y, at)                 \
     do {                                                                               \
-        VT a_ = LOAD(x + (at));                                                        \
-        float *yj_ = y + (at);                                                         \
+        VT a_ = LOAD((X) + (at));                                                      \
+        float *yj_ = (Y) + (at);                                                       \
         FPE_LOADED_FIRST(a_, yj_);                                                     \
-        const VT b_ = LOAD(yj_), c_ = LOAD(c + (at)), s_ = LOAD(s + (at));             \
-        STORE(x + (at), FMSUB(a_, c_, MUL(b_, s_)));                                   \
+        const VT b_ = LOAD(yj_);                                                       \
+        STORE((X) + (at), FMSUB(a_, c_, MUL(b_, s_)));                                 \
         STORE(yj_, FMADD(b_, c_, MUL(a_, s_)));                                        \
     } while (0)
 
+#define FPE_HALF_STEP(VT, LOAD, STORE, FMSUB, FMADD, MUL, at)                          \
+    do {                                                                               \
+        const VT c_ = LOAD(c + (at)), s_ = LOAD(s + (at));                             \
+        FPE_HALF_STEP_OF(VT, LOAD, STORE, FMSUB, FMADD, MUL, x, y, at);                \
+        if (rows == 2) FPE_HALF_STEP_OF(VT, LOAD, STORE, FMSUB, FMADD, MUL, x2, y2, at); \
+    } while (0)
+
 /* PERMUTE(v, 0xB1): lanes 1 0 3 2 ..., each feature's partner */
+#define FPE_PAIRS_STEP_OF(VT, STORE, PERMUTE, FMADD, MUL, X, v_, at)                   \
+    STORE((X) + (at), FMADD(PERMUTE(v_, 0xB1), s_, MUL(v_, c_)))
 #define FPE_PAIRS_STEP(VT, LOAD, STORE, PERMUTE, FMADD, MUL, at)                       \
     do {                                                                               \
-        const VT v_ = LOAD(x + (at));                                                  \
-        STORE(x + (at), FMADD(PERMUTE(v_, 0xB1), LOAD(s + (at)),                      \
-                              MUL(v_, LOAD(c + (at)))));                               \
+        const VT v_ = LOAD(x + (at)), s_ = LOAD(s + (at)), c_ = LOAD(c + (at));        \
+        FPE_PAIRS_STEP_OF(VT, STORE, PERMUTE, FMADD, MUL, x, v_, at);                  \
+        if (rows == 2) {                                                               \
+            const VT w_ = LOAD(x2 + (at));                                             \
+            FPE_PAIRS_STEP_OF(VT, STORE, PERMUTE, FMADD, MUL, x2, w_, at);             \
+        }                                                                              \
     } while (0)
 
 #define FPE_HALF_STEP4(at) FPE_HALF_STEP(__m128, _mm_loadu_ps, _mm_storeu_ps,          \
@@ -1128,8 +1153,10 @@ static int fpe_rotate_half_lines = 0;
 static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_w(float *x, const float *c, const float *s,
                                                    Py_ssize_t half, int wide)
 {
-    float *y = x + half;
+    float *y = x + half, *const x2 = x, *const y2 = y;
+    const int rows = 1;
     Py_ssize_t j = 0;
+    (void)x2; (void)y2;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     /* the avx512 variant: 16 pairs at a time first, the same operations per element */
     for (; wide && j + 16 <= half; j += 16) FPE_HALF_STEP16(j);
@@ -1184,7 +1211,10 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f64_n(double *x, const double *c, 
 static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_w(float *x, const float *c, const float *s,
                                                     Py_ssize_t n, int wide)
 {
+    float *const x2 = x;
+    const int rows = 1;
     Py_ssize_t i = 0;
+    (void)x2;
 #if FPE_PAIRS_AVX2 && defined(__AVX512F__)
     for (; wide && i + 16 <= n; i += 16) FPE_PAIRS_STEP16(i);
 #endif
@@ -1394,12 +1424,14 @@ static FPE_ALWAYS_INLINE Py_ssize_t fpe_step_lead(const float *x, Py_ssize_t ste
         for (; j + (unit) <= (n); j += (unit)) ONE(j);                                 \
     } while (0)
 
-/* `wide` and usually `half` and `lead` are constants where this is inlined */
-static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c,
+/* row x, and where `rows` is 2 row x2 at the same offset from a line, each step of both
+ * by one load of the cos and sin; `wide`, `rows` and usually `half` and `lead` are
+ * constants where this is inlined */
+static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, float *x2, const float *c,
                                                         const float *s, Py_ssize_t half,
-                                                        Py_ssize_t lead, int wide)
+                                                        Py_ssize_t lead, int wide, int rows)
 {
-    float *y = x + half;
+    float *y = x + half, *y2 = x2 + half;
     Py_ssize_t j = 0;
     if (lead > half) lead = half;
     FPE_LINES_WALK(j, half, lead, 1, FPE_HALF_ONE, FPE_HALF_STEP4, FPE_HALF_STEP8,
@@ -1407,9 +1439,9 @@ static FPE_ALWAYS_INLINE void fpe_rotate_half_f32_lines(float *x, const float *c
 }
 
 /* adjacent pairs: the lead rounded down to whole pairs */
-static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, const float *c,
+static FPE_ALWAYS_INLINE void fpe_rotate_pairs_f32_lines(float *x, float *x2, const float *c,
                                                          const float *s, Py_ssize_t n,
-                                                         Py_ssize_t lead, int wide)
+                                                         Py_ssize_t lead, int wide, int rows)
 {
     Py_ssize_t i = 0;
     lead &= ~(Py_ssize_t)1;
@@ -1448,17 +1480,33 @@ static FPE_ALWAYS_INLINE int fpe_rotate_heads_f32_lines_w(
      * this walk only in the caches) asked for theirs the same way took 1.1x. */
     const int ahead = !neox && !wide;
     const Py_ssize_t row_bytes = 2 * half * (Py_ssize_t)sizeof(float);
+    /* head h of q beside head h of k where k's rows take q's cos and sin (at one offset
+     * from a line), both by one load of them. On an AMD Zen 4 (avx2 kernels, float32
+     * (32, 1, 32, 128) q and k of a batched decode, in the caches) that took 0.93-0.95x
+     * the time of a load for each row, adjacent pairs 0.91x; two heads of q alone so
+     * took 1.03x, and go a row at a time, as do q and k at different offsets. */
+    const int shared = kc == c && ks == s;
     Py_ssize_t h;
 #define FPE_LINES_LOOP(fn, n, lead_q, lead_k)                                          \
     do {                                                                               \
-        for (h = 0; h < both; h++) {                                                   \
-            if (ahead) fpe_prefetch_lines(q + h * qh, FPE_ROW_AHEAD, row_bytes, 0);   \
-            fn(q + h * qh, c, s, n, lead_q, wide);                                     \
-            if (ahead) fpe_prefetch_lines(k + h * kh, FPE_ROW_AHEAD, row_bytes, 0);   \
-            fn(k + h * kh, kc, ks, n, lead_k, wide);                                   \
+        if (shared) {                                                                  \
+            for (h = 0; h < both; h++) {                                               \
+                if (ahead) {                                                           \
+                    fpe_prefetch_lines(q + h * qh, FPE_ROW_AHEAD, row_bytes, 0);      \
+                    fpe_prefetch_lines(k + h * kh, FPE_ROW_AHEAD, row_bytes, 0);      \
+                }                                                                      \
+                fn(q + h * qh, k + h * kh, c, s, n, lead_q, wide, 2);                  \
+            }                                                                          \
+        } else {                                                                       \
+            for (h = 0; h < both; h++) {                                               \
+                if (ahead) fpe_prefetch_lines(q + h * qh, FPE_ROW_AHEAD, row_bytes, 0); \
+                fn(q + h * qh, q, c, s, n, lead_q, wide, 1);                           \
+                if (ahead) fpe_prefetch_lines(k + h * kh, FPE_ROW_AHEAD, row_bytes, 0); \
+                fn(k + h * kh, k, kc, ks, n, lead_k, wide, 1);                         \
+            }                                                                          \
         }                                                                              \
-        for (; h < hq; h++) fn(q + h * qh, c, s, n, lead_q, wide);                     \
-        for (; h < hk; h++) fn(k + h * kh, kc, ks, n, lead_k, wide);                   \
+        for (; h < hq; h++) fn(q + h * qh, q, c, s, n, lead_q, wide, 1);               \
+        for (; h < hk; h++) fn(k + h * kh, k, kc, ks, n, lead_k, wide, 1);             \
     } while (0)
     /* the common head widths, and q and k at one offset a multiple of 16 bytes (NumPy
      * allocations: 16 bytes past a line), unrolled whole */
