@@ -14,18 +14,20 @@
  *
  * The decode's rows are walked from their start 256 bits at a time, or from a line
  * boundary (fpe_rotate_heads_f32_lines' walk: the first 4 features, whole 256-bit steps,
- * the last 4), then with each sequence's 64 angles made before its rows
- * (fpe_sincos_f32). The sinusoidal add is timed as its parts (the rows made alone, the
+ * the last 4), a row at a time or head h of q and of k by one load of the cos and sin
+ * (the kernel's walk where q and k lie at one offset), then with each sequence's 64
+ * angles made before its rows (fpe_sincos_f32). The sinusoidal add is timed as its parts (the rows made alone, the
  * adds of rows already made alone) and as three ways of doing both: made a 1 MiB chunk
  * at a time, then added two batch rows at a time (fastpe's form on AMD's Zen 4); the next
  * chunk's rows made between runs of the current chunk's adds (a pair of rows every few
  * rows added); and 4 frequencies of the next rows made between every two lines added.
  * Where making the rows overlaps the adds' memory traffic, the last two take less time
  * than the first; where they take more, the parts' sum bounds the call on that CPU.
- * Build and run (x86-64 with AVX2 and FMA):
+ * Build and run (x86-64 with AVX2 and FMA; every loop on a 64-byte block, as the kernels
+ * are built: the in-place pass straddling two took 1.3x the time on an AMD Zen 4):
  *
- *   cc -O3 -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast -fno-math-errno \
- *      -o /tmp/angles_bound bench/angles_bound.c -lm && /tmp/angles_bound
+ *   cc -O3 -falign-loops=64 -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast \
+ *      -fno-math-errno -o /tmp/angles_bound bench/angles_bound.c -lm && /tmp/angles_bound
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -141,6 +143,29 @@ static inline void row_from_line(float *a, const float *c, const float *s)
     ROTATE4(HALF - 4);
 }
 
+/* rows a and a2 at one offset from a line, each step of both by one load of c and s */
+#define ROTATE_TWO(j, W, VT, LOAD, STORE, FMSUB, FMADD, MUL)                           \
+    do {                                                                               \
+        const VT c_ = LOAD(c + (j)), s_ = LOAD(s + (j));                               \
+        for (int r_ = 0; r_ < 2; r_++) {                                               \
+            float *x_ = r_ ? a2 : a, *y_ = x_ + HALF;                                  \
+            const VT a_ = LOAD(x_ + (j)), b_ = LOAD(y_ + (j));                         \
+            STORE(x_ + (j), FMSUB(a_, c_, MUL(b_, s_)));                               \
+            STORE(y_ + (j), FMADD(b_, c_, MUL(a_, s_)));                               \
+        }                                                                              \
+    } while (0)
+
+static inline void rows_from_line(float *a, float *a2, const float *c, const float *s)
+{
+    ROTATE_TWO(0, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, _mm_fmsub_ps, _mm_fmadd_ps,
+               _mm_mul_ps);
+    for (int j = 4; j < HALF - 4; j += 8)
+        ROTATE_TWO(j, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmsub_ps,
+                   _mm256_fmadd_ps, _mm256_mul_ps);
+    ROTATE_TWO(HALF - 4, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, _mm_fmsub_ps, _mm_fmadd_ps,
+               _mm_mul_ps);
+}
+
 static void sequence_angles(int t)
 {
     double p = 1000.0 + 97.0 * t;
@@ -164,6 +189,21 @@ static void sequence_angles(int t)
 DECODE(decode_from_start, row_from_start, 0)
 DECODE(decode_from_line, row_from_line, 0)
 DECODE(decode_with_angles, row_from_line, 1)
+
+#define DECODE_SHARED(name, ANGLES)                                                    \
+    static void name(void)                                                             \
+    {                                                                                  \
+        for (int t = 0; t < SEQS; t++) {                                               \
+            if (ANGLES)                                                                \
+                sequence_angles(t);                                                    \
+            const float *c = cosr + t * (HALF + 16), *s = sinr + t * (HALF + 16);      \
+            for (int h = 0; h < HEADS; h++)                                            \
+                rows_from_line(q + (t * HEADS + h) * HEAD, k + (t * HEADS + h) * HEAD, \
+                               c, s);                                                  \
+        }                                                                              \
+    }
+DECODE_SHARED(decode_shared, 0)
+DECODE_SHARED(decode_shared_with_angles, 1)
 
 static void decode_angles_alone(void)
 {
@@ -349,11 +389,12 @@ int main(void)
     static const char *const decode_names[] = {
         "in-place add (the floor)", "rows from their start, 256 bits a step",
         "rows from a line boundary", "the same with each sequence's angles",
+        "q's and k's head h by one cos and sin load", "the same with each sequence's angles",
         "the angles alone"};
     static void (*const decode_loops[])(void) = {
         decode_floor, decode_from_start, decode_from_line, decode_with_angles,
-        decode_angles_alone};
-    race("batched decode: q and k (32, 1, 32, 128) float32, in the caches", 5, 1, decode_names,
+        decode_shared, decode_shared_with_angles, decode_angles_alone};
+    race("batched decode: q and k (32, 1, 32, 128) float32, in the caches", 7, 1, decode_names,
          decode_loops, 400, 20);
 
     /* on 2 MiB pages where the kernel gives them, as NumPy asks for its large arrays */

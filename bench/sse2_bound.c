@@ -19,9 +19,10 @@
  * Where these stay short of a target, no baseline kernel reaches it on this CPU: the
  * rows in the caches are limited by the core (the multiplies share two vector ports),
  * and streamed rows by how many 128-bit loads and stores the core keeps in flight.
- * Build and run (x86-64; gcc or clang):
+ * Build and run (x86-64; gcc or clang; every loop on a 64-byte block, as the kernels are
+ * built):
  *
- *   cc -O2 -o /tmp/sse2_bound bench/sse2_bound.c -lm && /tmp/sse2_bound
+ *   cc -O2 -falign-loops=64 -o /tmp/sse2_bound bench/sse2_bound.c -lm && /tmp/sse2_bound
  */
 #include <immintrin.h>
 #include <math.h>
