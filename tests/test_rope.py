@@ -2425,8 +2425,9 @@ def test_half_rows_round_once_whatever_their_stride(dtype, head_dim, style, bf16
 @contextlib.contextmanager
 def rope_walks(limit, lines):
     """The compiled kernels' RoPE walks set for a block (rope_cached_bytes: the largest
-    call taken as in the caches; rotate_half_lines: streamed rotate_half rows from a line
-    boundary), the import-time choices restored after it; nothing without them."""
+    call taken as in the caches; rotate_half_lines: streamed rotate_half rows walked as
+    rows in the caches are), the import-time choices restored after it; nothing without
+    them."""
     kern = fastpe._backend.compiled
     if kern is None:
         yield
@@ -2446,9 +2447,10 @@ def rope_walks(limit, lines):
 def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
     """On AMD CPUs a call whose q and k hold more than 4 MiB takes its rows as streamed
     from memory (256-bit float32 steps, from a line boundary for rotate_half rows on Zen 3
-    and 4; a call per bfloat16 row), a smaller one as in the caches; on Intel CPUs every
-    call as in the caches: the same bits either way, token block by token block, with the
-    limit at 4 MiB and at either end, and streamed rows walked either way."""
+    and 4; a call per bfloat16 row, but for rotate_half rows there), a smaller one as in
+    the caches; on Intel CPUs every call as in the caches: the same bits either way, token
+    block by token block, with the limit at 4 MiB and at either end, and streamed rows
+    walked either way."""
     rng = np.random.default_rng(7)
     q0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)
     k0 = rng.standard_normal((1, 600, 16, 128)).astype(dtype)

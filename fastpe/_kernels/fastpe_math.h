@@ -1007,16 +1007,19 @@ static inline Py_ssize_t fpe_f32_madd_rows(float *x, Py_ssize_t rows, Py_ssize_t
  * same bits. */
 static Py_ssize_t fpe_rope_cached_bytes = PY_SSIZE_T_MAX;
 
-/* Whether float32 rotate_half rows of a call past fpe_rope_cached_bytes (streamed from
- * memory) take the walk from a line boundary too, not 256-bit steps from their start.
- * Set at import by the CPU's vendor and family (kernels.pyx): on AMD's family 25 (Zen 3
- * and Zen 4) only. On a Zen 5 the walk from a boundary took 1.3x the time of steps from
- * the start (a Llama 3 prefill, q and k of different head counts); on a Zen 4 (avx2
+/* Whether rotate_half rows of a call past fpe_rope_cached_bytes (streamed from memory)
+ * take the walks of rows in the caches: float32 rows from a line boundary, not 256-bit
+ * steps from their start; bfloat16 rows inline in the loop over heads, not a call per
+ * row. Set at import by the CPU's vendor and family (kernels.pyx): on AMD's family 25
+ * (Zen 3 and Zen 4) only. On a Zen 5 the walk from a boundary took 1.3x the time of steps
+ * from the start (a Llama 3 prefill, q and k of different head counts); on a Zen 4 (avx2
  * kernels, interleaved rounds in one process) 0.84-0.87x with k of 8 heads and
- * 0.95-0.97x with k of 32. Only these rows: every row of such a prefill taken as in the
- * caches (fpe_rope_cached_bytes unbounded) made float16 and bfloat16 adjacent pairs
- * take 1.15-1.2x the time there. The same operations on every element, the same bits
- * (which payload a result keeps where two NaNs meet aside: the walks pick it apart). */
+ * 0.95-0.97x with k of 32, and the bfloat16 rows inline 0.84-0.93x with either (avx2 and
+ * avx512 kernels). Only these rows: every row of such a prefill taken as in the caches
+ * (fpe_rope_cached_bytes unbounded) made float16 and bfloat16 adjacent pairs take
+ * 1.15-1.2x the time there (bfloat16 0.88-1.03x in a later run). The same operations on
+ * every element, the same bits (which payload a result keeps where two NaNs meet aside:
+ * the walks pick it apart). */
 static int fpe_rotate_half_lines = 0;
 
 /* One step of a rotate_half row (x and its second half y) or of an adjacent-pair row
@@ -2055,7 +2058,7 @@ static void fpe_rotate_heads_f16(fpe_f16 *q, Py_ssize_t hq, Py_ssize_t qh, fpe_f
     do {                                                                               \
         const Py_ssize_t heads = hq > hk ? hq : hk;                                    \
         const Py_ssize_t group = fpe_half_heads_group(half);                           \
-        if (!cached) {                                                                 \
+        if (!cached && !(neox && fpe_rotate_half_lines)) {                             \
             if (neox) FPE_HEADS_LOOP(fpe_rotate_half_bf16_row##SUFFIX, half);          \
             else FPE_HEADS_LOOP(fpe_rotate_pairs_bf16_row##SUFFIX, 2 * half);          \
             return;                                                                    \

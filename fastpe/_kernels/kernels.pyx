@@ -93,10 +93,11 @@ def rope_cached_bytes(object limit=None):
 
 
 def rotate_half_lines(object on=None):
-    """Whether float32 rotate_half rows of calls past rope_cached_bytes (streamed from
-    memory) walk from a cache line boundary: on AMD's family 25 (Zen 3 and Zen 4) from
-    import (fastpe_math.h says why); `on` sets it, for measurements and tests. The same
-    bits either way, but for which payload a result keeps where two NaNs meet."""
+    """Whether rotate_half rows of calls past rope_cached_bytes (streamed from memory)
+    take the walks of rows in the caches (float32 rows from a cache line boundary,
+    bfloat16 rows inline in the loop over heads): on AMD's family 25 (Zen 3 and Zen 4)
+    from import (fastpe_math.h says why); `on` sets it, for measurements and tests. The
+    same bits either way, but for which payload a result keeps where two NaNs meet."""
     global fpe_rotate_half_lines
     if on is not None:
         fpe_rotate_half_lines = 1 if on else 0
