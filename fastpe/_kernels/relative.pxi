@@ -425,29 +425,35 @@ cdef void t5_bias_by_distance(const char *tp, Py_ssize_t sr, Py_ssize_t sc, int 
                               Py_ssize_t t0, Py_ssize_t t1, char *out) noexcept:
     """out[h, t] = table[lut[t], h] in the compute type (float64 for float64 scores), the
     table at tp of storage tcode with byte strides sr (rows) and sc (heads), for the
-    distances t0 <= t < t1 a call reads and both ends (t5_chunk's constants)."""
-    cdef Py_ssize_t t
-    t5_bias_column(tp, sr, sc, tcode, lut, width, heads, code, 0, out)
-    for t in range(max(t0, 1), min(t1, width - 1)):
-        t5_bias_column(tp, sr, sc, tcode, lut, width, heads, code, t, out)
-    t5_bias_column(tp, sr, sc, tcode, lut, width, heads, code, width - 1, out)
-
-
-cdef inline void t5_bias_column(const char *tp, Py_ssize_t sr, Py_ssize_t sc, int tcode,
-                                const int32_t *lut, Py_ssize_t width, Py_ssize_t heads,
-                                int code, Py_ssize_t t, char *out) noexcept:
-    """t5_bias_by_distance of the one distance t, every head."""
-    cdef Py_ssize_t h
-    cdef const char *row = tp + lut[t] * sr
-    if code != CODE_F64 and tcode == CODE_F32:
-        for h in range(heads):
-            (<float *>out)[h * width + t] = (<const float *>(row + h * sc))[0]
-    elif code == CODE_F64:
-        for h in range(heads):
-            (<double *>out)[h * width + t] = element_as_double(row + h * sc, tcode)
-    else:
-        for h in range(heads):
-            (<float *>out)[h * width + t] = <float>element_as_double(row + h * sc, tcode)
+    distances t0 <= t < t1 a call reads and both ends (t5_chunk's constants). A head's
+    row at a time, its values stored in order (a distance at a time, each head's value
+    stored a row apart, the compiled entry of a T5 decoder step with (4, 12, 1, 512)
+    float32 scores took 1.0-1.04x the time on an AMD Zen 4)."""
+    cdef Py_ssize_t h, t
+    cdef Py_ssize_t lo = max(t0, 1), hi = min(t1, width - 1)
+    cdef const char *col
+    cdef float *of
+    cdef double *od
+    for h in range(heads):
+        col = tp + h * sc
+        if code != CODE_F64 and tcode == CODE_F32:
+            of = <float *>out + h * width
+            of[0] = (<const float *>(col + lut[0] * sr))[0]
+            for t in range(lo, hi):
+                of[t] = (<const float *>(col + lut[t] * sr))[0]
+            of[width - 1] = (<const float *>(col + lut[width - 1] * sr))[0]
+        elif code == CODE_F64:
+            od = <double *>out + h * width
+            od[0] = element_as_double(col + lut[0] * sr, tcode)
+            for t in range(lo, hi):
+                od[t] = element_as_double(col + lut[t] * sr, tcode)
+            od[width - 1] = element_as_double(col + lut[width - 1] * sr, tcode)
+        else:
+            of = <float *>out + h * width
+            of[0] = <float>element_as_double(col + lut[0] * sr, tcode)
+            for t in range(lo, hi):
+                of[t] = <float>element_as_double(col + lut[t] * sr, tcode)
+            of[width - 1] = <float>element_as_double(col + lut[width - 1] * sr, tcode)
 
 
 cdef inline double element_as_double(const char *p, int code) noexcept nogil:
