@@ -42,7 +42,8 @@ def info() -> Info:
     """Version, active backend, OpenMP, threads, and the compiled build's details.
 
     Keys: version, backend, openmp (bool), num_threads, compiled (bool),
-    isa (the kernel variant running: baseline, avx2 or avx512), isa_available
+    isa (the compiled kernel variant loaded: baseline, avx2 or avx512; the one calls run
+    on under the "cython" backend, none under "numpy"), isa_available
     (the variants this CPU and OS run, narrowest first; avx512 is the default on
     Intel CPUs and AMD's from Zen 5, elsewhere it runs only with FASTPE_ISA=avx512),
     compile_flags, half_conversion, bfloat16_narrowing (how the vector loops round
