@@ -173,24 +173,20 @@ static void sequence_angles(int t)
                    cosr + t * (HALF + 16), HALF, 1.0, 1.0);
 }
 
-#define DECODE(name, ROW, ANGLES)                                                      \
-    static void name(void)                                                             \
-    {                                                                                  \
-        for (int t = 0; t < SEQS; t++) {                                               \
-            if (ANGLES)                                                                \
-                sequence_angles(t);                                                    \
-            const float *c = cosr + t * (HALF + 16), *s = sinr + t * (HALF + 16);      \
-            for (int h = 0; h < HEADS; h++) {                                          \
-                ROW(q + (t * HEADS + h) * HEAD, c, s);                                 \
-                ROW(k + (t * HEADS + h) * HEAD, c, s);                                 \
-            }                                                                          \
-        }                                                                              \
-    }
-DECODE(decode_from_start, row_from_start, 0)
-DECODE(decode_from_line, row_from_line, 0)
-DECODE(decode_with_angles, row_from_line, 1)
+/* head h of q and of k, a row at a time */
+static inline void heads_from_start(float *a, float *a2, const float *c, const float *s)
+{
+    row_from_start(a, c, s);
+    row_from_start(a2, c, s);
+}
 
-#define DECODE_SHARED(name, ANGLES)                                                    \
+static inline void heads_from_line(float *a, float *a2, const float *c, const float *s)
+{
+    row_from_line(a, c, s);
+    row_from_line(a2, c, s);
+}
+
+#define DECODE(name, HEADS_H, ANGLES)                                                  \
     static void name(void)                                                             \
     {                                                                                  \
         for (int t = 0; t < SEQS; t++) {                                               \
@@ -198,12 +194,14 @@ DECODE(decode_with_angles, row_from_line, 1)
                 sequence_angles(t);                                                    \
             const float *c = cosr + t * (HALF + 16), *s = sinr + t * (HALF + 16);      \
             for (int h = 0; h < HEADS; h++)                                            \
-                rows_from_line(q + (t * HEADS + h) * HEAD, k + (t * HEADS + h) * HEAD, \
-                               c, s);                                                  \
+                HEADS_H(q + (t * HEADS + h) * HEAD, k + (t * HEADS + h) * HEAD, c, s); \
         }                                                                              \
     }
-DECODE_SHARED(decode_shared, 0)
-DECODE_SHARED(decode_shared_with_angles, 1)
+DECODE(decode_from_start, heads_from_start, 0)
+DECODE(decode_from_line, heads_from_line, 0)
+DECODE(decode_with_angles, heads_from_line, 1)
+DECODE(decode_shared, rows_from_line, 0)
+DECODE(decode_shared_with_angles, rows_from_line, 1)
 
 static void decode_angles_alone(void)
 {
