@@ -2465,7 +2465,7 @@ def test_calls_in_and_past_the_caches_give_the_same_bits(dtype, style):
             fastpe.apply_rope(whole_q, whole_k, pos, style=style)
             for t in range(0, 600, 50):
                 fastpe.apply_rope(q[:, t:t + 50], k[:, t:t + 50], pos[t:t + 50], style=style)
-        ctx = f"limit {limit}, rotate_half rows from a line boundary {lines}"
+        ctx = f"limit {limit}, streamed rotate_half rows walked as in the caches {lines}"
         assert_bytes_equal(whole_q, q, f"q: one call vs blocks, {ctx}")
         assert_bytes_equal(whole_k, k, f"k: one call vs blocks, {ctx}")
         runs.append(whole_q)
