@@ -324,6 +324,11 @@ OPTIONS = {
     "big-symmetric": lambda rng, b, q, k: {"q_positions": 2**30 + rng.integers(0, 90, (b, q)),
                                            "k_positions": 2**30 + rng.integers(0, 90, k),
                                            "symmetric": True},
+    # straddling int32's largest value: key positions convert to float64 from int64
+    "past-int32": lambda rng, b, q, k: {"q_positions": 2**31 - 45 + rng.integers(0, 90, (b, q)),
+                                        "k_positions": 2**31 - 45 + rng.integers(0, 90, k),
+                                        "key_mask": rng.random((b, k)) < 0.7,
+                                        "symmetric": True},
     "big-masked": lambda rng, b, q, k: {"q_positions": 2**60 + rng.integers(0, 90, q),
                                         "k_positions": 2**60 + rng.integers(0, 90, (b, k)),
                                         "key_mask": rng.random((b, k)) < 0.7, "causal": True},
