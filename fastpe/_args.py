@@ -341,7 +341,7 @@ def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
         raise TypeError(f"freqs must be a RopeFrequencies (from rope_frequencies) or a "
                         f"1-D float array of inverse frequencies, got {type(freqs).__name__}")
     inv_freq = _checks.as_array(inv_freq, "freqs.inv_freq")
-    if inv_freq.dtype.kind not in "fiu":
+    if not _checks.real_dtype(inv_freq.dtype):
         raise TypeError(f"freqs.inv_freq must be real numbers, got dtype {inv_freq.dtype}")
     inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
     if inv_freq.ndim != 1 or not inv_freq.size:
@@ -630,7 +630,7 @@ def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> NDArray[n
     if max_bias is not None:
         raise ValueError("give slopes, or max_bias to compute them, not both")
     s = _checks.as_array(slopes, "slopes")
-    if s.dtype.kind not in "fiu":
+    if not _checks.real_dtype(s.dtype):
         raise TypeError(f"slopes must be real numbers, got dtype {s.dtype}")
     if s.ndim != 1 or s.shape[0] != heads:
         raise ValueError(f"slopes must have shape ({heads},), one per head of the scores "
@@ -709,7 +709,7 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
     for n in lead:
         batch *= n
     slope_values = _alibi_slopes_arg(slopes, max_bias, heads)
-    if scores.dtype != np.float64 and slope_values.size and not (
+    if (_checks.compute_dtype(scores.dtype) != np.float64 and slope_values.size and not
             np.abs(slope_values).max() <= _F32_MAX):
         head = int(np.argmax(np.abs(slope_values) > _F32_MAX))
         raise ValueError(f"slopes must be finite in float32, the arithmetic of "

@@ -89,6 +89,15 @@ def _storage_code(dtype: np.dtype) -> int | None:
     return code
 
 
+def real_dtype(dtype: np.dtype) -> bool:
+    """Whether values of `dtype` are real numbers: integers, or floats (bfloat16 too)."""
+    if dtype.kind in "fiu":
+        return True
+    if _ml_dtypes is None:
+        ml_dtypes(load=False)  # the caller's bfloat16, registered now
+    return _storage_code(dtype) is not None
+
+
 def dtype_code(dtype: np.dtype, name: str) -> int:
     code = _storage_code(dtype)
     if code is None and _ml_dtypes is None and ml_dtypes(load=False) is not None:

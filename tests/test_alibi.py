@@ -1135,11 +1135,39 @@ def test_groups_of_four_heads_match_reference(option, dtype, both_threads):
 
 
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
-def test_a_float64_slope_past_float32_is_exact_on_float64_scores(backend):
-    """float64 scores take float64 arithmetic: 1e300 * 0 is 0 at k == q, not NaN."""
+@pytest.mark.parametrize("dtype", ["<f8", ">f8"])
+def test_a_float64_slope_past_float32_is_exact_on_float64_scores(backend, dtype):
+    """float64 scores (either byte order) take float64 arithmetic: 1e300 * 0 is 0 at
+    k == q, not NaN, and 1e300 * -1 is -1e300."""
     if backend == "cython" and fastpe._backend.compiled is None:
         pytest.skip("the compiled extension is not built")
     with fastpe.use_backend(backend):
-        bias = fastpe.alibi_bias(2, 3, 3, slopes=[1e300, 0.5], dtype="float64")
+        bias = fastpe.alibi_bias(2, 3, 3, slopes=[1e300, 0.5], dtype=dtype)
+        scores = np.zeros((2, 1, 3), dtype)
+        fastpe.add_alibi(scores, slopes=np.array([1e300, 0.5]))
     assert np.array_equal(np.diagonal(bias, axis1=1, axis2=2), np.zeros((2, 3)))
     assert np.isfinite(bias).all()
+    assert scores[0, 0].tolist() == [-2e300, -1e300, 0.0]
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("slope_dtype", ["bfloat16", "float16", "torch.bfloat16"])
+def test_half_precision_slopes_are_their_values(backend, slope_dtype):
+    """Slopes of any float dtype are the numbers they hold (bfloat16's too)."""
+    if backend == "cython" and fastpe._backend.compiled is None:
+        pytest.skip("the compiled extension is not built")
+    values = [0.5, 0.25, -0.125, 3.0]  # exact in every half type
+    if slope_dtype == "torch.bfloat16":
+        torch = pytest.importorskip("torch")
+        slopes = torch.tensor(values, dtype=torch.bfloat16)
+    else:
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        slopes = np.array(values, ml_dtypes.bfloat16 if slope_dtype == "bfloat16"
+                          else slope_dtype)
+    scores = np.zeros((2, 4, 1, 5), np.float32)
+    with fastpe.use_backend(backend):
+        fastpe.add_alibi(scores, slopes=slopes, causal=True)
+        table = fastpe.alibi_bias(4, 1, 5, slopes=slopes)
+    want = np.array(values)[:, None] * (np.arange(5) - 4.0)
+    assert np.array_equal(scores, np.broadcast_to(want[None, :, None, :], scores.shape))
+    assert np.array_equal(table[:, 0], want)

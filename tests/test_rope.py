@@ -2078,6 +2078,21 @@ def test_non_overlapping_interleaved_slices_are_accepted(backend):
         assert_bytes_equal(buf[~touched], before[~touched], context=f"{name} rest of buffer")
 
 
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_bfloat16_frequencies_are_their_values(backend):
+    """An array of inverse frequencies in bfloat16 turns by the numbers it holds."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if backend == "cython" and fastpe._backend.compiled is None:
+        pytest.skip("the compiled extension is not built")
+    half = np.asarray(fastpe.rope_frequencies(D).inv_freq).astype(ml_dtypes.bfloat16)
+    got, want = q32(), q32()
+    pos = np.arange(want.shape[1])
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope(got, positions=pos, freqs=half)
+        fastpe.apply_rope(want, positions=pos, freqs=half.astype(np.float64))
+    assert_bytes_equal(got, want, context="bfloat16 frequencies")
+
+
 def test_frequencies_are_not_modified_by_calls():
     f = fastpe.rope_frequencies(D, scaling=SCALINGS["yarn"])
     before = f.inv_freq.copy()
