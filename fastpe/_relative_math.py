@@ -15,7 +15,9 @@ of the float32 argument, rounded). torch's own float32 log (SLEEF, within 1 ulp)
 with it wherever a bucket depends on it for the distances the fixtures check (every
 distance below 2**18 for the families' settings); DeBERTa's unbounded log buckets can
 differ by one bucket past that (first seen at distance 403269 with 256 buckets and 512
-positions), and nearer with other settings (117843 with 1024 buckets and 514 positions).
+positions), and nearer with other settings (117843 with 1024 buckets and 514 positions);
+T5's at settings far from the families' (837794 with 1000 unidirectional buckets and
+max_distance 2**21).
 
 A bucket is a monotone function of the distance that is constant past a saturation
 distance, so a table up to that distance (kept read-only in a spec cached by value)

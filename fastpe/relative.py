@@ -79,11 +79,16 @@ def relative_position_bucket(relative_position: ArrayLike, *, bidirectional: boo
                              num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
     """T5's bucket of each distance ``key_pos - query_pos``, as int64 of the same shape.
 
-    Exactly transformers' ``T5Attention._relative_position_bucket`` (float32 log
-    included). bidirectional (encoders): half the buckets for keys after the query;
-    unidirectional (decoders): keys after the query share bucket 0. Within a direction,
-    distances below half its buckets are exact; the rest grow logarithmically and all
-    distances from about ``max_distance`` on share the last bucket.
+    transformers' ``T5Attention._relative_position_bucket``, its float32 steps repeated
+    with the correctly rounded float32 log. bidirectional (encoders): half the buckets
+    for keys after the query; unidirectional (decoders): keys after the query share
+    bucket 0. Within a direction, distances below half its buckets are exact; the rest
+    grow logarithmically and all distances from about ``max_distance`` on share the last
+    bucket.
+
+    torch's float32 log (within an ulp) gives the same bucket at every distance below
+    2**18 for the families' settings; at settings far from theirs it can give the
+    neighbouring one (``num_buckets=1000, max_distance=2**21``: distance -837794).
 
     >>> fastpe.relative_position_bucket(np.array([-200, -20, -3, 0, 3, 20, 200]))
     array([15, 10,  3,  0, 19, 26, 31])
@@ -119,7 +124,8 @@ def relative_bias(table: ArrayLike, q_len: int, k_len: int, *, bidirectional: bo
         Threads; default ``fastpe.get_num_threads()``.
 
     The values are the table's, rounded to the output dtype (exact when it is the
-    table's): transformers' ``compute_bias(q_len, k_len)[0]``.
+    table's): transformers' ``compute_bias(q_len, k_len, past_seen_tokens=q_offset)[0]``
+    (its default of 0 past tokens is ``q_offset=0`` here).
     """
     made = _t5_bias_compiled(table, q_len, k_len, bidirectional, max_distance, q_offset,
                              causal, dtype, out, num_threads)
