@@ -1134,6 +1134,53 @@ def test_groups_of_four_heads_match_reference(option, dtype, both_threads):
     assert_same_scores(table, want_table, dtype, 200.0, ctx + " table")
 
 
+def _one_run_masks(batch: int, k: int) -> dict[str, np.ndarray]:
+    """Key masks whose kept keys are one run per row (padding on the left, on the right,
+    on both sides, a row of padding alone), and one whose rows are not."""
+    left = np.ones((batch, k), np.int64)
+    right = np.ones((batch, k), bool)
+    both = np.zeros((batch, k), np.uint8)
+    for r in range(batch):
+        left[r, :(r * k) // (batch + 1)] = 0
+        right[r, k - (r * k) // (batch + 2):] = False
+        both[r, r + 1:k - 2 * r] = 1
+    both[-1] = 0
+    holes = left.copy()
+    holes[:, k // 2] = 0
+    return {"left": left, "right": right, "both": both, "shared": left[1], "holes": holes}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("heads", [8, 9])
+@pytest.mark.parametrize("mask", ["left", "right", "both", "shared", "holes"])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"symmetric": True}, {"q_offset": 2},
+                                {"causal": True, "q_positions": [0, 5, 63, 64, 80]}],
+                         ids=["plain", "causal", "symmetric", "q_offset", "q_positions"])
+def test_padded_rows_take_their_positions_from_the_mask(dtype, heads, mask, kw, both_threads):
+    """A mask's positions (BLOOM's: real keys count 0, 1, 2, ...) give the bits that
+    the same positions given as k_positions give, and the reference's values: the rows
+    whose kept keys are one run go through a loop that counts them (four heads at once)
+    where the others select key by key."""
+    batch, q, k = 3, 5, 67
+    m = _one_run_masks(batch, k)[mask]
+    positions = (np.cumsum(m, axis=-1, dtype=np.int64) - 1) * m.astype(np.int64)
+    scores = np.random.default_rng(3).standard_normal((batch, heads, q, k)).astype(dtype)
+    got, given, want = scores.copy(), scores.copy(), scores.copy()
+    fastpe.add_alibi(got, key_mask=m, num_threads=both_threads, **kw)
+    fastpe.add_alibi(given, key_mask=m, k_positions=positions, num_threads=both_threads, **kw)
+    fastpe.reference.add_alibi(want, key_mask=m, **kw)
+    ctx = f"add_alibi({mask} mask, {kw}, {heads} heads)"
+    assert_bytes_equal(got, given, context=ctx)
+    assert_same_scores(got, want, dtype, magnitude(as_f64(want), kw, q, k), ctx)
+    mm = m if m.ndim == 1 else m[1]
+    table = fastpe.alibi_bias(heads, q, k, key_mask=mm, dtype=dtype, num_threads=both_threads,
+                              **{n: (v if np.ndim(v) < 2 else v[1]) for n, v in kw.items()})
+    want_table = fastpe.reference.alibi_bias(heads, q, k, key_mask=mm, dtype=dtype,
+                                             **{n: (v if np.ndim(v) < 2 else v[1])
+                                                for n, v in kw.items()})
+    assert_same_scores(table, want_table, dtype, 200.0, ctx + " table")
+
+
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
 @pytest.mark.parametrize("dtype", ["<f8", ">f8"])
 def test_a_float64_slope_past_float32_is_exact_on_float64_scores(backend, dtype):
