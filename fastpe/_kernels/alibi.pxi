@@ -684,7 +684,7 @@ cdef struct AlibiCall:
     Py_ssize_t krows
     const unsigned char *mask       # (mrows, k) of 0/1, or NULL
     Py_ssize_t mrows
-    bint mask_positions             # kpos derived from the mask (BLOOM's)
+    bint positions_from_mask        # kpos derived from the mask (BLOOM's)
     const Py_ssize_t *runs          # then (krows, 2): mask_run of each row; or NULL
     bint runs_only                  # every unit of a run's row takes rows4_run
     bint causal, symmetric, accumulate
@@ -1399,7 +1399,7 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
     cdef Py_ssize_t nqf_bytes = round_up(a.qrows * a.q * real_size, 64) if a.columns else 0
     cdef Py_ssize_t slr_bytes = round_up(a.heads * real_size, 64) if a.across_heads else 0
     cdef Py_ssize_t runs_bytes = 0
-    if a.exact and a.mask_positions:
+    if a.exact and a.positions_from_mask:
         runs_bytes = round_up(2 * a.krows * <Py_ssize_t>sizeof(Py_ssize_t), 64)
     cdef Py_ssize_t need = (kf_bytes + nqf_bytes + slr_bytes + runs_bytes
                             + a.batch * <Py_ssize_t>sizeof(Py_ssize_t))
@@ -1684,7 +1684,7 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
     o.kpos = NULL
     o.mask = NULL
     a.qrows = a.krows = a.mrows = 1
-    a.mask_positions = False
+    a.positions_from_mask = False
     if given_offset:
         if type(q_offset) is not int or q_positions is not None:
             return False
@@ -1710,7 +1710,7 @@ def alibi_call(object scores, object slopes, object q_positions, object q_offset
             # BLOOM's positions of a padded batch: real keys count 0, 1, 2, ...;
             # padding gets 0 (it is masked anyway)
             a.krows = a.mrows
-            a.mask_positions = True
+            a.positions_from_mask = True
             o.kpos = owned_block(&o.kbuf[0], a.krows * k)
             if o.kpos == NULL:
                 return False
