@@ -85,7 +85,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from . import _checks, _hf_deberta, _hf_realrope
+from . import _checks, _hf_deberta, _hf_models, _hf_realrope, _rope_scaling
 from ._hf_multimodal import VISION, text_mrope
 from ._typing import RopeLayout
 from .rope import RopeFrequencies, RotaryEmbedding, apply_rope
@@ -949,15 +949,20 @@ def _copy_function(fn: Any, globals_: dict[str, Any], closure: Any) -> types.Fun
     return new
 
 
-def _rebound_forward(cls: Any, names: dict[str, Any]) -> types.FunctionType:
+def _rebound_forward(cls: Any, names: dict[str, Any]) -> Callable[..., Any]:
     """cls.forward with the global `names` rebound, its decorators rebuilt around
     it: the class's own code, run with fastpe's apply function, and no module's
-    globals changed."""
+    globals changed. Its other globals follow the module's: a function of the module
+    replaced after patch (another library's patcher) is what the next call runs, as it
+    is for the stock model."""
     chain = _wrapped_chain(cls.forward)
     inner = chain[-1]
     if not isinstance(inner, types.FunctionType):
         raise ValueError(f"fastpe.hf: {cls.__name__}.forward is not a Python function")
-    new = _copy_function(inner, {**inner.__globals__, **names}, inner.__closure__)
+    live = inner.__globals__
+    rebound = {**live, **names}
+    followed = tuple(n for n in _global_names(inner.__code__) if n in live and n not in names)
+    new = _copy_function(inner, rebound, inner.__closure__)
     for wrapper, old in zip(reversed(chain[:-1]), reversed(chain[1:])):
         cells = wrapper.__closure__ or ()
         hits = [i for i, c in enumerate(cells) if _cell_holds(c, old)]
@@ -969,7 +974,30 @@ def _rebound_forward(cls: Any, names: dict[str, Any]) -> types.FunctionType:
         wrapped = new
         new = _copy_function(wrapper, wrapper.__globals__, cells)
         new.__wrapped__ = wrapped  # type: ignore[attr-defined]
-    return new
+    outer = new
+
+    @functools.wraps(outer)
+    def following(*args: Any, **kwargs: Any) -> Any:
+        for name in followed:
+            value = live.get(name, rebound)   # rebound: the name was deleted
+            if rebound.get(name, rebound) is not value:
+                if value is rebound:
+                    del rebound[name]
+                else:
+                    rebound[name] = value
+        return outer(*args, **kwargs)
+
+    return following
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names code (and the code nested in it: comprehensions, lambdas) may read
+    as globals."""
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _global_names(const)
+    return found
 
 
 def _cell_holds(cell: Any, value: object) -> bool:
@@ -1042,6 +1070,46 @@ def _subclass_outside_transformers(modules: dict[str, Any]) -> tuple[str, type, 
     return None
 
 
+def _transformers_code(fn: Any) -> bool:
+    """Whether fn is a function of a transformers module, run in that module's globals."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return (module is not None and module.__name__.startswith("transformers.")
+            and getattr(fn, "__globals__", None) is vars(module))
+
+
+def _refuse_outside_appliers(modules: dict[str, Any]) -> None:
+    """Refuse a module whose forward, defined outside transformers, calls an apply
+    function (whose form fastpe cannot tell from its name) or replaces the forward of a
+    transformers class that calls one (which then runs stock, on what fastpe's rotary
+    module returns): fastpe.hf rebinds transformers' own forwards only."""
+    for name, module in modules.items():
+        cls = type(module)
+        if _transformers_code(_own_forward(cls)):
+            continue
+        calls = sorted(_apply_names(cls))
+        base = next((b for b in cls.__mro__[1:] if b.__module__.startswith("transformers.")
+                     and "forward" in vars(b) and _apply_names(b)), None)
+        if calls:
+            what = f"whose forward calls {calls[0]} itself"
+        elif base is not None:
+            what = (f"whose forward replaces that of transformers' {base.__name__}, which "
+                    f"calls an apply function")
+        else:
+            continue
+        raise ValueError(f"fastpe.hf: {name!r} is a {cls.__name__} ({cls.__module__}), "
+                         f"a class defined outside transformers {what}: fastpe.hf patches "
+                         f"transformers' own classes only, as it cannot tell what such a "
+                         f"forward does with cos and sin")
+
+
+def _transformers_type(model_type: object) -> bool:
+    """Whether model_type is one of transformers' (checked by fastpe, or known to the
+    transformers imported)."""
+    return isinstance(model_type, str) and (
+        model_type in _hf_models.KNOWN
+        or _rope_scaling._installed_transformers_knows(model_type) is not None)
+
+
 def _config(modules: dict[str, Any], name: str) -> Any:
     """The config of the rotary module `name`: its own, else its nearest owner's
     (GPT-J's keeps none)."""
@@ -1076,6 +1144,18 @@ def _ropes(module: Any, config: Any) -> dict[str | None, RotaryEmbedding]:
     if model_type in _NOT_REPRODUCED:
         raise ValueError(f"fastpe.hf: model type {model_type!r} is not reproduced: "
                          f"{_NOT_REPRODUCED[model_type]}")
+    if not _transformers_type(model_type):
+        # from_hf_config reads a model type transformers does not know as Llama's (a
+        # custom model's config.json); here the module is transformers' own, of a family
+        # the config does not name, whose pairing may be another's (Cohere's)
+        family = next((own for c in type(config).__mro__
+                       if c.__module__.startswith("transformers.")
+                       and _transformers_type(own := vars(c).get("model_type"))), None)
+        derived = f" (its config class derives from transformers' {family!r} config)" if family else ""
+        raise ValueError(f"fastpe.hf: the rotary module {where} reads a config of model type "
+                         f"{model_type!r}, which transformers does not know{derived}: fastpe "
+                         f"reads a model's rotation by its transformers model type, so it "
+                         f"cannot tell which family's code this model runs")
     ropes: dict[str | None, RotaryEmbedding]
     try:
         optional = inspect.signature(cls.forward).parameters.get("layer_type")
@@ -1137,6 +1217,22 @@ def _check_module_sections(module: Any, config: Any, ropes: dict[str | None, Rot
 _HALF_EPS = {"torch.float16": 2.0**-10, "torch.bfloat16": 2.0**-7}
 
 
+def _check_growth(module: Any, layer_type: str | None, rope: RotaryEmbedding,
+                  where: str) -> None:
+    """Refuse a module built with dynamic NTK (whose forward grows its frequencies past
+    its length) that its config now says is of another rope type, or the other way
+    round: the frequencies a module holds are the same either way until it grows."""
+    held = getattr(module, "rope_type", None)
+    if isinstance(held, dict):
+        held = held.get(layer_type)
+    read = rope._spec.rope_type
+    if isinstance(held, str) and (held == "dynamic") != (read == "dynamic"):
+        raise ValueError(f"fastpe.hf: the rotary module {where} was built with rope type "
+                         f"{held!r}, its config now gives {read!r} (edited after the model "
+                         f"was built): fastpe reads the config, so it would grow its "
+                         f"frequencies where the module does not, or not where it does")
+
+
 def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
                         where: str, vision: bool) -> None:
     """Refuse a rotary module whose own inverse frequencies or attention scaling (what
@@ -1150,6 +1246,7 @@ def _check_module_state(module: Any, ropes: dict[str | None, RotaryEmbedding],
             raise ValueError(f"fastpe.hf: the rotary module {where} grows dynamic NTK "
                              f"frequencies on more than one position axis, which fastpe.hf "
                              f"does not reproduce")
+        _check_growth(module, layer_type, rope, where)
         if _looks_up_table(module, layer_type, rope):
             _check_position_table(module, rope, where)
             continue
@@ -1261,8 +1358,7 @@ def _appliers(applying: dict[str, dict[str, Any]], name: str,
     """Of `applying` (module name -> the apply functions its forward calls), those that
     apply the rotary module `name`'s embedding: in the nearest module around it that
     has any (the text model or vision tower it belongs to; Moshi's attention holds its
-    own rotary module). None: a ValueError, naming a module whose class, defined outside
-    transformers, replaces the forward of a transformers class that calls one."""
+    own rotary module). None: a ValueError."""
     scope = name
     while scope:
         scope = scope.rpartition(".")[0]
@@ -1270,17 +1366,6 @@ def _appliers(applying: dict[str, dict[str, Any]], name: str,
         found = {n: f for n, f in applying.items() if n == scope or n.startswith(prefix)}
         if found:
             return found
-    for sub_name, module in modules.items():
-        cls = type(module)
-        base = next((b for b in cls.__mro__[1:] if b.__module__.startswith("transformers.")
-                     and "forward" in vars(b) and _apply_names(b)), None)
-        if base is not None and not cls.__module__.startswith("transformers."):
-            raise ValueError(f"fastpe.hf: no module around the rotary module {name!r} calls "
-                             f"an apply_*rotary* function that fastpe.hf can replace: "
-                             f"{sub_name!r} is a {cls.__name__} ({cls.__module__}), a subclass "
-                             f"of transformers' {base.__name__} defined outside transformers "
-                             f"whose forward does not call it itself; fastpe.hf patches "
-                             f"transformers' own classes only")
     raise ValueError(f"fastpe.hf: no module around the rotary module {name!r} calls an "
                      f"apply_*rotary* function that fastpe.hf can replace")
 
@@ -1384,6 +1469,7 @@ def _rotary_plan(modules: dict[str, Any], rotary: dict[str, Any],
                          f"cos and sin reordered before its apply function (window "
                          f"attention) or used otherwise than by it{f' ({why})' if why else ''}, "
                          f"which fastpe.hf cannot reproduce")
+    _refuse_outside_appliers(modules)
     applying = {n: f for n, m in modules.items() if n not in rotary and (f := _apply_names(type(m)))}
     plan: list[tuple[Any, str, Callable[..., Any]]] = []
     appliers: set[str] = set()

@@ -629,9 +629,12 @@ def test_a_subclass_defined_outside_transformers_is_refused_by_name():
         assert instance_attributes(model) == before
 
 
-def test_an_attention_subclass_whose_forward_hides_the_apply_call_is_named():
+@pytest.mark.parametrize("layers", ["every", "one"])
+def test_an_attention_subclass_whose_forward_hides_the_apply_call_is_named(layers):
     """An attention class of the user's whose forward calls its transformers base's (which
-    calls the apply function) gives fastpe.hf no call to replace: the refusal names it."""
+    calls the apply function) gives fastpe.hf no call to replace: the refusal names it,
+    also where the other layers are transformers' own (whose calls fastpe.hf would
+    replace, while that layer's stock call got what the patched rotary module returns)."""
     llama_module = transformers.models.llama.modeling_llama
 
     class MyAttention(llama_module.LlamaAttention):
@@ -639,14 +642,58 @@ def test_an_attention_subclass_whose_forward_hides_the_apply_call_is_named():
             return super().forward(hidden_states, position_embeddings, *args, **kwargs)
 
     llama = text_model("llama")
-    for layer in llama.model.layers:
+    for layer in llama.model.layers[-1:] if layers == "one" else llama.model.layers:
         mine = MyAttention(llama.config, layer.self_attn.layer_idx)
         mine.load_state_dict(layer.self_attn.state_dict())
         layer.self_attn = mine
+    first = len(llama.model.layers) - 1 if layers == "one" else 0
     before = instance_attributes(llama)
-    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' is a MyAttention "
-                                         r"\(test_hf\), a subclass of transformers' "
-                                         r"LlamaAttention defined outside transformers"):
+    with pytest.raises(ValueError, match=rf"'model\.layers\.{first}\.self_attn' is a MyAttention "
+                                         r"\(test_hf\), a class defined outside transformers "
+                                         r"whose forward replaces that of transformers' "
+                                         r"LlamaAttention"):
+        fastpe.hf.patch(llama)
+    assert instance_attributes(llama) == before
+
+
+def apply_rotary_pairs(q, k, cos, sin, unsqueeze_dim=1):
+    """An apply function of a user's model (named as transformers names them) that turns
+    adjacent pairs by transformers' rotate_half cos and sin."""
+    half = q.shape[-1] // 2
+    cos = cos.unsqueeze(unsqueeze_dim)[..., :half].repeat_interleave(2, -1)
+    sin = sin.unsqueeze(unsqueeze_dim)[..., :half].repeat_interleave(2, -1)
+
+    def turned(x):
+        return torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+    return q * cos + turned(q) * sin, k * cos + turned(k) * sin
+
+
+def test_an_attention_class_calling_an_apply_function_of_its_own_is_refused():
+    """An attention class of the user's whose forward calls an apply function by the
+    name transformers' use, but its own (here turning adjacent pairs, where the config
+    says halves): fastpe.hf cannot tell its form, so it refuses the model unchanged."""
+    llama_module = transformers.models.llama.modeling_llama
+
+    class PairsAttention(llama_module.LlamaAttention):
+        def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
+            shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+            q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+            k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+            v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+            q, k = apply_rotary_pairs(q, k, *position_embeddings)
+            out, weights = llama_module.eager_attention_forward(
+                self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0, **kwargs)
+            return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+
+    llama = text_model("llama")
+    for layer in llama.model.layers:
+        mine = PairsAttention(llama.config, layer.self_attn.layer_idx)
+        mine.load_state_dict(layer.self_attn.state_dict())
+        layer.self_attn = mine
+    before = instance_attributes(llama)
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' is a PairsAttention "
+                                         r"\(test_hf\), a class defined outside transformers "
+                                         r"whose forward calls apply_rotary_pairs itself"):
         fastpe.hf.patch(llama)
     assert instance_attributes(llama) == before
 
@@ -1305,6 +1352,65 @@ def test_a_dynamic_ntk_module_built_for_another_length_is_refused():
     with pytest.raises(ValueError, match=r"past 16 positions.*max_position_embeddings is 8"):
         fastpe.hf.patch(model)
     assert "forward" not in vars(model.model.rotary_emb)
+
+
+@pytest.mark.parametrize("edit", ["to-default", "to-dynamic"])
+def test_a_rope_type_edited_to_or_from_dynamic_before_patch_is_refused(edit):
+    """A module built with dynamic NTK grows its frequencies past its length, one built
+    with the default rope type never does, and both hold the same frequencies until then:
+    a config edited from one to the other since the build is refused at patch, where
+    fastpe would grow where the module does not (or not where it does)."""
+    built, edited = ("dynamic", "default") if edit == "to-default" else ("default", "dynamic")
+    model = text_model("llama", max_position_embeddings=16, rope_parameters={
+        "rope_type": built, "rope_theta": 10000.0, "factor": 2.0})
+    model.config.rope_parameters["rope_type"] = edited
+    with pytest.raises(ValueError, match=rf"was built with rope type '{built}', its config now "
+                                         rf"gives '{edited}'"):
+        fastpe.hf.patch(model)
+    assert "forward" not in vars(model.model.rotary_emb)
+
+
+def test_a_modeling_function_replaced_after_patch_runs_in_the_patched_model(monkeypatch):
+    """A function of the modeling module replaced after patch (as another library's
+    patcher replaces it) is what the patched attention runs next, as the stock one does."""
+    llama_module = transformers.models.llama.modeling_llama
+    stock = text_model("llama", attn_implementation="eager")
+    model = fastpe.hf.patch(text_model("llama", attn_implementation="eager"))
+    original = llama_module.eager_attention_forward
+
+    def louder(*args, **kwargs):
+        out, weights = original(*args, **kwargs)
+        return out * 3.0, weights
+
+    ids = torch.randint(3, 160, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = stock(ids).logits
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=2e-5)
+        monkeypatch.setattr(llama_module, "eager_attention_forward", louder)
+        want = stock(ids).logits
+        assert not torch.allclose(want, before, rtol=0, atol=1e-3)
+        torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=2e-5)
+        monkeypatch.undo()
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=2e-5)
+
+
+def test_a_config_of_a_model_type_transformers_does_not_know_is_refused():
+    """A config class of the user's (a fine-tune registered under its own model_type) on
+    a transformers family's model: fastpe reads a config's rotation by its model type,
+    and one transformers does not know would be read as Llama's (rotate_half), where
+    Cohere's code turns adjacent pairs. Refused at patch, the model unchanged."""
+
+    class TunedCohereConfig(transformers.CohereConfig):
+        model_type = "tuned_cohere_for_fastpe_tests"
+
+    torch.manual_seed(0)
+    model = transformers.CohereForCausalLM(TunedCohereConfig(**SMALL)).eval()
+    before = instance_attributes(model)
+    with pytest.raises(ValueError, match=r"model type 'tuned_cohere_for_fastpe_tests', which "
+                                         r"transformers does not know \(its config class "
+                                         r"derives from transformers' 'cohere' config\)"):
+        fastpe.hf.patch(model)
+    assert instance_attributes(model) == before
 
 
 def test_a_dynamic_ntk_config_edited_after_patch_is_refused_when_it_grows():
