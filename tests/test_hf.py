@@ -187,6 +187,15 @@ def instance_attributes(model):
     return {name: sorted(vars(m)) for name, m in model.named_modules()}
 
 
+def assert_refused_unchanged(model, match):
+    """patch(model) raises a ValueError matching `match`, every module's instance
+    attributes left as they were."""
+    before = instance_attributes(model)
+    with pytest.raises(ValueError, match=match):
+        fastpe.hf.patch(model)
+    assert instance_attributes(model) == before
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request):
     return request.param
@@ -622,11 +631,8 @@ def test_a_subclass_defined_outside_transformers_is_refused_by_name():
             (encoder, "deberta.encoder.layer.0.attention.self", "MyAttention",
              "DisentangledSelfAttention"),
             (llama, "model.rotary_emb", "MyRotary", "LlamaRotaryEmbedding")):
-        before = instance_attributes(model)
-        with pytest.raises(ValueError, match=rf"'{name}' is a .*{cls} \(test_hf\), a subclass "
-                                             rf"of transformers' {base} defined outside"):
-            fastpe.hf.patch(model)
-        assert instance_attributes(model) == before
+        assert_refused_unchanged(model, rf"'{name}' is a .*{cls} \(test_hf\), a subclass "
+                                        rf"of transformers' {base} defined outside")
 
 
 @pytest.mark.parametrize("layers", ["every", "one"])
@@ -647,13 +653,10 @@ def test_an_attention_subclass_whose_forward_hides_the_apply_call_is_named(layer
         mine.load_state_dict(layer.self_attn.state_dict())
         layer.self_attn = mine
     first = len(llama.model.layers) - 1 if layers == "one" else 0
-    before = instance_attributes(llama)
-    with pytest.raises(ValueError, match=rf"'model\.layers\.{first}\.self_attn' is a MyAttention "
-                                         r"\(test_hf\), a class defined outside transformers "
-                                         r"whose forward replaces that of transformers' "
-                                         r"LlamaAttention"):
-        fastpe.hf.patch(llama)
-    assert instance_attributes(llama) == before
+    assert_refused_unchanged(llama, rf"'model\.layers\.{first}\.self_attn' is a MyAttention "
+                                    r"\(test_hf\), a class defined outside transformers "
+                                    r"whose forward replaces that of transformers' "
+                                    r"LlamaAttention")
 
 
 def apply_rotary_pairs(q, k, cos, sin, unsqueeze_dim=1):
@@ -690,12 +693,9 @@ def test_an_attention_class_calling_an_apply_function_of_its_own_is_refused():
         mine = PairsAttention(llama.config, layer.self_attn.layer_idx)
         mine.load_state_dict(layer.self_attn.state_dict())
         layer.self_attn = mine
-    before = instance_attributes(llama)
-    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn' is a PairsAttention "
-                                         r"\(test_hf\), a class defined outside transformers "
-                                         r"whose forward calls apply_rotary_pairs itself"):
-        fastpe.hf.patch(llama)
-    assert instance_attributes(llama) == before
+    assert_refused_unchanged(llama, r"'model\.layers\.0\.self_attn' is a PairsAttention "
+                                    r"\(test_hf\), a class defined outside transformers "
+                                    r"whose forward calls apply_rotary_pairs itself")
 
 
 def count_disentangled(monkeypatch):
@@ -1405,12 +1405,9 @@ def test_a_config_of_a_model_type_transformers_does_not_know_is_refused():
 
     torch.manual_seed(0)
     model = transformers.CohereForCausalLM(TunedCohereConfig(**SMALL)).eval()
-    before = instance_attributes(model)
-    with pytest.raises(ValueError, match=r"model type 'tuned_cohere_for_fastpe_tests', which "
-                                         r"transformers does not know \(its config class "
-                                         r"derives from transformers' 'cohere' config\)"):
-        fastpe.hf.patch(model)
-    assert instance_attributes(model) == before
+    assert_refused_unchanged(model, r"model type 'tuned_cohere_for_fastpe_tests', which "
+                                    r"transformers does not know \(its config class "
+                                    r"derives from transformers' 'cohere' config\)")
 
 
 def test_a_dynamic_ntk_config_edited_after_patch_is_refused_when_it_grows():
@@ -2109,10 +2106,7 @@ def test_sam3_vit_is_refused_at_patch():
                                         global_attn_indexes=[1], pretrain_image_size=32)
     torch.manual_seed(0)
     model = transformers.Sam3ViTModel(config).eval()
-    before = instance_attributes(model)
-    with pytest.raises(ValueError, match=r"model type 'sam3_vit_model' is not reproduced"):
-        fastpe.hf.patch(model)
-    assert instance_attributes(model) == before
+    assert_refused_unchanged(model, r"model type 'sam3_vit_model' is not reproduced")
 
 
 def test_a_tensor_alpha_used_otherwise_is_refused():
