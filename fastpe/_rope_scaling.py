@@ -1215,7 +1215,7 @@ def _hf_refuse_unchecked(model_type: str | None) -> None:
             f"positional encoding fastpe has not checked against its transformers code "
             f"(only a model type transformers {version} does not know loads as Llama's)")
     installed = (None if model_type in _hf_models.KNOWN
-                 else _installed_transformers_knows(model_type))
+                 else installed_transformers_knows(model_type))
     if installed is not None:
         raise ValueError(
             f"model_type {model_type!r} is a model type of the transformers {installed} this "
@@ -1224,7 +1224,7 @@ def _hf_refuse_unchecked(model_type: str | None) -> None:
             f"transformers does not know at all loads as Llama's)")
 
 
-def _installed_transformers_knows(model_type: str | None) -> str | None:
+def installed_transformers_knows(model_type: str | None) -> str | None:
     """The version of the transformers this process has imported, where its config
     mapping has `model_type`; else None. Never imports transformers itself (seconds):
     a process that has not imported it is not asked."""

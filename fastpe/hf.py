@@ -1107,7 +1107,7 @@ def _transformers_type(model_type: object) -> bool:
     transformers imported)."""
     return isinstance(model_type, str) and (
         model_type in _hf_models.KNOWN
-        or _rope_scaling._installed_transformers_knows(model_type) is not None)
+        or _rope_scaling.installed_transformers_knows(model_type) is not None)
 
 
 def _config(modules: dict[str, Any], name: str) -> Any:
