@@ -686,7 +686,7 @@ cdef struct AlibiCall:
     Py_ssize_t mrows
     bint positions_from_mask        # kpos derived from the mask (BLOOM's)
     const Py_ssize_t *runs          # then (krows, 2): mask_run of each row; or NULL
-    bint runs_only                  # every unit of a run's row takes rows4_run
+    bint runs_only                  # every unit of a run's row takes rows4_keys
     bint causal, symmetric, accumulate
     bint exact                      # every position exact in real_t: the vector loops
     bint int32_positions            # every position in int32 (alibi_key_rows)
@@ -706,7 +706,7 @@ cdef struct AlibiCall:
 
 cdef enum:
     SELECT_CHUNK = 512                # float16 rows convert in chunks of this many keys
-    # indices rows4_run takes (exact in float32, within int32 for seg4's count)
+    # indices rows4_keys takes for a run (exact in float32, within int32 for seg4)
     RUN_EXACT = 1 << 24
     HEAD_GROUP = 4                    # heads per unit of work: their rows share distances
     # decode-sized calls run on a stack buffer: no allocation at all
@@ -944,29 +944,12 @@ cdef inline void ninf4(real_t **rows, Py_ssize_t j0, Py_ssize_t j1, uint32_t zer
         fpe_alibi_ninf4_f64(rows[0], rows[1], rows[2], rows[3], jm, j1, zero)
 
 
-cdef inline void rows4_plain(const AlibiCall *a, real_t **rows, const real_t *kf, int64_t qp,
-                             const real_t *sl) noexcept nogil:
-    """row_plain on four unit-stride rows of float32/float64 storage at once."""
-    cdef real_t qf = <real_t>qp
-    cdef Py_ssize_t split = plain_split(a, qp)
-    cdef int t
-    if split == a.k or not (a.causal or a.symmetric):
-        seg4(rows, 0, a.k, kf, qf, sl, False, a.accumulate, a.stream)
-    else:
-        seg4(rows, 0, split, kf, qf, sl, False, a.accumulate, a.stream)
-        if a.causal and a.accumulate:
-            ninf4(rows, split, a.k, a.zero)
-        elif a.causal:
-            for t in range(4):
-                seg_fill(rows[t], 1, split, a.k, <real_t>-INFINITY)
-        else:
-            seg4(rows, split, a.k, kf, qf, sl, True, a.accumulate, a.stream)
-
-
 cdef inline void masked4(const AlibiCall *a, real_t **rows, Py_ssize_t j0,
                          Py_ssize_t j1) noexcept nogil:
     """-inf into keys j0 .. j1 - 1 of four unit-stride rows."""
     cdef int t
+    if j1 <= j0:
+        return
     if a.accumulate:
         ninf4(rows, j0, j1, a.zero)
     else:
@@ -974,27 +957,30 @@ cdef inline void masked4(const AlibiCall *a, real_t **rows, Py_ssize_t j0,
             seg_fill(rows[t], 1, j0, j1, <real_t>-INFINITY)
 
 
-cdef inline void rows4_run(const AlibiCall *a, real_t **rows, Py_ssize_t lo, Py_ssize_t hi,
-                           int64_t qp, const real_t *sl) noexcept nogil:
-    """rows4_select where the kept keys are one run [lo, hi) at positions 0, 1, 2, ...
-    (BLOOM's, of a left- or right-padded sequence; mask_run): -inf outside it, and in
-    it rows4_plain's keys at their indices, the query at index qp + lo (the caller
-    checks that qp + lo and hi are exact in real_t). The same bits as rows4_select,
-    without its load of key positions and its select per key: with the key rows it
-    leaves unmade (runs_only), a left-padded decode over 4 x 4096 keys took 0.81-0.84x
-    the time on an AMD Zen 4."""
-    cdef int64_t qv = qp + lo
+cdef inline void rows4_keys(const AlibiCall *a, real_t **rows, const real_t *kf,
+                            Py_ssize_t lo, Py_ssize_t hi, int64_t qv, const real_t *sl,
+                            bint stream) noexcept nogil:
+    """Four unit-stride rows of float32/float64 storage whose keys lo .. hi - 1 are at
+    their indices, the query at index qv (both exact in real_t), -inf outside them: the
+    bias up to the query, then -inf (causal), the mirrored bias (symmetric) or the same
+    bias. Every key of a row unmasked (row_plain's four at once: lo = 0, hi = k, kf[j] ==
+    j for a table streamed past the caches or indices past int32), or a padded row whose
+    real tokens are one run lo .. hi - 1 at positions 0, 1, 2, ... (BLOOM's, mask_run;
+    the query's position plus lo, hi <= RUN_EXACT, kf NULL: seg4 counts the keys). For
+    such a run the same bits as rows4_select, without its load of key positions and its
+    select per key: with the key rows it leaves unmade (runs_only), a left-padded decode
+    over 4 x 4096 keys took 0.81-0.84x the time on an AMD Zen 4."""
     cdef real_t qf = <real_t>qv
     cdef Py_ssize_t split = hi if qv >= hi - 1 else <Py_ssize_t>qv + 1
     masked4(a, rows, 0, lo)
     if split == hi or not (a.causal or a.symmetric):
-        seg4(rows, lo, hi, NULL, qf, sl, False, a.accumulate, False)
+        seg4(rows, lo, hi, kf, qf, sl, False, a.accumulate, stream)
     else:
-        seg4(rows, lo, split, NULL, qf, sl, False, a.accumulate, False)
+        seg4(rows, lo, split, kf, qf, sl, False, a.accumulate, stream)
         if a.causal:
             masked4(a, rows, split, hi)
         else:
-            seg4(rows, split, hi, NULL, qf, sl, True, a.accumulate, False)
+            seg4(rows, split, hi, kf, qf, sl, True, a.accumulate, stream)
     masked4(a, rows, hi, a.k)
 
 
@@ -1237,7 +1223,7 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
             for t in range(HEAD_GROUP):
                 rows[t] = <real_t *>(row0 + t * a.sh)
                 sl[t] = <real_t>a.slopes[h0 + t]
-            rows4_plain(a, rows, kf, qp, sl)
+            rows4_keys(a, rows, kf, 0, a.k, qp, sl, a.stream)
         elif a.plain:
             for t in range(nh):
                 row_plain(a, row0 + t * a.sh, kf, qp, <real_t>a.slopes[h0 + t])
@@ -1248,7 +1234,7 @@ cdef void alibi_unit(const AlibiCall *a, store_t *x, Py_ssize_t u, real_t kind) 
                 sl[t] = <real_t>a.slopes[h0 + t]
             run = a.runs + 2 * (b if a.krows > 1 else 0) if a.runs != NULL else NULL
             if run != NULL and run[0] >= 0 and qp + run[0] <= RUN_EXACT:
-                rows4_run(a, rows, run[0], run[1], qp, sl)
+                rows4_keys(a, rows, NULL, run[0], run[1], qp + run[0], sl, False)
             else:
                 rows4_select(a, rows, kf, qp, sl)
         else:
@@ -1278,7 +1264,7 @@ cdef void alibi_key_rows(const AlibiCall *a, real_t *kf) noexcept nogil:
     cdef real_t nan = NAN
     for r in range(a.kfrows):
         if a.runs_only and a.runs[2 * r] >= 0:
-            continue  # its units take rows4_run, which reads no key positions
+            continue  # its units take rows4_keys, which reads no key positions
         row = kf + r * a.kst + a.kmis
         kp = a.kpos + (r if a.krows > 1 else 0) * a.k if a.kpos != NULL else NULL
         m = a.mask + (r if a.mrows > 1 else 0) * a.k if a.mask != NULL else NULL
@@ -1420,7 +1406,7 @@ cdef int alibi_execute(AlibiCall *a, cnp.ndarray scores, int code, int64_t max_p
         for r in range(a.krows):
             mask_run(a.mask + r * a.k, a.k, runs + 2 * r)
         a.runs = runs
-    # where every unit of a run's row takes rows4_run (alibi_unit's conditions, the
+    # where every unit of a run's row takes rows4_keys (alibi_unit's conditions, the
     # query's index in the run bounded by the largest position), its key row is not made
     a.runs_only = (a.runs != NULL and (code == CODE_F32 or code == CODE_F64) and a.sk == 1
                    and a.four_rows and a.heads % HEAD_GROUP == 0
