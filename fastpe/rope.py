@@ -505,13 +505,14 @@ class RotaryEmbedding:
             raise ValueError("this embedding does not turn each pair by one angle per "
                              "token, which one cos/sin table for apply_rope_cached cannot "
                              "express")
+        reverse = self._check_settings()
         pos, hi = _args.table_positions(positions)
         if hi is None:  # real-valued: DINOv3's patch centres, SAM's grids
             _args.refuse_length_dependent(self._spec)
         freqs = self.frequencies(hi + 1 if hi is not None and hi >= 0 else None)
         if self._pair_axis is None:
             cos, sin = rope_cos_sin(pos, freqs, dtype=dtype)
-            if self.reverse:
+            if reverse:
                 np.negative(sin, out=sin)
             return cos, sin
         if pos.ndim < 1 or pos.shape[0] != self.axes:
@@ -561,8 +562,7 @@ class RotaryEmbedding:
     def _rotate(self, q: Any, k: Any, positions: Any, offset: Any, layout: Any,
                 inverse: bool, num_threads: Any) -> None:
         """__call__'s validating path (arrays, inverse a bool)."""
-        self._check_settings()
-        if self.reverse:
+        if self._check_settings():
             inverse = not inverse
         if self._halves is not None:
             for plan in self._half_plans(q, k, positions, offset, layout, inverse, num_threads):
@@ -619,10 +619,11 @@ class RotaryEmbedding:
             state.pop(name, None)
         return state
 
-    def _check_settings(self) -> None:
-        """head_dim and axes as they stand (public attributes, which a caller may set
-        after construction), checked as the constructor checks them, before either
-        backend takes the call."""
+    def _check_settings(self) -> bool:
+        """head_dim, axes and reverse as they stand (public attributes, which a caller may
+        set after construction), checked as the constructor checks them, before either
+        backend takes the call; returns reverse as a bool."""
+        reverse = _checks.flag(self.reverse, "RotaryEmbedding.reverse")
         _checks.count(self.head_dim, "RotaryEmbedding.head_dim", minimum=1)
         axes = _checks.count(self.axes, "RotaryEmbedding.axes", minimum=1)
         if axes > _args.MAX_AXES:
@@ -630,23 +631,24 @@ class RotaryEmbedding:
         if axes > 1 and self._pair_axis is None:
             raise ValueError(f"RotaryEmbedding.axes={axes} needs mrope_section (which frequency "
                              f"pairs rotate by which axis): make a new RotaryEmbedding")
+        return reverse
 
     def _make_state(self) -> Any:
-        self._check_settings()
+        reverse = self._check_settings()
         if (_backend.compiled is None or self._pair_freq is not None
                 or self._halves is not None or self._pair_axis2 is not None):
             return False
-        return _state(self._spec, self.head_dim, bool(self.reverse)) or False
+        return _state(self._spec, self.head_dim, reverse) or False
 
     def _make_axes_state(self) -> Any:
         """The RopeState of calls with positions of every axis: each pair's frequency
         and axis (False: none, for frequencies that depend on the call's length or a
         head split in halves)."""
-        self._check_settings()
+        reverse = self._check_settings()
         kern = _backend.compiled
         if kern is None or self._halves is not None or self._pair_axis is None:
             return False
-        base = _state(self._spec, self.head_dim, bool(self.reverse))
+        base = _state(self._spec, self.head_dim, reverse)
         if not base or base.switch >= 0:
             return False
         inv_freq = base.inv_freq if self._pair_freq is None else np.ascontiguousarray(

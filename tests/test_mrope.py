@@ -893,9 +893,9 @@ def test_positions_of_every_axis_take_the_compiled_entry_directly(interleaved, m
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
 def test_attributes_set_after_construction_are_checked_at_the_call(backend):
     """A RotaryEmbedding's public attributes may change after it is made: axes past what
-    the kernels hold, a head_dim or axes that is no count, and a pairing HunYuan-VL's
-    per-axis features cannot take are refused at the call, by both backends alike, q
-    untouched."""
+    the kernels hold, a head_dim or axes that is no count, a reverse that is no bool, and
+    a pairing HunYuan-VL's per-axis features cannot take are refused at the call, by
+    both backends alike, q untouched."""
     if backend == "cython" and not COMPILED:
         pytest.skip("needs the compiled kernels")
     q0 = np.random.default_rng(0).standard_normal((1, 3, 2, 8))
@@ -912,7 +912,10 @@ def test_attributes_set_after_construction_are_checked_at_the_call(backend):
     for name, value, error, match in [("axes", 0, ValueError, r"axes must be >= 1, got 0"),
                                       ("axes", "3", TypeError, r"axes must be an int"),
                                       ("head_dim", -8, ValueError, r"head_dim must be >= 1"),
-                                      ("head_dim", 8.0, TypeError, r"head_dim must be an int")]:
+                                      ("head_dim", 8.0, TypeError, r"head_dim must be an int"),
+                                      ("reverse", "no", TypeError, r"reverse must be a bool"),
+                                      ("reverse", np.array([True, False]), TypeError,
+                                       r"reverse must be a bool")]:
         changed = fastpe.RotaryEmbedding(8, mrope_section=[2, 1, 1])
         setattr(changed, name, value)
         for positions in (None, np.zeros((3, 1, 3), np.int64)):
@@ -920,6 +923,8 @@ def test_attributes_set_after_construction_are_checked_at_the_call(backend):
                     error, match=rf"^RotaryEmbedding\.{match}"):
                 changed(q, None, positions)
             assert_bytes_equal(q, q0)
+        with pytest.raises(error, match=rf"^RotaryEmbedding\.{match}"):
+            changed.cos_sin(np.zeros((3, 3), np.int64))
     one_axis = fastpe.RotaryEmbedding(8)
     one_axis.axes = 2           # (2, seq) positions would read as two sequences' rows
     for positions in (None, np.zeros((2, 3), np.int64), np.zeros((2, 1, 3), np.int64)):
