@@ -622,11 +622,13 @@ class AlibiPlan(NamedTuple):
     num_threads: int | None
 
 
-def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int) -> NDArray[np.float64]:
-    """Slopes for `heads` heads: the given ones, checked, else the paper's."""
+def _alibi_slopes_arg(slopes: object, max_bias: object, heads: int,
+                      empty: bool) -> NDArray[np.float64]:
+    """Slopes for `heads` heads: the given ones, checked, else the paper's (none for
+    `empty` scores, which any head count may have)."""
     if slopes is None:
         mb = 8.0 if max_bias is None else _checks.real(max_bias, "max_bias", positive=True)
-        return _math.cached_alibi_slopes(heads, mb)
+        return _math.cached_alibi_slopes(0 if empty else heads, mb)
     if max_bias is not None:
         raise ValueError("give slopes, or max_bias to compute them, not both")
     s = _checks.as_array(slopes, "slopes")
@@ -708,7 +710,7 @@ def _alibi_plan(scores: np.ndarray, *, slopes: object, max_bias: object, q_offse
     batch = 1
     for n in lead:
         batch *= n
-    slope_values = _alibi_slopes_arg(slopes, max_bias, heads)
+    slope_values = _alibi_slopes_arg(slopes, max_bias, heads, scores.size == 0)
     if (_checks.compute_dtype(scores.dtype) != np.float64 and slope_values.size and not
             np.abs(slope_values).max() <= _F32_MAX):
         head = int(np.argmax(np.abs(slope_values) > _F32_MAX))

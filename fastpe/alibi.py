@@ -32,6 +32,8 @@ def _run(plan: _args.AlibiPlan) -> None:
     if kern is None:
         reference.run_alibi(plan)
         return
+    if plan.scores.size == 0:  # nothing to write (nor default slopes made for it)
+        return
     threads = _threads.resolve(plan.num_threads,
                                plan.scores.nbytes * (2 if plan.accumulate else 1))
     with _checks.kernel_views(plan.scores) as (work,):
@@ -204,7 +206,7 @@ def add_alibi(scores: InPlace, *, slopes: ArrayLike | None = None, q_offset: int
         # validating path, which also produces every error message)
         x: Any = scores
         mb = 8.0 if max_bias is None else _fast_max_bias(max_bias, slopes)
-        if x.ndim >= 3 and mb is not None:
+        if x.ndim >= 3 and x.size and mb is not None:
             sl = _math.cached_alibi_slopes(x.shape[-3], mb) if slopes is None else slopes
             off = q_offset if q_offset is None or type(q_offset) is int else _checks.plain_int(
                 q_offset)

@@ -493,6 +493,23 @@ def test_empty_scores_are_a_no_op(shape, backend):
         fastpe.alibi_bias(*shape[-3:], q_offset=0, out=np.zeros(shape[-3:]))
 
 
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_empty_scores_of_any_head_count_make_no_slopes(backend):
+    """An empty result needs no slopes: 2**40 heads of no queries are an empty table,
+    not 8 TiB of default slopes made first (a MemoryError); given slopes are still
+    checked against the heads."""
+    if backend == "cython" and not fastpe.info()["compiled"]:
+        pytest.skip("the compiled extension is not built")
+    heads = 2**40
+    with fastpe.use_backend(backend):
+        assert fastpe.alibi_bias(heads, 0, 4).shape == (heads, 0, 4)
+        assert fastpe.alibi_bias(heads, 3, 0, max_bias=4).shape == (heads, 3, 0)
+        assert fastpe.add_alibi(np.empty((2, heads, 0, 4), np.float32), causal=True).shape \
+            == (2, heads, 0, 4)
+        with pytest.raises(ValueError, match=r"^slopes must have shape \(3,\)"):
+            fastpe.add_alibi(np.empty((3, 0, 4), np.float32), slopes=[1.0, 2.0])
+
+
 def test_numpy_backend_is_the_reference():
     scores = awkward_values((2, 4, 8, 16), F32)
     a, b = scores.copy(), scores.copy()
