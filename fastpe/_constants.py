@@ -32,6 +32,14 @@ MAX_THREADS_FLOOR = 256
 DYNAMIC_SPLIT = 8
 DYNAMIC_PAIRS_STACK = 512
 
+# T5's gathers are bound by the core and by scattered reads rather than by streaming
+# bandwidth, so a team pays off on fewer bytes than fastpe._threads.SERIAL_BYTES (set by
+# streaming passes): on the 2-vCPU Intel Xeon two threads took 0.65-0.69x the time of one
+# on a T5 table of 1 MiB of float32 written, where streaming passes of 2 MiB took
+# 1.2-1.35x. Each byte of the scores counts this many times (twice that when they are
+# read and written).
+T5_BYTES_WEIGHT = 4
+
 # RoPE layouts and storage dtypes, as the kernels switch on them.
 LAYOUT_CODES = {"bshd": 0, "bhsd": 1, "shd": 2}
 STORAGE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}

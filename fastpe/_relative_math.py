@@ -101,9 +101,27 @@ def t5_check(num_buckets: int, max_distance: int, bidirectional: bool,
                          f"bucket of every distance up to it is tabulated), got {max_distance}")
 
 
-@functools.lru_cache(maxsize=128)
+# The spec of every setting made so far, by (num_buckets, max_distance, bidirectional):
+# the compiled entry (t5_call) looks a call's settings up here, and a setting not yet
+# made takes the validating path, which checks it and makes it. At most T5_SPECS_KEPT:
+# one past that starts the dict over.
+T5_SPECS: dict[tuple[int, int, bool], T5BucketSpec] = {}
+T5_SPECS_KEPT = 128
+
+
 def t5_spec(num_buckets: int, max_distance: int, bidirectional: bool) -> T5BucketSpec:
     """The bucket table of validated settings (see t5_check), computed once."""
+    key = (num_buckets, max_distance, bidirectional)
+    spec = T5_SPECS.get(key)
+    if spec is None:
+        spec = _make_t5_spec(num_buckets, max_distance, bidirectional)
+        if len(T5_SPECS) >= T5_SPECS_KEPT:
+            T5_SPECS.clear()
+        T5_SPECS[key] = spec
+    return spec
+
+
+def _make_t5_spec(num_buckets: int, max_distance: int, bidirectional: bool) -> T5BucketSpec:
     t5_check(num_buckets, max_distance, bidirectional)
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     # past max_distance the log term exceeds the last bucket; 2x covers float32 rounding

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _checks, _relative_args, _relative_math, _threads, reference
+from ._constants import T5_BYTES_WEIGHT
 from ._typing import ArrayLike, DTypeLike, InPlace
 
 __all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_relative_bias",
@@ -32,13 +33,10 @@ __all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_rel
 
 TRANSFORMERS_CHECKED = "5.25"
 
-# T5's and DeBERTa's gathers are bound by the core and by scattered reads rather than by
-# streaming bandwidth, so a team pays off on fewer bytes than fastpe._threads.SERIAL_BYTES
-# (set by streaming passes): on the 2-vCPU Intel Xeon two threads took 0.65-0.69x the
-# time of one on a T5 table of 1 MiB of float32 written, and 0.67-0.72x on a DeBERTa bias
-# of 2.5 MiB read and written, where streaming passes of 2 MiB took 1.2-1.35x. Their
-# bytes count this many times.
-T5_BYTES_WEIGHT = 4
+# DeBERTa's gathers, as T5's (fastpe._constants.T5_BYTES_WEIGHT), are bound by the core
+# and by scattered reads rather than by streaming bandwidth: on the 2-vCPU Intel Xeon two
+# threads took 0.67-0.72x the time of one on a DeBERTa bias of 2.5 MiB read and written.
+# Its bytes count this many times.
 DEBERTA_BYTES_WEIGHT = 2
 
 
@@ -49,12 +47,37 @@ def _run_t5(plan: _relative_args.T5Plan) -> None:
         return
     if plan.scores.size == 0:
         return  # nothing to write (an offset past int64 is then no error)
-    nbytes = T5_BYTES_WEIGHT * plan.scores.nbytes * (2 if plan.accumulate else 1)
+    spec = plan.spec
+    threads = _threads.resolve(plan.num_threads, (2 if plan.accumulate else 1)
+                               * T5_BYTES_WEIGHT * plan.scores.nbytes)
     with _checks.kernel_views(plan.scores) as (work,):
-        kern.t5_relative(work, _checks.dtype_code(work.dtype, "scores"),
-                         _checks.kernel_view(plan.table), plan.spec.lut, plan.spec.reach,
-                         plan.q_offset, plan.causal, plan.key_mask, plan.accumulate,
-                         _threads.resolve(plan.num_threads, nbytes))
+        done = kern.t5_call(work, _checks.kernel_view(plan.table), spec.bidirectional,
+                            spec.max_distance, plan.q_offset, plan.causal, plan.key_mask, None,
+                            {(spec.num_buckets, spec.max_distance, spec.bidirectional): spec},
+                            spec.num_buckets, 0, threads, plan.accumulate)
+    if not done:
+        raise _checks.entry_declined("T5's relative bias")
+
+
+def _t5_call(kern: Any, scores: object, table: object, bidirectional: object,
+             max_distance: object, q_offset: object, causal: object, key_mask: object,
+             num_threads: Any, num_buckets: int = -1, accumulate: bool = True) -> bool:
+    """The compiled entry on the caller's objects (NumPy integers as Python ints): False,
+    with nothing written, for a call it does not take (the validating path then runs it,
+    or names what is wrong). num_buckets: the table's rows a RelativeBias takes (any
+    other count goes that path); accumulate False writes the bias over the scores."""
+    if type(max_distance) is not int:
+        max_distance = _checks.plain_int(max_distance)
+    if q_offset is not None and type(q_offset) is not int:
+        q_offset = _checks.plain_int(q_offset)
+    done: int = kern.t5_call(scores, table, bidirectional, max_distance, q_offset, causal,
+                             key_mask, num_threads, _relative_math.T5_SPECS, num_buckets,
+                             _threads.SERIAL_BYTES, 0, accumulate)
+    if done > 1:  # past the serial size: again, with the team the thread policy gives
+        done = kern.t5_call(scores, table, bidirectional, max_distance, q_offset, causal,
+                            key_mask, num_threads, _relative_math.T5_SPECS, num_buckets, 0,
+                            _threads.resolve(num_threads, done), accumulate)
+    return done == 1
 
 
 def _run_deberta(plan: _relative_args.DebertaPlan) -> None:
@@ -173,48 +196,15 @@ def add_relative_bias(scores: InPlace, table: ArrayLike, *, bidirectional: bool 
         scores = q @ k.transpose(0, 1, 3, 2)                 # T5 does not scale
         fastpe.add_relative_bias(scores, table, key_mask=attention_mask)
     """
-    if not _t5_compiled(scores, table, bidirectional, max_distance, q_offset, causal,
-                        key_mask, num_threads):
+    kern = _backend.kernels()
+    if kern is None or not _t5_call(kern, scores, table, bidirectional, max_distance, q_offset,
+                                    causal, key_mask, num_threads):
         _run_t5(_relative_args.add_relative_bias(
             scores, table, bidirectional=bidirectional, max_distance=max_distance,
             q_offset=q_offset, causal=causal, key_mask=key_mask, num_threads=num_threads))
         if type(scores) is not np.ndarray:
             _checks.bump_written(scores)
     return scores
-
-
-def _t5_compiled(scores: object, table: object, bidirectional: object, max_distance: object,
-                 q_offset: object, causal: object, key_mask: object, num_threads: object,
-                 num_buckets: int | None = None, accumulate: bool = True) -> bool:
-    """add_relative_bias on NumPy arrays and torch tensors through the compiled entry,
-    which checks the call in C: False, with nothing written, for a call it does not take
-    (the validating path then runs it, or names what is wrong). num_buckets: the table's
-    rows a RelativeBias takes (any other count goes that path); accumulate False writes
-    the bias over the scores."""
-    kern = _backend.kernels()
-    if type(max_distance) is not int:
-        max_distance = _checks.plain_int(max_distance)
-    if (kern is None or not _array_or_tensor(scores) or not _array_or_tensor(table)
-            or type(bidirectional) is not bool or type(max_distance) is not int
-            or not (num_threads is None or (type(num_threads) is int and num_threads > 0))):
-        return False
-    x: Any = scores
-    rows = _table_rows(table)
-    if num_buckets is not None and rows != num_buckets:
-        return False
-    try:
-        nbytes = x.nbytes  # a sparse tensor raises: the validating path names it
-        spec = _relative_math.t5_spec(rows, max_distance, bidirectional)
-    except Exception:
-        return False  # the validating path names the tensor or the setting
-    threads = _threads.resolve(num_threads, T5_BYTES_WEIGHT * (2 if accumulate else 1) * nbytes)
-    # the entry takes the table only at the row count the buckets are for: another
-    # thread may have resized it in between
-    if q_offset is not None and type(q_offset) is not int:
-        q_offset = _checks.plain_int(q_offset)
-    done: bool = kern.t5_call(x, table, spec.lut, spec.reach, spec.num_buckets, q_offset,
-                              causal, key_mask, threads, accumulate)
-    return done
 
 
 def _t5_bias_compiled(table: object, q_len: int, k_len: int, bidirectional: object,
@@ -225,7 +215,8 @@ def _t5_bias_compiled(table: object, q_len: int, k_len: int, bidirectional: obje
     does not take, with nothing written. A float64 table into a half type goes that
     path, which rounds it once (the kernels read it through float32)."""
     most = _checks.COMPILED_TABLE_ELEMENTS
-    if (_backend.kernels() is None or type(table) is not np.ndarray or table.ndim != 2
+    kern = _backend.kernels()
+    if (kern is None or type(table) is not np.ndarray or table.ndim != 2
             or not table.dtype.isnative or type(q_len) is not int or type(k_len) is not int
             or not 0 <= q_len <= most or not 0 <= k_len <= most):
         return None
@@ -235,23 +226,10 @@ def _t5_bias_compiled(table: object, q_len: int, k_len: int, bidirectional: obje
     bias = _checks.compiled_output(out, dtype, (heads, q_len, k_len), table.dtype)
     if bias is None or (bias.dtype.itemsize == 2 and table.dtype.itemsize == 8):
         return None
-    if _t5_compiled(bias, table, bidirectional, max_distance, q_offset, causal, None,
-                    num_threads, accumulate=False):
+    if _t5_call(kern, bias, table, bidirectional, max_distance, q_offset, causal, None,
+                num_threads, accumulate=False):
         return bias
     return None
-
-
-def _table_rows(table: Any) -> int:
-    """The rows of a 2-D array or tensor, else 0 (a nested tensor has no shape)."""
-    try:
-        return int(table.shape[0]) if table.ndim == 2 else 0
-    except Exception:
-        return 0
-
-
-def _array_or_tensor(x: object) -> bool:
-    """An exact ndarray or plain torch tensor: what the compiled entries view."""
-    return type(x) is np.ndarray or _checks.is_plain_tensor(x)
 
 
 # ---- DeBERTa ------------------------------------------------------------------------------
@@ -488,8 +466,11 @@ class RelativeBias:
                  key_mask: ArrayLike | None = None,
                  num_threads: int | None = None) -> InPlace:
         """add_relative_bias of these settings."""
-        if _t5_compiled(scores, table, self.bidirectional, self.max_distance, q_offset,
-                        self.causal, key_mask, num_threads, self.num_buckets):
+        kern = _backend.kernels()
+        spec = self._spec
+        if kern is not None and _t5_call(kern, scores, table, spec.bidirectional,
+                                         spec.max_distance, q_offset, self.causal, key_mask,
+                                         num_threads, spec.num_buckets):
             return scores
         return add_relative_bias(scores, self._rows(table), bidirectional=self.bidirectional,
                                  max_distance=self.max_distance, q_offset=q_offset,

@@ -492,11 +492,56 @@ def test_a_t5_decode_steps_bias_takes_the_compiled_entry(compiled_entry, monkeyp
 
 
 @needs_compiled
+def test_the_t5_entry_asks_for_the_team_of_a_large_call(monkeypatch):
+    """The compiled entry never calls back into fastpe's Python: given no team for a call
+    past the serial size, it returns the bytes the call counts (the scores' bytes, twice
+    where read and written, times T5_BYTES_WEIGHT) having written nothing, and
+    add_relative_bias and relative_bias ask the thread policy for that many and call
+    again."""
+    kern = fastpe._backend.compiled
+    table, _ = t5_inputs((2, 3, 4, 50), np.float32)
+    s0 = np.random.default_rng(5).standard_normal((2, 3, 4, 50)).astype(np.float32)
+    s = s0.copy()
+    counted = 2 * fastpe._constants.T5_BYTES_WEIGHT * s.nbytes
+    fastpe.add_relative_bias(s.copy(), table)            # makes the spec of these settings
+    specs = fastpe._relative_math.T5_SPECS
+    args = (s, table, True, 128, None, False, None, None, specs, -1)
+    assert kern.t5_call(*args, counted, 0, True) == counted
+    assert_bytes_equal(s, s0)
+    assert kern.t5_call(*args, counted + 1, 0, True) == 1    # below the serial size
+    one = s.copy()
+    teams = []
+
+    def resolve(num_threads, nbytes):
+        teams.append((num_threads, nbytes))
+        return 2
+
+    monkeypatch.setattr(fastpe._threads, "SERIAL_BYTES", 1)
+    monkeypatch.setattr(fastpe._threads, "resolve", resolve)
+    s[:] = s0
+    fastpe.add_relative_bias(s, table, num_threads=3)
+    assert teams == [(3, counted)]
+    assert_bytes_equal(s, one)
+    teams.clear()
+    bias = fastpe.relative_bias(table, 4, 50, q_offset=0)
+    assert teams == [(None, counted // 4)]     # one sequence, written only
+    assert_bytes_equal(bias, fastpe.reference.relative_bias(table, 4, 50, q_offset=0))
+
+
+@needs_compiled
 @pytest.mark.parametrize("op", ["t5", "deberta"])
-def test_bit_identical_across_threads_above_the_serial_threshold(op):
+def test_bit_identical_across_threads_above_the_serial_threshold(op, monkeypatch):
     """(2, 8, 256, 512) float32 scores: 8 MiB, 16 MiB touched, above the serial
     threshold, so the threaded loop really runs (units split between threads mid-batch
-    and mid-head)."""
+    and mid-head): every call asks the thread policy for a team."""
+    teams = []
+    real_resolve = fastpe._threads.resolve
+
+    def resolve(num_threads, nbytes):
+        teams.append(real_resolve(num_threads, nbytes))
+        return teams[-1]
+
+    monkeypatch.setattr(fastpe._threads, "resolve", resolve)
     shape = (2, 8, 256, 512)
     rng = np.random.default_rng(4)
     base = rng.standard_normal(shape).astype(np.float32)
@@ -523,7 +568,9 @@ def test_bit_identical_across_threads_above_the_serial_threshold(op):
     assert_bytes_equal(one, want, "1 thread vs reference")
     for n in (2, 3, 7):
         got = base.copy()
+        teams.clear()
         run(got, n)
+        assert teams == [n], f"{n} threads asked, {teams} given"
         assert_bytes_equal(got, one, f"{n} threads")
 
 
@@ -593,24 +640,21 @@ def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(compiled_ent
 
 
 @needs_compiled
-def test_a_table_resized_while_the_call_is_parsed_is_read_as_it_is_then(compiled_entry, monkeypatch):
-    """Another thread replacing the table (Tensor.set_) between the entry's reading of its
-    rows (the buckets) and its view: the entry takes the table only at that row count,
-    so the call reads the new table whole, never past it."""
+def test_a_table_resized_between_calls_is_bucketed_by_its_rows_then(compiled_entry):
+    """The entry takes the buckets of the row count of the table it views (one view: no
+    Python runs between reading the rows and reading the values), so a table another
+    thread resized (Tensor.set_) is read whole at its new row count, never past it."""
     torch = pytest.importorskip("torch")
     scores = torch.zeros(1, 3, 1, 1)
     table = torch.ones(32, 3)
+    fastpe.add_relative_bias(scores, table, q_offset=100)    # distance -100: bucket 15 of 32
+    assert torch.equal(scores, torch.ones_like(scores))
     beyond = torch.full((32, 3), 7.0)
     smaller = beyond[:4]
-    smaller.fill_(2.0)
-    resolve = fastpe.relative._threads.resolve
-
-    def another_thread_runs(*args):
-        table.set_(smaller)
-        return resolve(*args)
-    monkeypatch.setattr(fastpe.relative._threads, "resolve", another_thread_runs)
-    fastpe.add_relative_bias(scores, table, q_offset=100)    # distance -100: bucket 15 of 32
-    assert torch.equal(scores, torch.full_like(scores, 2.0))
+    smaller[1] = 2.0                                          # -100 of 4 buckets: bucket 1
+    table.set_(smaller)
+    fastpe.add_relative_bias(scores, table, q_offset=100)
+    assert torch.equal(scores, torch.full_like(scores, 3.0))
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")

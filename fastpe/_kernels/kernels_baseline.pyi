@@ -6,14 +6,15 @@ kernels_avx512.pyi re-export it.
 tests/test_typing.py checks it against each built module with mypy.stubtest.
 
 Storage codes (`code`, `cache_code`): 0 float32, 1 float64, 2 float16, 3 bfloat16.
-One front door per operation (rope_call, alibi_call, learned_call, sinusoidal_call)
-takes the caller's objects, checks them in C and returns False (0), having written
-nothing, for anything but the case it documents; fastpe's Python layer then validates
-the call in full and calls the same entry again with the normalised arguments. None of
-them raises on data or calls back into fastpe's Python. rope_call (and t5_call) also take
-plain torch CPU tensors, alone or beside arrays (q and k tensors with the layout given),
-read through DLPack's C exchange API without an ndarray, and bump the version counters
-of those they wrote. stream, stream_reads and
+One front door per operation (rope_call, alibi_call, learned_call, sinusoidal_call,
+t5_call) takes the caller's objects, checks them in C and returns False (0), having
+written nothing, for anything but the case it documents; fastpe's Python layer then
+validates the call in full and calls the same entry again with the normalised
+arguments. None of them raises on data or calls back into fastpe's Python. rope_call
+and t5_call also take plain torch CPU tensors, alone or beside arrays (q and k tensors
+with the layout given), read through DLPack's C exchange API without an ndarray, and
+bump the version counters of those they wrote; they return the bytes a call touches
+(past a serial size) for the caller to choose a team. stream, stream_reads and
 half_round_trip serve the bench's floor.
 """
 
@@ -172,30 +173,21 @@ def alibi_call(
     accumulate: object,
     num_threads: int,
 ) -> bool: ...
-def t5_relative(
-    scores: NDArray[Any],
-    code: int,
-    table: NDArray[Any],
-    lut: NDArray[np.int32],
-    reach: int,
-    q_offset: int,
-    causal: bool,
-    key_mask: NDArray[np.uint8] | None,
-    accumulate: bool,
-    num_threads: int,
-) -> None: ...
 def t5_call(
     scores: object,
     table: object,
-    lut: NDArray[np.int32],
-    reach: int,
-    num_buckets: int,
+    bidirectional: object,
+    max_distance: object,
     q_offset: object,
     causal: object,
     key_mask: object,
-    num_threads: int,
-    accumulate: bool = ...,
-) -> bool: ...
+    num_threads: object,
+    specs: dict[tuple[int, int, bool], Any],
+    num_buckets: int,
+    serial_bytes: int,
+    threads: int,
+    accumulate: bool,
+) -> int: ...
 def deberta_disentangled(
     scores: NDArray[Any],
     code: int,

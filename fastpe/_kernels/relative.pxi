@@ -466,97 +466,83 @@ cdef enum:
     T5_STACK_BYTES = 16384
 
 
-def t5_relative(cnp.ndarray scores, int code, cnp.ndarray table, cnp.ndarray lut,
-                Py_ssize_t reach, int64_t q_offset, bint causal, object key_mask,
-                bint accumulate, int num_threads):
-    """scores[..., h, i, j] (+)= table[lut[clip(j - q_offset - i, -reach, reach) + reach], h],
-    -inf where masked, in place.
+def t5_call(object scores, object table, object bidirectional, object max_distance,
+            object q_offset, object causal, object key_mask, object num_threads,
+            dict specs, Py_ssize_t num_buckets, Py_ssize_t serial_bytes, int threads,
+            bint accumulate):
+    """The compiled entry of add_relative_bias, relative_bias and RelativeBias, the
+    caller's arguments as given, checked here: scores[..., h, i, j] += (or, accumulate
+    False, =) table[bucket(j - q_offset - i), h], -inf where masked, in place. 1 when it
+    wrote; 0, having touched nothing, when the call is not the plain case (fastpe.relative
+    then validates it in full, names what is wrong or normalises it, and calls this again:
+    the only way to the loops); the bytes the call counts as (the scores', twice where
+    read and written, times T5_BYTES_WEIGHT), having touched nothing, when that is at least
+    serial_bytes and `threads` is 0 (the caller asks its thread policy for a team and
+    calls again with it). A smaller call runs on one thread.
 
-    scores: writable (..., heads, q, k) array of storage `code`, whole-element strides,
-    elements disjoint, aligned and native; table: aligned native (num_buckets, heads)
-    float array (any strides); lut: C-contiguous int32 (2 reach + 1,) of rows of table;
-    key_mask: None or C-contiguous uint8 (1 or batch, k) of 0/1; q_offset + q - 1 fits
-    int64. Arguments are validated by the caller (fastpe._relative_args).
-    """
-    cdef T5Call a
-    cdef int nd = cnp.PyArray_NDIM(scores)
-    a.mask = NULL
-    a.mrows = 1
-    if key_mask is not None:
-        # read as a block of rows: any other layout would mask the wrong keys
-        if (not cnp.PyArray_CheckExact(key_mask) or cnp.PyArray_NDIM(key_mask) != 2
-                or cnp.PyArray_TYPE(key_mask) != cnp.NPY_UBYTE
-                or not cnp.PyArray_IS_C_CONTIGUOUS(key_mask)
-                or (<cnp.ndarray>key_mask).shape[1] != scores.shape[nd - 1]):
-            raise ValueError("t5_relative: key_mask is not a C-contiguous uint8 "
-                             "(rows, k) array")
-        a.mask = <const unsigned char *>cnp.PyArray_DATA(<cnp.ndarray>key_mask)
-        a.mrows = (<cnp.ndarray>key_mask).shape[0]
-    if (cnp.PyArray_NDIM(table) != 2 or table.shape[1] != scores.shape[nd - 3]
-            or lut.shape[0] != 2 * reach + 1):
-        raise ValueError("t5_relative: table or lut does not match the scores")
-    t5_execute(&a, <char *>cnp.PyArray_DATA(scores), nd,
-               <const Py_ssize_t *>cnp.PyArray_DIMS(scores),
-               <const Py_ssize_t *>cnp.PyArray_STRIDES(scores), cnp.PyArray_ITEMSIZE(scores),
-               code, <const char *>cnp.PyArray_DATA(table), table.strides[0],
-               table.strides[1], float_code(cnp.PyArray_TYPE(table)),
-               <const int32_t *>cnp.PyArray_DATA(lut),
-               reach, q_offset, causal, accumulate, num_threads)
-
-
-def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
-            Py_ssize_t num_buckets, object q_offset, object causal, object key_mask,
-            int num_threads, bint accumulate=True):
-    """The compiled entry of add_relative_bias (and, accumulate False, of relative_bias
-    into an array it made): scores[..., h, i, j] += (or =) the T5 bias, in place, and
-    True; False, with nothing written, for any argument outside what it takes
-    (fastpe.relative then validates the call in full, names what is wrong or normalises
-    it, and runs t5_relative).
-
-    It takes exact ndarrays and plain torch CPU tensors (tensor_view; a written tensor's
-    version counter is bumped): scores writable, aligned, native and float, of 3 to
-    VIEW_DIMS dimensions (..., heads, q, k) with whole-element strides and disjoint
-    elements; table aligned, native and float, (num_buckets, heads), its bytes apart from
-    the scores', lut and reach the buckets of its settings (fastpe._relative_math.
-    t5_spec); q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in int64;
-    causal a bool; key_mask None or as owned_mask_view takes it. The table is read, and
-    the mask copied, before anything is written.
+    Plain case: exact ndarrays or plain torch CPU tensors (tensor_view; a written
+    tensor's version counter is bumped): scores writable, aligned, native and float, of
+    3 to VIEW_DIMS dimensions (..., heads, q, k) with whole-element strides and disjoint
+    elements; table aligned, native and float, (rows, heads), its bytes apart from the
+    scores', rows num_buckets unless that is -1; bidirectional and causal bools;
+    max_distance an int; specs holding the T5BucketSpec of (rows, max_distance,
+    bidirectional) (fastpe._relative_math.T5_SPECS: the settings' check passed);
+    q_offset None (k - q, q <= k) or an int >= 0 with q_offset + q - 1 in int64;
+    num_threads None or an int in 1..MAX_THREADS_FLOOR; key_mask None or as
+    owned_mask_view takes it. The table is read, and the mask copied, before anything is
+    written.
     """
     cdef object t = None
     cdef View xv, tv, mv
+    if (type(bidirectional) is not bool or type(max_distance) is not int
+            or type(causal) is not bool):
+        return 0
+    if num_threads is not None and not (type(num_threads) is int
+                                        and 1 <= num_threads <= MAX_THREADS_FLOOR):
+        return 0
     if not (cnp.PyArray_CheckExact(scores) and cnp.PyArray_CheckExact(table)
             and (key_mask is None or cnp.PyArray_CheckExact(key_mask))):
         t = tensor_views_now()
         if t is None:
-            return False
-    if (type(causal) is not bool or not operand_view(scores, t, True, &xv)
-            or not operand_view(table, t, False, &tv)):
-        return False
+            return 0
+    if not operand_view(scores, t, True, &xv) or not operand_view(table, t, False, &tv):
+        return 0
     cdef int code = view_code(&xv)
     cdef int ax, nd = xv.ndim
     if (code < 0 or nd < 3 or not view_whole_strides(&xv)
             or not view_elements_disjoint(&xv)):
-        return False
+        return 0
     cdef Py_ssize_t heads = xv.shape[nd - 3], q = xv.shape[nd - 2], k = xv.shape[nd - 1]
     cdef Py_ssize_t batch = 1
     for ax in range(nd - 3):
         batch *= xv.shape[ax]
     cdef int tcode = float_code(tv.typenum)
-    if (tv.ndim != 2 or tv.shape[1] != heads or tv.shape[0] != num_buckets or tcode < 0
-            or not tv.aligned or not tv.native or lut.shape[0] != 2 * reach + 1
+    if (tv.ndim != 2 or tv.shape[1] != heads or tcode < 0 or not tv.aligned
+            or not tv.native or (num_buckets >= 0 and tv.shape[0] != num_buckets)
             or not apart_views(&xv, &tv)):
-        return False
+        return 0
+    spec = specs.get((tv.shape[0], max_distance, bidirectional))
+    if spec is None:
+        return 0
+    cdef cnp.ndarray lut = spec.lut
+    cdef Py_ssize_t reach = spec.reach
     cdef int64_t off
     if q_offset is None:
         if q > k:
-            return False
+            return 0
         off = k - q
     else:
         if type(q_offset) is not int or q_offset < 0:
-            return False
+            return 0
         if q_offset > INT64_MAX_VALUE - max(q - 1, 0):
-            return False
+            return 0
         off = q_offset
+    cdef Py_ssize_t nbytes = (2 if accumulate else 1) * T5_BYTES_WEIGHT * xv.size
+    nbytes *= xv.itemsize
+    if nbytes < serial_bytes:
+        threads = 1
+    elif threads < 1:
+        return nbytes
     cdef T5Call a
     cdef AlibiOwned o
     o.slopes = NULL
@@ -568,16 +554,16 @@ def t5_call(object scores, object table, cnp.ndarray lut, Py_ssize_t reach,
         if key_mask is not None:
             if (not operand_view(key_mask, t, False, &mv)
                     or not owned_mask_view(&o, &mv, &xv, batch, k, &a.mrows)):
-                return False
+                return 0
             a.mask = o.mask
         t5_execute(&a, xv.data, nd, xv.shape, xv.strides, xv.itemsize, code, tv.data,
                    tv.strides[0], tv.strides[1], tcode, <const int32_t *>cnp.PyArray_DATA(lut),
-                   reach, off, causal, accumulate, num_threads)
+                   reach, off, causal, accumulate, threads)
     finally:
         alibi_owned_free(&o)
     if not cnp.PyArray_CheckExact(scores):
         bump_tensors((scores,))
-    return True
+    return 1
 
 
 cdef int t5_execute(T5Call *a, char *xp, int nd, const Py_ssize_t *dims,
