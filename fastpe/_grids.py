@@ -1,9 +1,12 @@
 """Position grids of multi-axis RoPE: a prompt's M-RoPE positions, a vision tower's
 patch rows and columns.
 
-Both follow the published recipes (Qwen2-VL, Wang et al. 2024, section 2.1) as
-transformers' ``get_rope_index`` and ``get_vision_position_ids`` lay them out, and
-return int64 arrays axis first, ready for a :class:`fastpe.RotaryEmbedding` with
+Both follow the recipe of Qwen2-VL (Wang et al. 2024, section 2.1) as transformers'
+``get_rope_index`` and ``get_vision_position_ids`` lay it out (transformers 5: text after
+a grid resumes past the grid's start plus its larger side, whatever its frames; other
+copies of ``get_rope_index``, earlier transformers among them, resume past the grid's
+largest position on any axis, which differs for a video whose frames reach further),
+and return int64 arrays axis first, ready for a :class:`fastpe.RotaryEmbedding` with
 ``axes`` > 1.
 """
 
@@ -137,7 +140,9 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
         take frame, row and column indices (row-major, frame-major), each offset by the
         position where the grid starts; text after a grid resumes at that start plus
         max(h, w) / m (the frames do not count). This is what transformers'
-        ``get_rope_index`` gives Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4V prompts.
+        ``get_rope_index`` gives Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4V prompts;
+        ERNIE-4.5-VL's merges a video's frames two by two (its
+        ``temporal_merge_size``): pass its grid as ``(t // 2, h, w)``.
         A Qwen3-VL video is one ``(1, h, w)`` grid per frame, with the frame's
         timestamp text tokens between them (its ``get_rope_index`` splits
         ``video_grid_thw`` so): a ``(t, h, w)`` grid takes Qwen2-VL's frame layout.
@@ -157,23 +162,31 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
             segments, Sequence):
         raise TypeError(f"segments must be a list of text token counts and (t, h, w) grids, "
                         f"got {type(segments).__name__}")
-    parts = []
-    start = 0
+    # every segment checked and counted before any positions are made
     tokens = _Tokens()
+    parsed: list[tuple[int, object, int, int] | int] = []
     for i, seg in enumerate(segments):
         if isinstance(seg, (int, np.integer)) and not isinstance(seg, (bool, np.bool_)):
             n = _checks.count(seg, f"segments[{i}]")
-            _fits(start + n - 1, f"segments[{i}]")
             tokens.add(n, f"segments[{i}]")
-            parts.append(np.broadcast_to(start + np.arange(n, dtype=np.int64), (3, n)))
-            start += n
+            parsed.append(n)
             continue
         entries = _sizes(seg, f"segments[{i}]")
         step = entries.pop() if len(entries) == 4 else 1
         grid = _grid(entries, f"segments[{i}]")
         h, w = _merged(grid, merge, f"segments[{i}]")
         tokens.add(grid[0] * h * w, f"segments[{i}]")
-        frames = _frames(grid[0], step, f"segments[{i}]")
+        parsed.append((grid[0], step, h, w))
+    parts = []
+    start = 0
+    for i, seg in enumerate(parsed):
+        if isinstance(seg, int):
+            _fits(start + seg - 1, f"segments[{i}]")
+            parts.append(np.broadcast_to(start + np.arange(seg, dtype=np.int64), (3, seg)))
+            start += seg
+            continue
+        t, step, h, w = seg
+        frames = _frames(t, step, f"segments[{i}]")
         _fits(start + max(int(frames[-1]), h - 1, w - 1), f"segments[{i}]")
         t_idx, h_idx, w_idx = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")
         parts.append(start + np.stack([t_idx, h_idx, w_idx]).reshape(3, -1).astype(np.int64))
@@ -195,7 +208,9 @@ def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
     spatial_merge_size : int
         Patches are ordered block by block of m x m, as the towers that merge m x m
         patches afterwards order them (Qwen2-VL and successors, GLM-4V, PaddleOCR: 2);
-        1 is plain row-major order (Pixtral, Llama 4).
+        1 is plain row-major order (Pixtral, Llama 4). Qwen2.5-VL's tower then runs
+        its blocks in window order (``get_vision_window_index``): take the positions
+        in its order too, ``pos.reshape(2, -1, m * m)[:, window_index].reshape(2, -1)``.
     offset : int
         Added to every row and column (Llama 4 numbers patches from 1).
     cls : bool
@@ -241,8 +256,11 @@ def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
         items = list(grids)
     if not items:
         raise ValueError("grids must hold at least one grid")
-    single = all(isinstance(v, (int, np.integer)) for v in items)
-    parts = []
+    # one grid of scalars (a float or None among them named as its entry), or grids
+    single = not any(_array_like(v) or (isinstance(v, Sequence)
+                                        and not isinstance(v, (str, bytes))) for v in items)
+    # every grid checked and counted before any positions are made
+    grids_thw = []
     tokens = _Tokens()
     for i, value in enumerate([items] if single else items):
         name = "grids" if single else f"grids[{i}]"
@@ -250,6 +268,9 @@ def vision_positions(grids: Sequence[int] | Sequence[Sequence[int]], *,
         _merged((t, h, w), merge, name)
         tokens.add(t * h * w + cls, name)
         _fits(max(t - 1, offset + max(h, w) - 1), "offset" if offset else name)
+        grids_thw.append((t, h, w))
+    parts = []
+    for t, h, w in grids_thw:
         row_grid, col_grid = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
         block = (h // merge, merge, w // merge, merge)
         rows = row_grid.reshape(block).transpose(0, 2, 1, 3).ravel() + offset

@@ -200,6 +200,8 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         from ``base`` and ``scaling`` (a Hugging Face rope_scaling dict).
     rotary_dim : int, optional
         Rotate only the first rotary_dim features (even); the rest are untouched.
+        Default: the head_dim, or with ``freqs`` twice their count (so frequencies of
+        a partial rotary_dim rotate only the features they cover).
     style : {"neox", "gptj"}
         Pair feature j with j + rotary_dim/2 (LLaMA, HF rotate_half), or 2j with 2j+1.
     inverse : bool
@@ -499,8 +501,9 @@ class RotaryEmbedding:
                 dtype: DTypeLike = "float32") -> tuple[np.ndarray, np.ndarray]:
         """A cos/sin cache for :func:`apply_rope_cached`: positions.shape +
         (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
-        result has the shape of one axis's positions. Positions may be real-valued,
-        as for :func:`rope_cos_sin`."""
+        result has the shape of one axis's positions; (seq,) positions are text
+        positions, every axis the same (as a call reads them). Positions may be
+        real-valued, as for :func:`rope_cos_sin`."""
         if self._halves is not None or self._pair_axis2 is not None:
             raise ValueError("this embedding does not turn each pair by one angle per "
                              "token, which one cos/sin table for apply_rope_cached cannot "
@@ -515,6 +518,8 @@ class RotaryEmbedding:
             if reverse:
                 np.negative(sin, out=sin)
             return cos, sin
+        if pos.ndim == 1:
+            pos = np.broadcast_to(pos, (self.axes, pos.shape[0]))
         if pos.ndim < 1 or pos.shape[0] != self.axes:
             raise ValueError(f"positions must have shape ({self.axes}, ...), one row per "
                              f"axis, got {pos.shape}")

@@ -352,6 +352,8 @@ ROWS += [
         TypeError, r"\bcls\b"),
     Row("vision_positions/grid-four-sizes", lambda a: fastpe.vision_positions((1, 2, 2, 2)),
         ValueError, r"\bgrids\b"),
+    Row("vision_positions/grid-entry-float", lambda a: fastpe.vision_positions((1, 2.0, 4)),
+        TypeError, r"^grids h must be an int"),
     Row("dinov3_positions/height-float", lambda a: fastpe.dinov3_positions(3.0, 4),
         TypeError, r"\bheight\b"),
     Row("dinov3_positions/patch-size-zero", lambda a: fastpe.dinov3_positions(
@@ -370,6 +372,11 @@ ROWS += [
         category="value"),
     Row("efficientloftr_positions/past-2**32", lambda a: fastpe.efficientloftr_positions(
         2**36, 1), ValueError, r"\bheight\b.*2\*\*32", category="value"),
+    # the same for the total of several segments or grids, counted before the first is made
+    Row("mrope_positions/past-2**32", lambda a: fastpe.mrope_positions(
+        [(1, 2**16, 2**16), 5]), ValueError, r"^segments\[1\].*2\*\*32", category="value"),
+    Row("vision_positions/past-2**32", lambda a: fastpe.vision_positions(
+        [(1, 2**16, 2**16), (1, 1)]), ValueError, r"^grids\[1\].*2\*\*32", category="value"),
     Row("sam3_vit_positions/window-size-float", lambda a: fastpe.sam3_vit_positions(
         4, 4, window_size=4.5), TypeError, r"\bwindow_size\b"),
     Row("sam3_vit_positions/height-negative", lambda a: fastpe.sam3_vit_positions(

@@ -309,6 +309,19 @@ def test_cos_sin_of_multi_axis_positions():
     np.testing.assert_allclose(sin, np.sin(ang), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("seq", [1, 2, 3, 4])
+def test_cos_sin_of_text_positions_gives_every_axis_the_same(seq):
+    """(seq,) positions are text positions for cos_sin as for a call: a row per token,
+    also where seq equals the axes (3), which was read as one token's (t, h, w)."""
+    rope = fastpe.RotaryEmbedding(D, mrope_section=SECTIONS)
+    pos = np.arange(5, 5 + seq)
+    cos, sin = rope.cos_sin(pos, dtype="float64")
+    assert cos.shape == sin.shape == (seq, D // 2)
+    ang = pos[:, None].astype(np.float64) * inv_freq(D)
+    np.testing.assert_allclose(cos, np.cos(ang), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sin, np.sin(ang), rtol=0, atol=1e-12)
+
+
 # ---- refusals: a clear error naming the argument, nothing written ----------------------
 
 BAD = [
@@ -713,7 +726,7 @@ def test_position_helpers_take_grid_thw_arrays_and_tensors():
      r"segments\[0\] temporal step must be a positive float32"),
     (lambda: fastpe.mrope_positions([(3, 2, 2, 0)]), ValueError, r"segments\[0\] temporal step"),
     (lambda: fastpe.mrope_positions([(1, 2, 2), 2**63 - 1]), ValueError,
-     r"segments\[1\].*int64"),
+     r"segments\[1\] brings the tokens"),
     # more tokens than any call takes: refused before a grid of them is made
     (lambda: fastpe.mrope_positions([5, (1, 2**31, 2**31)]), ValueError,
      r"segments\[1\] brings the tokens to \d+, past the 4294967296"),
