@@ -12,16 +12,19 @@ value, so a float64 formula would move some distances into the neighbouring buck
 tables here repeat the float32 steps: each division and product rounds to float32 as
 torch's does, and the logarithm is the correctly rounded float32 one (float64 ``log``
 of the float32 argument, rounded). torch's own float32 log (SLEEF, within 1 ulp) agrees
-with it wherever a bucket depends on it for the distances the fixtures check (every
-distance below 2**18 for the families' settings); DeBERTa's unbounded log buckets can
-differ by one bucket past that (first seen at distance 403269 with 256 buckets and 512
-positions), and nearer with other settings (117843 with 1024 buckets and 514 positions);
-T5's at settings far from the families' (837794 with 1000 unidirectional buckets and
-max_distance 2**21).
+with it wherever a bucket depends on it at every distance below 2**18 for the families'
+settings (in the fixtures, T5's 32 buckets up to 128 and DeBERTa's 256 buckets over 512
+positions; against torch 2.13's log, seven more DeBERTa settings of 32 to 512 buckets
+over 256 to 1024 positions).
+At other settings a distance whose bucket turns on the last bit of a log can take the
+neighbouring bucket where torch's log is not correctly rounded, and not only past the
+span: DeBERTa with 163 buckets over 485 positions (distance 198: -121 here, -122 in
+torch; about 1 setting in 400 of a random sweep differs inside the span), T5 with 1000
+unidirectional buckets up to 2**21 (distance 837794); DeBERTa's standard settings first
+differ far past the span, where the gathers clamp (distance 403269 with 256 buckets
+and 512 positions). fastpe.hf's patched DeBERTa compares the model's own relative
+positions at every call and runs the stock code where they differ.
 
-A bucket is a monotone function of the distance that is constant past a saturation
-distance, so a table up to that distance (kept read-only in a spec cached by value)
-gives every bucket: distances beyond it clamp to its ends.
 """
 
 from __future__ import annotations

@@ -240,10 +240,11 @@ def deberta_relative_positions(q_len: int, k_len: int, *, position_buckets: int 
 
     transformers' DebertaV2 ``build_relative_position`` (without its leading axis):
     ``i - j``, log-bucketed (``make_log_bucket_position``, float32 steps included)
-    when position_buckets and max_relative_positions are both > 0. Far past
-    max_relative_positions, where the attention's gathers clamp every bucket to the
-    same end, torch's float32 log can put a distance one bucket over
-    (fastpe._relative_math).
+    when position_buckets and max_relative_positions are both > 0, with the correctly
+    rounded float32 log. For the released models' settings torch's float32 log gives the
+    same positions below distance 2**18; at other settings a distance whose bucket
+    turns on the log's last bit can be one bucket over (163 buckets over 485 positions:
+    distance 198), where torch's log is not correctly rounded (fastpe._relative_math).
     """
     return reference.deberta_relative_positions(q_len, k_len, position_buckets=position_buckets,
                                                 max_relative_positions=max_relative_positions)
