@@ -492,7 +492,7 @@ def test_a_t5_decode_steps_bias_takes_the_compiled_entry(compiled_entry, monkeyp
 
 
 @needs_compiled
-def test_the_t5_entry_asks_for_the_team_of_a_large_call(monkeypatch):
+def test_the_t5_entry_asks_for_the_team_of_a_large_call(compiled_entry, monkeypatch):
     """The compiled entry never calls back into fastpe's Python: given no team for a call
     past the serial size, it returns the bytes the call counts (the scores' bytes, twice
     where read and written, times T5_BYTES_WEIGHT) having written nothing, and
@@ -530,7 +530,8 @@ def test_the_t5_entry_asks_for_the_team_of_a_large_call(monkeypatch):
 
 @needs_compiled
 @pytest.mark.parametrize("op", ["t5", "deberta"])
-def test_bit_identical_across_threads_above_the_serial_threshold(op, monkeypatch):
+def test_bit_identical_across_threads_above_the_serial_threshold(op, compiled_entry,
+                                                                monkeypatch):
     """(2, 8, 256, 512) float32 scores: 8 MiB, 16 MiB touched, above the serial
     threshold, so the threaded loop really runs (units split between threads mid-batch
     and mid-head): every call asks the thread policy for a team."""
