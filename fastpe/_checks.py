@@ -193,21 +193,49 @@ def torch_rope(q: Any, k: Any, positions: Any) -> list[Any]:
         pv = positions if positions is None or type(positions) is np.ndarray else (
             own_memory(positions, positions.numpy(), "positions"))
     except (AttributeError, RuntimeError, TypeError):
-        return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
-    return [qv, kv, pv]
+        pass  # the general path names what is wrong, outside this handler
+    else:
+        return [qv, kv, pv]
+    return torch_tensors((q, "q", True), (k, "k", True), (positions, "positions", False))
 
 
 def own_memory(x: Any, view: np.ndarray, name: str) -> np.ndarray:
-    """view, torch's NumPy conversion of the tensor x, when x has memory of its own; a
-    TypeError naming x where it has none (a null data pointer): a functional tensor of
-    torch.func.functionalize converts to a fresh array of other values, whose writes
-    would be lost and whose values read would be wrong, without an error from torch."""
+    """view, torch's NumPy conversion of the tensor x, when it is x's memory; a TypeError
+    naming x where it is not: a functional tensor of torch.func.functionalize (a null
+    data pointer) converts to a fresh array of other values, and a subclass's own
+    ``numpy`` (or ``__torch_function__``) may answer with a copy: writes to either would
+    be lost and values read from it wrong, without an error from torch."""
     if view.size and not x.data_ptr():
         raise TypeError(f"{name} is a torch tensor without memory of its own (a functional "
                         f"tensor of torch.func.functionalize, or another wrapper): its NumPy "
                         f"conversion is not its memory, so fastpe would read and write other "
                         f"values; call fastpe outside the transform")
+    if view.size and type(x) is not _torch()[0].Tensor:
+        _subclass_memory(x, view, name)
     return view
+
+
+def _subclass_memory(x: Any, view: np.ndarray, name: str) -> None:
+    """Refuse the NumPy conversion of a tensor subclass that is not a view of the
+    tensor's own elements, read as torch.Tensor reads them (the subclass's overrides
+    off). A subclass that overrides none of what the conversion calls (nn.Parameter,
+    whose __torch_function__ is off) converts as torch.Tensor does."""
+    torch = _torch()[0]
+    cls = type(x)
+    function = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
+    if (function in (torch.Tensor.__torch_function__.__func__,
+                     torch._C._disabled_torch_function_impl)
+            and cls.numpy is torch.Tensor.numpy and cls.view is torch.Tensor.view
+            and cls.data_ptr is torch.Tensor.data_ptr):
+        return
+    with torch._C.DisableTorchFunctionSubclass():
+        ptr, shape, strides = x.data_ptr(), tuple(x.shape), x.stride()
+        itemsize = x.element_size()
+    if (view.__array_interface__["data"][0] != ptr or view.shape != shape
+            or view.strides != tuple(s * itemsize for s in strides)):
+        raise TypeError(f"{name} is a torch tensor subclass ({type(x).__name__}) whose NumPy "
+                        f"conversion is not its memory, so fastpe would read and write other "
+                        f"values; pass {name}.as_subclass(torch.Tensor)")
 
 
 _Layout = TypeVar("_Layout")

@@ -179,13 +179,13 @@ def mrope_positions(segments: Sequence[int | Sequence[int]], *,
         parsed.append((grid[0], step, h, w))
     parts = []
     start = 0
-    for i, seg in enumerate(parsed):
-        if isinstance(seg, int):
-            _fits(start + seg - 1, f"segments[{i}]")
-            parts.append(np.broadcast_to(start + np.arange(seg, dtype=np.int64), (3, seg)))
-            start += seg
+    for i, made in enumerate(parsed):
+        if isinstance(made, int):
+            _fits(start + made - 1, f"segments[{i}]")
+            parts.append(np.broadcast_to(start + np.arange(made, dtype=np.int64), (3, made)))
+            start += made
             continue
-        t, step, h, w = seg
+        t, step, h, w = made
         frames = _frames(t, step, f"segments[{i}]")
         _fits(start + max(int(frames[-1]), h - 1, w - 1), f"segments[{i}]")
         t_idx, h_idx, w_idx = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")

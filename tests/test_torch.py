@@ -583,6 +583,39 @@ def test_functional_tensors_read_beside_plain_ones_are_refused(backend):
     assert (q._version, x._version) == version
 
 
+class _CopyingNumpy(torch.Tensor):
+    """A subclass whose numpy() (through __torch_function__) answers with a copy."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out.copy() if getattr(func, "__name__", "") == "numpy" else out
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+@pytest.mark.parametrize("entry", [e for e in _entries() if not e.endswith("ndarray q")
+                                   and "memoryview" not in e])
+def test_a_subclass_whose_numpy_is_a_copy_is_refused_not_written_to_it(entry, backend):
+    """A tensor subclass whose NumPy conversion is not its memory: refused by name, the
+    tensor and its version as they were (fastpe wrote the copy and returned, the tensor
+    unchanged); its plain twin is written (add_learned's table is zeros)."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    call = _entries()[entry]
+    q = _tensor((1, 3, 2, 8), "float32", 17).as_subclass(_CopyingNumpy)
+    k = _tensor((1, 3, 2, 8), "float32", 18)
+    before, version = q.as_subclass(torch.Tensor).clone(), q._version
+    with fastpe.use_backend(backend), pytest.raises(
+            TypeError, match=r"^(q|x|scores|out) is a torch tensor subclass \(_CopyingNumpy\) "
+                             r"whose NumPy conversion is not its memory"):
+        call(q, k, True)
+    assert torch.equal(q.as_subclass(torch.Tensor), before) and q._version == version
+    plain = before.clone()
+    with fastpe.use_backend(backend):
+        call(plain, k.clone(), True)
+    assert torch.equal(plain, before) == (entry == "add_learned")
+
+
 _INT_ARGS = {
     "apply_rope offset": lambda n, q: fastpe.apply_rope(q, offset=n, layout="bshd"),
     "RotaryEmbedding offset": lambda n, q: fastpe.RotaryEmbedding(8)(q, offset=n,
