@@ -487,9 +487,11 @@ def writable_array(x: np.ndarray, name: str) -> None:
     if not x.flags.writeable:
         raise TypeError(f"{name} is read-only; fastpe writes it in place")
     if x.size and not elements_disjoint(x):
-        raise ValueError(f"{name} has overlapping elements (strides such as a broadcast's "
-                         f"zeros map several elements to the same memory); in-place results "
-                         f"would be ill-defined")
+        raise ValueError(f"{name} has overlapping elements, or strides whose elements "
+                         f"fastpe cannot prove distinct (a broadcast's zero strides map several "
+                         f"elements to the same memory; as_strided axes that do not nest, "
+                         f"each stepping past the smaller ones, are not proven apart): "
+                         f"in-place results would be ill-defined; pass a copy")
 
 
 def lattice_apart(a: np.ndarray, b: np.ndarray) -> bool:

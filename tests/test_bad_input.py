@@ -621,6 +621,13 @@ ROWS += [
     Row("add_alibi/scores-self-overlapping", lambda a: fastpe.add_alibi(a["view"]),
         ValueError, r"\bscores\b.*overlapping", lambda: self_overlapping(AS_SHAPE),
         category="overlap"),
+    # 252 distinct elements whose axes do not nest (as_strided): not proven apart, and
+    # said so, not called overlapping
+    Row("apply_rope/q-distinct-unnested", lambda a: fastpe.apply_rope(a["view"]), ValueError,
+        r"^q has overlapping elements, or strides whose elements fastpe cannot prove "
+        r"distinct", lambda: {"view": np.lib.stride_tricks.as_strided(
+            np.zeros(1000, np.float32), (1, 6, 3, 14), (84, 48, 8, 168), writeable=True)},
+        category="overlap"),
     Row("add_learned/x-overlaps-table", lambda a: AL(a["buf"][1:S + 1], a["buf"]),
         ValueError, _overlap("x", "table"), _table_with_x,
         category="overlap"),
