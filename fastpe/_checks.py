@@ -361,6 +361,10 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
     refuse_traced(name)
     if forward_ad_on():
         refuse_dual(x, name)
+    if x.requires_grad and inference_mode():
+        # inference mode records no autograd, grad mode on or not: torch's in-place
+        # operations take such a tensor there (its detached view shares memory and version)
+        x = x.detach()
     try:
         if x.dtype is bfloat16:
             module = ml_dtypes(load=True)

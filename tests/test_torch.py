@@ -269,6 +269,19 @@ def test_tensors_that_require_grad_are_written_under_no_grad_as_torch_writes_the
     assert x._version == 1 and (x == 1).all() and x.requires_grad
 
 
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    BF16 is None, reason="needs ml_dtypes"))])
+def test_tensors_that_require_grad_are_written_in_inference_mode_with_grad_enabled(dtype):
+    """Inference mode records no autograd even with torch.enable_grad() inside it, where
+    torch's in-place ops write a leaf that requires grad: so does fastpe (it refused it
+    as if grad mode recorded it), reading one too."""
+    x = torch.zeros(1, 3, 8, dtype=getattr(torch, dtype), requires_grad=True)
+    table = torch.ones(4, 8, dtype=getattr(torch, dtype), requires_grad=True)
+    with torch.inference_mode(), torch.enable_grad():
+        fastpe.add_learned(x, table)
+    assert x._version == 1 and (x == 1).all() and x.requires_grad
+
+
 def test_negated_views_are_refused_as_targets_and_read_as_values():
     q = torch.zeros(1, 2, 1, 8)
     with pytest.raises(TypeError, match=r"\bq\b.*negative or conjugate bit"):
