@@ -332,14 +332,17 @@ def _rotary_dim(rotary_dim: object, head_dim: int, implied: int | None, implied_
 
 
 def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
-    """`freqs`: a RopeFrequencies, or a bare 1-D array of inverse frequencies."""
+    """`freqs`: a RopeFrequencies, or a bare 1-D array or torch tensor of inverse
+    frequencies (a model's inv_freq buffer)."""
+    inv_freq: object
     if isinstance(freqs, _rope_scaling.RopeFrequencies):
         inv_freq, att = freqs.inv_freq, freqs.attention_scaling
-    elif isinstance(freqs, np.ndarray):
+    elif isinstance(freqs, np.ndarray) or _checks.is_tensor(freqs):
         inv_freq, att = freqs, 1.0
     else:
         raise TypeError(f"freqs must be a RopeFrequencies (from rope_frequencies) or a "
-                        f"1-D float array of inverse frequencies, got {type(freqs).__name__}")
+                        f"1-D float array or tensor of inverse frequencies, got "
+                        f"{type(freqs).__name__}")
     inv_freq = _checks.as_array(inv_freq, "freqs.inv_freq")
     if not _checks.real_dtype(inv_freq.dtype):
         raise TypeError(f"freqs.inv_freq must be real numbers, got dtype {inv_freq.dtype}")

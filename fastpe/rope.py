@@ -195,7 +195,7 @@ def apply_rope(q: InPlace, k: Any = None, positions: PositionsLike = None, *,
         How q and k hold their axes: "bshd" for NumPy arrays when not given; torch
         tensors must say (transformers holds q and k as "bhsd", other code as
         "bshd"), as a misread layout rotates by the wrong positions without an error.
-    freqs : RopeFrequencies or ndarray, optional
+    freqs : RopeFrequencies, or an ndarray or torch tensor of inverse frequencies, optional
         Precomputed frequencies (from :func:`rope_frequencies`); else computed
         from ``base`` and ``scaling`` (a Hugging Face rope_scaling dict).
     rotary_dim : int, optional

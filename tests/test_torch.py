@@ -741,3 +741,21 @@ def test_calls_inside_a_compiled_function_run_between_its_graphs(first):
     proc = run_python(_COMPILED_CALLS.format(first=first), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_a_models_inv_freq_tensor_is_taken_as_freqs(backend):
+    """A bare torch tensor of inverse frequencies (a rotary module's inv_freq buffer)
+    rotates as the same frequencies as an ndarray, and rope_cos_sin takes it too."""
+    if backend == "cython" and not fastpe._backend.compiled:
+        pytest.skip("the compiled extension is not built")
+    inv = torch.from_numpy(fastpe.rope_frequencies(16).inv_freq.astype(np.float32))
+    q = _tensor((1, 5, 2, 16), "float32", 21)
+    want = q.clone()
+    with fastpe.use_backend(backend):
+        fastpe.apply_rope(want, positions=torch.arange(5), freqs=inv.numpy(), layout="bshd")
+        fastpe.apply_rope(q, positions=torch.arange(5), freqs=inv, layout="bshd")
+        assert torch.equal(q, want)
+        for got, expected in zip(fastpe.rope_cos_sin(np.arange(5), inv),
+                                 fastpe.rope_cos_sin(np.arange(5), inv.numpy())):
+            np.testing.assert_array_equal(got, expected)
