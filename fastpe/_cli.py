@@ -226,18 +226,20 @@ def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str |
     """Refuse, before anything runs, an output the run could not write at its end."""
     if path is None or (path == "-" and option == "--json"):
         return
-    target = Path(path).expanduser().resolve()
+    if option == "--plot" and path == "-":
+        parser.error("--plot -: a plot is a file (--json - is standard output)")
+    # the file savefig writes: a name without a suffix gets .png
+    target = Path(_plot_path(path) if option == "--plot" else path).expanduser().resolve()
     if target.parent.exists() and not target.parent.is_dir():
         parser.error(f"{option} {path}: {target.parent} is not a directory")
     if not target.parent.is_dir():
         parser.error(f"{option} {path}: directory {target.parent} does not exist")
     if target.is_dir():
-        parser.error(f"{option} {path}: is a directory, not a file")
+        parser.error(f"{option} {path}: {target} is a directory, not a file")
     if option == "--plot" and target.suffix and target.suffix.lower() not in PLOT_FORMATS:
         parser.error(f"--plot {path}: matplotlib writes {', '.join(PLOT_FORMATS)} files "
                      f"(by the suffix), not {target.suffix}")
-    if option == "--plot" and path == "-":
-        parser.error("--plot -: a plot is a file (--json - is standard output)")
+
     # opened now (and left as it was), so that a run of minutes is not lost at its end
     existed = target.exists()
     try:
@@ -279,7 +281,8 @@ def bench_table(report: dict[str, Any]) -> str:
            else " (fastpe.reference: no compiled kernel runs)" if info["backend"] == "numpy"
            else "")
         + f"; {report['machine']['cpu']}, {report['machine']['logical_cpus']} CPUs",
-        f"Medians of up to {report['rounds']} rounds, every contender in each round in a "
+        f"Medians of up to {report['rounds']} round{'s' if report['rounds'] != 1 else ''}, "
+        "every contender in each round in a "
         f"random order, each sample after one untimed call ({report['mode']} mode).",
         "floor: the fastest way to move the same bytes, round by round (in-place passes: "
         "NumPy's, C loops with plain stores, prefetches ahead or streaming stores; a fill "
@@ -290,8 +293,8 @@ def bench_table(report: dict[str, Any]) -> str:
         "which no pass over those bytes can be: the machine was busy; run again.",
     ]
     if peers:
-        head.append("Peers (" + ", ".join(peers) + "): their time / fastpe's, one thread "
-                    + ("(fastpe-torch: fastpe's threads)" if "fastpe-torch" in peers
+        head.append("Peers (" + ", ".join(peers) + "): their time / fastpe's, one thread"
+                    + (" (fastpe-torch: fastpe's threads)" if "fastpe-torch" in peers
                        and threads != 1 else "")
                     + ", each result checked against fastpe.reference; above 1x fastpe is "
                     "faster.")
@@ -316,8 +319,9 @@ def bench_table(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append("numpy: the best NumPy a careful user writes, single-threaded, "
                  "temporaries preallocated:")
+    name_w = max(len(r["name"]) for r in rows) if rows else 0
     for r in rows:
-        lines.append(f"  {r['name']:<20} {r['numpy_baseline']}")
+        lines.append(f"  {r['name']:<{name_w}}  {r['numpy_baseline']}")
     for r in rows:
         if "inner" in r:
             inner = r["inner"]
@@ -477,6 +481,9 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     _check_output_path(parser, "--json", args.json)
     _check_output_path(parser, "--plot", args.plot)
+    if (args.json and args.plot and args.json != "-" and Path(args.json).expanduser().resolve()
+            == Path(_plot_path(args.plot)).expanduser().resolve()):
+        parser.error(f"--json {args.json} and --plot {args.plot} name the same file")
     if args.plot:
         _need_matplotlib()
     if args.dtype == "bfloat16" and _checks.ml_dtypes(load=True) is None:
@@ -504,7 +511,8 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.plot:
         try:
             bench_plot(report, args.plot)
-        except OSError as exc:
+        except (OSError, RuntimeError, ValueError) as exc:
+            # matplotlib's own failures too (.pgf without a LaTeX: a RuntimeError)
             raise CommandError(f"cannot write --plot {args.plot}: {exc}") from None
         print(f"plot written to {_plot_path(args.plot)}", file=sys.stderr)
     bad = [r["name"] for r in report["results"] if r["check"] != "ok"]
@@ -524,7 +532,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.plot:
         try:
             _demo.plot(args.plot)
-        except OSError as exc:
+        except (OSError, RuntimeError, ValueError) as exc:
             raise CommandError(f"cannot write --plot {args.plot}: {exc}") from None
         print(f"plot written to {_plot_path(args.plot)}", file=sys.stderr)
     return 0

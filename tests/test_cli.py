@@ -9,6 +9,7 @@ fastpe.reference, on the tiny sizes, for every dtype the benchmarks use.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -199,6 +200,22 @@ def test_the_numpy_backend_header_names_no_kernels():
 def test_a_plot_without_a_suffix_is_named_as_written():
     assert _cli._plot_path("out") == "out.png"
     assert _cli._plot_path("out.svg") == "out.svg"
+
+
+def test_plot_paths_are_checked_as_written(tmp_path):
+    """--plot NAME writes NAME.png: that file is what is checked before the run (a
+    directory NAME.png refused, a directory NAME no obstacle), and --json naming the same
+    file is refused (the plot would overwrite it)."""
+    (tmp_path / "trap.png").mkdir()
+    for args in (["--plot", str(tmp_path / "trap")],
+                 ["--json", str(tmp_path / "a.png"), "--plot", str(tmp_path / "a")]):
+        proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--only",
+                          "rope-decode", *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "python -m fastpe bench: error: " in proc.stderr
+        assert_no_traceback(proc)
+    (tmp_path / "results").mkdir()
+    _cli._check_output_path(_cli.build_parser(), "--plot", str(tmp_path / "results"))
 
 
 def test_threads_argument():
@@ -419,6 +436,26 @@ def test_bench_plot(tmp_path):
     proc = fastpe_cli("bench", *TINY, "--only", "rope-decode,sinusoidal", "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@needs_mpl
+@pytest.mark.parametrize("command", [["bench", *TINY, "--only", "rope-decode"], ["demo"]],
+                         ids=lambda c: c[0])
+def test_a_plot_matplotlib_fails_to_write_is_one_error_line(tmp_path, command, monkeypatch,
+                                                           capsys):
+    """matplotlib's own failure at the end of the run (a .pgf plot without a LaTeX is a
+    RuntimeError) is an error line and exit 1, not a traceback; --json was written."""
+    def no_latex(*args, **kwargs):
+        raise RuntimeError("'xelatex' not found")
+    monkeypatch.setattr(_cli, "bench_plot", no_latex)
+    monkeypatch.setattr(importlib.import_module("fastpe._demo"), "plot", no_latex)
+    out = tmp_path / "run.json"
+    extra = ["--json", str(out)] if command[0] == "bench" else []
+    assert _cli.main([*command, *extra, "--plot", str(tmp_path / "plot.pgf")]) == 1
+    err = capsys.readouterr().err
+    assert f"python -m fastpe: error: cannot write --plot {tmp_path / 'plot.pgf'}: 'xelatex' " \
+           "not found" in err, err
+    assert command[0] == "demo" or json.loads(out.read_text())["results"]
 
 
 @pytest.mark.parametrize("command", [["bench", *TINY], ["demo"]], ids=lambda c: c[0])
