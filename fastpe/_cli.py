@@ -332,6 +332,13 @@ def bench_table(report: dict[str, Any]) -> str:
                          "same code")
     for s in report["skipped"]:
         lines.append(f"skipped {s['name']}: {s['reason']}")
+    # a peer asked for that has no column: why (it ran in no workload of the run)
+    noted = {s["name"] for s in report["skipped"]}
+    for name in report.get("peers", []):
+        if name not in peers and name not in noted:
+            why = sorted({r["skipped"][name] for r in rows if name in r.get("skipped", {})})
+            lines.append(f"skipped {name}: " + ("; ".join(why) if why else
+                                                 "it implements none of these workloads"))
     for r in rows:
         if r["check"] != "ok":
             lines.append(f"MISMATCH {r['name']}: {r['check']}")

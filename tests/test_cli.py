@@ -188,6 +188,21 @@ def test_a_peer_that_fails_to_import_is_skipped(tmp_path):
     assert_no_traceback(proc)
 
 
+def test_a_peer_asked_for_that_ran_nowhere_is_said_why():
+    """A named peer without a column in the table says why: not for the dtype, or no
+    workload of the run it implements (it was dropped without a word)."""
+    proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--only", "rope-decode",
+                      "--peers", "jax")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^skipped jax: (it implements none of these workloads|.*not installed)",
+                     proc.stdout, re.M), proc.stdout
+    proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--only", "rope-prefill-neox",
+                      "--dtype", "float16", "--peers", "numba")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^skipped numba: (not for float16|.*not installed)", proc.stdout,
+                     re.M), proc.stdout
+
+
 def test_the_numpy_backend_header_names_no_kernels():
     proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--only", "rope-decode",
                       env={"FASTPE_BACKEND": "numpy"})
