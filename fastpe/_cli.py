@@ -493,8 +493,14 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--json {args.json} and --plot {args.plot} name the same file")
     if args.plot:
         _need_matplotlib()
-    if args.dtype == "bfloat16" and _checks.ml_dtypes(load=True) is None:
-        raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+    if args.dtype == "bfloat16":
+        try:
+            loaded = _checks.ml_dtypes(load=True)
+        except Exception as exc:  # installed but broken (built for another NumPy)
+            raise CommandError(f"--dtype bfloat16 needs ml_dtypes, which failed to import "
+                               f"({type(exc).__name__}: {exc})") from None
+        if loaded is None:
+            raise CommandError("--dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)")
     limits = _limit_blas_threads()
     try:
         report = run_bench(args, Progress())

@@ -174,6 +174,21 @@ def test_usage_errors_exit_2(args):
     assert_no_traceback(proc)
 
 
+def test_a_broken_ml_dtypes_is_one_error_line(tmp_path):
+    """ml_dtypes installed but failing to import: --dtype bfloat16 says so in one line,
+    exit 1, where it was a traceback."""
+    (tmp_path / "ml_dtypes").mkdir()
+    (tmp_path / "ml_dtypes" / "__init__.py").write_text(
+        'raise ImportError("ml_dtypes built for another NumPy")\n')
+    proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--dtype", "bfloat16",
+                      "--only", "rope-decode",
+                      env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_ROOT}"})
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "python -m fastpe: error: --dtype bfloat16 needs ml_dtypes, which failed to import " \
+           "(ImportError: ml_dtypes built for another NumPy)" in proc.stderr, proc.stderr
+    assert_no_traceback(proc)
+
+
 def test_a_peer_that_fails_to_import_is_skipped(tmp_path):
     """A peer installed but broken (numba built for another NumPy) is skipped with the
     reason, as one not installed is; the run goes on."""
