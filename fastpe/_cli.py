@@ -75,7 +75,9 @@ def info_text(info: Mapping[str, Any]) -> str:
     rows = [("version", info.get("version"))]
     backend = info.get("backend")
     if info.get("compiled"):
-        rows.append(("backend", f"{backend} (compiled kernels loaded)"))
+        rows.append(("backend", f"{backend} (compiled kernels loaded" + (
+            "; fastpe.reference runs every call, no compiled kernel)" if backend == "numpy"
+            else ")")))
     else:
         rows.append(("backend", f"{backend} (compiled kernels NOT loaded: "
                                 f"{info.get('import_error', 'unknown reason')})"))

@@ -225,6 +225,9 @@ def test_the_numpy_backend_header_names_no_kernels():
     head = proc.stdout.splitlines()[0]
     assert "numpy backend (fastpe.reference: no compiled kernel runs)" in head, head
     assert "kernels;" not in head
+    proc = fastpe_cli("info", env={"FASTPE_BACKEND": "numpy"})
+    assert proc.returncode == 0, proc.stderr
+    assert "fastpe.reference runs every call, no compiled kernel" in proc.stdout, proc.stdout
 
 
 def test_a_plot_without_a_suffix_is_named_as_written():
