@@ -221,6 +221,21 @@ def entry_callers(monkeypatch, name: str) -> list[tuple[str, object]]:
     return callers
 
 
+def teams_asked(monkeypatch, team: int | None = None) -> list[tuple[object, int]]:
+    """Spy on the thread policy (fastpe._threads.resolve) for the test: the list, filled
+    as calls come, of the (num_threads, bytes) each call asks a team for; the policy
+    answers `team`, or its own answer when None."""
+    real = fastpe._threads.resolve
+    asked: list[tuple[object, int]] = []
+
+    def spy(num_threads, nbytes):
+        asked.append((num_threads, nbytes))
+        return real(num_threads, nbytes) if team is None else team
+
+    monkeypatch.setattr(fastpe._threads, "resolve", spy)
+    return asked
+
+
 def kernel_copies(monkeypatch) -> list[int]:
     """Spy on fastpe._checks.kernel_view for the test: the list, filled as calls come, of
     the row counts of the 2-D arrays (tables, caches) it copies for the kernels."""

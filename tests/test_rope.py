@@ -50,6 +50,7 @@ from conftest import (
     make_awkward,
     needs_compiled,
     run_python,
+    teams_asked,
     tolerance,
     unaddressable,
 )
@@ -833,14 +834,8 @@ def test_the_compiled_entry_asks_for_the_team_of_a_large_call(monkeypatch):
     assert kern.rope_call(*args, 1, 0) == touched
     assert_bytes_equal(q, q0)
     assert_bytes_equal(k, k0)
-    teams = []
-
-    def resolve(num_threads, nbytes):
-        teams.append((num_threads, nbytes))
-        return 2
-
     monkeypatch.setattr(fastpe._threads, "SERIAL_BYTES", 1)
-    monkeypatch.setattr(fastpe._threads, "resolve", resolve)
+    teams = teams_asked(monkeypatch, 2)
     fastpe.apply_rope(q, k, num_threads=3)
     assert teams == [(3, touched)]
     assert_bytes_equal(q, q1)
