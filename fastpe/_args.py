@@ -343,7 +343,8 @@ def frequencies_arg(freqs: object) -> _rope_scaling.RopeFrequencies:
         raise TypeError(f"freqs must be a RopeFrequencies (from rope_frequencies) or a "
                         f"1-D float array or tensor of inverse frequencies, got "
                         f"{type(freqs).__name__}")
-    inv_freq = _checks.as_array(inv_freq, "freqs.inv_freq")
+    # a bare tensor is named as the caller gave it (its grad or device refused as freqs)
+    inv_freq = _checks.as_array(inv_freq, "freqs" if inv_freq is freqs else "freqs.inv_freq")
     if not _checks.real_dtype(inv_freq.dtype):
         raise TypeError(f"freqs.inv_freq must be real numbers, got dtype {inv_freq.dtype}")
     inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)

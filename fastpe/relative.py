@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _checks, _relative_args, _relative_math, _threads, reference
-from ._constants import T5_BYTES_WEIGHT
+from ._constants import T5_BYTES_WEIGHT, VIEW_DIMS
 from ._typing import ArrayLike, DTypeLike, InPlace
 
 __all__ = ["DisentangledBias", "RelativeBias", "add_disentangled_bias", "add_relative_bias",
@@ -47,11 +47,27 @@ def _run_t5(plan: _relative_args.T5Plan) -> None:
         return
     if plan.scores.size == 0:
         return  # nothing to write (an offset past int64 is then no error)
+    x = plan.scores
+    if x.ndim > VIEW_DIMS:
+        # the entry views up to VIEW_DIMS axes: each index of the first axis in turn, with
+        # its sequences' mask rows
+        rows = x[0].size // (x.shape[-3] * x.shape[-2] * x.shape[-1])
+        for i in range(x.shape[0]):
+            mask = plan.key_mask
+            if mask is not None and mask.shape[0] > 1:
+                mask = mask[i * rows:(i + 1) * rows]
+            _run_t5(plan._replace(scores=x[i], key_mask=mask))
+        return
     spec = plan.spec
     threads = _threads.resolve(plan.num_threads, (2 if plan.accumulate else 1)
-                               * T5_BYTES_WEIGHT * plan.scores.nbytes)
-    with _checks.kernel_views(plan.scores) as (work,):
-        done = kern.t5_call(work, _checks.kernel_view(plan.table), spec.bidirectional,
+                               * T5_BYTES_WEIGHT * x.nbytes)
+    # the table as the call's own copy: the entry proves it apart from the scores only
+    # where byte ranges or a lattice show it, where the validating path's check is exact
+    table = _checks.kernel_view(plan.table)
+    if table is plan.table:
+        table = table.copy()
+    with _checks.kernel_views(x) as (work,):
+        done = kern.t5_call(work, table, spec.bidirectional,
                             spec.max_distance, plan.q_offset, plan.causal, plan.key_mask, None,
                             {(spec.num_buckets, spec.max_distance, spec.bidirectional): spec},
                             spec.num_buckets, 0, threads, plan.accumulate)

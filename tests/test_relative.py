@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import (
+    COMPILED,
     DTYPE_IDS,
     F32,
     FLOAT_DTYPES,
@@ -627,6 +628,47 @@ def test_a_t5_decode_step_on_torch_tensors_takes_the_compiled_entry(compiled_ent
         with pytest.raises((TypeError, ValueError, RuntimeError), match=words):
             fastpe.add_relative_bias(s, t, **kw)
         assert torch.equal(s.detach(), before)
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_scores_of_more_dimensions_than_the_entry_views(backend):
+    """Scores of 9 and 10 dimensions (more leading dims than the compiled entry views) are
+    written index by index of their first axis, each with its sequences' mask rows: the
+    reference's bits (the validating path's call was declined as a bug)."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    rng = np.random.default_rng(9)
+    for lead in [(2, 1, 1, 1, 1, 3), (1, 2, 1, 1, 1, 1, 2)]:
+        shape = lead + (2, 3, 5)
+        table, _ = t5_inputs(shape, np.float32)
+        mask = rng.random(lead + (5,)) > 0.3
+        s0 = rng.standard_normal(shape).astype(np.float32)
+        want = fastpe.reference.add_relative_bias(s0.copy(), table, key_mask=mask, causal=True)
+        with fastpe.use_backend(backend):
+            got = fastpe.add_relative_bias(s0.copy(), table, key_mask=mask, causal=True)
+            assert_bytes_equal(got, want, f"{len(shape)} dimensions")
+            assert_bytes_equal(fastpe.RelativeBias(causal=True)(s0.copy(), table,
+                                                                key_mask=mask), want)
+
+
+@pytest.mark.parametrize("backend", ["cython", "numpy"])
+def test_a_table_in_the_gaps_of_the_scores_is_read(backend):
+    """A table whose elements lie between the scores' (no byte shared, which the exact
+    check proves but byte ranges do not) is read as its values: the reference's bits
+    (the compiled entry declined the validated call as a bug)."""
+    if backend == "cython" and not COMPILED:
+        pytest.skip("the compiled extension is not built")
+    from numpy.lib.stride_tricks import as_strided
+    buf = np.zeros(64, np.float32)
+    x = as_strided(buf, (1, 3, 3), (256, 40, 4), writeable=True)   # elements 0-2, 10-12, 20-22
+    t = as_strided(buf[16:], (2, 1), (36, 4), writeable=True)      # elements 16 and 25
+    t[:] = [[1.0], [2.0]]
+    kw = dict(bidirectional=False, max_distance=8, q_offset=0)
+    want = fastpe.reference.add_relative_bias(np.array(x), np.array(t), **kw)
+    with fastpe.use_backend(backend):
+        assert_bytes_equal(np.array(fastpe.add_relative_bias(x, t, **kw)), want)
+        np.testing.assert_array_equal(fastpe.relative_bias(t, 3, 3, out=x, **kw),
+                                      fastpe.reference.relative_bias(np.array(t), 3, 3, **kw))
 
 
 @needs_compiled

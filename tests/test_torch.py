@@ -759,3 +759,8 @@ def test_a_models_inv_freq_tensor_is_taken_as_freqs(backend):
         for got, expected in zip(fastpe.rope_cos_sin(np.arange(5), inv),
                                  fastpe.rope_cos_sin(np.arange(5), inv.numpy())):
             np.testing.assert_array_equal(got, expected)
+        with pytest.raises(TypeError, match=r"^freqs is a torch tensor that requires grad.*"
+                                             r"pass freqs\.detach\(\)"):
+            fastpe.apply_rope(q, positions=torch.arange(5), layout="bshd",
+                              freqs=inv.clone().requires_grad_(True))
+        assert torch.equal(q, want)

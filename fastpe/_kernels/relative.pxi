@@ -526,6 +526,8 @@ def t5_call(object scores, object table, object bidirectional, object max_distan
         return 0
     cdef cnp.ndarray lut = spec.lut
     cdef Py_ssize_t reach = spec.reach
+    if lut.shape[0] != 2 * reach + 1 or not cnp.PyArray_IS_C_CONTIGUOUS(lut):
+        return 0
     cdef int64_t off
     if q_offset is None:
         if q > k:
