@@ -15,16 +15,19 @@ of the float32 argument, rounded). torch's own float32 log (SLEEF, within 1 ulp)
 with it wherever a bucket depends on it at every distance below 2**18 for the families'
 settings (in the fixtures, T5's 32 buckets up to 128 and DeBERTa's 256 buckets over 512
 positions; against torch 2.13's log, seven more DeBERTa settings of 32 to 512 buckets
-over 256 to 1024 positions).
-At other settings a distance whose bucket turns on the last bit of a log can take the
-neighbouring bucket where torch's log is not correctly rounded, and not only past the
-span: DeBERTa with 163 buckets over 485 positions (distance 198: -121 here, -122 in
-torch; about 1 setting in 400 of a random sweep differs inside the span), T5 with 1000
-unidirectional buckets up to 2**21 (distance 837794); DeBERTa's standard settings first
-differ far past the span, where the gathers clamp (distance 403269 with 256 buckets
-and 512 positions). fastpe.hf's patched DeBERTa compares the model's own relative
-positions at every call and runs the stock code where they differ.
+over 256 to 1024 positions). At other settings a distance whose bucket turns on the
+last bit of a log can take the neighbouring bucket where torch's log is not correctly
+rounded, and not only past the span: DeBERTa with 163 buckets over 485 positions
+(distance 198: -121 here, -122 in torch; about 1 setting in 400 of a random sweep
+differs inside the span), T5 with 1000 unidirectional buckets up to 2**21 (distance
+837794); DeBERTa's standard settings first differ far past the span, where the gathers
+clamp (distance 403269 with 256 buckets and 512 positions). fastpe.hf's patched DeBERTa
+compares the model's own relative positions at every call and runs the stock code where
+they differ.
 
+A bucket is a monotone function of the distance that is constant past a saturation
+distance, so a table up to that distance (kept read-only in a spec cached by value)
+gives every bucket: distances beyond it clamp to its ends.
 """
 
 from __future__ import annotations
