@@ -241,7 +241,6 @@ def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str |
     if option == "--plot" and target.suffix and target.suffix.lower() not in PLOT_FORMATS:
         parser.error(f"--plot {path}: matplotlib writes {', '.join(PLOT_FORMATS)} files "
                      f"(by the suffix), not {target.suffix}")
-
     # opened now (and left as it was), so that a run of minutes is not lost at its end
     existed = target.exists()
     try:
