@@ -275,9 +275,12 @@ def bench_table(report: dict[str, Any]) -> str:
     info = report["fastpe"]
     threads = report["threads"]
     peers = _peer_names(rows)
+    ran_on = (f"{threads} thread{'s' if threads != 1 else ''} (of {info['num_threads']})"
+              if info["backend"] != "numpy" or threads == 1 else
+              f"1 thread (the numpy backend runs one; {threads} asked)")
     head = [
-        f"fastpe {info['version']} bench: {report['dtype']}, fastpe on {threads} thread"
-        f"{'s' if threads != 1 else ''} (of {info['num_threads']}); {info['backend']} backend"
+        f"fastpe {info['version']} bench: {report['dtype']}, fastpe on {ran_on}; "
+        f"{info['backend']} backend"
         + (f", {info['isa']} kernels" if info.get("isa") and info["backend"] == "cython"
            else " (fastpe.reference: no compiled kernel runs)" if info["backend"] == "numpy"
            else "")
@@ -485,7 +488,8 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     chosen = _check_only(parser, args)
     if args.list:
         for wl in chosen:
-            print(f"{wl.name:<22} {wl.title}")
+            runs = args.dtype in wl.dtypes
+            print(f"{wl.name:<22} {wl.title}" + ("" if runs else f" (not in {args.dtype})"))
         return 0
     _check_output_path(parser, "--json", args.json)
     _check_output_path(parser, "--plot", args.plot)
@@ -649,6 +653,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if sys.stdout is None:
+        # started with stdout closed (`>&-`): Python then has no sys.stdout at all
+        if sys.stderr is not None:
+            print(f"{PROG}: error: standard output is closed", file=sys.stderr)
+        return 1
     try:
         args = parser.parse_args(argv)   # --help and --version write here (_Parser)
         if args.command == "bench" and args.rounds is not None and args.rounds < 1:

@@ -230,6 +230,14 @@ def test_the_numpy_backend_header_names_no_kernels():
     assert "fastpe.reference runs every call, no compiled kernel" in proc.stdout, proc.stdout
 
 
+def test_the_numpy_backend_header_says_it_runs_one_thread():
+    proc = fastpe_cli("bench", "--size", "tiny", "--rounds", "1", "--only", "rope-decode",
+                      "--threads", "2", env={"FASTPE_BACKEND": "numpy"})
+    assert proc.returncode == 0, proc.stderr
+    head = proc.stdout.splitlines()[0]
+    assert "fastpe on 1 thread (the numpy backend runs one; 2 asked)" in head, head
+
+
 def test_a_plot_without_a_suffix_is_named_as_written():
     assert _cli._plot_path("out") == "out.png"
     assert _cli._plot_path("out.svg") == "out.svg"
@@ -424,6 +432,27 @@ def test_bench_list():
                 "sinusoidal-add", "learned-add", "alibi-prefill", "alibi-bias", "alibi-decode",
                 "alibi-padded-decode", "t5-decode", "deberta-bias", "llama-decode"}
     assert {w.name for w in _bench.workloads()} == expected
+
+
+def test_bench_list_marks_the_workloads_not_run_in_the_dtype():
+    proc = fastpe_cli("bench", "--list", "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    for wl in _bench.workloads():
+        assert lines[wl.name].endswith("(not in bfloat16)") == ("bfloat16" not in wl.dtypes)
+    assert any("bfloat16" not in wl.dtypes for wl in _bench.workloads())
+    assert any("bfloat16" in wl.dtypes for wl in _bench.workloads())
+    assert "(not in" not in fastpe_cli("bench", "--list").stdout
+
+
+def test_a_closed_stdout_is_an_error_line():
+    """Started with stdout closed (`>&-`), Python has no sys.stdout."""
+    proc = subprocess.run([sys.executable, "-c", "import os, sys; os.close(1); "
+                           "os.execv(sys.executable, [sys.executable, '-m', 'fastpe', 'info'])"],
+                          env=_env(), stderr=subprocess.PIPE, text=True, timeout=120,
+                          cwd=str(PACKAGE_ROOT))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "python -m fastpe: error: standard output is closed", proc.stderr
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
