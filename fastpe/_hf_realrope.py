@@ -274,9 +274,10 @@ LOADERS: dict[str, Loader] = {
 
 
 def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | None,
-                   layer_type: str | None) -> RotaryEmbedding | None:
+                   layer_type: str | None, given_dict: bool) -> RotaryEmbedding | None:
     """The embedding of a model that rotates by real-valued coordinates, or None for
-    any other model."""
+    any other model. given_dict: whether the caller gave a dict (config.json), which
+    the model's config class would read, rather than the config object it made."""
     model_type = _hf_get(config, "model_type")
     loader = LOADERS.get(model_type) if isinstance(model_type, str) else None
     if loader is None:
@@ -287,7 +288,7 @@ def from_hf_config(cls: type[RotaryEmbedding], config: object, style: Style | No
     plain = _hf_plain(config)
     if not isinstance(plain, Mapping):
         plain = dict(vars(plain))
-    if model_type == "sam3_tracker_video" and isinstance(config, Mapping):
+    if model_type == "sam3_tracker_video" and given_dict:
         plain = {**plain, "memory_attention_rope_feat_sizes": _sam3_tracker_map(plain)}
     return loader(cls, plain, model_type, style)
 

@@ -8,7 +8,7 @@ float64; the rotation runs in place, in one pass over q and k.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -455,21 +455,26 @@ class RotaryEmbedding:
         """
         from . import _hf_layers  # which layers rotate, by layer index
 
+        given_dict = isinstance(config, Mapping)
         config, model_type = _rope_scaling.hf_config(config)
         config, layer_type = _hf_layers.select(config, model_type, layer, layer_type)
-        return cls._from_hf_module(config, style, layer_type, part)
+        return cls._from_hf_module(config, style, layer_type, part, given_dict)
 
     @classmethod
     def _from_hf_module(cls, config: object, style: Style | None, layer_type: str | None,
-                        part: str | None) -> RotaryEmbedding:
+                        part: str | None, given_dict: bool | None = None) -> RotaryEmbedding:
         """The embedding of the config's rotary module (for ``layer_type``), whichever
         layers apply it: :meth:`from_hf_config` once the layers it picks are known to
-        rotate; fastpe.hf, whose patched model keeps its own code deciding that."""
+        rotate; fastpe.hf, whose patched model keeps its own code deciding that.
+        given_dict: whether the caller's config was a dict (config.json) rather than the
+        config object (None: whether `config` is one)."""
+        if given_dict is None:
+            given_dict = isinstance(config, Mapping)
         config, _ = _rope_scaling.hf_config(config)
         if style is not None:
             _checks.choice(style, "style", _args.ROPE_STYLES)
         from . import _hf_realrope  # DINOv3, SAM: rotations by real-valued coordinates
-        real = _hf_realrope.from_hf_config(cls, config, style, layer_type)
+        real = _hf_realrope.from_hf_config(cls, config, style, layer_type, given_dict)
         if real is not None:
             if part is not None:
                 raise ValueError(f"part={part!r}: this model has one rotary embedding")

@@ -278,6 +278,21 @@ def test_sam_defaults_are_the_config_classes():
     assert (edgetam.grid, edgetam.key_grid) == ((64, 64), (16, 16))
 
 
+def test_sam3_tracker_map_of_a_config_object_is_its_own():
+    """SAM 3's tracker config class sets its memory feature map from image_size when it
+    reads a dict (config.json); the object it made may hold another (set afterwards),
+    which its model reads."""
+    json = {"model_type": "sam3_tracker_video", "image_size": 56, "transformers_version":
+            "5.25.0", "memory_attention_rope_feat_sizes": [8, 2]}
+
+    class Config:  # a config object: what its to_dict() gives
+        def to_dict(self):
+            return dict(json)
+
+    assert fastpe.RotaryEmbedding.from_hf_config(json).grid == (4, 4)
+    assert fastpe.RotaryEmbedding.from_hf_config(Config()).grid == (2, 8)
+
+
 SAM3_VIT = {"model_type": "sam3_vit_model", "hidden_size": 64, "num_attention_heads": 2,
             "image_size": 24, "patch_size": 4, "window_size": 4}
 
