@@ -410,6 +410,7 @@ class RotaryEmbedding:
         self.axes, self._pair_axis = _args.pair_axis_arg(axes, pair_axis, half)
         if self.axes == 1:
             self._pair_axis = None
+        self._layout_axes = self.axes   # what the pair layout was made for
         if pair_freq is not None and pair_freq.shape != (half,):
             raise ValueError(f"{pair_freq.shape[0]} pair frequencies for {half} pairs")
         self._pair_freq = pair_freq
@@ -641,6 +642,10 @@ class RotaryEmbedding:
         if axes > 1 and self._pair_axis is None:
             raise ValueError(f"RotaryEmbedding.axes={axes} needs mrope_section (which frequency "
                              f"pairs rotate by which axis): make a new RotaryEmbedding")
+        if self._pair_axis is not None and axes != self._layout_axes:
+            raise ValueError(f"RotaryEmbedding.axes={axes}: its pairs rotate by "
+                             f"{self._layout_axes} position axes (mrope_section, or the "
+                             f"model's layout): make a new RotaryEmbedding")
         return reverse
 
     def _make_state(self) -> Any:

@@ -906,9 +906,9 @@ def test_positions_of_every_axis_take_the_compiled_entry_directly(interleaved, m
 @pytest.mark.parametrize("backend", ["cython", "numpy"])
 def test_attributes_set_after_construction_are_checked_at_the_call(backend):
     """A RotaryEmbedding's public attributes may change after it is made: axes past what
-    the kernels hold, a head_dim or axes that is no count, a reverse that is no bool, and
-    a pairing HunYuan-VL's per-axis features cannot take are refused at the call, by
-    both backends alike, q untouched."""
+    the kernels hold or other than its pairs take, a head_dim or axes that is no count, a
+    reverse that is no bool, and a pairing HunYuan-VL's per-axis features cannot take are
+    refused at the call, by both backends alike, q untouched."""
     if backend == "cython" and not COMPILED:
         pytest.skip("needs the compiled kernels")
     q0 = np.random.default_rng(0).standard_normal((1, 3, 2, 8))
@@ -918,10 +918,15 @@ def test_attributes_set_after_construction_are_checked_at_the_call(backend):
     with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"axes must be in"):
         rope(q, None, np.zeros((17, 1, 3), np.int64))
     assert_bytes_equal(q, q0)
-    rope.axes = 2        # pair axes up to 2 need three
-    with fastpe.use_backend(backend), pytest.raises(ValueError, match=r"takes position axis 2"):
-        rope(q, None, np.zeros((2, 1, 3), np.int64))
-    assert_bytes_equal(q, q0)
+    # fewer axes than the pairs take, or more, or one (a (3, seq) row would read as
+    # three sequences' text positions)
+    for axes in (2, 4, 1):
+        rope.axes = axes
+        for positions in (np.zeros((axes, 1, 3), np.int64), np.zeros((axes, 3), np.int64)):
+            with fastpe.use_backend(backend), pytest.raises(
+                    ValueError, match=rf"^RotaryEmbedding\.axes={axes}: its pairs rotate by 3 "):
+                rope(q, None, positions)
+            assert_bytes_equal(q, q0)
     for name, value, error, match in [("axes", 0, ValueError, r"axes must be >= 1, got 0"),
                                       ("axes", "3", TypeError, r"axes must be an int"),
                                       ("head_dim", -8, ValueError, r"head_dim must be >= 1"),
