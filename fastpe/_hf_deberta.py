@@ -20,9 +20,11 @@ query its forward already divided, p2c from position queries it divides.
 
 A call fastpe does not reproduce runs the stock method: relative positions other than
 those of the module's settings (a caller's own; compared at every call), a query of
-another length than its keys with the p2c term, a tensor that is not a CPU one. Half
-precision scores take the two logits' sum in float32, rounded once where the stock code
-rounds each step. At patch, each module is run on a probe with both methods and
+another length than its keys with the p2c term, a tensor that is not a CPU one, a span
+(pos_ebd_size) or settings edited after patch that fastpe's add does not take. A bias
+method replaced on the class after patch runs in fastpe's place, as in the stock model.
+Half precision scores take the two logits' sum in float32, rounded once where the stock
+code rounds each step. At patch, each module is run on a probe with both methods and
 refused unless its outputs, and the tensors it keeps, agree bit for bit: what the stock
 code does with the bias is then what fastpe's in-place add does.
 """
@@ -123,9 +125,14 @@ def _standard(relative_pos: Any, q_len: int, k_len: int, buckets: int, largest: 
             or tuple(relative_pos.shape[-2:]) != (q_len, k_len)
             or relative_pos.numel() != q_len * k_len):
         return False
+    try:
+        ours = _positions(q_len, k_len, buckets, largest)
+    except (TypeError, ValueError):
+        # the module's settings, edited after patch, are none fastpe makes positions of
+        # (the stock code reads the positions its caller passes, not these settings)
+        return False
     held = relative_pos.reshape(q_len, k_len)
-    return bool(torch.equal(held if held.dtype == torch.int64 else held.to(torch.int64),
-                            _positions(q_len, k_len, buckets, largest)))
+    return bool(torch.equal(held if held.dtype == torch.int64 else held.to(torch.int64), ours))
 
 
 def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
@@ -150,15 +157,25 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
     def disentangled_attention_bias(self: Any, query_layer: Any, key_layer: Any,
                                     relative_pos: Any, rel_embeddings: Any,
                                     scale_factor: Any) -> Any:
+        current = getattr(type(self), BIAS_ATTRIBUTE, None)
+        if current is not stock:
+            # the class's method replaced after patch (a fix applied at run time): the
+            # stock model runs the new one, and so does this
+            return current(self, query_layer, key_layer, relative_pos, rel_embeddings,
+                           scale_factor)
         c2p_on, p2c_on = "c2p" in self.pos_att_type, "p2c" in self.pos_att_type
         q_len, k_len = query_layer.size(-2), key_layer.size(-2)
+        span = self.pos_ebd_size
         if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu"
                 or not (c2p_on or p2c_on)
+                # the span fastpe's add takes from the settings: pos_ebd_size, unless
+                # one of them was edited after the module was made
+                or span != (self.position_buckets if self.position_buckets > 0
+                            else self.max_relative_positions)
                 or not _standard(relative_pos, q_len, k_len, self.position_buckets,
                                  self.max_relative_positions)):
             return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
                          scale_factor)
-        span = self.pos_ebd_size
         rel_embeddings = rel_embeddings[0:span * 2, :].unsqueeze(0)
         repeats = query_layer.size(0) // self.num_attention_heads
         c2p = p2c = None
@@ -189,6 +206,10 @@ def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[.
     # named as the method it stands for: a pickled bound method is looked up by its name
     def disentangled_att_bias(self: Any, query_layer: Any, key_layer: Any, relative_pos: Any,
                               rel_embeddings: Any, scale_factor: Any) -> Any:
+        current = getattr(type(self), V1_BIAS_ATTRIBUTE, None)
+        if current is not stock:   # replaced after patch: run as the stock model would
+            return current(self, query_layer, key_layer, relative_pos, rel_embeddings,
+                           scale_factor)
         c2p_on, p2c_on = "c2p" in self.pos_att_type, "p2c" in self.pos_att_type
         q_len, k_len = query_layer.size(-2), key_layer.size(-2)
         span = min(max(q_len, k_len), self.max_relative_positions)
@@ -238,10 +259,12 @@ def check_bias(module: Any, attribute: str, method: Any, where: str) -> None:
         raise ValueError(f"fastpe.hf: the forward of the disentangled attention {where} was "
                          f"replaced on this instance (by accelerate's hooks, ...): fastpe.hf "
                          f"cannot tell what it does with the bias")
-    devices = {str(p.device) for p in module.parameters()}
-    if devices != {"cpu"}:
+    # a dynamically quantized module's linear layers hold packed weights, not parameters:
+    # none may be left, and the probe below decides
+    devices = {str(t.device) for t in (*module.parameters(), *module.buffers())}
+    if devices - {"cpu"}:
         raise ValueError(f"fastpe.hf: the disentangled attention {where} is on "
-                         f"{', '.join(sorted(devices))}: fastpe adds the bias into CPU tensors "
+                         f"{', '.join(sorted(devices - {'cpu'}))}: fastpe adds the bias into CPU tensors "
                          f"(a model on the meta device holds no weights yet)")
     module = copy.deepcopy(module).float().eval()
     v1 = attribute == V1_BIAS_ATTRIBUTE

@@ -11,6 +11,7 @@ import copy
 import inspect
 import json
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -865,6 +866,72 @@ def test_deberta_whose_forward_fastpe_cannot_see_is_refused_and_stays_stock(monk
     none = deberta(position_buckets=32, max_relative_positions=64, pos_att_type=[])
     with pytest.raises(ValueError, match=r"nor DeBERTa's disentangled attention"):
         fastpe.hf.patch(none)
+
+
+def deberta_pair(**settings):
+    """A DeBERTa-v2 masked LM and its patched copy (the same weights), and token ids."""
+    model = deberta(**settings)
+    ids = torch.randint(1, 100, (2, 40), generator=torch.Generator().manual_seed(0))
+    return model, fastpe.hf.patch(copy.deepcopy(model)), ids
+
+
+def test_deberta_bias_method_replaced_on_the_class_after_patch_runs_as_in_stock(monkeypatch):
+    """A bias method replaced on transformers' class after patch (a fix applied at run
+    time) is what the stock model runs: the patched one runs it too."""
+    v1 = transformers.models.deberta.modeling_deberta
+    v2 = transformers.models.deberta_v2.modeling_deberta_v2
+    torch.manual_seed(0)
+    first = transformers.DebertaForMaskedLM(transformers.DebertaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=100, relative_attention=True, max_relative_positions=64,
+        pos_att_type=["c2p", "p2c"])).eval()
+    ids = torch.randint(1, 100, (2, 40), generator=torch.Generator().manual_seed(0))
+    second, second_patched, _ = deberta_pair(position_buckets=32, max_relative_positions=64,
+                                             pos_att_type=["c2p", "p2c"])
+    for stock, patched, cls, name in [
+            (first, fastpe.hf.patch(copy.deepcopy(first)), v1.DisentangledSelfAttention,
+             "disentangled_att_bias"),
+            (second, second_patched, v2.DisentangledSelfAttention,
+             "disentangled_attention_bias")]:
+        with torch.no_grad():
+            before = stock(ids).logits
+            original = getattr(cls, name)
+            monkeypatch.setattr(cls, name, lambda self, *args, f=original: f(self, *args) * 0.5)
+            want = stock(ids).logits
+            assert not torch.equal(want, before)
+            assert torch.equal(patched(ids).logits, want)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name, value", [("pos_ebd_size", 16), ("max_relative_positions", 2)])
+def test_deberta_settings_edited_after_patch_run_as_in_stock(name, value):
+    """A span, or settings of a layer, edited after patch to what fastpe's add does not
+    take: the stock code runs them (max_relative_positions of a layer is not what its
+    relative positions were made with: the encoder's are)."""
+    stock, patched, ids = deberta_pair(position_buckets=32, max_relative_positions=64,
+                                       pos_att_type=["c2p", "p2c"])
+    for model in (stock, patched):
+        for layer in model.deberta.encoder.layer:
+            setattr(layer.attention.self, name, value)
+    with torch.no_grad():
+        assert torch.equal(patched(ids).logits, stock(ids).logits)
+
+
+def test_dynamically_quantized_deberta_is_patched_bit_for_bit():
+    """Its linear layers hold packed weights, no parameters: the probe decides."""
+    quantize = getattr(getattr(torch, "ao", None), "quantization", None)
+    if getattr(quantize, "quantize_dynamic", None) is None:
+        pytest.skip("this torch has no torch.ao.quantization.quantize_dynamic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch.ao.quantization's deprecation
+        stock = quantize.quantize_dynamic(
+            deberta(position_buckets=32, max_relative_positions=64,
+                    pos_att_type=["c2p", "p2c"]), {torch.nn.Linear}, dtype=torch.qint8)
+    assert not list(stock.deberta.encoder.layer[0].attention.self.parameters())
+    patched = fastpe.hf.patch(copy.deepcopy(stock))
+    ids = torch.randint(1, 100, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(patched(ids).logits, stock(ids).logits)
 
 
 def test_deberta_off_the_cpu_is_refused_by_its_device():
