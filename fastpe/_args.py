@@ -221,23 +221,38 @@ def _refuse_ambiguous_axes(shape: tuple[int, ...], axes: int, batch: int, seq: i
                          f"per-sequence ones, or a (1, {seq}) text row")
 
 
+def refuse_text_positions(shape: object, axes: int, batch: int, seq: int) -> None:
+    """The ValueError for positions other than one row per axis (None, text positions
+    that every axis shares, another shape) given to an embedding whose model rotates
+    every token by its own coordinates."""
+    got = "positions=None (offset + arange(seq))" if shape is None else f"shape {shape}"
+    raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, {seq}), "
+                     f"one row per axis (this embedding's model, a vision tower or a grid of "
+                     f"coordinates, rotates each token by its own position on each axis: "
+                     f"text positions that every axis shares do not apply), got {got}")
+
+
 def axis_positions(positions: object, offset: object, batch: int, seq: int,
-                   axes: int) -> tuple[_checks.Positions, bool]:
+                   axes: int, text_positions: bool = True) -> tuple[_checks.Positions, bool]:
     """Positions for an embedding with `axes` position axes: (Positions, multi).
 
     (axes, seq) and (axes, 1 or batch, seq) are per-axis positions (multi is
     True and the array is (axes, rows, seq)); None, (seq,), (1 or batch, seq)
     and (1, 1 or batch, seq) are text positions that every axis shares (the
-    M-RoPE models' rotary modules broadcast a single row over their axes). A
-    2-D array that reads both ways (batch == axes) is refused."""
+    M-RoPE models' rotary modules broadcast a single row over their axes),
+    refused without `text_positions`. With them, a 2-D array that reads both ways
+    (batch == axes) is refused."""
     if not 1 <= axes <= MAX_AXES:
         raise ValueError(f"axes must be in [1, {MAX_AXES}], got {axes}")
     if positions is None:
+        if not text_positions:
+            refuse_text_positions(None, axes, batch, seq)
         return _checks.positions(None, offset, batch, seq), False
     # converted once: an __array__ may return another array each time it is asked
     converted = _checks.as_array(positions, "positions")
     shape = converted.shape
-    _refuse_ambiguous_axes(shape, axes, batch, seq)
+    if text_positions:
+        _refuse_ambiguous_axes(shape, axes, batch, seq)
     per_axis = ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch)
                  and shape[2] == seq) or (len(shape) == 2 and shape == (axes, seq)))
     text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
@@ -247,6 +262,10 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
         raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, "
                          f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) / "
                          f"(1, {batch}, {seq}) for text tokens, got {shape}")
+    if not text_positions:
+        if not per_axis:
+            refuse_text_positions(shape, axes, batch, seq)
+        text = one_row = False   # (axes, seq) beside a batch of `axes`: one row per axis
     if text or one_row:
         return _checks.positions(positions, offset, batch, seq,
                                  converted=converted[0] if one_row else converted), False
@@ -387,11 +406,12 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
          spec: _rope_scaling.RopeSpec | None = None, spec_head_dim: int = 0,
          axes: int = 1, pair_axis: np.ndarray | None = None,
          pair_freq: np.ndarray | None = None,
-         pair_axis2: np.ndarray | None = None) -> RopePlan:
+         pair_axis2: np.ndarray | None = None, text_positions: bool = True) -> RopePlan:
     """Plan of apply_rope; `spec` (with its rotary_dim and the head_dim it was
     made for) comes from a RotaryEmbedding, and so do the multi-axis layout
-    (`axes`, the axis of each pair, validated) and `pair_freq`, the index
-    of each pair's frequency among the spec's (None: pair i takes the i-th)."""
+    (`axes`, the axis of each pair, validated), `pair_freq`, the index
+    of each pair's frequency among the spec's (None: pair i takes the i-th), and
+    whether text positions that every axis shares are taken (axis_positions)."""
     q4, k4 = rope_views(q, k, layout)
     neox = _checks.choice(style, "style", ROPE_STYLES) == "neox"
     head_dim = q4.shape[3]
@@ -417,12 +437,13 @@ def rope(q: object, k: object, *, positions: object, offset: object, rotary_dim:
         if _real_valued(positions):
             return _real_positions_plan(q4, k4, positions, offset, neox, spec, given if spec
                                         is None else None, axes, pair_axis, pair_freq,
-                                        pair_axis2, inverse, num_threads)
+                                        pair_axis2, inverse, num_threads, text_positions)
     multi = False
     if pair_axis is None:
         pos = _checks.positions(positions, offset, q4.shape[0], q4.shape[1])
     else:
-        pos, multi = axis_positions(positions, offset, q4.shape[0], q4.shape[1], axes)
+        pos, multi = axis_positions(positions, offset, q4.shape[0], q4.shape[1], axes,
+                                    text_positions)
         for pairs in (pair_axis, pair_axis2):
             if multi and pairs is not None and pairs.size and int(pairs.max()) >= axes:
                 raise ValueError(f"a frequency pair takes position axis {int(pairs.max())}, "
@@ -460,7 +481,7 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
                          given: _rope_scaling.RopeFrequencies | None, axes: int,
                          pair_axis: np.ndarray | None, pair_freq: np.ndarray | None,
                          pair_axis2: np.ndarray | None, inverse: object,
-                         num_threads: object) -> RopePlan:
+                         num_threads: object, text_positions: bool = True) -> RopePlan:
     """The plan of a rotation by real-valued positions (DINOv3's patch centres, SAM's
     grids): each token's cos and sin formed here in float64 from the float64 angle
     position * inv_freq, then applied as a cache with one row per token."""
@@ -468,7 +489,7 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
     if _checks.count(offset, "offset"):
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
     shape = positions.shape
-    if pair_axis is not None:
+    if pair_axis is not None and text_positions:
         _refuse_ambiguous_axes(shape, axes, batch, seq)
         if (len(shape) == 3 and shape[0] == 1 and axes > 1 and shape[1] in (1, batch)
                 and shape[2] == seq):
@@ -476,8 +497,13 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
             shape = positions.shape
     per_axis = pair_axis is not None and (
         (len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
-        or (len(shape) == 2 and shape == (axes, seq) and batch != axes))
+        or (len(shape) == 2 and shape == (axes, seq)
+            and (batch != axes or not text_positions)))
     text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
+    if pair_axis is not None and not text_positions:
+        if not per_axis:
+            refuse_text_positions(shape, axes, batch, seq)
+        text = False
     if not (per_axis or text):
         want = f"({seq},) or ({batch}, {seq})"
         if pair_axis is not None:

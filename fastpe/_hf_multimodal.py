@@ -283,7 +283,7 @@ def _halves_rope(cls: type[RotaryEmbedding], head_dim: int, theta: Any) -> Rotar
     n = head_dim // 4
     emb = cls(head_dim, base=theta)
     emb._set_layout(2, np.repeat(np.array([1, 0], np.int8), n), np.tile(np.arange(n), 2),
-                    parse_rope_spec(head_dim // 2, base=theta))
+                    parse_rope_spec(head_dim // 2, base=theta), text_positions=False)
     emb._halves = (1, 0)
     return emb
 
@@ -340,7 +340,8 @@ def vision_rope(cls: type[RotaryEmbedding], config: object,
     axes, width, pair_axis, pair_freq, own_style = _vision_layout(kind, head_dim)
     emb = cls(head_dim, base=theta, rotary_dim=2 * len(pair_axis),
               style=style or own_style)
-    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
+    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta),
+                    text_positions=False)
     return emb
 
 

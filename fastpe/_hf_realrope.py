@@ -126,7 +126,7 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
     # its factor, so 1 / (2 pi) multiplies each theta^(-4j / head_dim) by 2 pi
     spec = parse_rope_spec(width, base=theta,
                            scaling={"rope_type": "linear", "factor": 1.0 / (2.0 * math.pi)})
-    emb._set_layout(axes, pair_axis, pair_freq, spec)
+    emb._set_layout(axes, pair_axis, pair_freq, spec, text_positions=False)
     registers = config.get("num_register_tokens", _CLASS_REGISTERS[model_type])
     if isinstance(registers, bool) or not isinstance(registers, int) or registers < 0:
         raise ValueError(f"model_type {model_type!r}: num_register_tokens must be an int >= 0, "
@@ -149,7 +149,8 @@ def _gptj_columns_first(cls: type[RotaryEmbedding], head_dim: int, theta: float,
                         style: Style | None) -> RotaryEmbedding:
     axes, width, pair_axis, pair_freq, own_style = _vision_layout("wh_gptj", head_dim)
     emb = cls(head_dim, base=theta, style=style or own_style)
-    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta))
+    emb._set_layout(axes, pair_axis, pair_freq, parse_rope_spec(width, base=theta),
+                    text_positions=False)
     return emb
 
 
@@ -246,7 +247,7 @@ def _efficientloftr(cls: type[RotaryEmbedding], config: Mapping[str, Any], model
     n = hidden // 4
     emb = cls(hidden, base=theta, style=style or "gptj")
     emb._set_layout(2, np.tile(np.array([0, 1], np.int8), n), np.repeat(np.arange(n), 2),
-                    parse_rope_spec(hidden // 2, base=theta))
+                    parse_rope_spec(hidden // 2, base=theta), text_positions=False)
     aggregation = (config.get("q_aggregation_kernel_size", 4),
                    config.get("q_aggregation_stride", 4))
     if not all(type(v) is int and v > 0 for v in aggregation):

@@ -347,7 +347,9 @@ class RotaryEmbedding:
     ``(axes, seq)`` or ``(axes, batch, seq)``, as Hugging Face's
     ``position_ids`` for these models; ``(seq,)``, ``(batch, seq)`` or
     ``(1, batch, seq)`` text positions give every axis the same position (the
-    models broadcast a single row over their axes).
+    models broadcast a single row over their axes); the embedding of a vision
+    tower, or of a grid of coordinates (DINOv3, SAM), refuses them and a call
+    without positions.
 
     ``feature_slice`` is the slice of the model's query head that this embedding's
     head_dim covers (all of it, except for MLA and trailing partial rotary; see
@@ -397,10 +399,13 @@ class RotaryEmbedding:
 
     def _set_layout(self, axes: object, pair_axis: np.ndarray | None,
                     pair_freq: np.ndarray | None,
-                    spec: _rope_scaling.RopeSpec | None = None) -> None:
+                    spec: _rope_scaling.RopeSpec | None = None,
+                    text_positions: bool = True) -> None:
         """Multi-axis layout: the axis of each frequency pair, and the index of
         each pair's frequency among those of `spec` (default: this embedding's
-        own; None: pair i takes the i-th)."""
+        own; None: pair i takes the i-th); text_positions: whether the model also
+        rotates text tokens, by one position that every axis shares (M-RoPE), not a
+        vision tower's or a grid's own coordinates only."""
         if spec is not None:
             self._spec = spec
         # the axis of each pair's second feature where it differs from the first's
@@ -411,6 +416,7 @@ class RotaryEmbedding:
         if self.axes == 1:
             self._pair_axis = None
         self._layout_axes = self.axes   # what the pair layout was made for
+        self._text_positions = text_positions or self.axes == 1
         if pair_freq is not None and pair_freq.shape != (half,):
             raise ValueError(f"{pair_freq.shape[0]} pair frequencies for {half} pairs")
         self._pair_freq = pair_freq
@@ -508,7 +514,8 @@ class RotaryEmbedding:
         """A cos/sin cache for :func:`apply_rope_cached`: positions.shape +
         (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
         result has the shape of one axis's positions; (seq,) positions are text
-        positions, every axis the same (as a call reads them). Positions may be
+        positions, every axis the same (as a call reads them; refused where the
+        call refuses them). Positions may be
         real-valued, as for :func:`rope_cos_sin`."""
         if self._halves is not None or self._pair_axis2 is not None:
             raise ValueError("this embedding does not turn each pair by one angle per "
@@ -525,6 +532,8 @@ class RotaryEmbedding:
                 np.negative(sin, out=sin)
             return cos, sin
         if pos.ndim == 1:
+            if not self._text_positions:
+                _args.refuse_text_positions(pos.shape, self.axes, 1, pos.shape[0])
             pos = np.broadcast_to(pos, (self.axes, pos.shape[0]))
         if pos.ndim < 1 or pos.shape[0] != self.axes:
             raise ValueError(f"positions must have shape ({self.axes}, ...), one row per "
@@ -584,7 +593,7 @@ class RotaryEmbedding:
                           style=self.style, layout=layout, inverse=inverse,
                           num_threads=num_threads, spec=self._spec, spec_head_dim=self.head_dim,
                           axes=self.axes, pair_axis=self._pair_axis, pair_freq=self._pair_freq,
-                          pair_axis2=self._pair_axis2)
+                          pair_axis2=self._pair_axis2, text_positions=self._text_positions)
         _run(plan)
 
     # the compiled entry's RopeState for this embedding's settings (False: none, the call
@@ -650,7 +659,7 @@ class RotaryEmbedding:
 
     def _make_state(self) -> Any:
         reverse = self._check_settings()
-        if (_backend.compiled is None or self._pair_freq is not None
+        if (_backend.compiled is None or not self._text_positions or self._pair_freq is not None
                 or self._halves is not None or self._pair_axis2 is not None):
             return False
         return _state(self._spec, self.head_dim, reverse) or False
@@ -682,7 +691,7 @@ class RotaryEmbedding:
             raise ValueError(f"q has head_dim {q4.shape[3]} but this RotaryEmbedding is for "
                              f"head_dim {self.head_dim}")
         pos, multi = _args.axis_positions(positions, offset, q4.shape[0], q4.shape[1],
-                                          self.axes)
+                                          self.axes, self._text_positions)
         _args.rope_disjoint(q4, k4, (positions, "positions"))
         assert self._halves is not None
         width = self.head_dim // 2

@@ -789,6 +789,44 @@ def test_style_overrides_are_applied_or_refused():
         fastpe.RotaryEmbedding.from_hf_config(HF_CASES["qwen2_vl"]["config"], style="half")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vision_towers_refuse_text_positions(backend):
+    """A vision tower rotates each patch by its own (row, column): text positions that
+    every axis shares (None, (seq,), (batch, seq), one row) are no call of its model,
+    refused with q untouched; beside a batch of `axes` sequences, (axes, seq) can then
+    only be one row per axis. A text model's M-RoPE takes them."""
+    names = _hf_case_ids("vision")
+    assert "gemma4_vision" in names and "qwen2_vl_vision" in names
+    for name in names:
+        rope = fastpe.RotaryEmbedding.from_hf_config(HF_CASES[name]["config"])
+        axes, seq = rope.axes, 6
+        assert axes > 1, name
+        q0 = np.random.default_rng(0).standard_normal((axes, seq, 2, rope.head_dim))
+        grid = np.arange(axes * seq, dtype=np.int64).reshape(axes, seq) % 5
+        for positions in (None, np.arange(seq), np.zeros((axes, seq), np.int64)[:1],
+                          np.zeros((1, axes, seq), np.int64), np.arange(seq) / 7.0):
+            q = q0.copy()
+            with fastpe.use_backend(backend), pytest.raises(
+                    ValueError, match=r"one row per axis \(this embedding's model"):
+                rope(q, None, positions)
+            assert_bytes_equal(q, q0)
+        shared, per_sequence = q0.copy(), q0.copy()
+        with fastpe.use_backend(backend):
+            rope(shared, None, grid)
+            rope(per_sequence, None, grid[:, None])
+        assert_bytes_equal(shared, per_sequence)
+        assert not np.array_equal(shared, q0)
+        # (Gemma 4's two halves have no one cos/sin table at all)
+        with pytest.raises(ValueError, match=r"one row per axis \(this embedding's model|"
+                                             r"does not turn each pair by one angle"):
+            rope.cos_sin(np.arange(seq))
+    text = fastpe.RotaryEmbedding.from_hf_config(HF_CASES[_hf_case_ids("text")[0]]["config"])
+    q = np.ones((1, 4, 2, text.head_dim))
+    with fastpe.use_backend(backend):
+        text(q, None)
+        text(q, None, np.arange(4))
+
+
 def _cfg(name, **changes):
     config = dict(HF_CASES[name]["config"])
     for key, value in changes.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import COMPILED
+from conftest import COMPILED, assert_bytes_equal
 
 import fastpe
 
@@ -276,6 +276,28 @@ def test_sam_defaults_are_the_config_classes():
     assert rope.frequencies().inv_freq[1] == pytest.approx(10000.0 ** (-4 / 256), rel=1e-15)
     edgetam = fastpe.RotaryEmbedding.from_hf_config({"model_type": "edgetam_video"})
     assert (edgetam.grid, edgetam.key_grid) == ((64, 64), (16, 16))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tensors", [False, True], ids=["arrays", "torch"])
+def test_grids_of_coordinates_refuse_text_positions(backend, tensors):
+    """DINOv3, SAM and EfficientLoFTR rotate each token by its own (row, column): no
+    positions (offset + arange) or one row shared by both axes is no call of their
+    models, refused with q untouched."""
+    torch = pytest.importorskip("torch") if tensors else None
+    for config in (DINOV3, SAM2, SAM3_VIT, LOFTR_CONFIG):
+        rope = fastpe.RotaryEmbedding.from_hf_config(config)
+        head_dim = rope.head_dim
+        q0 = np.random.default_rng(0).standard_normal((1, 2, 6, head_dim)).astype(np.float32)
+        for positions in (None, np.arange(6), np.linspace(-1, 1, 6), np.zeros((1, 6)),
+                          np.zeros((1, 1, 6), np.int64)):
+            q = torch.from_numpy(q0.copy()) if tensors else q0.copy()
+            if tensors and positions is not None:
+                positions = torch.from_numpy(positions)
+            with fastpe.use_backend(backend), pytest.raises(
+                    ValueError, match=r"one row per axis \(this embedding's model"):
+                rope(q, None, positions, layout="bhsd")
+            assert_bytes_equal(np.asarray(q), q0)
 
 
 def test_sam3_tracker_map_of_a_config_object_is_its_own():
