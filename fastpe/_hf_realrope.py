@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._hf_multimodal import _vision_layout
-from ._rope_scaling import _hf_get, _hf_plain, parse_rope_spec
+from ._rope_scaling import MAX_SPEC_INV_FREQ, _hf_get, _hf_plain, parse_rope_spec
 from ._typing import Style
 
 if TYPE_CHECKING:  # rope imports this module
@@ -85,9 +85,9 @@ def _class_rope(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     if rope["rope_type"] != default_type:
         raise ValueError(f"model_type {model_type!r}: fastpe's loader supports only rope_type "
                          f"{default_type!r} in rope_parameters, got {rope['rope_type']!r}")
-    legacy = config.get("memory_attention_rope_theta")
-    if model_type.endswith("_video") and legacy is not None:
-        rope["rope_theta"] = legacy
+    if model_type.endswith("_video") and "memory_attention_rope_theta" in config:
+        # set through the class's setter, None included (its rotary module then fails)
+        rope["rope_theta"] = config["memory_attention_rope_theta"]
     return rope
 
 
@@ -124,6 +124,12 @@ def _dinov3(cls: type[RotaryEmbedding], config: Mapping[str, Any], model_type: s
     emb = cls(head_dim, base=theta, style=style or own_style)
     # the 2 pi of the angle folded into the frequencies: a linear scaling divides by
     # its factor, so 1 / (2 pi) multiplies each theta^(-4j / head_dim) by 2 pi
+    highest = 2.0 * math.pi * max(1.0, theta ** -(1.0 - 4.0 / head_dim))
+    if highest > MAX_SPEC_INV_FREQ:
+        raise ValueError(f"model_type {model_type!r}: rope_theta={theta!r} below 1 gives "
+                         f"frequencies up to {highest:.4g} rad per unit of position (2 pi "
+                         f"theta^(-4j / head_dim)), past the {MAX_SPEC_INV_FREQ:g} fastpe "
+                         f"computes exactly: fastpe does not reproduce it")
     spec = parse_rope_spec(width, base=theta,
                            scaling={"rope_type": "linear", "factor": 1.0 / (2.0 * math.pi)})
     emb._set_layout(axes, pair_axis, pair_freq, spec, text_positions=False)

@@ -238,6 +238,8 @@ def test_sam2_memory_positions_grid():
     ({"hidden_size": None}, ValueError, r"hidden_size and num_attention_heads"),
     ({"rope_theta": -1.0}, ValueError, r"rope_theta must be a positive number"),
     ({"rope_theta": "100"}, ValueError, r"rope_theta must be a positive number"),
+    # 2 pi theta^-(1 - 4 / 32) = 11.5 rad per unit of position
+    ({"rope_theta": 0.5}, ValueError, r"rope_theta=0.5 below 1 gives frequencies up to 11\.52 "),
     ({"num_register_tokens": -1}, ValueError, r"num_register_tokens must be an int >= 0"),
     ({"model_type": "eomt_dinov3", "rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                        "rope_theta": 100.0}},
@@ -261,6 +263,8 @@ SAM2 = {"model_type": "sam2_video", "memory_attention_hidden_size": 64,
                                               r"memory_attention_num_attention_heads\) = 10"),
     ({"memory_attention_num_attention_heads": 0}, r"positive ints"),
     ({"memory_attention_rope_feat_sizes": [3]}, r"memory_attention_rope_feat_sizes must be two"),
+    # the config class's setter puts it in the rope parameters, None too
+    ({"memory_attention_rope_theta": None}, r"rope_theta must be a positive number, got None"),
     ({"memory_attention_rope_feat_sizes": [3, 2.0]}, r"memory_attention_rope_feat_sizes"),
     ({"model_type": "edgetam_video", "memory_attention_rope_k_sizes": [0, 4]},
      r"memory_attention_rope_k_sizes"),
