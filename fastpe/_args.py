@@ -617,11 +617,15 @@ def rope_cos_sin(positions: object, freqs: object,
 
 def _real_valued(positions: np.ndarray) -> bool:
     """Whether RoPE positions are real-valued (NumPy's float dtypes); bfloat16 ones are
-    refused by name: they hold whole positions exactly only up to 256."""
+    refused by name: they hold whole positions exactly only up to 256. Other dtypes than
+    integers and floats (bool, complex, strings, objects) are refused naming both."""
     if positions.dtype.name == "bfloat16":
         raise TypeError("positions must be integers, or real-valued in one of NumPy's float "
                         "dtypes, got dtype bfloat16 (it holds whole numbers exactly only "
                         "up to 256)")
+    if positions.dtype.kind not in "iuf" and positions.size:
+        raise TypeError(f"positions must be integers, or real-valued in one of NumPy's float "
+                        f"dtypes, got dtype {positions.dtype}")
     return positions.dtype.kind == "f"
 
 

@@ -1900,8 +1900,11 @@ BAD: list[Bad] = [
         r"\bpositions\b"),
     Bad("positions-float-nan", lambda a: AR(a["q"], a["k"], np.full(40, np.nan)),
         ValueError, r"\bpositions\b.*finite"),
+    # real-valued positions are taken: the message names both kinds
     Bad("positions-bool", lambda a: AR(a["q"], a["k"], np.ones(40, bool)), TypeError,
-        r"\bpositions\b.*integers"),
+        r"^positions must be integers, or real-valued .*got dtype bool$"),
+    Bad("positions-complex", lambda a: AR(a["q"], a["k"], np.ones(40, complex)), TypeError,
+        r"^positions must be integers, or real-valued .*got dtype complex128$"),
     Bad("positions-and-offset", lambda a: AR(a["q"], a["k"], np.arange(40), offset=3),
         ValueError, r"(?=.*\bpositions\b)(?=.*\boffset\b)"),
     Bad("offset-negative", lambda a: AR(a["q"], a["k"], offset=-1), ValueError, r"\boffset\b"),
