@@ -157,7 +157,7 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
     def disentangled_attention_bias(self: Any, query_layer: Any, key_layer: Any,
                                     relative_pos: Any, rel_embeddings: Any,
                                     scale_factor: Any) -> Any:
-        current = getattr(type(self), BIAS_ATTRIBUTE, None)
+        current: Any = getattr(type(self), BIAS_ATTRIBUTE, None)
         if current is not stock:
             # the class's method replaced after patch (a fix applied at run time): the
             # stock model runs the new one, and so does this
@@ -206,7 +206,7 @@ def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[.
     # named as the method it stands for: a pickled bound method is looked up by its name
     def disentangled_att_bias(self: Any, query_layer: Any, key_layer: Any, relative_pos: Any,
                               rel_embeddings: Any, scale_factor: Any) -> Any:
-        current = getattr(type(self), V1_BIAS_ATTRIBUTE, None)
+        current: Any = getattr(type(self), V1_BIAS_ATTRIBUTE, None)
         if current is not stock:   # replaced after patch: run as the stock model would
             return current(self, query_layer, key_layer, relative_pos, rel_embeddings,
                            scale_factor)
