@@ -149,6 +149,7 @@ def torch_tensors(*args: tuple[object, str, bool]) -> list[Any]:
             refuse_traced(name)
             trace_checked = True
         if dual:
+            refuse_functorch(x, name)   # torch.func.jvp's tensors are duals too
             refuse_dual(x, name)
         if not (w and x.is_inference()):
             try:
@@ -291,6 +292,31 @@ def forward_ad_on() -> bool:
     return fwad is not None and fwad._current_level >= 0
 
 
+def functorch_off() -> contextlib.AbstractContextManager[Any]:
+    """Where a torch.func transform is running, a context without it (torch's own
+    _DisableFuncTorch); else a no-op one."""
+    functorch = getattr(sys.modules["torch"]._C, "_functorch", None)
+    peek = getattr(functorch, "peek_interpreter_stack", None)
+    disable = getattr(sys.modules["torch"]._C, "_DisableFuncTorch", None)
+    if peek is None or disable is None or peek() is None:
+        return contextlib.nullcontext()
+    return disable()  # type: ignore[no-any-return]
+
+
+def refuse_functorch(x: Any, name: str) -> None:
+    """Refuse a tensor of a torch.func transform: a batched one (vmap) has no memory of
+    its own, and a transform would see neither fastpe's writes nor what they depend on
+    (grad, jvp: their tangents)."""
+    functorch = getattr(sys.modules["torch"]._C, "_functorch", None)
+    wrapped = getattr(functorch, "is_functorch_wrapped_tensor", None)
+    functional = getattr(functorch, "is_functionaltensor", None)
+    # functionalize's tensors are named as such by own_memory
+    if wrapped is not None and wrapped(x) and not (functional is not None and functional(x)):
+        raise TypeError(f"{name} is a tensor of a torch.func transform (vmap, grad, jvp, "
+                        f"jacrev, ...): fastpe works on a tensor's memory, which the "
+                        f"transform neither exposes nor follows; call fastpe outside it")
+
+
 def refuse_dual(x: Any, name: str) -> None:
     """Refuse a dual tensor of forward-mode AD: fastpe computes its values, not their
     tangent, and torch's own operations would carry it."""
@@ -359,6 +385,7 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
     its negative or conjugate bit set is read as its values (a copy)."""
     torch, bfloat16, _, inference_mode = _torch()
     refuse_traced(name)
+    refuse_functorch(x, name)
     if forward_ad_on():
         refuse_dual(x, name)
     if x.requires_grad and inference_mode():
@@ -366,16 +393,19 @@ def tensor_view(x: Any, name: str, *, writable: bool) -> np.ndarray:
         # operations take such a tensor there (its detached view shares memory and version)
         x = x.detach()
     try:
-        if x.dtype is bfloat16:
-            module = ml_dtypes(load=True)
-            if module is None:
-                raise TypeError(f"{name} is a bfloat16 tensor, which needs the ml_dtypes "
-                                f"package (pip install 'fastpe[bfloat16]')")
-            if x.requires_grad and torch.is_grad_enabled():
-                _torch_usable(x, name)  # x.numpy()'s refusal, which the int16 view escapes
-            view: np.ndarray = x.view(torch.int16).numpy().view(module.bfloat16)
-        else:
-            view = x.numpy()
+        # inside a torch.func transform numpy() refuses every tensor: a plain one (not the
+        # transform's, refused above) is viewed as outside it, as the compiled entries do
+        with functorch_off():
+            if x.dtype is bfloat16:
+                module = ml_dtypes(load=True)
+                if module is None:
+                    raise TypeError(f"{name} is a bfloat16 tensor, which needs the ml_dtypes "
+                                    f"package (pip install 'fastpe[bfloat16]')")
+                if x.requires_grad and torch.is_grad_enabled():
+                    _torch_usable(x, name)  # x.numpy()'s refusal, which the int16 view escapes
+                view: np.ndarray = x.view(torch.int16).numpy().view(module.bfloat16)
+            else:
+                view = x.numpy()
         own_memory(x, view, name)
     except (RuntimeError, TypeError) as exc:
         if str(exc).startswith(name):
