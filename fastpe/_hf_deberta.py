@@ -168,8 +168,10 @@ def bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[...,
         span = self.pos_ebd_size
         if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu"
                 or not (c2p_on or p2c_on)
-                # the span fastpe's add takes from the settings: pos_ebd_size, unless
-                # one of them was edited after the module was made
+                # settings edited after the module was made: fastpe's add takes ints
+                # only, and its span from them, where the stock code takes pos_ebd_size
+                or type(self.position_buckets) is not int
+                or type(self.max_relative_positions) is not int
                 or span != (self.position_buckets if self.position_buckets > 0
                             else self.max_relative_positions)
                 or not _standard(relative_pos, q_len, k_len, self.position_buckets,
@@ -213,7 +215,8 @@ def v1_bias_method(module: Any, eager: Callable[[Callable[..., Any]], Callable[.
         c2p_on, p2c_on = "c2p" in self.pos_att_type, "p2c" in self.pos_att_type
         q_len, k_len = query_layer.size(-2), key_layer.size(-2)
         span = min(max(q_len, k_len), self.max_relative_positions)
-        if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu" or span < 1
+        if ((p2c_on and q_len != k_len) or query_layer.device.type != "cpu"
+                or type(self.max_relative_positions) is not int or span < 1
                 or not (c2p_on or p2c_on) or not _standard(relative_pos, q_len, k_len, -1, -1)):
             return stock(self, query_layer, key_layer, relative_pos, rel_embeddings,
                          scale_factor)

@@ -903,13 +903,18 @@ def test_deberta_bias_method_replaced_on_the_class_after_patch_runs_as_in_stock(
         monkeypatch.undo()
 
 
-@pytest.mark.parametrize("name, value", [("pos_ebd_size", 16), ("max_relative_positions", 2)])
+@pytest.mark.parametrize("name, value", [
+    ("pos_ebd_size", 16), ("max_relative_positions", 2), ("max_relative_positions", 64.0),
+    ("position_buckets", 32.0)])
 def test_deberta_settings_edited_after_patch_run_as_in_stock(name, value):
     """A span, or settings of a layer, edited after patch to what fastpe's add does not
-    take: the stock code runs them (max_relative_positions of a layer is not what its
-    relative positions were made with: the encoder's are)."""
+    take (another span, a float equal to the int): the stock code runs them
+    (max_relative_positions of a layer is not what its relative positions were made
+    with: the encoder's are)."""
     stock, patched, ids = deberta_pair(position_buckets=32, max_relative_positions=64,
                                        pos_att_type=["c2p", "p2c"])
+    with torch.no_grad():
+        patched(ids)   # the relative positions of these lengths made (and kept) first
     for model in (stock, patched):
         for layer in model.deberta.encoder.layer:
             setattr(layer.attention.self, name, value)
