@@ -623,7 +623,7 @@ def _real_valued(positions: np.ndarray) -> bool:
         raise TypeError("positions must be integers, or real-valued in one of NumPy's float "
                         "dtypes, got dtype bfloat16 (it holds whole numbers exactly only "
                         "up to 256)")
-    if positions.dtype.kind not in "iuf" and positions.size:
+    if positions.dtype.kind not in "iuf":
         raise TypeError(f"positions must be integers, or real-valued in one of NumPy's float "
                         f"dtypes, got dtype {positions.dtype}")
     return positions.dtype.kind == "f"

@@ -639,6 +639,13 @@ class RotaryEmbedding:
             state.pop(name, None)
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # pickled before these were kept: the layout's axes are those it holds, and
+        # text positions taken as they were then
+        state.setdefault("_layout_axes", state.get("axes", 1))
+        state.setdefault("_text_positions", True)
+        self.__dict__.update(state)
+
     def _check_settings(self) -> bool:
         """head_dim, axes and reverse as they stand (public attributes, which a caller may
         set after construction), checked as the constructor checks them, before either

@@ -1905,6 +1905,8 @@ BAD: list[Bad] = [
         r"^positions must be integers, or real-valued .*got dtype bool$"),
     Bad("positions-complex", lambda a: AR(a["q"], a["k"], np.ones(40, complex)), TypeError,
         r"^positions must be integers, or real-valued .*got dtype complex128$"),
+    Bad("positions-bool-empty", lambda a: AR(a["q"][:, :0], a["k"][:, :0], np.ones(0, bool)),
+        TypeError, r"^positions must be integers, or real-valued .*got dtype bool$"),
     Bad("positions-and-offset", lambda a: AR(a["q"], a["k"], np.arange(40), offset=3),
         ValueError, r"(?=.*\bpositions\b)(?=.*\boffset\b)"),
     Bad("offset-negative", lambda a: AR(a["q"], a["k"], offset=-1), ValueError, r"\boffset\b"),
@@ -2119,6 +2121,13 @@ def test_rotary_embedding_pickles(make):
     assert repr(clone) == repr(rope)
     np.testing.assert_array_equal(clone(q.copy())[0], want)
     assert not clone.frequencies(40).inv_freq.flags.writeable
+    # a pickle of an earlier fastpe, which kept neither the layout's axes nor whether
+    # text positions apply, rotates as it did
+    state = rope.__getstate__()
+    del state["_layout_axes"], state["_text_positions"]
+    old = fastpe.RotaryEmbedding.__new__(fastpe.RotaryEmbedding)
+    old.__setstate__(state)
+    np.testing.assert_array_equal(old(q.copy())[0], want)
 
 
 # ---- cos/sin as transformers' rotary modules return them -----------------------------------
