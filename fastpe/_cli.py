@@ -203,7 +203,8 @@ def _peers_arg(text: str) -> tuple[str, ...]:
         return _bench.PEERS
     if text.strip().lower() == "none":
         return ()
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))  # once each
+    # once each; the names are lower case (Numba, ONNXRuntime and JAX as well)
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
     unknown = [n for n in names if n not in _bench.PEERS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"expected 'all', 'none' or names from "

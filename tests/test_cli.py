@@ -434,6 +434,15 @@ def test_bench_list():
     assert {w.name for w in _bench.workloads()} == expected
 
 
+def test_workload_and_peer_names_are_taken_in_any_case():
+    assert _cli._peers_arg("Numba, ONNXRuntime,JAX") == ("numba", "onnxruntime", "jax")
+    workloads = _bench.workloads()
+    assert ([w.name for w in _bench.select(workloads, "ROPE-Decode")]
+            == [w.name for w in _bench.select(workloads, "rope-decode")] != [])
+    proc = fastpe_cli("bench", "--list", "--only", "T5-DECODE")
+    assert proc.returncode == 0 and proc.stdout.split()[0] == "t5-decode", proc
+
+
 def test_bench_list_marks_the_workloads_not_run_in_the_dtype():
     proc = fastpe_cli("bench", "--list", "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr

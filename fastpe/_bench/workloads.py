@@ -545,8 +545,9 @@ def workloads(size: str = "full") -> list[Workload]:
 
 
 def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:
-    """Workloads whose name contains any of the comma-separated patterns."""
+    """Workloads whose name contains any of the comma-separated patterns (the names are
+    lower case; so are the patterns taken)."""
     if not only:
         return all_workloads
-    pats = [p.strip() for p in only.split(",") if p.strip()]
+    pats = [p.strip().lower() for p in only.split(",") if p.strip()]
     return [w for w in all_workloads if any(p in w.name for p in pats)]
