@@ -258,14 +258,14 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
     one_row = (len(shape) == 3 and shape[0] == 1 and shape[1] in (1, batch)
                and shape[2] == seq and not per_axis)
-    if not (per_axis or text or one_row):
-        raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, "
-                         f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) / "
-                         f"(1, {batch}, {seq}) for text tokens, got {shape}")
     if not text_positions:
         if not per_axis:
             refuse_text_positions(shape, axes, batch, seq)
         text = one_row = False   # (axes, seq) beside a batch of `axes`: one row per axis
+    if not (per_axis or text or one_row):
+        raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, "
+                         f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) / "
+                         f"(1, {batch}, {seq}) for text tokens, got {shape}")
     if text or one_row:
         return _checks.positions(positions, offset, batch, seq,
                                  converted=converted[0] if one_row else converted), False

@@ -804,7 +804,8 @@ def test_vision_towers_refuse_text_positions(backend):
         q0 = np.random.default_rng(0).standard_normal((axes, seq, 2, rope.head_dim))
         grid = np.arange(axes * seq, dtype=np.int64).reshape(axes, seq) % 5
         for positions in (None, np.arange(seq), np.zeros((axes, seq), np.int64)[:1],
-                          np.zeros((1, axes, seq), np.int64), np.arange(seq) / 7.0):
+                          np.zeros((1, axes, seq), np.int64), np.arange(seq) / 7.0,
+                          np.zeros((axes, seq - 1), np.int64)):   # the message says what fits
             q = q0.copy()
             with fastpe.use_backend(backend), pytest.raises(
                     ValueError, match=r"one row per axis \(this embedding's model"):
