@@ -515,8 +515,8 @@ class RotaryEmbedding:
         (rotary_dim // 2,). With axes > 1, positions are (axes, ...) and the
         result has the shape of one axis's positions; (seq,) positions are text
         positions, every axis the same (as a call reads them; refused where the
-        call refuses them). Positions may be
-        real-valued, as for :func:`rope_cos_sin`."""
+        call refuses them). Positions may be real-valued, as for
+        :func:`rope_cos_sin`."""
         if self._halves is not None or self._pair_axis2 is not None:
             raise ValueError("this embedding does not turn each pair by one angle per "
                              "token, which one cos/sin table for apply_rope_cached cannot "
