@@ -314,7 +314,8 @@ def refuse_functorch(x: Any, name: str) -> None:
     if wrapped is not None and wrapped(x) and not (functional is not None and functional(x)):
         raise TypeError(f"{name} is a tensor of a torch.func transform (vmap, grad, jvp, "
                         f"jacrev, ...): fastpe works on a tensor's memory, which the "
-                        f"transform neither exposes nor follows; call fastpe outside it")
+                        f"transform neither exposes nor follows; call fastpe outside it (a "
+                        f"model patched by fastpe.hf runs stock after fastpe.hf.unpatch(model))")
 
 
 def refuse_dual(x: Any, name: str) -> None:
