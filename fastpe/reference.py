@@ -94,9 +94,11 @@ def run_sinusoidal(plan: _args.SinusoidalPlan) -> None:
         pe = np.concatenate([pe[..., half:], pe[..., :half]], axis=-1)
     if plan.zero_tail:
         pe = np.concatenate([pe, np.zeros(pe.shape[:-1] + (1,))], axis=-1)
+    # a half-precision table is the float32 one rounded, as the kernels make it (and as
+    # models that build a float32 table and cast it hold it)
+    work = _checks.compute_dtype(x.dtype)
+    pe = pe.astype(work)
     if plan.accumulate:
-        work = _checks.compute_dtype(x.dtype)
-        pe = pe.astype(work)
         x[...] = x.astype(work) * work.type(plan.scale) + pe
     else:
         x[...] = pe

@@ -89,12 +89,13 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, offset: in
         (M2M100 and NLLB use 1). The table's padding row itself, all zeros there, is
         not a position.
 
-    Angles are formed and reduced in float64: float32, float16 and bfloat16 values
-    are exact to their precision (float32: within 1.5e-7) for every position up to
-    2**20. float64 values are exact for the float64 frequencies, whose own rounding
-    moves the angle by up to ``p * w * 2**-53`` (1e-10 at 2**20).
-    Positions of 2**32 or more are a ValueError (the float64 angle's rounding
-    would exceed float32 precision).
+    Angles are formed and reduced in float64: float32 values are exact to their
+    precision (within 1.5e-7) for every position up to 2**20, and float16 and bfloat16
+    tables are the float32 table rounded to nearest even (as models that build a
+    float32 table and cast it hold theirs). float64 values are exact for the float64
+    frequencies, whose own rounding moves the angle by up to ``p * w * 2**-53`` (1e-10
+    at 2**20). Positions of 2**32 or more are a ValueError (the float64 angle's
+    rounding would exceed float32 precision).
 
     >>> fastpe.sinusoidal_table(4, 6, dtype="float64")[1, :2]  # sin(1), cos(1)
     array([0.84147098, 0.54030231])
