@@ -98,9 +98,10 @@ def alibi_slopes(num_heads: int, *, max_bias: float = 8.0) -> NDArray[np.float64
     (``build_alibi_tensor``) and of MPT (``gen_slopes``), all of which use
     max_bias 8. ``max_bias`` is the ``alibi_bias_max`` of MosaicML's MPT code
     (transformers' MptModel ignores it: always 8). These are the float64 values;
-    MPT's float32 slopes are their rounding, BLOOM's float32 powers are up to 7
-    float32 steps (5e-7 relative) from it for up to 112 heads (BLOOM's largest),
-    32 steps at 256.
+    MPT's float32 slopes at max_bias 8 are their rounding (at another max_bias, whose
+    exponents are not whole, MPT's float32 ``1 / 2**x`` rounds twice: up to one
+    float32 step from it), BLOOM's float32 powers are up to 7 float32 steps (5e-7
+    relative) from it for up to 112 heads (BLOOM's largest), 32 steps at 256.
 
     >>> fastpe.alibi_slopes(8)
     array([0.5       , 0.25      , 0.125     , 0.0625    , 0.03125   ,
