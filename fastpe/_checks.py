@@ -771,7 +771,9 @@ def positions(positions: Any, offset: object, batch: int, seq: int,
         converted = as_array(positions, name)
     shape = converted.shape
     if not (shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)):
-        raise ValueError(f"{name} must have shape ({seq},) or ({batch}, {seq}), got {shape}")
+        shapes = (f"({seq},), (1, {seq}) or ({batch}, {seq})" if batch != 1
+                  else f"({seq},) or (1, {seq})")
+        raise ValueError(f"{name} must have shape {shapes}, got {shape}")
     pos, hi = position_array(positions, name, converted)
     return Positions(pos.reshape(shape[0] if len(shape) == 2 else 1, seq), 0, hi, converted)
 

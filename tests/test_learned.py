@@ -129,6 +129,17 @@ def test_position_at_max_len_is_an_index_error(how):
     assert (snapshot(x), snapshot(table)) == before
 
 
+@pytest.mark.parametrize("batch, shapes", [(3, "(5,), (1, 5) or (3, 5)"), (1, "(5,) or (1, 5)")])
+def test_a_wrong_positions_shape_names_every_shape_taken(batch, shapes):
+    """(1, seq) positions are taken (every sequence's): the refusal names them too."""
+    x = np.zeros((batch, 5, 4), np.float32)
+    fastpe.add_learned(x, np.ones((9, 4), np.float32), np.arange(5)[None])
+    assert (x == 1).all()
+    with pytest.raises(ValueError, match=rf"^positions must have shape {re.escape(shapes)}, "
+                                         rf"got \(2, 5\)$"):
+        fastpe.add_learned(x, np.ones((9, 4), np.float32), np.zeros((2, 5), np.int64))
+
+
 def test_position_max_len_minus_one_is_fine():
     table = np.arange(12, dtype=np.float64).reshape(3, 4)
     x = np.zeros((1, 4))
