@@ -232,6 +232,28 @@ def refuse_text_positions(shape: object, axes: int, batch: int, seq: int) -> Non
                      f"text positions that every axis shares do not apply), got {got}")
 
 
+def _axis_form(shape: tuple[int, ...], axes: int, batch: int, seq: int,
+               text_positions: bool) -> str | None:
+    """How positions of `shape` read for an embedding of `axes` (> 1) position axes:
+    "axes", one row per axis ((axes, seq), (axes, 1 or batch, seq)); "text", text
+    positions that every axis shares ((seq,), (1 or batch, seq)); "row", those as one
+    row ((1, 1 or batch, seq)); None for none of these. Refused: a 2-D array that reads
+    both ways (batch == axes) where text positions are taken, and any other form than
+    "axes" where they are not."""
+    if text_positions:
+        _refuse_ambiguous_axes(shape, axes, batch, seq)
+    if ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
+            or shape == (axes, seq)):
+        return "axes"
+    if not text_positions:
+        refuse_text_positions(shape, axes, batch, seq)
+    if shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq):
+        return "text"
+    if len(shape) == 3 and shape[0] == 1 and shape[1] in (1, batch) and shape[2] == seq:
+        return "row"
+    return None
+
+
 def axis_positions(positions: object, offset: object, batch: int, seq: int,
                    axes: int, text_positions: bool = True) -> tuple[_checks.Positions, bool]:
     """Positions for an embedding with `axes` position axes: (Positions, multi).
@@ -251,24 +273,14 @@ def axis_positions(positions: object, offset: object, batch: int, seq: int,
     # converted once: an __array__ may return another array each time it is asked
     converted = _checks.as_array(positions, "positions")
     shape = converted.shape
-    if text_positions:
-        _refuse_ambiguous_axes(shape, axes, batch, seq)
-    per_axis = ((len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch)
-                 and shape[2] == seq) or (len(shape) == 2 and shape == (axes, seq)))
-    text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
-    one_row = (len(shape) == 3 and shape[0] == 1 and shape[1] in (1, batch)
-               and shape[2] == seq and not per_axis)
-    if not text_positions:
-        if not per_axis:
-            refuse_text_positions(shape, axes, batch, seq)
-        text = one_row = False   # (axes, seq) beside a batch of `axes`: one row per axis
-    if not (per_axis or text or one_row):
+    form = _axis_form(shape, axes, batch, seq, text_positions)
+    if form is None:
         raise ValueError(f"positions must have shape ({axes}, {seq}) or ({axes}, {batch}, "
                          f"{seq}) (one row per axis), or ({seq},) / ({batch}, {seq}) / "
                          f"(1, {batch}, {seq}) for text tokens, got {shape}")
-    if text or one_row:
+    if form != "axes":
         return _checks.positions(positions, offset, batch, seq,
-                                 converted=converted[0] if one_row else converted), False
+                                 converted=converted[0] if form == "row" else converted), False
     _checks.count(offset, "offset")
     if offset:
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
@@ -489,21 +501,15 @@ def _real_positions_plan(q4: np.ndarray, k4: np.ndarray | None, positions: np.nd
     if _checks.count(offset, "offset"):
         raise ValueError(f"give either positions or offset, not both (offset={offset})")
     shape = positions.shape
-    if pair_axis is not None and text_positions:
-        _refuse_ambiguous_axes(shape, axes, batch, seq)
-        if (len(shape) == 3 and shape[0] == 1 and axes > 1 and shape[1] in (1, batch)
-                and shape[2] == seq):
-            positions = positions[0]    # one row: text positions every axis reads
-            shape = positions.shape
-    per_axis = pair_axis is not None and (
-        (len(shape) == 3 and shape[0] == axes and shape[1] in (1, batch) and shape[2] == seq)
-        or (len(shape) == 2 and shape == (axes, seq)
-            and (batch != axes or not text_positions)))
-    text = shape == (seq,) or (len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq)
-    if pair_axis is not None and not text_positions:
-        if not per_axis:
-            refuse_text_positions(shape, axes, batch, seq)
-        text = False
+    if pair_axis is None:
+        form = "text" if shape == (seq,) or (
+            len(shape) == 2 and shape[0] in (1, batch) and shape[1] == seq) else None
+    else:
+        form = _axis_form(shape, axes, batch, seq, text_positions)
+    if form == "row":
+        positions = positions[0]    # one row: text positions every axis reads
+        shape = positions.shape
+    per_axis, text = form == "axes", form in ("text", "row")
     if not (per_axis or text):
         want = f"({seq},) or ({batch}, {seq})"
         if pair_axis is not None:
